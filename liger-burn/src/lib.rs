@@ -1,0 +1,13 @@
+//! # liger-burn
+//!
+//! Liger-Kernel's fused, exact, memory-lean LLM-training kernels for Burn.
+//!
+//! - [`ops::FusedOps`]: the fused primitives, with exact stock-op fallbacks on every backend.
+//! - [`Liger`]: a backend decorator that routes Burn's own `softmax`, `log_softmax` and
+//!   `layer_norm` primitives (and so `burn::nn` modules) to the fused kernels.
+//! - [`functional`] and [`nn`]: the user-facing API.
+
+pub mod ops;
+pub mod backend;
+
+pub use backend::Liger;

@@ -1,0 +1,46 @@
+//! Exact compositions of stock Burn ops: the default bodies of [`FusedOps`](super::FusedOps).
+//!
+//! They compute in f32 whatever the input dtype (casting once on the way in and
+//! once on the way out), so they are the same math as the fused kernels and
+//! serve as the fallback on backends without CubeCL (NdArray, LibTorch, ...).
+
+pub mod layer_norm;
+pub mod rms_norm;
+pub mod softmax;
+
+use burn::tensor::{DType, FloatDType, Shape, TensorMetadata, backend::Backend, ops::FloatTensor};
+
+pub(crate) fn to_f32<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
+    if x.dtype() == DType::F32 { x } else { B::float_cast(x, FloatDType::F32) }
+}
+
+pub(crate) fn to_dtype<B: Backend>(x: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
+    if x.dtype() == dtype {
+        return x;
+    }
+    let float = match dtype {
+        DType::F64 => FloatDType::F64,
+        DType::F32 | DType::Flex32 => FloatDType::F32,
+        DType::F16 => FloatDType::F16,
+        DType::BF16 => FloatDType::BF16,
+        other => panic!("liger: cannot cast a float tensor to non-float dtype {other:?}"),
+    };
+    B::float_cast(x, float)
+}
+
+/// `[d]` → `[1, ..., 1, d]` with `rank` dims, to broadcast a per-feature vector.
+pub(crate) fn broadcast_row<B: Backend>(v: FloatTensor<B>, rank: usize) -> FloatTensor<B> {
+    let d = v.shape().num_elements();
+    let mut dims = vec![1; rank];
+    dims[rank - 1] = d;
+    B::float_reshape(v, Shape::from(dims))
+}
+
+/// Sum `[..., d]` over every dimension but the last: `[d]`.
+pub(crate) fn sum_rows<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
+    let shape = x.shape();
+    let d = shape[shape.num_dims() - 1];
+    let rows = shape.num_elements() / d.max(1);
+    let flat = B::float_reshape(x, Shape::new([rows, d]));
+    B::float_reshape(B::float_sum_dim(flat, 0), Shape::new([d]))
+}

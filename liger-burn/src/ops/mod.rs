@@ -1,0 +1,159 @@
+//! The fused-op trait: one method per fused primitive, on Burn primitives.
+//!
+//! Every method has an exact default body composed of stock Burn ops (see
+//! [`compose`]), so every backend implements the trait; CubeCL backends
+//! override them with the fused kernels, `Fusion<B>` registers them as custom
+//! operations in the fusion stream, and `Autodiff<B>` adds backward nodes that
+//! call the fused backward primitives.
+//!
+//! Shapes: `x` is `[..., d]` of any rank; the fused dimension is always the last
+//! one. Per-row statistics (`rstd`, `mean`) are f32 tensors of shape `[..., 1]`.
+
+pub mod compose;
+mod options;
+
+pub use options::*;
+
+use burn::tensor::{Shape, backend::Backend, ops::FloatTensor};
+
+/// Output of the fused RMSNorm forward.
+#[derive(Debug, Clone)]
+pub struct RmsNormOutput<B: Backend> {
+    /// Normalized and scaled output, `[..., d]`, dtype of `x`.
+    pub output: FloatTensor<B>,
+    /// Reciprocal root mean square per row, `[..., 1]`, f32.
+    pub rstd: FloatTensor<B>,
+}
+
+/// Output of the fused residual-add + RMSNorm forward.
+#[derive(Debug, Clone)]
+pub struct AddRmsNormOutput<B: Backend> {
+    /// `rms_norm(x + residual)`, `[..., d]`.
+    pub output: FloatTensor<B>,
+    /// `x + residual`, `[..., d]` (the next residual stream).
+    pub sum: FloatTensor<B>,
+    /// Reciprocal root mean square of `sum` per row, `[..., 1]`, f32.
+    pub rstd: FloatTensor<B>,
+}
+
+/// Output of the fused LayerNorm forward.
+#[derive(Debug, Clone)]
+pub struct LayerNormOutput<B: Backend> {
+    /// `(x - mean) * rstd * gamma + beta`, `[..., d]`.
+    pub output: FloatTensor<B>,
+    /// Row mean, `[..., 1]`, f32.
+    pub mean: FloatTensor<B>,
+    /// Reciprocal standard deviation per row, `[..., 1]`, f32.
+    pub rstd: FloatTensor<B>,
+}
+
+/// Gradients of a normalization with a weight (and optional bias).
+#[derive(Debug, Clone)]
+pub struct NormGrads<B: Backend> {
+    /// Gradient of the input, `[..., d]`, dtype of `x`.
+    pub grad_input: FloatTensor<B>,
+    /// Gradient of the weight, `[d]`, dtype of the weight (accumulated in f32).
+    pub grad_weight: FloatTensor<B>,
+    /// Gradient of the bias, `[d]`, when the norm has one.
+    pub grad_bias: Option<FloatTensor<B>>,
+}
+
+/// The fused primitives. See the module docs for the shape conventions.
+pub trait FusedOps: Backend {
+    /// RMSNorm over the last dimension: `x * rstd * (offset + weight)`.
+    ///
+    /// `x: [..., d]`, `weight: [d]`.
+    fn fused_rms_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: RmsNormOptions,
+    ) -> RmsNormOutput<Self> {
+        compose::rms_norm::forward::<Self>(x, weight, options)
+    }
+
+    /// Backward of [`fused_rms_norm`](FusedOps::fused_rms_norm).
+    ///
+    /// `grad_output, x: [..., d]`, `weight: [d]`, `rstd: [..., 1]`.
+    fn fused_rms_norm_backward(
+        grad_output: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        options: RmsNormOptions,
+    ) -> NormGrads<Self> {
+        compose::rms_norm::backward::<Self>(grad_output, x, weight, rstd, options)
+    }
+
+    /// Residual add then RMSNorm in one pass: `sum = x + residual`, `output = rms_norm(sum)`.
+    ///
+    /// `x, residual: [..., d]`, `weight: [d]`. The backward is
+    /// [`fused_rms_norm_backward`](FusedOps::fused_rms_norm_backward) on `sum`.
+    fn fused_add_rms_norm(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: RmsNormOptions,
+    ) -> AddRmsNormOutput<Self> {
+        compose::rms_norm::add_forward::<Self>(x, residual, weight, options)
+    }
+
+    /// LayerNorm over the last dimension: `(x - mean) * rstd * gamma + beta`.
+    ///
+    /// `x: [..., d]`, `gamma: [d]`, `beta: [d]`.
+    fn fused_layer_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: Option<FloatTensor<Self>>,
+        eps: f64,
+    ) -> LayerNormOutput<Self> {
+        compose::layer_norm::forward::<Self>(x, gamma, beta, eps)
+    }
+
+    /// Backward of [`fused_layer_norm`](FusedOps::fused_layer_norm).
+    ///
+    /// `grad_output, x: [..., d]`, `gamma: [d]`, `mean, rstd: [..., 1]`.
+    fn fused_layer_norm_backward(
+        grad_output: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> NormGrads<Self> {
+        compose::layer_norm::backward::<Self>(grad_output, x, gamma, mean, rstd, has_bias)
+    }
+
+    /// Softmax over the last dimension. `x: [..., d]`.
+    fn fused_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        compose::softmax::softmax::<Self>(x)
+    }
+
+    /// Backward of [`fused_softmax`](FusedOps::fused_softmax) from its output:
+    /// `y * (grad - sum(grad * y))`.
+    fn fused_softmax_backward(grad_output: FloatTensor<Self>, output: FloatTensor<Self>) -> FloatTensor<Self> {
+        compose::softmax::softmax_backward::<Self>(grad_output, output)
+    }
+
+    /// Log-softmax over the last dimension. `x: [..., d]`.
+    fn fused_log_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        compose::softmax::log_softmax::<Self>(x)
+    }
+
+    /// Backward of [`fused_log_softmax`](FusedOps::fused_log_softmax) from its output:
+    /// `grad - exp(y) * sum(grad)`.
+    fn fused_log_softmax_backward(
+        grad_output: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        compose::softmax::log_softmax_backward::<Self>(grad_output, output)
+    }
+}
+
+/// `[..., d]` → `[..., 1]`: the shape of per-row statistics.
+pub(crate) fn row_stat_shape(shape: &Shape) -> Shape {
+    let mut dims = shape.to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = 1;
+    }
+    Shape::from(dims)
+}
