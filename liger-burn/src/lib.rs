@@ -7,6 +7,8 @@
 //!   `layer_norm` primitives (and so `burn::nn` modules) to the fused kernels.
 //! - [`functional`] and [`nn`]: the user-facing API.
 
+pub mod cube;
+pub mod fusion;
 pub mod ops;
 pub mod backend;
 

@@ -11,6 +11,7 @@
 
 pub mod compose;
 mod options;
+pub mod validate;
 
 pub use options::*;
 

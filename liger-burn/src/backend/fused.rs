@@ -1,0 +1,91 @@
+//! `FusedOps` for `Liger<B>`: every fused primitive is `B`'s.
+//!
+//! This lets `liger_burn`'s functional API and modules be used with a `Liger<_>` backend too
+//! (they call `FusedOps` directly, so they do not need the decorator). The output structs are
+//! generic over the backend, hence the field moves.
+
+use super::Liger;
+use crate::ops::{
+    AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
+};
+use burn::tensor::ops::FloatTensor;
+
+impl<B: FusedOps> FusedOps for Liger<B> {
+    fn fused_rms_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: RmsNormOptions,
+    ) -> RmsNormOutput<Self> {
+        let RmsNormOutput { output, rstd } = B::fused_rms_norm(x, weight, options);
+        RmsNormOutput { output, rstd }
+    }
+
+    fn fused_rms_norm_backward(
+        grad_output: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        options: RmsNormOptions,
+    ) -> NormGrads<Self> {
+        lift_grads(B::fused_rms_norm_backward(grad_output, x, weight, rstd, options))
+    }
+
+    fn fused_add_rms_norm(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: RmsNormOptions,
+    ) -> AddRmsNormOutput<Self> {
+        let AddRmsNormOutput { output, sum, rstd } =
+            B::fused_add_rms_norm(x, residual, weight, options);
+        AddRmsNormOutput { output, sum, rstd }
+    }
+
+    fn fused_layer_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: Option<FloatTensor<Self>>,
+        eps: f64,
+    ) -> LayerNormOutput<Self> {
+        let LayerNormOutput { output, mean, rstd } = B::fused_layer_norm(x, gamma, beta, eps);
+        LayerNormOutput { output, mean, rstd }
+    }
+
+    fn fused_layer_norm_backward(
+        grad_output: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> NormGrads<Self> {
+        lift_grads(B::fused_layer_norm_backward(grad_output, x, gamma, mean, rstd, has_bias))
+    }
+
+    fn fused_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        B::fused_softmax(x)
+    }
+
+    fn fused_softmax_backward(
+        grad_output: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        B::fused_softmax_backward(grad_output, output)
+    }
+
+    fn fused_log_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        B::fused_log_softmax(x)
+    }
+
+    fn fused_log_softmax_backward(
+        grad_output: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        B::fused_log_softmax_backward(grad_output, output)
+    }
+}
+
+fn lift_grads<B: FusedOps>(grads: NormGrads<B>) -> NormGrads<Liger<B>> {
+    let NormGrads { grad_input, grad_weight, grad_bias } = grads;
+    NormGrads { grad_input, grad_weight, grad_bias }
+}

@@ -1,0 +1,129 @@
+//! [`FusedOps`] for `CubeBackend` on any CubeCL runtime (CUDA, ROCm, wgpu): the fused
+//! kernels of `liger-cubecl-kernels` launched on Burn's tensors.
+//!
+//! Inputs are made contiguous (a no-op for the usual row-major activations), outputs are
+//! allocated dense, and the inputs are validated before any launch, so bad input is a
+//! clear panic naming the op, the shapes and the dtypes rather than a device fault.
+
+mod layer_norm;
+mod rms_norm;
+mod softmax;
+
+use crate::ops::FusedOps;
+use crate::ops::validate::{self, NormInputs};
+use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+
+impl<R, F, I, BT> FusedOps for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn fused_rms_norm(
+        x: CubeTensor<R>,
+        weight: CubeTensor<R>,
+        options: crate::ops::RmsNormOptions,
+    ) -> crate::ops::RmsNormOutput<Self> {
+        rms_norm::forward::<Self, R>(x, None, weight, options).0
+    }
+
+    fn fused_rms_norm_backward(
+        grad_output: CubeTensor<R>,
+        x: CubeTensor<R>,
+        weight: CubeTensor<R>,
+        rstd: CubeTensor<R>,
+        options: crate::ops::RmsNormOptions,
+    ) -> crate::ops::NormGrads<Self> {
+        rms_norm::backward::<Self, R>(grad_output, x, weight, rstd, options)
+    }
+
+    fn fused_add_rms_norm(
+        x: CubeTensor<R>,
+        residual: CubeTensor<R>,
+        weight: CubeTensor<R>,
+        options: crate::ops::RmsNormOptions,
+    ) -> crate::ops::AddRmsNormOutput<Self> {
+        let (out, sum) = rms_norm::forward::<Self, R>(x, Some(residual), weight, options);
+        crate::ops::AddRmsNormOutput {
+            output: out.output,
+            sum: sum.expect("the residual variant returns the sum"),
+            rstd: out.rstd,
+        }
+    }
+
+    fn fused_layer_norm(
+        x: CubeTensor<R>,
+        gamma: CubeTensor<R>,
+        beta: Option<CubeTensor<R>>,
+        eps: f64,
+    ) -> crate::ops::LayerNormOutput<Self> {
+        layer_norm::forward::<Self, R>(x, gamma, beta, eps)
+    }
+
+    fn fused_layer_norm_backward(
+        grad_output: CubeTensor<R>,
+        x: CubeTensor<R>,
+        gamma: CubeTensor<R>,
+        mean: CubeTensor<R>,
+        rstd: CubeTensor<R>,
+        has_bias: bool,
+    ) -> crate::ops::NormGrads<Self> {
+        layer_norm::backward::<Self, R>(grad_output, x, gamma, mean, rstd, has_bias)
+    }
+
+    fn fused_softmax(x: CubeTensor<R>) -> CubeTensor<R> {
+        softmax::forward(x, false)
+    }
+
+    fn fused_softmax_backward(grad_output: CubeTensor<R>, output: CubeTensor<R>) -> CubeTensor<R> {
+        softmax::backward(grad_output, output, false)
+    }
+
+    fn fused_log_softmax(x: CubeTensor<R>) -> CubeTensor<R> {
+        softmax::forward(x, true)
+    }
+
+    fn fused_log_softmax_backward(grad_output: CubeTensor<R>, output: CubeTensor<R>) -> CubeTensor<R> {
+        softmax::backward(grad_output, output, true)
+    }
+}
+
+/// `[..., d]` → `(rows, d)`.
+pub(crate) fn rows_width(shape: &Shape) -> (usize, usize) {
+    let width = shape[shape.num_dims() - 1];
+    (shape.num_elements() / width.max(1), width)
+}
+
+/// A dense output like `like` with another shape and dtype.
+pub(crate) fn empty_like<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -> CubeTensor<R> {
+    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
+}
+
+/// Validates a normalization's inputs and makes them dense.
+pub(crate) fn prepare_norm<R: CubeRuntime>(
+    op: &'static str,
+    x: CubeTensor<R>,
+    weight: CubeTensor<R>,
+    bias: Option<&CubeTensor<R>>,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    validate::check(validate::norm(&NormInputs {
+        op,
+        x: (x.shape(), x.dtype()),
+        weight: (weight.shape(), weight.dtype()),
+        bias: bias.map(|b| (b.shape(), b.dtype())),
+        kernel_dtypes: true,
+    }));
+    (into_contiguous(x), into_contiguous(weight))
+}
+
+/// Panics with the kernel's own message (it names the op) if a launch was refused.
+pub(crate) fn launched(result: Result<(), liger_cubecl_kernels::KernelError>) {
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

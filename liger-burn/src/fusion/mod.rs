@@ -1,0 +1,285 @@
+//! [`FusedOps`] for `Fusion<B>`: each fused primitive is registered in the fusion stream
+//! as one custom operation (`CustomOpIr`), so it is ordered with the surrounding lazily
+//! fused ops and executes `B`'s fused kernel when the stream reaches it.
+//!
+//! Inputs are validated here, eagerly: the stream executes later (possibly on another
+//! thread), and bad input must fail where the user called the op.
+
+use crate::ops::validate::{self, NormInputs};
+use crate::ops::{
+    AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput, row_stat_shape,
+};
+use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_fusion::stream::{Operation, OperationStreams};
+use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
+use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
+use core::marker::PhantomData;
+
+/// Which fused primitive a custom operation runs, with its options.
+#[derive(Clone, Debug)]
+enum FusedKind {
+    RmsNorm(RmsNormOptions),
+    AddRmsNorm(RmsNormOptions),
+    RmsNormBackward(RmsNormOptions),
+    LayerNorm { eps: f64, has_bias: bool },
+    LayerNormBackward { has_bias: bool },
+    Softmax { log: bool },
+    SoftmaxBackward { log: bool },
+}
+
+#[derive(Clone, Debug)]
+struct FusedOp<B> {
+    desc: CustomOpIr,
+    kind: FusedKind,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedOps> Operation<B::FusionRuntime> for FusedOp<B> {
+    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
+        let mut inputs = self.desc.inputs.iter().map(|t| handles.get_float_tensor::<B>(t)).collect::<Vec<_>>().into_iter();
+        let mut next = || inputs.next().expect("custom op declared its inputs");
+        let outputs: Vec<B::FloatTensorPrimitive> = match self.kind.clone() {
+            FusedKind::RmsNorm(options) => {
+                let (x, w) = (next(), next());
+                let out = B::fused_rms_norm(x, w, options);
+                vec![out.output, out.rstd]
+            }
+            FusedKind::AddRmsNorm(options) => {
+                let (x, r, w) = (next(), next(), next());
+                let out = B::fused_add_rms_norm(x, r, w, options);
+                vec![out.output, out.sum, out.rstd]
+            }
+            FusedKind::RmsNormBackward(options) => {
+                let (g, x, w, rstd) = (next(), next(), next(), next());
+                let grads = B::fused_rms_norm_backward(g, x, w, rstd, options);
+                vec![grads.grad_input, grads.grad_weight]
+            }
+            FusedKind::LayerNorm { eps, has_bias } => {
+                let (x, gamma) = (next(), next());
+                let beta = has_bias.then(&mut next);
+                let out = B::fused_layer_norm(x, gamma, beta, eps);
+                vec![out.output, out.mean, out.rstd]
+            }
+            FusedKind::LayerNormBackward { has_bias } => {
+                let (g, x, gamma, mean, rstd) = (next(), next(), next(), next(), next());
+                let grads = B::fused_layer_norm_backward(g, x, gamma, mean, rstd, has_bias);
+                let mut out = vec![grads.grad_input, grads.grad_weight];
+                out.extend(grads.grad_bias);
+                out
+            }
+            FusedKind::Softmax { log } => {
+                let x = next();
+                vec![if log { B::fused_log_softmax(x) } else { B::fused_softmax(x) }]
+            }
+            FusedKind::SoftmaxBackward { log } => {
+                let (g, y) = (next(), next());
+                vec![if log { B::fused_log_softmax_backward(g, y) } else { B::fused_softmax_backward(g, y) }]
+            }
+        };
+        for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
+            handles.register_float_tensor::<B>(&ir.id, tensor);
+        }
+    }
+}
+
+/// Registers one fused primitive in the stream; returns its outputs in declaration order.
+fn register<B: FusionBackend + FusedOps>(
+    id: &'static str,
+    inputs: Vec<FusionTensor<B::FusionRuntime>>,
+    outputs: &[(Shape, DType)],
+    kind: FusedKind,
+) -> Vec<FusionTensor<B::FusionRuntime>> {
+    let client = inputs[0].client.clone();
+    let streams = OperationStreams::with_inputs(inputs.iter());
+    let outputs = outputs
+        .iter()
+        .map(|(shape, dtype)| TensorIr::uninit(client.create_empty_handle(), shape.clone(), *dtype))
+        .collect::<Vec<_>>();
+    let inputs = inputs.into_iter().map(|t| t.into_ir()).collect::<Vec<_>>();
+    let desc = CustomOpIr::new(id, &inputs, &outputs);
+    client.register(
+        streams,
+        OperationIr::Custom(desc.clone()),
+        FusedOp::<B> { desc, kind, _backend: PhantomData },
+    )
+}
+
+fn norm_check<R: FusionRuntime>(
+    op: &'static str,
+    x: &FusionTensor<R>,
+    weight: &FusionTensor<R>,
+    bias: Option<&FusionTensor<R>>,
+) {
+    validate::check(validate::norm(&NormInputs {
+        op,
+        x: (x.shape(), x.dtype()),
+        weight: (weight.shape(), weight.dtype()),
+        bias: bias.map(|b| (b.shape(), b.dtype())),
+        kernel_dtypes: true,
+    }));
+}
+
+fn same<R: FusionRuntime>(op: &'static str, a: (&str, &FusionTensor<R>), b: (&str, &FusionTensor<R>)) {
+    validate::check(validate::same_shape_dtype(
+        op,
+        (a.0, &a.1.shape(), a.1.dtype()),
+        (b.0, &b.1.shape(), b.1.dtype()),
+    ));
+}
+
+impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
+    fn fused_rms_norm(
+        x: FusionTensor<B::FusionRuntime>,
+        weight: FusionTensor<B::FusionRuntime>,
+        options: RmsNormOptions,
+    ) -> RmsNormOutput<Self> {
+        norm_check("rms_norm", &x, &weight, None);
+        let (shape, dtype) = (x.shape(), x.dtype());
+        let outs = [(row_stat_shape(&shape), DType::F32)];
+        let [output, rstd]: [_; 2] = register::<B>(
+            "liger_rms_norm",
+            vec![x, weight],
+            &[(shape, dtype), outs[0].clone()],
+            FusedKind::RmsNorm(options),
+        )
+        .try_into()
+        .unwrap();
+        RmsNormOutput { output, rstd }
+    }
+
+    fn fused_add_rms_norm(
+        x: FusionTensor<B::FusionRuntime>,
+        residual: FusionTensor<B::FusionRuntime>,
+        weight: FusionTensor<B::FusionRuntime>,
+        options: RmsNormOptions,
+    ) -> AddRmsNormOutput<Self> {
+        same("fused_add_rms_norm", ("x", &x), ("residual", &residual));
+        norm_check("fused_add_rms_norm", &x, &weight, None);
+        let (shape, dtype) = (x.shape(), x.dtype());
+        let [output, sum, rstd]: [_; 3] = register::<B>(
+            "liger_add_rms_norm",
+            vec![x, residual, weight],
+            &[(shape.clone(), dtype), (shape.clone(), dtype), (row_stat_shape(&shape), DType::F32)],
+            FusedKind::AddRmsNorm(options),
+        )
+        .try_into()
+        .unwrap();
+        AddRmsNormOutput { output, sum, rstd }
+    }
+
+    fn fused_rms_norm_backward(
+        grad_output: FusionTensor<B::FusionRuntime>,
+        x: FusionTensor<B::FusionRuntime>,
+        weight: FusionTensor<B::FusionRuntime>,
+        rstd: FusionTensor<B::FusionRuntime>,
+        options: RmsNormOptions,
+    ) -> NormGrads<Self> {
+        same("rms_norm_backward", ("grad_output", &grad_output), ("x", &x));
+        norm_check("rms_norm_backward", &x, &weight, None);
+        let outs = [(x.shape(), x.dtype()), (weight.shape(), weight.dtype())];
+        let [grad_input, grad_weight]: [_; 2] = register::<B>(
+            "liger_rms_norm_backward",
+            vec![grad_output, x, weight, rstd],
+            &outs,
+            FusedKind::RmsNormBackward(options),
+        )
+        .try_into()
+        .unwrap();
+        NormGrads { grad_input, grad_weight, grad_bias: None }
+    }
+
+    fn fused_layer_norm(
+        x: FusionTensor<B::FusionRuntime>,
+        gamma: FusionTensor<B::FusionRuntime>,
+        beta: Option<FusionTensor<B::FusionRuntime>>,
+        eps: f64,
+    ) -> LayerNormOutput<Self> {
+        norm_check("layer_norm", &x, &gamma, beta.as_ref());
+        let (shape, dtype) = (x.shape(), x.dtype());
+        let has_bias = beta.is_some();
+        let mut inputs = vec![x, gamma];
+        inputs.extend(beta);
+        let stat = (row_stat_shape(&shape), DType::F32);
+        let [output, mean, rstd]: [_; 3] = register::<B>(
+            "liger_layer_norm",
+            inputs,
+            &[(shape, dtype), stat.clone(), stat],
+            FusedKind::LayerNorm { eps, has_bias },
+        )
+        .try_into()
+        .unwrap();
+        LayerNormOutput { output, mean, rstd }
+    }
+
+    fn fused_layer_norm_backward(
+        grad_output: FusionTensor<B::FusionRuntime>,
+        x: FusionTensor<B::FusionRuntime>,
+        gamma: FusionTensor<B::FusionRuntime>,
+        mean: FusionTensor<B::FusionRuntime>,
+        rstd: FusionTensor<B::FusionRuntime>,
+        has_bias: bool,
+    ) -> NormGrads<Self> {
+        same("layer_norm_backward", ("grad_output", &grad_output), ("x", &x));
+        norm_check("layer_norm_backward", &x, &gamma, None);
+        let mut outs = vec![(x.shape(), x.dtype()), (gamma.shape(), gamma.dtype())];
+        if has_bias {
+            outs.push((gamma.shape(), gamma.dtype()));
+        }
+        let mut grads = register::<B>(
+            "liger_layer_norm_backward",
+            vec![grad_output, x, gamma, mean, rstd],
+            &outs,
+            FusedKind::LayerNormBackward { has_bias },
+        )
+        .into_iter();
+        NormGrads { grad_input: grads.next().unwrap(), grad_weight: grads.next().unwrap(), grad_bias: grads.next() }
+    }
+
+    fn fused_softmax(x: FusionTensor<B::FusionRuntime>) -> FusionTensor<B::FusionRuntime> {
+        softmax::<B>(x, false)
+    }
+
+    fn fused_log_softmax(x: FusionTensor<B::FusionRuntime>) -> FusionTensor<B::FusionRuntime> {
+        softmax::<B>(x, true)
+    }
+
+    fn fused_softmax_backward(
+        grad_output: FusionTensor<B::FusionRuntime>,
+        output: FusionTensor<B::FusionRuntime>,
+    ) -> FusionTensor<B::FusionRuntime> {
+        softmax_backward::<B>(grad_output, output, false)
+    }
+
+    fn fused_log_softmax_backward(
+        grad_output: FusionTensor<B::FusionRuntime>,
+        output: FusionTensor<B::FusionRuntime>,
+    ) -> FusionTensor<B::FusionRuntime> {
+        softmax_backward::<B>(grad_output, output, true)
+    }
+}
+
+fn softmax<B: FusionBackend + FusedOps>(x: FusionTensor<B::FusionRuntime>, log: bool) -> FusionTensor<B::FusionRuntime> {
+    let op = if log { "log_softmax" } else { "softmax" };
+    validate::check(validate::rows(op, (&x.shape(), x.dtype()), true));
+    let out = (x.shape(), x.dtype());
+    register::<B>(if log { "liger_log_softmax" } else { "liger_softmax" }, vec![x], &[out], FusedKind::Softmax { log })
+        .remove(0)
+}
+
+fn softmax_backward<B: FusionBackend + FusedOps>(
+    grad: FusionTensor<B::FusionRuntime>,
+    output: FusionTensor<B::FusionRuntime>,
+    log: bool,
+) -> FusionTensor<B::FusionRuntime> {
+    let op = if log { "log_softmax_backward" } else { "softmax_backward" };
+    same(op, ("grad_output", &grad), ("output", &output));
+    validate::check(validate::rows(op, (&output.shape(), output.dtype()), true));
+    let out = (output.shape(), output.dtype());
+    register::<B>(
+        if log { "liger_log_softmax_backward" } else { "liger_softmax_backward" },
+        vec![grad, output],
+        &[out],
+        FusedKind::SoftmaxBackward { log },
+    )
+    .remove(0)
+}

@@ -1,0 +1,153 @@
+//! How a row-wise kernel is laid out on the device: one cube per row (grid-strided),
+//! a power-of-two number of units per cube, vectorized loads, and the reduction path.
+
+use cubecl::features::Plane;
+use cubecl::ir::{ElemType, FloatKind};
+use cubecl::prelude::*;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Which cross-unit reduction the kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReductionPath {
+    /// Plane (warp/subgroup) operations when the device has them, else shared memory.
+    Auto,
+    /// Plane operations (falls back to shared memory on devices without them).
+    Plane,
+    /// Shared-memory tree only.
+    Shared,
+}
+
+static REDUCTION_PATH: AtomicU8 = AtomicU8::new(0);
+
+/// Forces a reduction path for every later launch (tests run both paths on one device).
+pub fn set_reduction_path(path: ReductionPath) {
+    let v = match path {
+        ReductionPath::Auto => 0,
+        ReductionPath::Plane => 1,
+        ReductionPath::Shared => 2,
+    };
+    REDUCTION_PATH.store(v, Ordering::Relaxed);
+}
+
+/// The reduction path in force.
+pub fn reduction_path() -> ReductionPath {
+    match REDUCTION_PATH.load(Ordering::Relaxed) {
+        1 => ReductionPath::Plane,
+        2 => ReductionPath::Shared,
+        _ => ReductionPath::Auto,
+    }
+}
+
+/// Problems a launch refuses before touching the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KernelError {
+    /// The element type is not one the kernels read.
+    UnsupportedDtype { op: &'static str, dtype: String },
+    /// A row is wider than the kernel can hold its per-unit accumulators for.
+    RowTooWide { op: &'static str, width: usize, max: usize },
+}
+
+impl core::fmt::Display for KernelError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            KernelError::UnsupportedDtype { op, dtype } => {
+                write!(f, "{op}: unsupported dtype {dtype} (the fused kernels read f32, f16 and bf16)")
+            }
+            KernelError::RowTooWide { op, width, max } => {
+                write!(f, "{op}: row width {width} exceeds the kernel's maximum of {max}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for KernelError {}
+
+/// Checks that `dtype` is one of the float types the kernels read.
+pub fn check_float_dtype(op: &'static str, dtype: StorageType) -> Result<(), KernelError> {
+    match dtype.elem_type() {
+        ElemType::Float(FloatKind::F32 | FloatKind::F16 | FloatKind::BF16 | FloatKind::Flex32) => Ok(()),
+        other => Err(KernelError::UnsupportedDtype { op, dtype: format!("{other:?}") }),
+    }
+}
+
+/// Launch geometry of a row-wise kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct RowLaunch {
+    /// Cubes launched; each walks rows `CUBE_POS, CUBE_POS + CUBE_COUNT, ...`.
+    pub cubes: u32,
+    /// Units per cube (a power of two).
+    pub units: u32,
+    /// Elements per vectorized load; divides the row width.
+    pub vector_size: usize,
+    /// Whether the cube reduction uses plane operations.
+    pub use_plane: bool,
+}
+
+impl RowLaunch {
+    /// Geometry for `rows` rows of `width` elements of `elem_size` bytes, at most `max_cubes` cubes.
+    pub fn new<R: Runtime>(
+        client: &ComputeClient<R>,
+        rows: usize,
+        width: usize,
+        elem_size: usize,
+        max_cubes: usize,
+    ) -> Self {
+        let props = client.properties();
+        let vector_size = client
+            .io_optimized_vector_sizes(elem_size)
+            .filter(|v| width % v == 0)
+            .max()
+            .unwrap_or(1);
+        let vectors = width / vector_size;
+        let hw_max = props.hardware.max_units_per_cube.min(props.hardware.max_cube_dim.0).max(1);
+        // Enough units that each walks about four vectors, but not beyond the device limit.
+        let wanted = (vectors.div_ceil(4)).clamp(32, 1024) as u32;
+        let units = prev_power_of_two(wanted.min(hw_max));
+        let plane_ok = client.features().plane.contains(Plane::Ops)
+            && props.hardware.plane_size_max >= 1
+            && units >= props.hardware.plane_size_max;
+        let use_plane = match reduction_path() {
+            ReductionPath::Shared => false,
+            ReductionPath::Auto | ReductionPath::Plane => plane_ok,
+        };
+        let max_count = props.hardware.max_cube_count.0.max(1) as usize;
+        let cubes = rows.min(max_cubes).min(max_count).min(65_535).max(1) as u32;
+        Self { cubes, units, vector_size, use_plane }
+    }
+
+    /// Vectors per row.
+    pub fn vectors(&self, width: usize) -> usize {
+        width / self.vector_size
+    }
+
+    /// Per-unit accumulator slots a kernel that keeps one per walked vector needs.
+    pub fn chunks(&self, width: usize) -> usize {
+        self.vectors(width).div_ceil(self.units as usize).max(1)
+    }
+
+    pub(crate) fn count(&self) -> CubeCount {
+        CubeCount::Static(self.cubes, 1, 1)
+    }
+
+    pub(crate) fn dim(&self) -> CubeDim {
+        CubeDim::new_1d(self.units)
+    }
+}
+
+fn prev_power_of_two(x: u32) -> u32 {
+    if x <= 1 { 1 } else { 1 << (31 - x.leading_zeros()) }
+}
+
+/// Upper bound on cubes for kernels that accumulate per-cube partials (weight gradients):
+/// a few per multiprocessor, so the partial buffer stays small.
+pub fn partial_cubes<R: Runtime>(client: &ComputeClient<R>, rows: usize) -> usize {
+    let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(32) as usize;
+    rows.min(sms * 4).max(1)
+}
+
+/// Builds an array argument over a contiguous buffer of `len` items.
+pub(crate) fn array<R: Runtime>(handle: &cubecl::server::Handle, len: usize) -> ArrayArg<R> {
+    // Safety: every caller passes the item count of a buffer it allocated or was given
+    // with that exact size (checked by the Burn glue before launch).
+    unsafe { ArrayArg::from_raw_parts(handle.clone(), len) }
+}

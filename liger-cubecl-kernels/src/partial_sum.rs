@@ -1,0 +1,55 @@
+//! Second stage of every weight/bias gradient: sum the per-cube f32 partials over cubes.
+//!
+//! The backward kernels give each cube a slice of the rows and let it accumulate its
+//! rows' weight-gradient contributions in registers, then write one f32 row per cube.
+//! Summing those rows here keeps the reduction deterministic and needs no float atomics
+//! (which many devices lack).
+
+use crate::launch::array;
+use cubecl::prelude::*;
+
+#[cube(launch)]
+fn sum_partials_kernel<F: Float, N: Size>(
+    partials: &Array<Vector<f32, N>>,
+    output: &mut Array<Vector<F, N>>,
+    parts: u32,
+    vectors: u32,
+    #[define(F)] _dtype: StorageType,
+) {
+    let j = ABSOLUTE_POS;
+    if j < vectors as usize {
+        let mut acc = Vector::<f32, N>::new(0.0);
+        for p in 0..parts as usize {
+            acc += partials[p * vectors as usize + j];
+        }
+        output[j] = Vector::<F, N>::cast_from(acc);
+    }
+}
+
+/// `output[j] = sum_p partials[p, j]`, cast to `dtype`.
+///
+/// `partials: [parts, width]` f32, `output: [width]` of `dtype`; `vector_size` divides `width`.
+pub fn sum_partials<R: Runtime>(
+    client: &ComputeClient<R>,
+    partials: &cubecl::server::Handle,
+    output: &cubecl::server::Handle,
+    parts: usize,
+    width: usize,
+    vector_size: usize,
+    dtype: StorageType,
+) {
+    let vectors = width / vector_size;
+    let units = 256u32;
+    let cubes = vectors.div_ceil(units as usize) as u32;
+    sum_partials_kernel::launch::<R>(
+        client,
+        CubeCount::Static(cubes, 1, 1),
+        CubeDim::new_1d(units),
+        vector_size,
+        array(partials, parts * vectors),
+        array(output, vectors),
+        parts as u32,
+        vectors as u32,
+        dtype,
+    );
+}

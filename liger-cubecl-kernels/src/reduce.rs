@@ -1,0 +1,92 @@
+//! The one cross-unit reduction every row kernel uses.
+//!
+//! Plane path: `plane_sum`/`plane_max` inside each plane, then one partial per plane in
+//! shared memory, summed by every unit. Correct for any plane width (32 on NVIDIA, 64 on
+//! many AMD parts, whatever a software adapter reports), including a last partial plane.
+//! Shared path: a classic tree over `CUBE_DIM` slots (`CUBE_DIM` is a power of two).
+
+use cubecl::prelude::*;
+
+/// The reduction operator, a comptime choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Maximum.
+    Max,
+}
+
+#[cube]
+fn combine(a: f32, b: f32, #[comptime] op: ReduceOp) -> f32 {
+    match op {
+        ReduceOp::Sum => a + b,
+        ReduceOp::Max => f32::max(a, b),
+    }
+}
+
+/// Reduces `value` over every unit of the cube; every unit gets the result.
+///
+/// `scratch` needs `CUBE_DIM` slots and is free again when this returns.
+#[cube]
+pub fn cube_reduce(
+    value: f32,
+    scratch: &mut SharedMemory<f32>,
+    #[comptime] op: ReduceOp,
+    #[comptime] use_plane: bool,
+) -> f32 {
+    let mut result = 0.0f32;
+    if use_plane {
+        let partial = match op {
+            ReduceOp::Sum => plane_sum(value),
+            ReduceOp::Max => plane_max(value),
+        };
+        if UNIT_POS_PLANE == 0 {
+            scratch[(UNIT_POS / PLANE_DIM) as usize] = partial;
+        }
+        sync_cube();
+        let planes = CUBE_DIM.div_ceil(PLANE_DIM);
+        result += scratch[0];
+        for i in 1..planes {
+            result = combine(result, scratch[i as usize], op);
+        }
+        sync_cube();
+    } else {
+        scratch[UNIT_POS as usize] = value;
+        sync_cube();
+        let mut stride = CUBE_DIM / 2;
+        while stride > 0 {
+            if UNIT_POS < stride {
+                let a = scratch[UNIT_POS as usize];
+                let b = scratch[(UNIT_POS + stride) as usize];
+                scratch[UNIT_POS as usize] = combine(a, b, op);
+            }
+            sync_cube();
+            stride /= 2;
+        }
+        result += scratch[0];
+        sync_cube();
+    }
+    result
+}
+
+/// Sum of the lanes of a vector, in f32.
+#[cube]
+pub fn vector_sum<N: Size>(v: Vector<f32, N>) -> f32 {
+    let mut total = 0.0f32;
+    #[unroll]
+    for i in 0..N::value() {
+        total += v[i];
+    }
+    total
+}
+
+/// Maximum of the lanes of a vector.
+#[cube]
+pub fn vector_max<N: Size>(v: Vector<f32, N>) -> f32 {
+    let mut m = v[0];
+    #[unroll]
+    for i in 1..N::value() {
+        m = f32::max(m, v[i]);
+    }
+    m
+}

@@ -1,0 +1,280 @@
+//! RMSNorm forward (optionally fused with the residual add) and backward.
+//!
+//! Forward: `y = x * rstd * (offset + w)` with `rstd = 1 / sqrt(mean(x²) + eps)` in f32.
+//! Llama casting rounds `x * rstd` to the input dtype before the weight multiply; Gemma
+//! casting keeps everything in f32 and rounds once. Backward:
+//! `dx = rstd * (m - x̂ · mean(m · x̂))` with `m = dy · (offset + w)`, `x̂ = x · rstd`, and
+//! `dw = Σ_rows dy · x̂`, accumulated per cube in f32 and summed by [`crate::partial_sum`].
+
+use crate::counters::{self, Kernel};
+use crate::launch::{KernelError, RowLaunch, array, check_float_dtype, partial_cubes};
+use crate::partial_sum::sum_partials;
+use crate::reduce::{ReduceOp, cube_reduce, vector_sum};
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+/// Largest number of vectors a unit walks in the backward kernel (its dw accumulators).
+pub const MAX_CHUNKS: usize = 32;
+
+/// `x · rstd · (offset + w)` in the requested casting, for one vector.
+#[cube]
+fn normalize_scale<F: Float, N: Size>(
+    x: Vector<f32, N>,
+    w: Vector<F, N>,
+    rstd: f32,
+    offset: f32,
+    #[comptime] gemma: bool,
+) -> Vector<F, N> {
+    let normalized = x * Vector::new(rstd);
+    if gemma {
+        let scale = Vector::<f32, N>::cast_from(w) + Vector::new(offset);
+        Vector::<F, N>::cast_from(normalized * scale)
+    } else {
+        let scale = w + Vector::<F, N>::cast_from(Vector::<f32, N>::new(offset));
+        Vector::<F, N>::cast_from(normalized) * scale
+    }
+}
+
+#[cube(launch)]
+fn rms_norm_forward_kernel<F: Float, N: Size>(
+    x: &Array<Vector<F, N>>,
+    residual: &Array<Vector<F, N>>,
+    weight: &Array<Vector<F, N>>,
+    output: &mut Array<Vector<F, N>>,
+    sum: &mut Array<Vector<F, N>>,
+    rstd: &mut Array<f32>,
+    rows: u32,
+    vectors: u32,
+    eps: f32,
+    offset: f32,
+    #[comptime] add_residual: bool,
+    #[comptime] gemma: bool,
+    #[comptime] units: u32,
+    #[comptime] use_plane: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let mut scratch = SharedMemory::<f32>::new(units as usize);
+    let vectors = vectors as usize;
+    let width = (vectors * N::value()) as f32;
+    let mut row = CUBE_POS;
+    while row < rows as usize {
+        let base = row * vectors;
+        let mut acc = 0.0f32;
+        let mut j = UNIT_POS as usize;
+        while j < vectors {
+            let mut v = x[base + j];
+            if add_residual {
+                // The sum is rounded to the input dtype, as `x + residual` would be.
+                v = v + residual[base + j];
+                sum[base + j] = v;
+            }
+            let vf = Vector::<f32, N>::cast_from(v);
+            acc += vector_sum::<N>(vf * vf);
+            j += CUBE_DIM as usize;
+        }
+        let total = cube_reduce(acc, &mut scratch, ReduceOp::Sum, use_plane);
+        let r = 1.0f32 / f32::sqrt(total / width + eps);
+        if UNIT_POS == 0 {
+            rstd[row] = r;
+        }
+        let mut j = UNIT_POS as usize;
+        while j < vectors {
+            let v = if add_residual { sum[base + j] } else { x[base + j] };
+            output[base + j] =
+                normalize_scale::<F, N>(Vector::<f32, N>::cast_from(v), weight[j], r, offset, gemma);
+            j += CUBE_DIM as usize;
+        }
+        row += CUBE_COUNT;
+    }
+}
+
+#[cube(launch)]
+fn rms_norm_backward_kernel<F: Float, N: Size>(
+    grad: &Array<Vector<F, N>>,
+    x: &Array<Vector<F, N>>,
+    weight: &Array<Vector<F, N>>,
+    rstd: &Array<f32>,
+    grad_x: &mut Array<Vector<F, N>>,
+    grad_w_partials: &mut Array<Vector<f32, N>>,
+    rows: u32,
+    vectors: u32,
+    offset: f32,
+    #[comptime] gemma: bool,
+    #[comptime] units: u32,
+    #[comptime] chunks: u32,
+    #[comptime] use_plane: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let mut scratch = SharedMemory::<f32>::new(units as usize);
+    let mut dw = Array::<Vector<f32, N>>::new(chunks as usize);
+    #[unroll]
+    for c in 0..chunks {
+        dw[c as usize] = Vector::new(0.0);
+    }
+    let vectors = vectors as usize;
+    let width = (vectors * N::value()) as f32;
+    let mut row = CUBE_POS;
+    while row < rows as usize {
+        let base = row * vectors;
+        let r = rstd[row];
+        let mut acc = 0.0f32;
+        #[unroll]
+        for c in 0..chunks {
+            let j = UNIT_POS as usize + c as usize * units as usize;
+            if j < vectors {
+                let n = Vector::<f32, N>::cast_from(x[base + j]) * Vector::new(r);
+                let m = Vector::<f32, N>::cast_from(grad[base + j])
+                    * (Vector::<f32, N>::cast_from(weight[j]) + Vector::new(offset));
+                acc += vector_sum::<N>(m * n);
+            }
+        }
+        let dot = cube_reduce(acc, &mut scratch, ReduceOp::Sum, use_plane) / width;
+        #[unroll]
+        for c in 0..chunks {
+            let j = UNIT_POS as usize + c as usize * units as usize;
+            if j < vectors {
+                let g = Vector::<f32, N>::cast_from(grad[base + j]);
+                let n = Vector::<f32, N>::cast_from(x[base + j]) * Vector::new(r);
+                let m = g * (Vector::<f32, N>::cast_from(weight[j]) + Vector::new(offset));
+                grad_x[base + j] = Vector::<F, N>::cast_from((m - n * Vector::new(dot)) * Vector::new(r));
+                if gemma {
+                    dw[c as usize] += g * n;
+                } else {
+                    // Llama casting multiplies the weight by x̂ rounded to the input dtype.
+                    dw[c as usize] += g * Vector::<f32, N>::cast_from(Vector::<F, N>::cast_from(n));
+                }
+            }
+        }
+        row += CUBE_COUNT;
+    }
+    #[unroll]
+    for c in 0..chunks {
+        let j = UNIT_POS as usize + c as usize * units as usize;
+        if j < vectors {
+            grad_w_partials[CUBE_POS * vectors + j] = dw[c as usize];
+        }
+    }
+}
+
+/// Options the RMSNorm kernels take.
+#[derive(Clone, Copy, Debug)]
+pub struct RmsNormKernelOptions {
+    /// Added to the mean square.
+    pub eps: f32,
+    /// Added to the weight.
+    pub offset: f32,
+    /// Gemma casting (all f32) instead of Llama casting.
+    pub gemma: bool,
+}
+
+/// RMSNorm forward over `rows` contiguous rows of `width`.
+///
+/// `x, output: [rows, width]`, `weight: [width]`, all of `dtype`; `rstd: [rows]` f32.
+/// With `residual = Some((residual, sum))`, normalizes `sum = x + residual` and writes it.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_forward<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Handle,
+    residual: Option<(&Handle, &Handle)>,
+    weight: &Handle,
+    output: &Handle,
+    rstd: &Handle,
+    rows: usize,
+    width: usize,
+    options: RmsNormKernelOptions,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    let op = if residual.is_some() { "fused_add_rms_norm" } else { "rms_norm" };
+    check_float_dtype(op, dtype)?;
+    let launch = RowLaunch::new(client, rows, width, dtype.size(), usize::MAX);
+    let vectors = launch.vectors(width);
+    let n = rows * vectors;
+    // Without a residual the two extra bindings are never touched (comptime branch); they
+    // point at a one-element scratch buffer so no buffer is bound twice.
+    let dummy;
+    let (residual_arg, sum_arg) = match residual {
+        Some((res, sum)) => (array(res, n), array(sum, n)),
+        None => {
+            dummy = client.empty(dtype.size() * launch.vector_size);
+            (array(&dummy, 1), array(&dummy, 1))
+        }
+    };
+    rms_norm_forward_kernel::launch::<R>(
+        client,
+        launch.count(),
+        launch.dim(),
+        launch.vector_size,
+        array(x, n),
+        residual_arg,
+        array(weight, vectors),
+        array(output, n),
+        sum_arg,
+        array(rstd, rows),
+        rows as u32,
+        vectors as u32,
+        options.eps,
+        options.offset,
+        residual.is_some(),
+        options.gemma,
+        launch.units,
+        launch.use_plane,
+        dtype,
+    );
+    counters::record(if residual.is_some() { Kernel::add_rms_norm_forward } else { Kernel::rms_norm_forward });
+    Ok(())
+}
+
+/// RMSNorm backward: writes `grad_x` (`[rows, width]`, `dtype`) and `grad_weight`
+/// (`[width]`, `weight_dtype`... the same `dtype`).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    grad: &Handle,
+    x: &Handle,
+    weight: &Handle,
+    rstd: &Handle,
+    grad_x: &Handle,
+    grad_weight: &Handle,
+    rows: usize,
+    width: usize,
+    options: RmsNormKernelOptions,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    check_float_dtype("rms_norm_backward", dtype)?;
+    let launch = RowLaunch::new(client, rows, width, dtype.size(), partial_cubes(client, rows));
+    let chunks = launch.chunks(width);
+    if chunks > MAX_CHUNKS {
+        return Err(KernelError::RowTooWide {
+            op: "rms_norm_backward",
+            width,
+            max: MAX_CHUNKS * launch.units as usize * launch.vector_size,
+        });
+    }
+    let vectors = launch.vectors(width);
+    let n = rows * vectors;
+    let parts = launch.cubes as usize;
+    let partials = client.empty(parts * width * core::mem::size_of::<f32>());
+    rms_norm_backward_kernel::launch::<R>(
+        client,
+        launch.count(),
+        launch.dim(),
+        launch.vector_size,
+        array(grad, n),
+        array(x, n),
+        array(weight, vectors),
+        array(rstd, rows),
+        array(grad_x, n),
+        array(&partials, parts * vectors),
+        rows as u32,
+        vectors as u32,
+        options.offset,
+        options.gemma,
+        launch.units,
+        chunks as u32,
+        launch.use_plane,
+        dtype,
+    );
+    sum_partials(client, &partials, grad_weight, parts, width, launch.vector_size, dtype);
+    counters::record(Kernel::rms_norm_backward);
+    Ok(())
+}

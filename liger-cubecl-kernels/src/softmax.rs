@@ -1,0 +1,173 @@
+//! Softmax and log-softmax over the last dimension, forward and backward.
+//!
+//! Forward reads each row twice: once with an online max/sum (each unit rescales its
+//! running sum when its max grows, then the cube combines), once to write
+//! `exp(x - max) / sum` or `x - max - ln(sum)`. Backward works from the saved output:
+//! softmax `dx = y · (dy - Σ dy·y)`, log-softmax `dx = dy - exp(y) · Σ dy`.
+
+use crate::counters::{self, Kernel};
+use crate::launch::{KernelError, RowLaunch, array, check_float_dtype};
+use crate::reduce::{ReduceOp, cube_reduce, vector_max, vector_sum};
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+#[cube(launch)]
+fn softmax_forward_kernel<F: Float, N: Size>(
+    x: &Array<Vector<F, N>>,
+    output: &mut Array<Vector<F, N>>,
+    rows: u32,
+    vectors: u32,
+    #[comptime] log: bool,
+    #[comptime] units: u32,
+    #[comptime] use_plane: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let mut scratch = SharedMemory::<f32>::new(units as usize);
+    let vectors = vectors as usize;
+    let mut row = CUBE_POS;
+    while row < rows as usize {
+        let base = row * vectors;
+        // A finite floor instead of -inf: WGSL rejects infinite literals.
+        let mut local_max = f32::min_value();
+        let mut local_sum = 0.0f32;
+        let mut j = UNIT_POS as usize;
+        while j < vectors {
+            let v = Vector::<f32, N>::cast_from(x[base + j]);
+            let vmax = vector_max::<N>(v);
+            if vmax > local_max {
+                local_sum *= f32::exp(local_max - vmax);
+                local_max = vmax;
+            }
+            local_sum += vector_sum::<N>(Vector::exp(v - Vector::new(local_max)));
+            j += CUBE_DIM as usize;
+        }
+        let row_max = cube_reduce(local_max, &mut scratch, ReduceOp::Max, use_plane);
+        let rescaled = local_sum * f32::exp(local_max - row_max);
+        let row_sum = cube_reduce(rescaled, &mut scratch, ReduceOp::Sum, use_plane);
+        let mut j = UNIT_POS as usize;
+        if log {
+            let shift = Vector::<f32, N>::new(row_max + f32::ln(row_sum));
+            while j < vectors {
+                output[base + j] = Vector::<F, N>::cast_from(Vector::<f32, N>::cast_from(x[base + j]) - shift);
+                j += CUBE_DIM as usize;
+            }
+        } else {
+            let inv = Vector::<f32, N>::new(1.0f32 / row_sum);
+            while j < vectors {
+                let e = Vector::exp(Vector::<f32, N>::cast_from(x[base + j]) - Vector::new(row_max));
+                output[base + j] = Vector::<F, N>::cast_from(e * inv);
+                j += CUBE_DIM as usize;
+            }
+        }
+        row += CUBE_COUNT;
+    }
+}
+
+#[cube(launch)]
+fn softmax_backward_kernel<F: Float, N: Size>(
+    grad: &Array<Vector<F, N>>,
+    output: &Array<Vector<F, N>>,
+    grad_x: &mut Array<Vector<F, N>>,
+    rows: u32,
+    vectors: u32,
+    #[comptime] log: bool,
+    #[comptime] units: u32,
+    #[comptime] use_plane: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let mut scratch = SharedMemory::<f32>::new(units as usize);
+    let vectors = vectors as usize;
+    let mut row = CUBE_POS;
+    while row < rows as usize {
+        let base = row * vectors;
+        let mut acc = 0.0f32;
+        let mut j = UNIT_POS as usize;
+        while j < vectors {
+            let g = Vector::<f32, N>::cast_from(grad[base + j]);
+            if log {
+                acc += vector_sum::<N>(g);
+            } else {
+                acc += vector_sum::<N>(g * Vector::<f32, N>::cast_from(output[base + j]));
+            }
+            j += CUBE_DIM as usize;
+        }
+        let total = Vector::<f32, N>::new(cube_reduce(acc, &mut scratch, ReduceOp::Sum, use_plane));
+        let mut j = UNIT_POS as usize;
+        while j < vectors {
+            let g = Vector::<f32, N>::cast_from(grad[base + j]);
+            let y = Vector::<f32, N>::cast_from(output[base + j]);
+            let dx = if log { g - Vector::exp(y) * total } else { y * (g - total) };
+            grad_x[base + j] = Vector::<F, N>::cast_from(dx);
+            j += CUBE_DIM as usize;
+        }
+        row += CUBE_COUNT;
+    }
+}
+
+/// Softmax (`log = false`) or log-softmax (`log = true`) forward.
+/// `x, output: [rows, width]` of `dtype`.
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_forward<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Handle,
+    output: &Handle,
+    rows: usize,
+    width: usize,
+    log: bool,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    check_float_dtype(if log { "log_softmax" } else { "softmax" }, dtype)?;
+    let launch = RowLaunch::new(client, rows, width, dtype.size(), usize::MAX);
+    let n = rows * launch.vectors(width);
+    softmax_forward_kernel::launch::<R>(
+        client,
+        launch.count(),
+        launch.dim(),
+        launch.vector_size,
+        array(x, n),
+        array(output, n),
+        rows as u32,
+        launch.vectors(width) as u32,
+        log,
+        launch.units,
+        launch.use_plane,
+        dtype,
+    );
+    counters::record(if log { Kernel::log_softmax_forward } else { Kernel::softmax_forward });
+    Ok(())
+}
+
+/// Softmax or log-softmax backward from the forward's output.
+/// `grad, output, grad_x: [rows, width]` of `dtype`.
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    grad: &Handle,
+    output: &Handle,
+    grad_x: &Handle,
+    rows: usize,
+    width: usize,
+    log: bool,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    check_float_dtype(if log { "log_softmax_backward" } else { "softmax_backward" }, dtype)?;
+    let launch = RowLaunch::new(client, rows, width, dtype.size(), usize::MAX);
+    let n = rows * launch.vectors(width);
+    softmax_backward_kernel::launch::<R>(
+        client,
+        launch.count(),
+        launch.dim(),
+        launch.vector_size,
+        array(grad, n),
+        array(output, n),
+        array(grad_x, n),
+        rows as u32,
+        launch.vectors(width) as u32,
+        log,
+        launch.units,
+        launch.use_plane,
+        dtype,
+    );
+    counters::record(if log { Kernel::log_softmax_backward } else { Kernel::softmax_backward });
+    Ok(())
+}
