@@ -7,9 +7,14 @@
 //!   `layer_norm` primitives (and so `burn::nn` modules) to the fused kernels.
 //! - [`functional`] and [`nn`]: the user-facing API.
 
-pub mod cube;
-pub mod fusion;
-pub mod ops;
+pub mod autodiff;
 pub mod backend;
+pub mod conformance;
+pub mod cube;
+mod fallback;
+pub mod functional;
+pub mod fusion;
+pub mod nn;
+pub mod ops;
 
 pub use backend::Liger;

@@ -44,17 +44,27 @@ pub enum KernelError {
     /// The element type is not one the kernels read.
     UnsupportedDtype { op: &'static str, dtype: String },
     /// A row is wider than the kernel can hold its per-unit accumulators for.
-    RowTooWide { op: &'static str, width: usize, max: usize },
+    RowTooWide {
+        op: &'static str,
+        width: usize,
+        max: usize,
+    },
 }
 
 impl core::fmt::Display for KernelError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             KernelError::UnsupportedDtype { op, dtype } => {
-                write!(f, "{op}: unsupported dtype {dtype} (the fused kernels read f32, f16 and bf16)")
+                write!(
+                    f,
+                    "{op}: unsupported dtype {dtype} (the fused kernels read f32, f16 and bf16)"
+                )
             }
             KernelError::RowTooWide { op, width, max } => {
-                write!(f, "{op}: row width {width} exceeds the kernel's maximum of {max}")
+                write!(
+                    f,
+                    "{op}: row width {width} exceeds the kernel's maximum of {max}"
+                )
             }
         }
     }
@@ -65,8 +75,13 @@ impl std::error::Error for KernelError {}
 /// Checks that `dtype` is one of the float types the kernels read.
 pub fn check_float_dtype(op: &'static str, dtype: StorageType) -> Result<(), KernelError> {
     match dtype.elem_type() {
-        ElemType::Float(FloatKind::F32 | FloatKind::F16 | FloatKind::BF16 | FloatKind::Flex32) => Ok(()),
-        other => Err(KernelError::UnsupportedDtype { op, dtype: format!("{other:?}") }),
+        ElemType::Float(FloatKind::F32 | FloatKind::F16 | FloatKind::BF16 | FloatKind::Flex32) => {
+            Ok(())
+        }
+        other => Err(KernelError::UnsupportedDtype {
+            op,
+            dtype: format!("{other:?}"),
+        }),
     }
 }
 
@@ -99,7 +114,11 @@ impl RowLaunch {
             .max()
             .unwrap_or(1);
         let vectors = width / vector_size;
-        let hw_max = props.hardware.max_units_per_cube.min(props.hardware.max_cube_dim.0).max(1);
+        let hw_max = props
+            .hardware
+            .max_units_per_cube
+            .min(props.hardware.max_cube_dim.0)
+            .max(1);
         // Enough units that each walks about four vectors, but not beyond the device limit.
         let wanted = (vectors.div_ceil(4)).clamp(32, 1024) as u32;
         let units = prev_power_of_two(wanted.min(hw_max));
@@ -112,7 +131,12 @@ impl RowLaunch {
         };
         let max_count = props.hardware.max_cube_count.0.max(1) as usize;
         let cubes = rows.min(max_cubes).min(max_count).min(65_535).max(1) as u32;
-        Self { cubes, units, vector_size, use_plane }
+        Self {
+            cubes,
+            units,
+            vector_size,
+            use_plane,
+        }
     }
 
     /// Vectors per row.
@@ -135,13 +159,21 @@ impl RowLaunch {
 }
 
 fn prev_power_of_two(x: u32) -> u32 {
-    if x <= 1 { 1 } else { 1 << (31 - x.leading_zeros()) }
+    if x <= 1 {
+        1
+    } else {
+        1 << (31 - x.leading_zeros())
+    }
 }
 
 /// Upper bound on cubes for kernels that accumulate per-cube partials (weight gradients):
 /// a few per multiprocessor, so the partial buffer stays small.
 pub fn partial_cubes<R: Runtime>(client: &ComputeClient<R>, rows: usize) -> usize {
-    let sms = client.properties().hardware.num_streaming_multiprocessors.unwrap_or(32) as usize;
+    let sms = client
+        .properties()
+        .hardware
+        .num_streaming_multiprocessors
+        .unwrap_or(32) as usize;
     rows.min(sms * 4).max(1)
 }
 

@@ -60,7 +60,8 @@ fn layer_norm_forward_kernel<F: Float, N: Size>(
         }
         let mut j = UNIT_POS as usize;
         while j < vectors {
-            let normalized = (Vector::<f32, N>::cast_from(x[base + j]) - Vector::new(m)) * Vector::new(r);
+            let normalized =
+                (Vector::<f32, N>::cast_from(x[base + j]) - Vector::new(m)) * Vector::new(r);
             let mut y = normalized * Vector::<f32, N>::cast_from(gamma[j]);
             if has_bias {
                 y += Vector::<f32, N>::cast_from(beta[j]);
@@ -112,13 +113,16 @@ fn layer_norm_backward_kernel<F: Float, N: Size>(
             let j = UNIT_POS as usize + c as usize * units as usize;
             if j < vectors {
                 let xhat = (Vector::<f32, N>::cast_from(x[base + j]) - m) * r;
-                let g = Vector::<f32, N>::cast_from(grad[base + j]) * Vector::<f32, N>::cast_from(gamma[j]);
+                let g = Vector::<f32, N>::cast_from(grad[base + j])
+                    * Vector::<f32, N>::cast_from(gamma[j]);
                 s1 += vector_sum::<N>(g * xhat);
                 s2 += vector_sum::<N>(g);
             }
         }
-        let c1 = Vector::<f32, N>::new(cube_reduce(s1, &mut scratch, ReduceOp::Sum, use_plane) / width);
-        let c2 = Vector::<f32, N>::new(cube_reduce(s2, &mut scratch, ReduceOp::Sum, use_plane) / width);
+        let c1 =
+            Vector::<f32, N>::new(cube_reduce(s1, &mut scratch, ReduceOp::Sum, use_plane) / width);
+        let c2 =
+            Vector::<f32, N>::new(cube_reduce(s2, &mut scratch, ReduceOp::Sum, use_plane) / width);
         #[unroll]
         for c in 0..chunks {
             let j = UNIT_POS as usize + c as usize * units as usize;
@@ -216,7 +220,13 @@ pub fn layer_norm_backward<R: Runtime>(
     dtype: StorageType,
 ) -> Result<(), KernelError> {
     check_float_dtype("layer_norm_backward", dtype)?;
-    let launch = RowLaunch::new(client, rows, width, dtype.size(), partial_cubes(client, rows));
+    let launch = RowLaunch::new(
+        client,
+        rows,
+        width,
+        dtype.size(),
+        partial_cubes(client, rows),
+    );
     let chunks = launch.chunks(width);
     if chunks > MAX_CHUNKS {
         return Err(KernelError::RowTooWide {
@@ -230,8 +240,16 @@ pub fn layer_norm_backward<R: Runtime>(
     let parts = launch.cubes as usize;
     let partial_bytes = parts * width * core::mem::size_of::<f32>();
     let gamma_partials = client.empty(partial_bytes);
-    let beta_partials = if grad_beta.is_some() { client.empty(partial_bytes) } else { client.empty(4 * launch.vector_size) };
-    let beta_len = if grad_beta.is_some() { parts * vectors } else { 1 };
+    let beta_partials = if grad_beta.is_some() {
+        client.empty(partial_bytes)
+    } else {
+        client.empty(4 * launch.vector_size)
+    };
+    let beta_len = if grad_beta.is_some() {
+        parts * vectors
+    } else {
+        1
+    };
     layer_norm_backward_kernel::launch::<R>(
         client,
         launch.count(),
@@ -253,9 +271,25 @@ pub fn layer_norm_backward<R: Runtime>(
         launch.use_plane,
         dtype,
     );
-    sum_partials(client, &gamma_partials, grad_gamma, parts, width, launch.vector_size, dtype);
+    sum_partials(
+        client,
+        &gamma_partials,
+        grad_gamma,
+        parts,
+        width,
+        launch.vector_size,
+        dtype,
+    );
     if let Some(grad_beta) = grad_beta {
-        sum_partials(client, &beta_partials, grad_beta, parts, width, launch.vector_size, dtype);
+        sum_partials(
+            client,
+            &beta_partials,
+            grad_beta,
+            parts,
+            width,
+            launch.vector_size,
+            dtype,
+        );
     }
     counters::record(Kernel::layer_norm_backward);
     Ok(())

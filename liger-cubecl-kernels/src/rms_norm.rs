@@ -79,9 +79,18 @@ fn rms_norm_forward_kernel<F: Float, N: Size>(
         }
         let mut j = UNIT_POS as usize;
         while j < vectors {
-            let v = if add_residual { sum[base + j] } else { x[base + j] };
-            output[base + j] =
-                normalize_scale::<F, N>(Vector::<f32, N>::cast_from(v), weight[j], r, offset, gemma);
+            let v = if add_residual {
+                sum[base + j]
+            } else {
+                x[base + j]
+            };
+            output[base + j] = normalize_scale::<F, N>(
+                Vector::<f32, N>::cast_from(v),
+                weight[j],
+                r,
+                offset,
+                gemma,
+            );
             j += CUBE_DIM as usize;
         }
         row += CUBE_COUNT;
@@ -136,7 +145,8 @@ fn rms_norm_backward_kernel<F: Float, N: Size>(
                 let g = Vector::<f32, N>::cast_from(grad[base + j]);
                 let n = Vector::<f32, N>::cast_from(x[base + j]) * Vector::new(r);
                 let m = g * (Vector::<f32, N>::cast_from(weight[j]) + Vector::new(offset));
-                grad_x[base + j] = Vector::<F, N>::cast_from((m - n * Vector::new(dot)) * Vector::new(r));
+                grad_x[base + j] =
+                    Vector::<F, N>::cast_from((m - n * Vector::new(dot)) * Vector::new(r));
                 if gemma {
                     dw[c as usize] += g * n;
                 } else {
@@ -184,7 +194,11 @@ pub fn rms_norm_forward<R: Runtime>(
     options: RmsNormKernelOptions,
     dtype: StorageType,
 ) -> Result<(), KernelError> {
-    let op = if residual.is_some() { "fused_add_rms_norm" } else { "rms_norm" };
+    let op = if residual.is_some() {
+        "fused_add_rms_norm"
+    } else {
+        "rms_norm"
+    };
     check_float_dtype(op, dtype)?;
     let launch = RowLaunch::new(client, rows, width, dtype.size(), usize::MAX);
     let vectors = launch.vectors(width);
@@ -220,7 +234,11 @@ pub fn rms_norm_forward<R: Runtime>(
         launch.use_plane,
         dtype,
     );
-    counters::record(if residual.is_some() { Kernel::add_rms_norm_forward } else { Kernel::rms_norm_forward });
+    counters::record(if residual.is_some() {
+        Kernel::add_rms_norm_forward
+    } else {
+        Kernel::rms_norm_forward
+    });
     Ok(())
 }
 
@@ -241,7 +259,13 @@ pub fn rms_norm_backward<R: Runtime>(
     dtype: StorageType,
 ) -> Result<(), KernelError> {
     check_float_dtype("rms_norm_backward", dtype)?;
-    let launch = RowLaunch::new(client, rows, width, dtype.size(), partial_cubes(client, rows));
+    let launch = RowLaunch::new(
+        client,
+        rows,
+        width,
+        dtype.size(),
+        partial_cubes(client, rows),
+    );
     let chunks = launch.chunks(width);
     if chunks > MAX_CHUNKS {
         return Err(KernelError::RowTooWide {
@@ -274,7 +298,15 @@ pub fn rms_norm_backward<R: Runtime>(
         launch.use_plane,
         dtype,
     );
-    sum_partials(client, &partials, grad_weight, parts, width, launch.vector_size, dtype);
+    sum_partials(
+        client,
+        &partials,
+        grad_weight,
+        parts,
+        width,
+        launch.vector_size,
+        dtype,
+    );
     counters::record(Kernel::rms_norm_backward);
     Ok(())
 }

@@ -48,13 +48,15 @@ fn softmax_forward_kernel<F: Float, N: Size>(
         if log {
             let shift = Vector::<f32, N>::new(row_max + f32::ln(row_sum));
             while j < vectors {
-                output[base + j] = Vector::<F, N>::cast_from(Vector::<f32, N>::cast_from(x[base + j]) - shift);
+                output[base + j] =
+                    Vector::<F, N>::cast_from(Vector::<f32, N>::cast_from(x[base + j]) - shift);
                 j += CUBE_DIM as usize;
             }
         } else {
             let inv = Vector::<f32, N>::new(1.0f32 / row_sum);
             while j < vectors {
-                let e = Vector::exp(Vector::<f32, N>::cast_from(x[base + j]) - Vector::new(row_max));
+                let e =
+                    Vector::exp(Vector::<f32, N>::cast_from(x[base + j]) - Vector::new(row_max));
                 output[base + j] = Vector::<F, N>::cast_from(e * inv);
                 j += CUBE_DIM as usize;
             }
@@ -96,7 +98,11 @@ fn softmax_backward_kernel<F: Float, N: Size>(
         while j < vectors {
             let g = Vector::<f32, N>::cast_from(grad[base + j]);
             let y = Vector::<f32, N>::cast_from(output[base + j]);
-            let dx = if log { g - Vector::exp(y) * total } else { y * (g - total) };
+            let dx = if log {
+                g - Vector::exp(y) * total
+            } else {
+                y * (g - total)
+            };
             grad_x[base + j] = Vector::<F, N>::cast_from(dx);
             j += CUBE_DIM as usize;
         }
@@ -133,7 +139,11 @@ pub fn softmax_forward<R: Runtime>(
         launch.use_plane,
         dtype,
     );
-    counters::record(if log { Kernel::log_softmax_forward } else { Kernel::softmax_forward });
+    counters::record(if log {
+        Kernel::log_softmax_forward
+    } else {
+        Kernel::softmax_forward
+    });
     Ok(())
 }
 
@@ -150,7 +160,14 @@ pub fn softmax_backward<R: Runtime>(
     log: bool,
     dtype: StorageType,
 ) -> Result<(), KernelError> {
-    check_float_dtype(if log { "log_softmax_backward" } else { "softmax_backward" }, dtype)?;
+    check_float_dtype(
+        if log {
+            "log_softmax_backward"
+        } else {
+            "softmax_backward"
+        },
+        dtype,
+    )?;
     let launch = RowLaunch::new(client, rows, width, dtype.size(), usize::MAX);
     let n = rows * launch.vectors(width);
     softmax_backward_kernel::launch::<R>(
@@ -168,6 +185,10 @@ pub fn softmax_backward<R: Runtime>(
         launch.use_plane,
         dtype,
     );
-    counters::record(if log { Kernel::log_softmax_backward } else { Kernel::softmax_backward });
+    counters::record(if log {
+        Kernel::log_softmax_backward
+    } else {
+        Kernel::softmax_backward
+    });
     Ok(())
 }

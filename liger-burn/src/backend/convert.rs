@@ -85,6 +85,11 @@ impl<B: FusedOps> Lower for TensorPrimitive<Liger<B>> {
 impl<B: FusedOps> Lower for TransactionPrimitive<Liger<B>> {
     type Output = TransactionPrimitive<B>;
     fn lower(self) -> Self::Output {
-        TransactionPrimitive::new(self.read_floats, self.read_qfloats, self.read_ints, self.read_bools)
+        TransactionPrimitive::new(
+            self.read_floats,
+            self.read_qfloats,
+            self.read_ints,
+            self.read_bools,
+        )
     }
 }

@@ -27,7 +27,13 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         rstd: FloatTensor<Self>,
         options: RmsNormOptions,
     ) -> NormGrads<Self> {
-        lift_grads(B::fused_rms_norm_backward(grad_output, x, weight, rstd, options))
+        lift_grads(B::fused_rms_norm_backward(
+            grad_output,
+            x,
+            weight,
+            rstd,
+            options,
+        ))
     }
 
     fn fused_add_rms_norm(
@@ -59,7 +65,14 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         rstd: FloatTensor<Self>,
         has_bias: bool,
     ) -> NormGrads<Self> {
-        lift_grads(B::fused_layer_norm_backward(grad_output, x, gamma, mean, rstd, has_bias))
+        lift_grads(B::fused_layer_norm_backward(
+            grad_output,
+            x,
+            gamma,
+            mean,
+            rstd,
+            has_bias,
+        ))
     }
 
     fn fused_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -86,6 +99,14 @@ impl<B: FusedOps> FusedOps for Liger<B> {
 }
 
 fn lift_grads<B: FusedOps>(grads: NormGrads<B>) -> NormGrads<Liger<B>> {
-    let NormGrads { grad_input, grad_weight, grad_bias } = grads;
-    NormGrads { grad_input, grad_weight, grad_bias }
+    let NormGrads {
+        grad_input,
+        grad_weight,
+        grad_bias,
+    } = grads;
+    NormGrads {
+        grad_input,
+        grad_weight,
+        grad_bias,
+    }
 }

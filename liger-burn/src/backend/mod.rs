@@ -102,6 +102,21 @@ impl<B> fmt::Debug for Liger<B> {
     }
 }
 
+/// Compile-time check that both wrapping orders are backends on the real GPU stack
+/// (`Wgpu` = `Fusion<CubeBackend<..>>` with Burn's `fusion` feature).
+#[cfg(feature = "wgpu")]
+#[allow(dead_code)]
+const _: () = {
+    use burn::backend::{Autodiff, Wgpu};
+    use burn::tensor::backend::AutodiffBackend;
+
+    fn autodiff_backend<B: AutodiffBackend + crate::ops::FusedOps>() {}
+    fn both_orders() {
+        autodiff_backend::<Liger<Autodiff<Wgpu>>>();
+        autodiff_backend::<Autodiff<Liger<Wgpu>>>();
+    }
+};
+
 #[cfg(all(test, feature = "ndarray"))]
 mod tests {
     use super::Liger;
@@ -136,7 +151,11 @@ mod tests {
         let expected = Tensor::<Ref, 2>::from_data(data(), &device)
             + Tensor::<Ref, 2>::from_data(weights(), &device);
         assert_close((a + b).into_data(), expected.into_data());
-        assert!(L::name(&device).starts_with("liger<"), "{}", L::name(&device));
+        assert!(
+            L::name(&device).starts_with("liger<"),
+            "{}",
+            L::name(&device)
+        );
     }
 
     /// Gradient of `sum(f(x) * w)` on the given backend.

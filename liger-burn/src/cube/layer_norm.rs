@@ -79,5 +79,9 @@ where
         width,
         x.dtype.into(),
     ));
-    NormGrads { grad_input: grad_x, grad_weight: grad_gamma, grad_bias: grad_beta }
+    NormGrads {
+        grad_input: grad_x,
+        grad_weight: grad_gamma,
+        grad_bias: grad_beta,
+    }
 }

@@ -88,7 +88,10 @@ where
         softmax::forward(x, true)
     }
 
-    fn fused_log_softmax_backward(grad_output: CubeTensor<R>, output: CubeTensor<R>) -> CubeTensor<R> {
+    fn fused_log_softmax_backward(
+        grad_output: CubeTensor<R>,
+        output: CubeTensor<R>,
+    ) -> CubeTensor<R> {
         softmax::backward(grad_output, output, true)
     }
 }
@@ -100,7 +103,11 @@ pub(crate) fn rows_width(shape: &Shape) -> (usize, usize) {
 }
 
 /// A dense output like `like` with another shape and dtype.
-pub(crate) fn empty_like<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -> CubeTensor<R> {
+pub(crate) fn empty_like<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    shape: Shape,
+    dtype: DType,
+) -> CubeTensor<R> {
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
 }
 

@@ -1,7 +1,9 @@
 //! RMSNorm on CubeCL tensors.
 
 use super::{empty_like, launched, prepare_norm, rows_width};
-use crate::ops::{NormGrads, RmsNormCasting, RmsNormOptions, RmsNormOutput, row_stat_shape, validate};
+use crate::ops::{
+    NormGrads, RmsNormCasting, RmsNormOptions, RmsNormOutput, row_stat_shape, validate,
+};
 use burn::tensor::{DType, TensorMetadata};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
@@ -26,7 +28,11 @@ pub(crate) fn forward<B, R: CubeRuntime>(
 where
     B: burn::tensor::backend::Backend<FloatTensorPrimitive = CubeTensor<R>>,
 {
-    let op = if residual.is_some() { "fused_add_rms_norm" } else { "rms_norm" };
+    let op = if residual.is_some() {
+        "fused_add_rms_norm"
+    } else {
+        "rms_norm"
+    };
     if let Some(res) = &residual {
         validate::check(validate::same_shape_dtype(
             op,
@@ -40,11 +46,16 @@ where
     let (rows, width) = rows_width(&shape);
     let output = empty_like(&x, shape.clone(), x.dtype);
     let rstd = empty_like(&x, row_stat_shape(&shape), DType::F32);
-    let sum = residual.as_ref().map(|_| empty_like(&x, shape.clone(), x.dtype));
+    let sum = residual
+        .as_ref()
+        .map(|_| empty_like(&x, shape.clone(), x.dtype));
     launched(rms_norm_forward::<R>(
         &x.client,
         &x.handle,
-        residual.as_ref().zip(sum.as_ref()).map(|(r, s)| (&r.handle, &s.handle)),
+        residual
+            .as_ref()
+            .zip(sum.as_ref())
+            .map(|(r, s)| (&r.handle, &s.handle)),
         &weight.handle,
         &output.handle,
         &rstd.handle,
@@ -91,5 +102,9 @@ where
         kernel_options(options),
         x.dtype.into(),
     ));
-    NormGrads { grad_input: grad_x, grad_weight, grad_bias: None }
+    NormGrads {
+        grad_input: grad_x,
+        grad_weight,
+        grad_bias: None,
+    }
 }

@@ -18,16 +18,32 @@ fn name(log: bool, backward: bool) -> &'static str {
 }
 
 pub(crate) fn forward<R: CubeRuntime>(x: CubeTensor<R>, log: bool) -> CubeTensor<R> {
-    validate::check(validate::rows(name(log, false), (&x.shape(), x.dtype()), true));
+    validate::check(validate::rows(
+        name(log, false),
+        (&x.shape(), x.dtype()),
+        true,
+    ));
     let x = into_contiguous(x);
     let shape = x.shape();
     let (rows, width) = rows_width(&shape);
     let output = empty_like(&x, shape, x.dtype);
-    launched(softmax_forward::<R>(&x.client, &x.handle, &output.handle, rows, width, log, x.dtype.into()));
+    launched(softmax_forward::<R>(
+        &x.client,
+        &x.handle,
+        &output.handle,
+        rows,
+        width,
+        log,
+        x.dtype.into(),
+    ));
     output
 }
 
-pub(crate) fn backward<R: CubeRuntime>(grad: CubeTensor<R>, output: CubeTensor<R>, log: bool) -> CubeTensor<R> {
+pub(crate) fn backward<R: CubeRuntime>(
+    grad: CubeTensor<R>,
+    output: CubeTensor<R>,
+    log: bool,
+) -> CubeTensor<R> {
     let op = name(log, true);
     validate::check(validate::rows(op, (&output.shape(), output.dtype()), true));
     validate::check(validate::same_shape_dtype(

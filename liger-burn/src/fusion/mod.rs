@@ -7,7 +7,8 @@
 
 use crate::ops::validate::{self, NormInputs};
 use crate::ops::{
-    AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput, row_stat_shape,
+    AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
+    row_stat_shape,
 };
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_fusion::stream::{Operation, OperationStreams};
@@ -35,8 +36,17 @@ struct FusedOp<B> {
 }
 
 impl<B: FusionBackend + FusedOps> Operation<B::FusionRuntime> for FusedOp<B> {
-    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
-        let mut inputs = self.desc.inputs.iter().map(|t| handles.get_float_tensor::<B>(t)).collect::<Vec<_>>().into_iter();
+    fn execute(
+        &self,
+        handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
+    ) {
+        let mut inputs = self
+            .desc
+            .inputs
+            .iter()
+            .map(|t| handles.get_float_tensor::<B>(t))
+            .collect::<Vec<_>>()
+            .into_iter();
         let mut next = || inputs.next().expect("custom op declared its inputs");
         let outputs: Vec<B::FloatTensorPrimitive> = match self.kind.clone() {
             FusedKind::RmsNorm(options) => {
@@ -69,11 +79,19 @@ impl<B: FusionBackend + FusedOps> Operation<B::FusionRuntime> for FusedOp<B> {
             }
             FusedKind::Softmax { log } => {
                 let x = next();
-                vec![if log { B::fused_log_softmax(x) } else { B::fused_softmax(x) }]
+                vec![if log {
+                    B::fused_log_softmax(x)
+                } else {
+                    B::fused_softmax(x)
+                }]
             }
             FusedKind::SoftmaxBackward { log } => {
                 let (g, y) = (next(), next());
-                vec![if log { B::fused_log_softmax_backward(g, y) } else { B::fused_softmax_backward(g, y) }]
+                vec![if log {
+                    B::fused_log_softmax_backward(g, y)
+                } else {
+                    B::fused_softmax_backward(g, y)
+                }]
             }
         };
         for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
@@ -100,7 +118,11 @@ fn register<B: FusionBackend + FusedOps>(
     client.register(
         streams,
         OperationIr::Custom(desc.clone()),
-        FusedOp::<B> { desc, kind, _backend: PhantomData },
+        FusedOp::<B> {
+            desc,
+            kind,
+            _backend: PhantomData,
+        },
     )
 }
 
@@ -119,7 +141,11 @@ fn norm_check<R: FusionRuntime>(
     }));
 }
 
-fn same<R: FusionRuntime>(op: &'static str, a: (&str, &FusionTensor<R>), b: (&str, &FusionTensor<R>)) {
+fn same<R: FusionRuntime>(
+    op: &'static str,
+    a: (&str, &FusionTensor<R>),
+    b: (&str, &FusionTensor<R>),
+) {
     validate::check(validate::same_shape_dtype(
         op,
         (a.0, &a.1.shape(), a.1.dtype()),
@@ -159,7 +185,11 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         let [output, sum, rstd]: [_; 3] = register::<B>(
             "liger_add_rms_norm",
             vec![x, residual, weight],
-            &[(shape.clone(), dtype), (shape.clone(), dtype), (row_stat_shape(&shape), DType::F32)],
+            &[
+                (shape.clone(), dtype),
+                (shape.clone(), dtype),
+                (row_stat_shape(&shape), DType::F32),
+            ],
             FusedKind::AddRmsNorm(options),
         )
         .try_into()
@@ -174,7 +204,11 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         rstd: FusionTensor<B::FusionRuntime>,
         options: RmsNormOptions,
     ) -> NormGrads<Self> {
-        same("rms_norm_backward", ("grad_output", &grad_output), ("x", &x));
+        same(
+            "rms_norm_backward",
+            ("grad_output", &grad_output),
+            ("x", &x),
+        );
         norm_check("rms_norm_backward", &x, &weight, None);
         let outs = [(x.shape(), x.dtype()), (weight.shape(), weight.dtype())];
         let [grad_input, grad_weight]: [_; 2] = register::<B>(
@@ -185,7 +219,11 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         )
         .try_into()
         .unwrap();
-        NormGrads { grad_input, grad_weight, grad_bias: None }
+        NormGrads {
+            grad_input,
+            grad_weight,
+            grad_bias: None,
+        }
     }
 
     fn fused_layer_norm(
@@ -219,7 +257,11 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         rstd: FusionTensor<B::FusionRuntime>,
         has_bias: bool,
     ) -> NormGrads<Self> {
-        same("layer_norm_backward", ("grad_output", &grad_output), ("x", &x));
+        same(
+            "layer_norm_backward",
+            ("grad_output", &grad_output),
+            ("x", &x),
+        );
         norm_check("layer_norm_backward", &x, &gamma, None);
         let mut outs = vec![(x.shape(), x.dtype()), (gamma.shape(), gamma.dtype())];
         if has_bias {
@@ -232,7 +274,11 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
             FusedKind::LayerNormBackward { has_bias },
         )
         .into_iter();
-        NormGrads { grad_input: grads.next().unwrap(), grad_weight: grads.next().unwrap(), grad_bias: grads.next() }
+        NormGrads {
+            grad_input: grads.next().unwrap(),
+            grad_weight: grads.next().unwrap(),
+            grad_bias: grads.next(),
+        }
     }
 
     fn fused_softmax(x: FusionTensor<B::FusionRuntime>) -> FusionTensor<B::FusionRuntime> {
@@ -258,12 +304,24 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
     }
 }
 
-fn softmax<B: FusionBackend + FusedOps>(x: FusionTensor<B::FusionRuntime>, log: bool) -> FusionTensor<B::FusionRuntime> {
+fn softmax<B: FusionBackend + FusedOps>(
+    x: FusionTensor<B::FusionRuntime>,
+    log: bool,
+) -> FusionTensor<B::FusionRuntime> {
     let op = if log { "log_softmax" } else { "softmax" };
     validate::check(validate::rows(op, (&x.shape(), x.dtype()), true));
     let out = (x.shape(), x.dtype());
-    register::<B>(if log { "liger_log_softmax" } else { "liger_softmax" }, vec![x], &[out], FusedKind::Softmax { log })
-        .remove(0)
+    register::<B>(
+        if log {
+            "liger_log_softmax"
+        } else {
+            "liger_softmax"
+        },
+        vec![x],
+        &[out],
+        FusedKind::Softmax { log },
+    )
+    .remove(0)
 }
 
 fn softmax_backward<B: FusionBackend + FusedOps>(
@@ -271,12 +329,20 @@ fn softmax_backward<B: FusionBackend + FusedOps>(
     output: FusionTensor<B::FusionRuntime>,
     log: bool,
 ) -> FusionTensor<B::FusionRuntime> {
-    let op = if log { "log_softmax_backward" } else { "softmax_backward" };
+    let op = if log {
+        "log_softmax_backward"
+    } else {
+        "softmax_backward"
+    };
     same(op, ("grad_output", &grad), ("output", &output));
     validate::check(validate::rows(op, (&output.shape(), output.dtype()), true));
     let out = (output.shape(), output.dtype());
     register::<B>(
-        if log { "liger_log_softmax_backward" } else { "liger_softmax_backward" },
+        if log {
+            "liger_log_softmax_backward"
+        } else {
+            "liger_softmax_backward"
+        },
         vec![grad, output],
         &[out],
         FusedKind::SoftmaxBackward { log },

@@ -131,7 +131,10 @@ pub trait FusedOps: Backend {
 
     /// Backward of [`fused_softmax`](FusedOps::fused_softmax) from its output:
     /// `y * (grad - sum(grad * y))`.
-    fn fused_softmax_backward(grad_output: FloatTensor<Self>, output: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn fused_softmax_backward(
+        grad_output: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
         compose::softmax::softmax_backward::<Self>(grad_output, output)
     }
 

@@ -4,7 +4,9 @@
 ///
 /// The two conventions the reference implementations use; they only differ for
 /// half-precision inputs (for f32 inputs both give the same result).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 pub enum RmsNormCasting {
     /// Hugging Face Llama: `rstd` in f32, `x * rstd` cast back to the input dtype,
     /// then multiplied by the weight in the input dtype.
@@ -34,10 +36,18 @@ impl Default for RmsNormOptions {
 impl RmsNormOptions {
     /// Llama/Qwen/Mistral convention: no offset, Llama casting.
     pub fn llama(eps: f64) -> Self {
-        Self { eps, offset: 0.0, casting: RmsNormCasting::Llama }
+        Self {
+            eps,
+            offset: 0.0,
+            casting: RmsNormCasting::Llama,
+        }
     }
     /// Gemma convention: `1 + w`, all in f32.
     pub fn gemma(eps: f64) -> Self {
-        Self { eps, offset: 1.0, casting: RmsNormCasting::Gemma }
+        Self {
+            eps,
+            offset: 1.0,
+            casting: RmsNormCasting::Gemma,
+        }
     }
 }

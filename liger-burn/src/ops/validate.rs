@@ -29,13 +29,19 @@ pub fn kernel_dtype(dtype: DType) -> bool {
 pub fn rows(op: &str, x: (&Shape, DType), kernel_dtypes: bool) -> Result<(), LigerError> {
     let (shape, dtype) = x;
     if shape.num_dims() == 0 {
-        return fail(format!("{op}: input must have at least one dimension, got a scalar (dtype {dtype:?})"));
+        return fail(format!(
+            "{op}: input must have at least one dimension, got a scalar (dtype {dtype:?})"
+        ));
     }
     if shape.num_elements() == 0 {
-        return fail(format!("{op}: empty input of shape {shape:?} (dtype {dtype:?})"));
+        return fail(format!(
+            "{op}: empty input of shape {shape:?} (dtype {dtype:?})"
+        ));
     }
     if !dtype.is_float() {
-        return fail(format!("{op}: input must be a float tensor, got dtype {dtype:?} (shape {shape:?})"));
+        return fail(format!(
+            "{op}: input must be a float tensor, got dtype {dtype:?} (shape {shape:?})"
+        ));
     }
     if kernel_dtypes && !kernel_dtype(dtype) {
         return fail(format!(
@@ -80,7 +86,8 @@ pub fn norm(inputs: &NormInputs) -> Result<(), LigerError> {
     let (x_shape, x_dtype) = (&inputs.x.0, inputs.x.1);
     rows(op, (x_shape, x_dtype), inputs.kernel_dtypes)?;
     let d = x_shape[x_shape.num_dims() - 1];
-    let params = core::iter::once(("weight", &inputs.weight)).chain(inputs.bias.iter().map(|b| ("bias", b)));
+    let params =
+        core::iter::once(("weight", &inputs.weight)).chain(inputs.bias.iter().map(|b| ("bias", b)));
     for (name, (shape, dtype)) in params {
         if shape.num_dims() != 1 || shape[0] != d {
             return fail(format!(

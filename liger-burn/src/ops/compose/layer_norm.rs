@@ -24,7 +24,11 @@ pub fn forward<B: Backend>(
     if let Some(beta) = beta {
         out = B::float_add(out, to_f32::<B>(broadcast_row::<B>(beta, rank)));
     }
-    LayerNormOutput { output: to_dtype::<B>(out, dtype), mean, rstd }
+    LayerNormOutput {
+        output: to_dtype::<B>(out, dtype),
+        mean,
+        rstd,
+    }
 }
 
 /// See [`FusedOps::fused_layer_norm_backward`](crate::ops::FusedOps::fused_layer_norm_backward).
@@ -46,7 +50,10 @@ pub fn backward<B: Backend>(
     let c1 = B::float_mean_dim(B::float_mul(normalized.clone(), scaled.clone()), last);
     let c2 = B::float_mean_dim(scaled.clone(), last);
     let grad_input = B::float_mul(
-        B::float_sub(scaled, B::float_add(B::float_mul(normalized.clone(), c1), c2)),
+        B::float_sub(
+            scaled,
+            B::float_add(B::float_mul(normalized.clone(), c1), c2),
+        ),
         rstd,
     );
     let grad_weight = sum_rows::<B>(B::float_mul(grad.clone(), normalized));

@@ -15,7 +15,10 @@ pub fn forward<B: Backend>(
     let last = rank - 1;
     let xf = to_f32::<B>(x);
     let mean_square = B::float_mean_dim(B::float_mul(xf.clone(), xf.clone()), last);
-    let rstd = B::float_recip(B::float_sqrt(B::float_add_scalar(mean_square, options.eps.into())));
+    let rstd = B::float_recip(B::float_sqrt(B::float_add_scalar(
+        mean_square,
+        options.eps.into(),
+    )));
     let normalized = B::float_mul(xf, rstd.clone());
     let weight = broadcast_row::<B>(weight, rank);
     let output = match options.casting {
@@ -62,7 +65,10 @@ pub fn backward<B: Backend>(
         options.offset.into(),
     );
     let grad_normalized = B::float_mul(grad.clone(), scale);
-    let dot = B::float_mean_dim(B::float_mul(grad_normalized.clone(), normalized.clone()), last);
+    let dot = B::float_mean_dim(
+        B::float_mul(grad_normalized.clone(), normalized.clone()),
+        last,
+    );
     let grad_input = B::float_mul(
         B::float_sub(grad_normalized, B::float_mul(normalized.clone(), dot)),
         rstd,

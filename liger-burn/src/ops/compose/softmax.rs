@@ -19,7 +19,10 @@ pub fn softmax<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
 }
 
 /// `y * (grad - sum(grad * y))`.
-pub fn softmax_backward<B: Backend>(grad: FloatTensor<B>, output: FloatTensor<B>) -> FloatTensor<B> {
+pub fn softmax_backward<B: Backend>(
+    grad: FloatTensor<B>,
+    output: FloatTensor<B>,
+) -> FloatTensor<B> {
     let dtype = output.dtype();
     let dim = last_dim::<B>(&output);
     let y = to_f32::<B>(output);
@@ -40,7 +43,10 @@ pub fn log_softmax<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
 }
 
 /// `grad - exp(y) * sum(grad)`.
-pub fn log_softmax_backward<B: Backend>(grad: FloatTensor<B>, output: FloatTensor<B>) -> FloatTensor<B> {
+pub fn log_softmax_backward<B: Backend>(
+    grad: FloatTensor<B>,
+    output: FloatTensor<B>,
+) -> FloatTensor<B> {
     let dtype = output.dtype();
     let dim = last_dim::<B>(&output);
     let y = to_f32::<B>(output);

@@ -1,0 +1,301 @@
+//! [`FusedOps`] for `Autodiff<B>`: each fused primitive runs `B`'s fused forward once and
+//! records a backward node that calls `B`'s fused backward, so training uses the fused
+//! backward kernels too. Nodes keep exactly what the backward kernel needs (the inputs
+//! and the per-row statistics, or the softmax output), never a recomputed graph.
+
+use crate::ops::{
+    AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
+};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::ops::FloatTensor;
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind, unary};
+
+/// Registers the gradients of a weighted normalization's parents (`x`, weight, bias).
+fn register_norm_grads<B: FusedOps, const N: usize>(
+    ops: &Ops<impl Sized, N>,
+    grads: &mut Gradients,
+    g: NormGrads<B>,
+) {
+    let mut values = [Some(g.grad_input), Some(g.grad_weight), g.grad_bias].into_iter();
+    for parent in ops.parents.iter() {
+        let value = values.next().flatten();
+        if let (Some(node), Some(value)) = (parent, value) {
+            grads.register::<B>(node.id, value);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RmsNormBackward;
+
+impl<B: FusedOps> Backward<B, 2> for RmsNormBackward {
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        RmsNormOptions,
+    );
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, weight, rstd, options) = ops.state.clone();
+        let g = B::fused_rms_norm_backward(grad, x, weight, rstd, options);
+        register_norm_grads::<B, 2>(&ops, grads, g);
+    }
+}
+
+#[derive(Debug)]
+struct LayerNormBackward;
+
+impl<B: FusedOps, const N: usize> Backward<B, N> for LayerNormBackward {
+    /// `x`, gamma, mean, rstd.
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+    );
+
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, gamma, mean, rstd) = ops.state.clone();
+        let g = B::fused_layer_norm_backward(grad, x, gamma, mean, rstd, N == 3);
+        register_norm_grads::<B, N>(&ops, grads, g);
+    }
+}
+
+#[derive(Debug)]
+struct SoftmaxBackward {
+    log: bool,
+}
+
+impl<B: FusedOps> Backward<B, 1> for SoftmaxBackward {
+    /// The forward's output.
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let output = ops.state;
+        let log = self.log;
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+            if log {
+                B::fused_log_softmax_backward(grad, output)
+            } else {
+                B::fused_softmax_backward(grad, output)
+            }
+        });
+    }
+}
+
+/// The `x + residual` half of the fused add + RMSNorm: gradient passes through to both.
+#[derive(Debug)]
+struct ResidualAddBackward;
+
+impl<B: FusedOps> Backward<B, 2> for ResidualAddBackward {
+    type State = ();
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let [a, b] = ops.parents;
+        match (a, b) {
+            (Some(a), Some(b)) => {
+                grads.register::<B>(a.id, grad.clone());
+                grads.register::<B>(b.id, grad);
+            }
+            (Some(node), None) | (None, Some(node)) => grads.register::<B>(node.id, grad),
+            (None, None) => {}
+        }
+    }
+}
+
+impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    fn fused_rms_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: RmsNormOptions,
+    ) -> RmsNormOutput<Self> {
+        let out = B::fused_rms_norm(x.primitive.clone(), weight.primitive.clone(), options);
+        let rstd = Self::from_inner(out.rstd.clone());
+        let output = match RmsNormBackward
+            .prepare::<C>([x.node.clone(), weight.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(
+                (x.primitive, weight.primitive, out.rstd, options),
+                out.output,
+            ),
+            OpsKind::UnTracked(prep) => prep.finish(out.output),
+        };
+        RmsNormOutput { output, rstd }
+    }
+
+    fn fused_rms_norm_backward(
+        grad_output: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        options: RmsNormOptions,
+    ) -> NormGrads<Self> {
+        // Second-order gradients are not provided: the result is a constant of the graph.
+        let g = B::fused_rms_norm_backward(
+            grad_output.primitive,
+            x.primitive,
+            weight.primitive,
+            rstd.primitive,
+            options,
+        );
+        NormGrads {
+            grad_input: Self::from_inner(g.grad_input),
+            grad_weight: Self::from_inner(g.grad_weight),
+            grad_bias: g.grad_bias.map(Self::from_inner),
+        }
+    }
+
+    fn fused_add_rms_norm(
+        x: FloatTensor<Self>,
+        residual: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: RmsNormOptions,
+    ) -> AddRmsNormOutput<Self> {
+        // One fused forward launch; the graph gets two nodes (the add, then the norm of
+        // the sum), so the sum's own consumers and the norm both send gradient back.
+        let out = B::fused_add_rms_norm(
+            x.primitive.clone(),
+            residual.primitive.clone(),
+            weight.primitive.clone(),
+            options,
+        );
+        let sum = ResidualAddBackward
+            .prepare::<C>([x.node.clone(), residual.node.clone()])
+            .compute_bound()
+            .stateless(out.sum.clone());
+        let rstd = Self::from_inner(out.rstd.clone());
+        let output = match RmsNormBackward
+            .prepare::<C>([sum.node.clone(), weight.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                prep.finish((out.sum, weight.primitive, out.rstd, options), out.output)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(out.output),
+        };
+        AddRmsNormOutput { output, sum, rstd }
+    }
+
+    fn fused_layer_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: Option<FloatTensor<Self>>,
+        eps: f64,
+    ) -> LayerNormOutput<Self> {
+        let out = B::fused_layer_norm(
+            x.primitive.clone(),
+            gamma.primitive.clone(),
+            beta.as_ref().map(|b| b.primitive.clone()),
+            eps,
+        );
+        let mean = Self::from_inner(out.mean.clone());
+        let rstd = Self::from_inner(out.rstd.clone());
+        let state = (
+            x.primitive.clone(),
+            gamma.primitive.clone(),
+            out.mean,
+            out.rstd,
+        );
+        let output = match beta {
+            Some(beta) => match LayerNormBackward
+                .prepare::<C>([x.node.clone(), gamma.node.clone(), beta.node.clone()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish(state, out.output),
+                OpsKind::UnTracked(prep) => prep.finish(out.output),
+            },
+            None => match LayerNormBackward
+                .prepare::<C>([x.node.clone(), gamma.node.clone()])
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish(state, out.output),
+                OpsKind::UnTracked(prep) => prep.finish(out.output),
+            },
+        };
+        LayerNormOutput { output, mean, rstd }
+    }
+
+    fn fused_layer_norm_backward(
+        grad_output: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> NormGrads<Self> {
+        let g = B::fused_layer_norm_backward(
+            grad_output.primitive,
+            x.primitive,
+            gamma.primitive,
+            mean.primitive,
+            rstd.primitive,
+            has_bias,
+        );
+        NormGrads {
+            grad_input: Self::from_inner(g.grad_input),
+            grad_weight: Self::from_inner(g.grad_weight),
+            grad_bias: g.grad_bias.map(Self::from_inner),
+        }
+    }
+
+    fn fused_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        softmax::<B, C>(x, false)
+    }
+
+    fn fused_log_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        softmax::<B, C>(x, true)
+    }
+
+    fn fused_softmax_backward(
+        grad_output: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::fused_softmax_backward(
+            grad_output.primitive,
+            output.primitive,
+        ))
+    }
+
+    fn fused_log_softmax_backward(
+        grad_output: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::fused_log_softmax_backward(
+            grad_output.primitive,
+            output.primitive,
+        ))
+    }
+}
+
+fn softmax<B: FusedOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    log: bool,
+) -> FloatTensor<Autodiff<B, C>> {
+    let output = if log {
+        B::fused_log_softmax(x.primitive.clone())
+    } else {
+        B::fused_softmax(x.primitive.clone())
+    };
+    let node = SoftmaxBackward { log };
+    match node
+        .prepare::<C>([x.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(output.clone(), output),
+        OpsKind::UnTracked(prep) => prep.finish(output),
+    }
+}

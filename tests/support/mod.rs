@@ -1,0 +1,138 @@
+//! Shared test support: which device the suites run on, the backends over it, and a
+//! lock that serializes kernel tests (they switch the global reduction path).
+//!
+//! `LIGER_TEST_DEVICE` picks the device: `wgpu-cpu` (default: Mesa's lavapipe, the CI
+//! device), `vulkan` (the first real Vulkan adapter), `cuda`, or `ndarray` (the stock-op
+//! fallback only).
+
+use burn::tensor::DType;
+use liger_burn::conformance::{self, CaseResult, Op, Rng};
+use liger_burn::ops::FusedOps;
+use liger_cubecl_kernels::ReductionPath;
+use std::sync::{Mutex, MutexGuard};
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+/// Serializes tests that launch kernels or read launch counters.
+pub fn lock() -> MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The configured test device name.
+pub fn device_name() -> String {
+    std::env::var("LIGER_TEST_DEVICE").unwrap_or_else(|_| "wgpu-cpu".into())
+}
+
+/// Something to run on every backend under test.
+pub trait BackendVisitor {
+    /// Called once per backend; `label` names it in failure messages.
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device);
+}
+
+/// Visits the backends of the configured device: on a CubeCL device both the fusion
+/// backend (Burn's default) and the plain `CubeBackend`, each on both reduction paths;
+/// plus the NdArray fallback.
+pub fn for_each_backend(v: &mut impl BackendVisitor) {
+    let name = device_name();
+    match name.as_str() {
+        #[cfg(any(feature = "vulkan", feature = "wgpu"))]
+        "wgpu-cpu" | "vulkan" => {
+            use burn::backend::wgpu::{Wgpu, WgpuDevice, WgpuRuntime};
+            type Plain = burn_cubecl::CubeBackend<WgpuRuntime, f32, i32, u32>;
+            let device = if name == "wgpu-cpu" {
+                WgpuDevice::Cpu
+            } else {
+                WgpuDevice::DefaultDevice
+            };
+            for path in [ReductionPath::Plane, ReductionPath::Shared] {
+                liger_cubecl_kernels::set_reduction_path(path);
+                v.visit::<Wgpu>(&format!("{name}/fusion/{path:?}"), &device);
+                v.visit::<Plain>(&format!("{name}/cube/{path:?}"), &device);
+            }
+            liger_cubecl_kernels::set_reduction_path(ReductionPath::Auto);
+        }
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            use burn::backend::cuda::{Cuda, CudaDevice};
+            let device = CudaDevice::default();
+            for path in [ReductionPath::Plane, ReductionPath::Shared] {
+                liger_cubecl_kernels::set_reduction_path(path);
+                v.visit::<Cuda>(&format!("cuda/fusion/{path:?}"), &device);
+            }
+            liger_cubecl_kernels::set_reduction_path(ReductionPath::Auto);
+        }
+        "ndarray" => {}
+        other => panic!(
+            "LIGER_TEST_DEVICE={other} is not available in this build (enabled: wgpu-cpu/vulkan with the \
+             `vulkan` or `wgpu` feature, cuda with `cuda`, ndarray)"
+        ),
+    }
+    #[cfg(feature = "ndarray")]
+    v.visit::<burn::backend::NdArray>("ndarray/fallback", &Default::default());
+}
+
+/// The dtypes to test on a backend: f32 always, f16 and bf16 where the device has them.
+pub fn dtypes<B: FusedOps>(device: &B::Device) -> Vec<DType> {
+    let mut dtypes = vec![DType::F32];
+    for dtype in [DType::F16, DType::BF16] {
+        if B::supports_dtype(device, dtype) {
+            dtypes.push(dtype);
+        } else {
+            eprintln!(
+                "note: {dtype:?} not supported by {} on this device; not tested here",
+                B::name(device)
+            );
+        }
+    }
+    dtypes
+}
+
+/// Runs `op`'s conformance sweep on every backend and dtype, failing with every failing
+/// comparison listed.
+pub fn check_op(op: Op) {
+    struct Run {
+        op: Op,
+        rng: Rng,
+        failures: Vec<String>,
+        cases: usize,
+    }
+    impl BackendVisitor for Run {
+        fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+            for dtype in dtypes::<B>(device) {
+                for (rows, width) in conformance::shapes(self.op, true) {
+                    let result: CaseResult = conformance::run_case::<B>(
+                        self.op,
+                        rows,
+                        width,
+                        dtype,
+                        device,
+                        &mut self.rng,
+                    );
+                    self.cases += 1;
+                    for c in result.comparisons.iter().filter(|c| !c.passed) {
+                        self.failures.push(format!(
+                            "{label} {:?} [{rows}, {width}] {}: max abs {:.3e}, max rel {:.3e}",
+                            dtype, c.tensor, c.max_abs, c.max_rel
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let _guard = lock();
+    let mut run = Run {
+        op,
+        rng: Rng::from_env(),
+        failures: Vec::new(),
+        cases: 0,
+    };
+    let seed = run.rng.seed();
+    for_each_backend(&mut run);
+    assert!(run.cases > 0, "no case ran");
+    assert!(
+        run.failures.is_empty(),
+        "{} failed (seed {seed}, rerun with LIGER_SEED={seed}):\n{}",
+        op.name(),
+        run.failures.join("\n")
+    );
+}
