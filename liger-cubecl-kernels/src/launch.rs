@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub enum ReductionPath {
     /// Plane (warp/subgroup) operations when the device has them, else shared memory.
     Auto,
-    /// Plane operations (falls back to shared memory on devices without them).
+    /// Plane operations even where CubeCL does not advertise them (it hides subgroups on
+    /// CPU adapters such as lavapipe, whose subgroups work): for tests on such devices.
     Plane,
     /// Shared-memory tree only.
     Shared,
@@ -127,7 +128,8 @@ impl RowLaunch {
             && units >= props.hardware.plane_size_max;
         let use_plane = match reduction_path() {
             ReductionPath::Shared => false,
-            ReductionPath::Auto | ReductionPath::Plane => plane_ok,
+            ReductionPath::Auto => plane_ok,
+            ReductionPath::Plane => units >= props.hardware.plane_size_max,
         };
         let max_count = props.hardware.max_cube_count.0.max(1) as usize;
         let cubes = rows.min(max_cubes).min(max_count).min(65_535).max(1) as u32;

@@ -1,0 +1,124 @@
+//! Bad input is a clear error naming the op, the shapes and the dtypes, raised before any
+//! kernel launch: on the CubeCL backends of the test device and on the NdArray fallback.
+
+use burn::tensor::{DType, Shape, Tensor, TensorData, backend::Backend};
+use liger_burn::functional;
+use liger_burn::ops::validate;
+use liger_burn::ops::{FusedOps, RmsNormOptions};
+use liger_tests::BackendVisitor;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+fn panic_message(f: impl FnOnce()) -> String {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = catch_unwind(AssertUnwindSafe(f));
+    std::panic::set_hook(previous);
+    match result {
+        Ok(()) => panic!("expected a panic, the call succeeded"),
+        Err(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
+    }
+}
+
+fn assert_mentions(msg: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(
+            msg.contains(p),
+            "error message {msg:?} should mention {p:?}"
+        );
+    }
+}
+
+fn t<B: Backend, const D: usize>(shape: [usize; D], device: &B::Device) -> Tensor<B, D> {
+    let n = shape.iter().product();
+    Tensor::from_data(TensorData::new(vec![0.5f32; n], shape), device)
+}
+
+struct BadInputs;
+
+impl BackendVisitor for BadInputs {
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        let opts = RmsNormOptions::llama(1e-6);
+        // Weight length does not match the last dimension.
+        let msg = panic_message(|| {
+            functional::rms_norm(t::<B, 2>([4, 8], device), t::<B, 1>([7], device), opts);
+        });
+        assert_mentions(&msg, &["rms_norm", "[7]", "[4, 8]"]);
+        // Mismatched residual.
+        let msg = panic_message(|| {
+            functional::fused_add_rms_norm(
+                t::<B, 2>([4, 8], device),
+                t::<B, 2>([4, 9], device),
+                t::<B, 1>([8], device),
+                opts,
+            );
+        });
+        assert_mentions(
+            &msg,
+            &["fused_add_rms_norm", "residual", "[4, 9]", "[4, 8]"],
+        );
+        // LayerNorm bias of the wrong length.
+        let msg = panic_message(|| {
+            functional::layer_norm(
+                t::<B, 3>([2, 3, 5], device),
+                t::<B, 1>([5], device),
+                Some(t::<B, 1>([4], device)),
+                1e-5,
+            );
+        });
+        assert_mentions(&msg, &["layer_norm", "bias", "[4]", "[2, 3, 5]"]);
+        // Empty input.
+        let msg = panic_message(|| {
+            functional::softmax(t::<B, 2>([0, 8], device), 1);
+        });
+        assert_mentions(&msg, &["softmax", "empty", "[0, 8]"]);
+        // Out-of-range dim.
+        let msg = panic_message(|| {
+            functional::log_softmax(t::<B, 2>([3, 8], device), 2);
+        });
+        assert_mentions(&msg, &["log_softmax", "dim 2", "rank 2"]);
+        // Weight dtype differs from x (where the device has f16).
+        if B::supports_dtype(device, DType::F16) {
+            let msg = panic_message(|| {
+                functional::rms_norm(
+                    t::<B, 2>([4, 8], device),
+                    t::<B, 1>([8], device).cast(DType::F16),
+                    opts,
+                );
+            });
+            assert_mentions(&msg, &["rms_norm", "F16", "F32"]);
+        }
+        // The backward primitive checks its inputs too (grad_output vs x).
+        let msg = panic_message(|| {
+            let x = t::<B, 2>([4, 8], device).into_primitive().tensor();
+            let g = t::<B, 2>([4, 6], device).into_primitive().tensor();
+            let w = t::<B, 1>([8], device).into_primitive().tensor();
+            let rstd = t::<B, 2>([4, 1], device).into_primitive().tensor();
+            let _ = B::fused_rms_norm_backward(g, x, w, rstd, opts);
+        });
+        assert!(
+            msg.contains("rms_norm_backward") || msg.contains("[4, 6]"),
+            "{label}: {msg}"
+        );
+        eprintln!("{label}: bad inputs rejected");
+    }
+}
+
+#[test]
+fn bad_inputs_are_rejected_with_clear_errors() {
+    let _guard = liger_tests::lock();
+    liger_tests::for_each_backend(&mut BadInputs);
+}
+
+#[test]
+fn kernel_dtype_check_names_op_shape_and_dtype() {
+    let err = validate::rows("softmax", (&Shape::new([2, 3]), DType::F64), true).unwrap_err();
+    assert_mentions(&err.0, &["softmax", "unsupported dtype F64", "[2, 3]"]);
+    let err = validate::rows("softmax", (&Shape::new([2, 3]), DType::I32), false).unwrap_err();
+    assert_mentions(&err.0, &["softmax", "float", "I32"]);
+    // The fallback composes stock ops, so f64 is fine there.
+    assert!(validate::rows("softmax", (&Shape::new([2, 3]), DType::F64), false).is_ok());
+}
