@@ -86,6 +86,9 @@ pub fn check_float_dtype(op: &'static str, dtype: StorageType) -> Result<(), Ker
     }
 }
 
+/// Most vectors per unit kept in registers (8 vectors of 8 halves: 64 f32 registers).
+pub const MAX_CACHED_CHUNKS: usize = 8;
+
 /// Launch geometry of a row-wise kernel.
 #[derive(Clone, Copy, Debug)]
 pub struct RowLaunch {
@@ -149,6 +152,17 @@ impl RowLaunch {
     /// Per-unit accumulator slots a kernel that keeps one per walked vector needs.
     pub fn chunks(&self, width: usize) -> usize {
         self.vectors(width).div_ceil(self.units as usize).max(1)
+    }
+
+    /// Chunks a forward kernel keeps in registers between its passes, or `0` when the row
+    /// is too wide to cache (then it is read again, mostly from L2).
+    pub fn cached_chunks(&self, width: usize) -> u32 {
+        let chunks = self.chunks(width);
+        if chunks <= MAX_CACHED_CHUNKS {
+            chunks as u32
+        } else {
+            0
+        }
     }
 
     pub(crate) fn count(&self) -> CubeCount {

@@ -29,10 +29,12 @@ fn layer_norm_forward_kernel<F: Float, N: Size>(
     eps: f32,
     #[comptime] has_bias: bool,
     #[comptime] units: u32,
+    #[comptime] cached_chunks: u32,
     #[comptime] use_plane: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let mut scratch = SharedMemory::<f32>::new(units as usize);
+    let mut cache = Array::<Vector<f32, N>>::new(comptime!(cached_chunks.max(1) as usize));
     let vectors = vectors as usize;
     let width = (vectors * N::value()) as f32;
     let mut row = CUBE_POS;
@@ -42,12 +44,26 @@ fn layer_norm_forward_kernel<F: Float, N: Size>(
         let shift = Vector::<f32, N>::new(first[0]);
         let mut s1 = 0.0f32;
         let mut s2 = 0.0f32;
-        let mut j = UNIT_POS as usize;
-        while j < vectors {
-            let v = Vector::<f32, N>::cast_from(x[base + j]) - shift;
-            s1 += vector_sum::<N>(v);
-            s2 += vector_sum::<N>(v * v);
-            j += CUBE_DIM as usize;
+        if cached_chunks > 0 {
+            #[unroll]
+            for c in 0..cached_chunks {
+                let j = UNIT_POS as usize + c as usize * units as usize;
+                if j < vectors {
+                    let xf = Vector::<f32, N>::cast_from(x[base + j]);
+                    cache[c as usize] = xf;
+                    let v = xf - shift;
+                    s1 += vector_sum::<N>(v);
+                    s2 += vector_sum::<N>(v * v);
+                }
+            }
+        } else {
+            let mut j = UNIT_POS as usize;
+            while j < vectors {
+                let v = Vector::<f32, N>::cast_from(x[base + j]) - shift;
+                s1 += vector_sum::<N>(v);
+                s2 += vector_sum::<N>(v * v);
+                j += CUBE_DIM as usize;
+            }
         }
         let t1 = cube_reduce(s1, &mut scratch, ReduceOp::Sum, use_plane) / width;
         let t2 = cube_reduce(s2, &mut scratch, ReduceOp::Sum, use_plane) / width;
@@ -58,19 +74,44 @@ fn layer_norm_forward_kernel<F: Float, N: Size>(
             mean[row] = m;
             rstd[row] = r;
         }
-        let mut j = UNIT_POS as usize;
-        while j < vectors {
-            let normalized =
-                (Vector::<f32, N>::cast_from(x[base + j]) - Vector::new(m)) * Vector::new(r);
-            let mut y = normalized * Vector::<f32, N>::cast_from(gamma[j]);
-            if has_bias {
-                y += Vector::<f32, N>::cast_from(beta[j]);
+        if cached_chunks > 0 {
+            #[unroll]
+            for c in 0..cached_chunks {
+                let j = UNIT_POS as usize + c as usize * units as usize;
+                if j < vectors {
+                    output[base + j] =
+                        layer_norm_scale::<F, N>(cache[c as usize], gamma, beta, j, m, r, has_bias);
+                }
             }
-            output[base + j] = Vector::<F, N>::cast_from(y);
-            j += CUBE_DIM as usize;
+        } else {
+            let mut j = UNIT_POS as usize;
+            while j < vectors {
+                let xf = Vector::<f32, N>::cast_from(x[base + j]);
+                output[base + j] = layer_norm_scale::<F, N>(xf, gamma, beta, j, m, r, has_bias);
+                j += CUBE_DIM as usize;
+            }
         }
         row += CUBE_COUNT;
     }
+}
+
+/// `(x - mean) · rstd · γ[j] + β[j]` for one vector.
+#[cube]
+fn layer_norm_scale<F: Float, N: Size>(
+    xf: Vector<f32, N>,
+    gamma: &Array<Vector<F, N>>,
+    beta: &Array<Vector<F, N>>,
+    j: usize,
+    mean: f32,
+    rstd: f32,
+    #[comptime] has_bias: bool,
+) -> Vector<F, N> {
+    let normalized = (xf - Vector::new(mean)) * Vector::new(rstd);
+    let mut y = normalized * Vector::<f32, N>::cast_from(gamma[j]);
+    if has_bias {
+        y += Vector::<f32, N>::cast_from(beta[j]);
+    }
+    Vector::<F, N>::cast_from(y)
 }
 
 #[cube(launch)]
@@ -195,6 +236,7 @@ pub fn layer_norm_forward<R: Runtime>(
         eps,
         beta.is_some(),
         launch.units,
+        launch.cached_chunks(width),
         launch.use_plane,
         dtype,
     );

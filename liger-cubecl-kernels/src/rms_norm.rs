@@ -50,53 +50,94 @@ fn rms_norm_forward_kernel<F: Float, N: Size>(
     #[comptime] add_residual: bool,
     #[comptime] gemma: bool,
     #[comptime] units: u32,
+    #[comptime] cached_chunks: u32,
     #[comptime] use_plane: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let mut scratch = SharedMemory::<f32>::new(units as usize);
+    // With `cached_chunks > 0` each unit keeps its slice of the row in registers between
+    // the two passes, so x is read from memory once.
+    let mut cache = Array::<Vector<f32, N>>::new(comptime!(cached_chunks.max(1) as usize));
     let vectors = vectors as usize;
     let width = (vectors * N::value()) as f32;
     let mut row = CUBE_POS;
     while row < rows as usize {
         let base = row * vectors;
         let mut acc = 0.0f32;
-        let mut j = UNIT_POS as usize;
-        while j < vectors {
-            let mut v = x[base + j];
-            if add_residual {
-                // The sum is rounded to the input dtype, as `x + residual` would be.
-                v = v + residual[base + j];
-                sum[base + j] = v;
+        if cached_chunks > 0 {
+            #[unroll]
+            for c in 0..cached_chunks {
+                let j = UNIT_POS as usize + c as usize * units as usize;
+                if j < vectors {
+                    let vf = load_sum::<F, N>(x, residual, sum, base + j, add_residual);
+                    cache[c as usize] = vf;
+                    acc += vector_sum::<N>(vf * vf);
+                }
             }
-            let vf = Vector::<f32, N>::cast_from(v);
-            acc += vector_sum::<N>(vf * vf);
-            j += CUBE_DIM as usize;
+        } else {
+            let mut j = UNIT_POS as usize;
+            while j < vectors {
+                let vf = load_sum::<F, N>(x, residual, sum, base + j, add_residual);
+                acc += vector_sum::<N>(vf * vf);
+                j += CUBE_DIM as usize;
+            }
         }
         let total = cube_reduce(acc, &mut scratch, ReduceOp::Sum, use_plane);
         let r = 1.0f32 / f32::sqrt(total / width + eps);
         if UNIT_POS == 0 {
             rstd[row] = r;
         }
-        let mut j = UNIT_POS as usize;
-        while j < vectors {
-            let v = if add_residual {
-                sum[base + j]
-            } else {
-                x[base + j]
-            };
-            output[base + j] = normalize_scale::<F, N>(
-                Vector::<f32, N>::cast_from(v),
-                weight[j],
-                r,
-                offset,
-                gemma,
-            );
-            j += CUBE_DIM as usize;
+        if cached_chunks > 0 {
+            #[unroll]
+            for c in 0..cached_chunks {
+                let j = UNIT_POS as usize + c as usize * units as usize;
+                if j < vectors {
+                    output[base + j] =
+                        normalize_scale::<F, N>(cache[c as usize], weight[j], r, offset, gemma);
+                }
+            }
+        } else {
+            let mut j = UNIT_POS as usize;
+            while j < vectors {
+                let v = if add_residual {
+                    sum[base + j]
+                } else {
+                    x[base + j]
+                };
+                output[base + j] = normalize_scale::<F, N>(
+                    Vector::<f32, N>::cast_from(v),
+                    weight[j],
+                    r,
+                    offset,
+                    gemma,
+                );
+                j += CUBE_DIM as usize;
+            }
         }
         row += CUBE_COUNT;
     }
 }
 
+/// Loads `x[i]` (or `x[i] + residual[i]`, rounded to the input dtype as the unfused add
+/// would be, and stored to `sum[i]`) as f32.
+#[cube]
+fn load_sum<F: Float, N: Size>(
+    x: &Array<Vector<F, N>>,
+    residual: &Array<Vector<F, N>>,
+    sum: &mut Array<Vector<F, N>>,
+    i: usize,
+    #[comptime] add_residual: bool,
+) -> Vector<f32, N> {
+    let mut v = x[i];
+    if add_residual {
+        v = v + residual[i];
+        sum[i] = v;
+    }
+    Vector::<f32, N>::cast_from(v)
+}
+
+// `g`/`n` get a placeholder before the comptime choice of where to read them from.
+#[allow(unused_assignments)]
 #[cube(launch)]
 fn rms_norm_backward_kernel<F: Float, N: Size>(
     grad: &Array<Vector<F, N>>,
@@ -111,11 +152,16 @@ fn rms_norm_backward_kernel<F: Float, N: Size>(
     #[comptime] gemma: bool,
     #[comptime] units: u32,
     #[comptime] chunks: u32,
+    #[comptime] cached: bool,
     #[comptime] use_plane: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let mut scratch = SharedMemory::<f32>::new(units as usize);
     let mut dw = Array::<Vector<f32, N>>::new(chunks as usize);
+    // When `cached`, dy and x̂ stay in registers between the passes (read once).
+    let cache_len = comptime!(if cached { chunks as usize } else { 1usize });
+    let mut g_cache = Array::<Vector<f32, N>>::new(cache_len);
+    let mut n_cache = Array::<Vector<f32, N>>::new(cache_len);
     #[unroll]
     for c in 0..chunks {
         dw[c as usize] = Vector::new(0.0);
@@ -131,10 +177,14 @@ fn rms_norm_backward_kernel<F: Float, N: Size>(
         for c in 0..chunks {
             let j = UNIT_POS as usize + c as usize * units as usize;
             if j < vectors {
+                let g = Vector::<f32, N>::cast_from(grad[base + j]);
                 let n = Vector::<f32, N>::cast_from(x[base + j]) * Vector::new(r);
-                let m = Vector::<f32, N>::cast_from(grad[base + j])
-                    * (Vector::<f32, N>::cast_from(weight[j]) + Vector::new(offset));
+                let m = g * (Vector::<f32, N>::cast_from(weight[j]) + Vector::new(offset));
                 acc += vector_sum::<N>(m * n);
+                if cached {
+                    g_cache[c as usize] = g;
+                    n_cache[c as usize] = n;
+                }
             }
         }
         let dot = cube_reduce(acc, &mut scratch, ReduceOp::Sum, use_plane) / width;
@@ -142,8 +192,15 @@ fn rms_norm_backward_kernel<F: Float, N: Size>(
         for c in 0..chunks {
             let j = UNIT_POS as usize + c as usize * units as usize;
             if j < vectors {
-                let g = Vector::<f32, N>::cast_from(grad[base + j]);
-                let n = Vector::<f32, N>::cast_from(x[base + j]) * Vector::new(r);
+                let mut g = Vector::<f32, N>::new(0.0);
+                let mut n = Vector::<f32, N>::new(0.0);
+                if cached {
+                    g = g_cache[c as usize];
+                    n = n_cache[c as usize];
+                } else {
+                    g = Vector::<f32, N>::cast_from(grad[base + j]);
+                    n = Vector::<f32, N>::cast_from(x[base + j]) * Vector::new(r);
+                }
                 let m = g * (Vector::<f32, N>::cast_from(weight[j]) + Vector::new(offset));
                 grad_x[base + j] =
                     Vector::<F, N>::cast_from((m - n * Vector::new(dot)) * Vector::new(r));
@@ -231,6 +288,7 @@ pub fn rms_norm_forward<R: Runtime>(
         residual.is_some(),
         options.gemma,
         launch.units,
+        launch.cached_chunks(width),
         launch.use_plane,
         dtype,
     );
@@ -295,6 +353,7 @@ pub fn rms_norm_backward<R: Runtime>(
         options.gemma,
         launch.units,
         chunks as u32,
+        launch.cached_chunks(width) > 0,
         launch.use_plane,
         dtype,
     );

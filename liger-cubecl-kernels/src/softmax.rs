@@ -19,10 +19,12 @@ fn softmax_forward_kernel<F: Float, N: Size>(
     vectors: u32,
     #[comptime] log: bool,
     #[comptime] units: u32,
+    #[comptime] cached_chunks: u32,
     #[comptime] use_plane: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let mut scratch = SharedMemory::<f32>::new(units as usize);
+    let mut cache = Array::<Vector<f32, N>>::new(comptime!(cached_chunks.max(1) as usize));
     let vectors = vectors as usize;
     let mut row = CUBE_POS;
     while row < rows as usize {
@@ -30,38 +32,83 @@ fn softmax_forward_kernel<F: Float, N: Size>(
         // A finite floor instead of -inf: WGSL rejects infinite literals.
         let mut local_max = f32::min_value();
         let mut local_sum = 0.0f32;
-        let mut j = UNIT_POS as usize;
-        while j < vectors {
-            let v = Vector::<f32, N>::cast_from(x[base + j]);
-            let vmax = vector_max::<N>(v);
-            if vmax > local_max {
-                local_sum *= f32::exp(local_max - vmax);
-                local_max = vmax;
+        if cached_chunks > 0 {
+            #[unroll]
+            for c in 0..cached_chunks {
+                let j = UNIT_POS as usize + c as usize * units as usize;
+                if j < vectors {
+                    let v = Vector::<f32, N>::cast_from(x[base + j]);
+                    cache[c as usize] = v;
+                    online_update::<N>(v, &mut local_max, &mut local_sum);
+                }
             }
-            local_sum += vector_sum::<N>(Vector::exp(v - Vector::new(local_max)));
-            j += CUBE_DIM as usize;
+        } else {
+            let mut j = UNIT_POS as usize;
+            while j < vectors {
+                online_update::<N>(
+                    Vector::<f32, N>::cast_from(x[base + j]),
+                    &mut local_max,
+                    &mut local_sum,
+                );
+                j += CUBE_DIM as usize;
+            }
         }
         let row_max = cube_reduce(local_max, &mut scratch, ReduceOp::Max, use_plane);
         let rescaled = local_sum * f32::exp(local_max - row_max);
         let row_sum = cube_reduce(rescaled, &mut scratch, ReduceOp::Sum, use_plane);
-        let mut j = UNIT_POS as usize;
-        if log {
-            let shift = Vector::<f32, N>::new(row_max + f32::ln(row_sum));
-            while j < vectors {
-                output[base + j] =
-                    Vector::<F, N>::cast_from(Vector::<f32, N>::cast_from(x[base + j]) - shift);
-                j += CUBE_DIM as usize;
+        // log: y = x - (max + ln(sum)); else y = exp(x - max) / sum.
+        let shift = if log {
+            row_max + f32::ln(row_sum)
+        } else {
+            row_max
+        };
+        let inv = 1.0f32 / row_sum;
+        if cached_chunks > 0 {
+            #[unroll]
+            for c in 0..cached_chunks {
+                let j = UNIT_POS as usize + c as usize * units as usize;
+                if j < vectors {
+                    output[base + j] = softmax_value::<F, N>(cache[c as usize], shift, inv, log);
+                }
             }
         } else {
-            let inv = Vector::<f32, N>::new(1.0f32 / row_sum);
+            let mut j = UNIT_POS as usize;
             while j < vectors {
-                let e =
-                    Vector::exp(Vector::<f32, N>::cast_from(x[base + j]) - Vector::new(row_max));
-                output[base + j] = Vector::<F, N>::cast_from(e * inv);
+                output[base + j] = softmax_value::<F, N>(
+                    Vector::<f32, N>::cast_from(x[base + j]),
+                    shift,
+                    inv,
+                    log,
+                );
                 j += CUBE_DIM as usize;
             }
         }
         row += CUBE_COUNT;
+    }
+}
+
+/// Folds one vector into a unit's running max and its sum of `exp(x - max)`.
+#[cube]
+fn online_update<N: Size>(v: Vector<f32, N>, local_max: &mut f32, local_sum: &mut f32) {
+    let vmax = vector_max::<N>(v);
+    if vmax > *local_max {
+        *local_sum *= f32::exp(*local_max - vmax);
+        *local_max = vmax;
+    }
+    *local_sum += vector_sum::<N>(Vector::exp(v - Vector::new(*local_max)));
+}
+
+#[cube]
+fn softmax_value<F: Float, N: Size>(
+    v: Vector<f32, N>,
+    shift: f32,
+    inv: f32,
+    #[comptime] log: bool,
+) -> Vector<F, N> {
+    if log {
+        Vector::<F, N>::cast_from(v - Vector::new(shift))
+    } else {
+        Vector::<F, N>::cast_from(Vector::exp(v - Vector::new(shift)) * Vector::new(inv))
     }
 }
 
@@ -136,6 +183,7 @@ pub fn softmax_forward<R: Runtime>(
         launch.vectors(width) as u32,
         log,
         launch.units,
+        launch.cached_chunks(width),
         launch.use_plane,
         dtype,
     );
