@@ -86,6 +86,12 @@ pub fn check_float_dtype(op: &'static str, dtype: StorageType) -> Result<(), Ker
     }
 }
 
+/// Forward kernels: each unit walks about this many vectors of a row (one cube per row).
+pub const FORWARD_VECTORS_PER_UNIT: usize = 4;
+/// Backward kernels walk many rows per cube (for the weight-gradient partials), so they
+/// use wider cubes, one vector per unit, to keep the device full.
+pub const BACKWARD_VECTORS_PER_UNIT: usize = 1;
+
 /// Most vectors per unit kept in registers (8 vectors of 8 halves: 64 f32 registers).
 pub const MAX_CACHED_CHUNKS: usize = 8;
 
@@ -103,13 +109,15 @@ pub struct RowLaunch {
 }
 
 impl RowLaunch {
-    /// Geometry for `rows` rows of `width` elements of `elem_size` bytes, at most `max_cubes` cubes.
+    /// Geometry for `rows` rows of `width` elements of `elem_size` bytes, at most
+    /// `max_cubes` cubes, about `vectors_per_unit` vectors walked by each unit.
     pub fn new<R: Runtime>(
         client: &ComputeClient<R>,
         rows: usize,
         width: usize,
         elem_size: usize,
         max_cubes: usize,
+        vectors_per_unit: usize,
     ) -> Self {
         let props = client.properties();
         let vector_size = client
@@ -123,8 +131,8 @@ impl RowLaunch {
             .max_units_per_cube
             .min(props.hardware.max_cube_dim.0)
             .max(1);
-        // Enough units that each walks about four vectors, but not beyond the device limit.
-        let wanted = (vectors.div_ceil(4)).clamp(32, 1024) as u32;
+        // Enough units that each walks about `vectors_per_unit` vectors, within the device limit.
+        let wanted = (vectors.div_ceil(vectors_per_unit.max(1))).clamp(32, 1024) as u32;
         let units = prev_power_of_two(wanted.min(hw_max));
         let plane_ok = client.features().plane.contains(Plane::Ops)
             && props.hardware.plane_size_max >= 1

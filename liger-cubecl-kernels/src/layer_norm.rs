@@ -7,7 +7,10 @@
 //! last two accumulated per cube in f32 and summed by [`crate::partial_sum`].
 
 use crate::counters::{self, Kernel};
-use crate::launch::{KernelError, RowLaunch, array, check_float_dtype, partial_cubes};
+use crate::launch::{
+    BACKWARD_VECTORS_PER_UNIT, FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, array,
+    check_float_dtype, partial_cubes,
+};
 use crate::partial_sum::sum_partials;
 use crate::reduce::{ReduceOp, cube_reduce, vector_sum};
 use cubecl::prelude::*;
@@ -16,7 +19,7 @@ use cubecl::server::Handle;
 /// Largest number of vectors a unit walks in the backward kernel.
 pub const MAX_CHUNKS: usize = 32;
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn layer_norm_forward_kernel<F: Float, N: Size>(
     x: &Array<Vector<F, N>>,
     gamma: &Array<Vector<F, N>>,
@@ -114,7 +117,7 @@ fn layer_norm_scale<F: Float, N: Size>(
     Vector::<F, N>::cast_from(y)
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn layer_norm_backward_kernel<F: Float, N: Size>(
     grad: &Array<Vector<F, N>>,
     x: &Array<Vector<F, N>>,
@@ -209,7 +212,14 @@ pub fn layer_norm_forward<R: Runtime>(
     dtype: StorageType,
 ) -> Result<(), KernelError> {
     check_float_dtype("layer_norm", dtype)?;
-    let launch = RowLaunch::new(client, rows, width, dtype.size(), usize::MAX);
+    let launch = RowLaunch::new(
+        client,
+        rows,
+        width,
+        dtype.size(),
+        usize::MAX,
+        FORWARD_VECTORS_PER_UNIT,
+    );
     let vectors = launch.vectors(width);
     let n = rows * vectors;
     let dummy;
@@ -220,26 +230,30 @@ pub fn layer_norm_forward<R: Runtime>(
             array(&dummy, 1)
         }
     };
-    layer_norm_forward_kernel::launch::<R>(
-        client,
-        launch.count(),
-        launch.dim(),
-        launch.vector_size,
-        array(x, n),
-        array(gamma, vectors),
-        beta_arg,
-        array(output, n),
-        array(mean, rows),
-        array(rstd, rows),
-        rows as u32,
-        vectors as u32,
-        eps,
-        beta.is_some(),
-        launch.units,
-        launch.cached_chunks(width),
-        launch.use_plane,
-        dtype,
-    );
+    // Safety: every array length above is the item count of a buffer sized for
+    // exactly these rows and widths (validated by the callers); indices stay below them.
+    unsafe {
+        layer_norm_forward_kernel::launch_unchecked::<R>(
+            client,
+            launch.count(),
+            launch.dim(),
+            launch.vector_size,
+            array(x, n),
+            array(gamma, vectors),
+            beta_arg,
+            array(output, n),
+            array(mean, rows),
+            array(rstd, rows),
+            rows as u32,
+            vectors as u32,
+            eps,
+            beta.is_some(),
+            launch.units,
+            launch.cached_chunks(width),
+            launch.use_plane,
+            dtype,
+        );
+    }
     counters::record(Kernel::layer_norm_forward);
     Ok(())
 }
@@ -268,6 +282,7 @@ pub fn layer_norm_backward<R: Runtime>(
         width,
         dtype.size(),
         partial_cubes(client, rows),
+        BACKWARD_VECTORS_PER_UNIT,
     );
     let chunks = launch.chunks(width);
     if chunks > MAX_CHUNKS {
@@ -292,27 +307,31 @@ pub fn layer_norm_backward<R: Runtime>(
     } else {
         1
     };
-    layer_norm_backward_kernel::launch::<R>(
-        client,
-        launch.count(),
-        launch.dim(),
-        launch.vector_size,
-        array(grad, n),
-        array(x, n),
-        array(gamma, vectors),
-        array(mean, rows),
-        array(rstd, rows),
-        array(grad_x, n),
-        array(&gamma_partials, parts * vectors),
-        array(&beta_partials, beta_len),
-        rows as u32,
-        vectors as u32,
-        grad_beta.is_some(),
-        launch.units,
-        chunks as u32,
-        launch.use_plane,
-        dtype,
-    );
+    // Safety: every array length above is the item count of a buffer sized for
+    // exactly these rows and widths (validated by the callers); indices stay below them.
+    unsafe {
+        layer_norm_backward_kernel::launch_unchecked::<R>(
+            client,
+            launch.count(),
+            launch.dim(),
+            launch.vector_size,
+            array(grad, n),
+            array(x, n),
+            array(gamma, vectors),
+            array(mean, rows),
+            array(rstd, rows),
+            array(grad_x, n),
+            array(&gamma_partials, parts * vectors),
+            array(&beta_partials, beta_len),
+            rows as u32,
+            vectors as u32,
+            grad_beta.is_some(),
+            launch.units,
+            chunks as u32,
+            launch.use_plane,
+            dtype,
+        );
+    }
     sum_partials(
         client,
         &gamma_partials,

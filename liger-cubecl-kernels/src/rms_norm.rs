@@ -7,7 +7,10 @@
 //! `dw = Σ_rows dy · x̂`, accumulated per cube in f32 and summed by [`crate::partial_sum`].
 
 use crate::counters::{self, Kernel};
-use crate::launch::{KernelError, RowLaunch, array, check_float_dtype, partial_cubes};
+use crate::launch::{
+    BACKWARD_VECTORS_PER_UNIT, FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, array,
+    check_float_dtype, partial_cubes,
+};
 use crate::partial_sum::sum_partials;
 use crate::reduce::{ReduceOp, cube_reduce, vector_sum};
 use cubecl::prelude::*;
@@ -35,7 +38,7 @@ fn normalize_scale<F: Float, N: Size>(
     }
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn rms_norm_forward_kernel<F: Float, N: Size>(
     x: &Array<Vector<F, N>>,
     residual: &Array<Vector<F, N>>,
@@ -138,7 +141,7 @@ fn load_sum<F: Float, N: Size>(
 
 // `g`/`n` get a placeholder before the comptime choice of where to read them from.
 #[allow(unused_assignments)]
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn rms_norm_backward_kernel<F: Float, N: Size>(
     grad: &Array<Vector<F, N>>,
     x: &Array<Vector<F, N>>,
@@ -257,7 +260,14 @@ pub fn rms_norm_forward<R: Runtime>(
         "rms_norm"
     };
     check_float_dtype(op, dtype)?;
-    let launch = RowLaunch::new(client, rows, width, dtype.size(), usize::MAX);
+    let launch = RowLaunch::new(
+        client,
+        rows,
+        width,
+        dtype.size(),
+        usize::MAX,
+        FORWARD_VECTORS_PER_UNIT,
+    );
     let vectors = launch.vectors(width);
     let n = rows * vectors;
     // Without a residual the two extra bindings are never touched (comptime branch); they
@@ -270,28 +280,32 @@ pub fn rms_norm_forward<R: Runtime>(
             (array(&dummy, 1), array(&dummy, 1))
         }
     };
-    rms_norm_forward_kernel::launch::<R>(
-        client,
-        launch.count(),
-        launch.dim(),
-        launch.vector_size,
-        array(x, n),
-        residual_arg,
-        array(weight, vectors),
-        array(output, n),
-        sum_arg,
-        array(rstd, rows),
-        rows as u32,
-        vectors as u32,
-        options.eps,
-        options.offset,
-        residual.is_some(),
-        options.gemma,
-        launch.units,
-        launch.cached_chunks(width),
-        launch.use_plane,
-        dtype,
-    );
+    // Safety: every array length above is the item count of a buffer sized for
+    // exactly these rows and widths (validated by the callers); indices stay below them.
+    unsafe {
+        rms_norm_forward_kernel::launch_unchecked::<R>(
+            client,
+            launch.count(),
+            launch.dim(),
+            launch.vector_size,
+            array(x, n),
+            residual_arg,
+            array(weight, vectors),
+            array(output, n),
+            sum_arg,
+            array(rstd, rows),
+            rows as u32,
+            vectors as u32,
+            options.eps,
+            options.offset,
+            residual.is_some(),
+            options.gemma,
+            launch.units,
+            launch.cached_chunks(width),
+            launch.use_plane,
+            dtype,
+        );
+    }
     counters::record(if residual.is_some() {
         Kernel::add_rms_norm_forward
     } else {
@@ -323,6 +337,7 @@ pub fn rms_norm_backward<R: Runtime>(
         width,
         dtype.size(),
         partial_cubes(client, rows),
+        BACKWARD_VECTORS_PER_UNIT,
     );
     let chunks = launch.chunks(width);
     if chunks > MAX_CHUNKS {
@@ -336,27 +351,31 @@ pub fn rms_norm_backward<R: Runtime>(
     let n = rows * vectors;
     let parts = launch.cubes as usize;
     let partials = client.empty(parts * width * core::mem::size_of::<f32>());
-    rms_norm_backward_kernel::launch::<R>(
-        client,
-        launch.count(),
-        launch.dim(),
-        launch.vector_size,
-        array(grad, n),
-        array(x, n),
-        array(weight, vectors),
-        array(rstd, rows),
-        array(grad_x, n),
-        array(&partials, parts * vectors),
-        rows as u32,
-        vectors as u32,
-        options.offset,
-        options.gemma,
-        launch.units,
-        chunks as u32,
-        launch.cached_chunks(width) > 0,
-        launch.use_plane,
-        dtype,
-    );
+    // Safety: every array length above is the item count of a buffer sized for
+    // exactly these rows and widths (validated by the callers); indices stay below them.
+    unsafe {
+        rms_norm_backward_kernel::launch_unchecked::<R>(
+            client,
+            launch.count(),
+            launch.dim(),
+            launch.vector_size,
+            array(grad, n),
+            array(x, n),
+            array(weight, vectors),
+            array(rstd, rows),
+            array(grad_x, n),
+            array(&partials, parts * vectors),
+            rows as u32,
+            vectors as u32,
+            options.offset,
+            options.gemma,
+            launch.units,
+            chunks as u32,
+            launch.cached_chunks(width) > 0,
+            launch.use_plane,
+            dtype,
+        );
+    }
     sum_partials(
         client,
         &partials,

@@ -6,12 +6,12 @@
 //! softmax `dx = y · (dy - Σ dy·y)`, log-softmax `dx = dy - exp(y) · Σ dy`.
 
 use crate::counters::{self, Kernel};
-use crate::launch::{KernelError, RowLaunch, array, check_float_dtype};
+use crate::launch::{FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, array, check_float_dtype};
 use crate::reduce::{ReduceOp, cube_reduce, vector_max, vector_sum};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn softmax_forward_kernel<F: Float, N: Size>(
     x: &Array<Vector<F, N>>,
     output: &mut Array<Vector<F, N>>,
@@ -33,13 +33,26 @@ fn softmax_forward_kernel<F: Float, N: Size>(
         let mut local_max = f32::min_value();
         let mut local_sum = 0.0f32;
         if cached_chunks > 0 {
+            // Max first, then one exp per element: softmax keeps exp(x - local_max) in
+            // registers and rescales it in the second pass instead of exponentiating again.
             #[unroll]
             for c in 0..cached_chunks {
                 let j = UNIT_POS as usize + c as usize * units as usize;
                 if j < vectors {
                     let v = Vector::<f32, N>::cast_from(x[base + j]);
                     cache[c as usize] = v;
-                    online_update::<N>(v, &mut local_max, &mut local_sum);
+                    local_max = f32::max(local_max, vector_max::<N>(v));
+                }
+            }
+            #[unroll]
+            for c in 0..cached_chunks {
+                let j = UNIT_POS as usize + c as usize * units as usize;
+                if j < vectors {
+                    let e = Vector::exp(cache[c as usize] - Vector::new(local_max));
+                    local_sum += vector_sum::<N>(e);
+                    if !log {
+                        cache[c as usize] = e;
+                    }
                 }
             }
         } else {
@@ -64,11 +77,17 @@ fn softmax_forward_kernel<F: Float, N: Size>(
         };
         let inv = 1.0f32 / row_sum;
         if cached_chunks > 0 {
+            let scale = Vector::<f32, N>::new(f32::exp(local_max - row_max) * inv);
             #[unroll]
             for c in 0..cached_chunks {
                 let j = UNIT_POS as usize + c as usize * units as usize;
                 if j < vectors {
-                    output[base + j] = softmax_value::<F, N>(cache[c as usize], shift, inv, log);
+                    if log {
+                        output[base + j] =
+                            Vector::<F, N>::cast_from(cache[c as usize] - Vector::new(shift));
+                    } else {
+                        output[base + j] = Vector::<F, N>::cast_from(cache[c as usize] * scale);
+                    }
                 }
             }
         } else {
@@ -112,7 +131,7 @@ fn softmax_value<F: Float, N: Size>(
     }
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn softmax_backward_kernel<F: Float, N: Size>(
     grad: &Array<Vector<F, N>>,
     output: &Array<Vector<F, N>>,
@@ -170,23 +189,34 @@ pub fn softmax_forward<R: Runtime>(
     dtype: StorageType,
 ) -> Result<(), KernelError> {
     check_float_dtype(if log { "log_softmax" } else { "softmax" }, dtype)?;
-    let launch = RowLaunch::new(client, rows, width, dtype.size(), usize::MAX);
-    let n = rows * launch.vectors(width);
-    softmax_forward_kernel::launch::<R>(
+    let launch = RowLaunch::new(
         client,
-        launch.count(),
-        launch.dim(),
-        launch.vector_size,
-        array(x, n),
-        array(output, n),
-        rows as u32,
-        launch.vectors(width) as u32,
-        log,
-        launch.units,
-        launch.cached_chunks(width),
-        launch.use_plane,
-        dtype,
+        rows,
+        width,
+        dtype.size(),
+        usize::MAX,
+        FORWARD_VECTORS_PER_UNIT,
     );
+    let n = rows * launch.vectors(width);
+    // Safety: every array length above is the item count of a buffer sized for
+    // exactly these rows and widths (validated by the callers); indices stay below them.
+    unsafe {
+        softmax_forward_kernel::launch_unchecked::<R>(
+            client,
+            launch.count(),
+            launch.dim(),
+            launch.vector_size,
+            array(x, n),
+            array(output, n),
+            rows as u32,
+            launch.vectors(width) as u32,
+            log,
+            launch.units,
+            launch.cached_chunks(width),
+            launch.use_plane,
+            dtype,
+        );
+    }
     counters::record(if log {
         Kernel::log_softmax_forward
     } else {
@@ -216,23 +246,34 @@ pub fn softmax_backward<R: Runtime>(
         },
         dtype,
     )?;
-    let launch = RowLaunch::new(client, rows, width, dtype.size(), usize::MAX);
-    let n = rows * launch.vectors(width);
-    softmax_backward_kernel::launch::<R>(
+    let launch = RowLaunch::new(
         client,
-        launch.count(),
-        launch.dim(),
-        launch.vector_size,
-        array(grad, n),
-        array(output, n),
-        array(grad_x, n),
-        rows as u32,
-        launch.vectors(width) as u32,
-        log,
-        launch.units,
-        launch.use_plane,
-        dtype,
+        rows,
+        width,
+        dtype.size(),
+        usize::MAX,
+        FORWARD_VECTORS_PER_UNIT,
     );
+    let n = rows * launch.vectors(width);
+    // Safety: every array length above is the item count of a buffer sized for
+    // exactly these rows and widths (validated by the callers); indices stay below them.
+    unsafe {
+        softmax_backward_kernel::launch_unchecked::<R>(
+            client,
+            launch.count(),
+            launch.dim(),
+            launch.vector_size,
+            array(grad, n),
+            array(output, n),
+            array(grad_x, n),
+            rows as u32,
+            launch.vectors(width) as u32,
+            log,
+            launch.units,
+            launch.use_plane,
+            dtype,
+        );
+    }
     counters::record(if log {
         Kernel::log_softmax_backward
     } else {

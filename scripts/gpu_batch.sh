@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call: the CUDA conformance suite (f32, bf16; plane and shared reduction
+# paths), then the CUDA benchmarks, then (optionally) the same kernels through Vulkan.
+# Runs on the device machine from the repository root; expects the stripped release
+# binary (built with `--features cuda`) at .gpu/liger and the commit hash in .gpu/commit.
+# Writes logs and CSVs under $OUT.
+#
+#   usage: scripts/gpu_batch.sh [check] [bench] [vulkan]
+set -u
+OUT=${OUT:-/tmp/liger-out}
+mkdir -p "$OUT"
+BIN=.gpu/liger
+export LIGER_COMMIT=$(cat .gpu/commit 2>/dev/null || echo unknown)
+export LIGER_GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >"$OUT/gpu.txt" 2>&1
+steps=${*:-check bench}
+status=0
+for step in $steps; do
+  case $step in
+    check)
+      for dtype in f32 bf16; do
+        $BIN check --device cuda --dtype "$dtype" --reduction both >"$OUT/check_cuda_$dtype.log" 2>&1 || status=1
+        tail -n 3 "$OUT/check_cuda_$dtype.log"
+      done
+      ;;
+    bench)
+      $BIN bench --device cuda --dtype bf16 --op all --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_cuda_bf16.log" 2>&1 || status=1
+      tail -n 40 "$OUT/bench_cuda_bf16.log"
+      ;;
+    vulkan)
+      for f in .gl/*.deb; do dpkg -x "$f" /; done
+      ldconfig
+      export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+      $BIN check --device vulkan --dtype f32 --quick >"$OUT/check_vulkan_f32.log" 2>&1 || status=1
+      tail -n 3 "$OUT/check_vulkan_f32.log"
+      $BIN bench --device vulkan --dtype f16 --op all --csv "$OUT/bench_vulkan_f16.csv" >"$OUT/bench_vulkan_f16.log" 2>&1 || status=1
+      tail -n 30 "$OUT/bench_vulkan_f16.log"
+      ;;
+  esac
+done
+exit $status
