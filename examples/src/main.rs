@@ -1,0 +1,165 @@
+//! `liger`: the conformance check and the benchmarks of liger-burn's fused kernels.
+//!
+//! - `liger check`: the f64 conformance suite (every fused op, forward and every
+//!   gradient, over a sweep of odd shapes) on one device and dtype.
+//! - `liger bench`: fused (liger) against stock Burn, same backend, same shapes, same
+//!   run: time, pool memory and achieved bandwidth against a measured copy ceiling,
+//!   as a table and as CSV rows.
+//!
+//! Exit codes: 0 success, 1 a conformance case failed, 2 the device or dtype is not
+//! available (or another error).
+
+// A build without any device feature compiles (and says so at run time), unwarned.
+#![cfg_attr(
+    not(any(
+        feature = "vulkan",
+        feature = "wgpu",
+        feature = "cuda",
+        feature = "rocm",
+        feature = "ndarray"
+    )),
+    allow(dead_code, unused)
+)]
+
+mod bench;
+mod ceiling;
+mod check;
+mod csv;
+mod device;
+mod dtype;
+mod measure;
+mod table;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use device::DeviceKind;
+use dtype::DtypeArg;
+use std::process::ExitCode;
+
+/// Liger-Kernel-style fused kernels for Burn: conformance check and benchmarks.
+#[derive(Parser, Debug)]
+#[command(name = "liger", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the f64 conformance suite (every fused op, outputs and gradients) on a device.
+    ///
+    /// Exits 0 when every comparison passes, 1 when one fails, 2 when the device or
+    /// dtype is not available.
+    Check(CheckArgs),
+    /// Benchmark the fused ops (liger) against the stock Burn path (burn) on a device.
+    ///
+    /// Writes a table to the terminal and, with --csv, one CSV row per measurement.
+    Bench(BenchArgs),
+}
+
+/// Which cross-unit reduction the kernels use (CubeCL devices only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReductionArg {
+    /// Plane (warp/subgroup) operations where the device has them, else shared memory.
+    Auto,
+    /// Plane operations (shared memory on devices without them).
+    Plane,
+    /// Shared-memory tree only.
+    Shared,
+    /// `check` only: the suite twice, plane path then shared-memory path.
+    Both,
+}
+
+impl ReductionArg {
+    /// The kernel paths this choice runs, in order.
+    pub fn paths(self) -> Vec<liger_cubecl_kernels::ReductionPath> {
+        use liger_cubecl_kernels::ReductionPath as P;
+        match self {
+            ReductionArg::Auto => vec![P::Auto],
+            ReductionArg::Plane => vec![P::Plane],
+            ReductionArg::Shared => vec![P::Shared],
+            ReductionArg::Both => vec![P::Plane, P::Shared],
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Element type of the inputs and outputs (accumulation is always f32).
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+    /// Only the ops whose name contains NAME (rms_norm, rms_norm_gemma,
+    /// fused_add_rms_norm, layer_norm, layer_norm_no_bias, softmax, log_softmax);
+    /// e.g. `rms_norm` selects the three RMSNorm variants. All ops when absent.
+    #[arg(long, value_name = "NAME")]
+    pub op: Option<String>,
+    /// Quick sweep (shapes a software rasterizer runs in seconds) instead of the full one.
+    #[arg(long)]
+    pub quick: bool,
+    /// Reduction path of the kernels; `both` runs the suite on the plane path, then on
+    /// the shared-memory path. Ignored on ndarray (no kernels).
+    #[arg(long, value_enum, default_value_t = ReductionArg::Auto)]
+    pub reduction: ReductionArg,
+    /// Seed of the random inputs; overrides LIGER_SEED. From the clock when neither is set.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Element type of inputs, outputs and weights (accumulation is always f32).
+    #[arg(long, value_enum, default_value_t = DtypeArg::Bf16)]
+    pub dtype: DtypeArg,
+    /// Ops to benchmark (comma list or repeated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
+    pub op: Vec<bench::BenchOp>,
+    /// Shapes `ROWSxWIDTH` (comma list or repeated; leading dims multiply into rows,
+    /// e.g. 4x2048x4096). Default per op: norms 8192x4096, softmax and log_softmax 8192x32768.
+    #[arg(long, value_delimiter = ',', value_name = "SHAPE")]
+    pub shape: Vec<bench::Shape>,
+    /// Untimed iterations before the samples (JIT compilation and autotune out of the numbers).
+    #[arg(long, default_value_t = 10)]
+    pub warmup: usize,
+    /// Iterations per timed sample (the sample is their mean).
+    #[arg(long, default_value_t = 50)]
+    pub iters: usize,
+    /// Timed samples; p50, p20 and p80 are taken over them.
+    #[arg(long, default_value_t = 10)]
+    pub repeats: usize,
+    /// Append one row per measurement to this CSV file (header written when it is created).
+    #[arg(long, value_name = "PATH")]
+    pub csv: Option<std::path::PathBuf>,
+    /// `gpu` column of the CSV. Default: the backend's name.
+    #[arg(long, value_name = "NAME", env = "LIGER_GPU_NAME")]
+    pub gpu: Option<String>,
+    /// `commit` column of the CSV. Default: the git commit this binary was built from.
+    #[arg(long, value_name = "HASH", env = "LIGER_COMMIT")]
+    pub commit: Option<String>,
+    /// Size of the copy that measures the bandwidth ceiling (`x + 1` on a tensor of this
+    /// many MiB: reads and writes it once). Capped at the device's largest allocation.
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    pub copy_mib: u64,
+    /// Reduction path of the fused kernels.
+    #[arg(long, value_enum, default_value_t = ReductionArg::Auto)]
+    pub reduction: ReductionArg,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check(args) => check::run(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}

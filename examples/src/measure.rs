@@ -1,0 +1,107 @@
+//! Timing with device synchronization, and percentiles over samples.
+//!
+//! One sample: synchronize the device, start the clock, run `iters` iterations,
+//! synchronize, stop: the sample is the elapsed time over `iters`. Warm-up iterations
+//! run first (JIT compilation and autotune stay out of the numbers).
+//!
+//! Outputs are *held* until a synchronization: Burn's fusion backend does not write
+//! a fused output that is dropped before its kernel runs, so dropping each
+//! iteration's outputs at once would time kernels that skip their writes. Holding
+//! costs memory, so at most `hold` iterations' outputs are held; when that many are
+//! pending the loop synchronizes (inside the timed region) and releases them.
+
+use std::time::Instant;
+
+/// Iteration counts of a measurement.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Untimed iterations first.
+    pub warmup: usize,
+    /// Iterations per sample.
+    pub iters: usize,
+    /// Samples.
+    pub repeats: usize,
+}
+
+/// Seconds per iteration, one value per sample.
+#[derive(Clone, Debug, Default)]
+pub struct Samples(pub Vec<f64>);
+
+impl Samples {
+    /// The `q`-quantile (0..=1), linearly interpolated between order statistics.
+    pub fn quantile(&self, q: f64) -> f64 {
+        quantile(&self.0, q)
+    }
+
+    /// Median, 20th and 80th percentile, in seconds.
+    pub fn p50_20_80(&self) -> [f64; 3] {
+        [self.quantile(0.5), self.quantile(0.2), self.quantile(0.8)]
+    }
+}
+
+/// The `q`-quantile of `values` (NaN when empty).
+pub fn quantile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let pos = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
+    let lo = pos.floor() as usize;
+    let hi = pos.ceil() as usize;
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+}
+
+/// Times `step` (called with a running iteration index, so inputs can rotate).
+///
+/// `hold`: how many iterations' outputs may be pending before a synchronization.
+pub fn time<H>(
+    timing: Timing,
+    hold: usize,
+    sync: &dyn Fn(),
+    mut step: impl FnMut(usize) -> H,
+) -> Samples {
+    let hold = hold.max(1);
+    let mut held: Vec<H> = Vec::with_capacity(hold.min(timing.iters.max(timing.warmup)));
+    let mut index = 0usize;
+    let mut run = |n: usize, held: &mut Vec<H>| {
+        for _ in 0..n {
+            held.push(step(index));
+            index += 1;
+            if held.len() >= hold {
+                sync();
+                held.clear();
+            }
+        }
+    };
+    run(timing.warmup, &mut held);
+    sync();
+    held.clear();
+    let iters = timing.iters.max(1);
+    let mut samples = Vec::with_capacity(timing.repeats);
+    for _ in 0..timing.repeats.max(1) {
+        sync();
+        let start = Instant::now();
+        run(iters, &mut held);
+        sync();
+        let elapsed = start.elapsed().as_secs_f64();
+        held.clear();
+        samples.push(elapsed / iters as f64);
+    }
+    Samples(samples)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantile;
+
+    #[test]
+    fn quantiles_interpolate() {
+        let v = [4.0, 1.0, 3.0, 2.0, 5.0];
+        assert_eq!(quantile(&v, 0.5), 3.0);
+        assert_eq!(quantile(&v, 0.0), 1.0);
+        assert_eq!(quantile(&v, 1.0), 5.0);
+        assert!((quantile(&v, 0.2) - 1.8).abs() < 1e-12);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+}
