@@ -8,6 +8,12 @@
 use crate::launch::array;
 use cubecl::prelude::*;
 
+/// Columns (vectors) per cube and lanes splitting the parts: a cube of 8 × 32 units
+/// reads 8 adjacent vectors of 32 part rows at a time (coalesced 8-vector segments), and
+/// the grid has one cube per 8 vectors, so the sum is spread over many multiprocessors.
+const COLUMNS: u32 = 8;
+const LANES: u32 = 32;
+
 #[cube(launch_unchecked)]
 fn sum_partials_kernel<F: Float, N: Size>(
     partials: &Array<Vector<f32, N>>,
@@ -16,13 +22,24 @@ fn sum_partials_kernel<F: Float, N: Size>(
     vectors: u32,
     #[define(F)] _dtype: StorageType,
 ) {
-    let j = ABSOLUTE_POS;
+    let mut lanes = SharedMemory::<Vector<f32, N>>::new((COLUMNS * LANES) as usize);
+    let j = CUBE_POS_X as usize * COLUMNS as usize + UNIT_POS_X as usize;
+    let mut acc = Vector::<f32, N>::new(0.0);
     if j < vectors as usize {
-        let mut acc = Vector::<f32, N>::new(0.0);
-        for p in 0..parts as usize {
+        let mut p = UNIT_POS_Y as usize;
+        while p < parts as usize {
             acc += partials[p * vectors as usize + j];
+            p += LANES as usize;
         }
-        output[j] = Vector::<F, N>::cast_from(acc);
+    }
+    lanes[(UNIT_POS_Y * COLUMNS + UNIT_POS_X) as usize] = acc;
+    sync_cube();
+    if UNIT_POS_Y == 0 && j < vectors as usize {
+        let mut total = Vector::<f32, N>::new(0.0);
+        for lane in 0..LANES {
+            total += lanes[(lane * COLUMNS + UNIT_POS_X) as usize];
+        }
+        output[j] = Vector::<F, N>::cast_from(total);
     }
 }
 
@@ -39,15 +56,14 @@ pub fn sum_partials<R: Runtime>(
     dtype: StorageType,
 ) {
     let vectors = width / vector_size;
-    let units = 256u32;
-    let cubes = vectors.div_ceil(units as usize) as u32;
+    let cubes = vectors.div_ceil(COLUMNS as usize) as u32;
     // Safety: every array length above is the item count of a buffer sized for
     // exactly these rows and widths (validated by the callers); indices stay below them.
     unsafe {
         sum_partials_kernel::launch_unchecked::<R>(
             client,
             CubeCount::Static(cubes, 1, 1),
-            CubeDim::new_1d(units),
+            CubeDim::new_2d(COLUMNS, LANES),
             vector_size,
             array(partials, parts * vectors),
             array(output, vectors),
