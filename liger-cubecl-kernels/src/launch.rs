@@ -88,6 +88,11 @@ pub fn check_float_dtype(op: &'static str, dtype: StorageType) -> Result<(), Ker
 
 /// Forward kernels: each unit walks about this many vectors of a row (one cube per row).
 pub const FORWARD_VECTORS_PER_UNIT: usize = 4;
+/// Softmax forward over wide rows: sixteen vectors per unit (fewer, busier units) measured
+/// fastest on the H200 (8192×32768 bf16: 0.447 ms against 0.566 ms with four; see
+/// benches/results/*/sweep.log).
+pub const SOFTMAX_FORWARD_VECTORS_PER_UNIT: usize = 16;
+
 /// Backward kernels walk many rows per cube (for the weight-gradient partials): two
 /// vectors per unit and two cubes per multiprocessor measured fastest on the H200
 /// (8192×4096 bf16: RMSNorm backward 0.164 ms against 0.224 ms with one vector per unit
@@ -171,6 +176,9 @@ impl RowLaunch {
         // Enough units that each walks about `vectors_per_unit` vectors, within the device limit.
         let vectors_per_unit = match vectors_per_unit {
             FORWARD_VECTORS_PER_UNIT => tuning("LIGER_FWD_VPU", FORWARD_VECTORS_PER_UNIT),
+            SOFTMAX_FORWARD_VECTORS_PER_UNIT => {
+                tuning("LIGER_FWD_VPU", SOFTMAX_FORWARD_VECTORS_PER_UNIT)
+            }
             BACKWARD_VECTORS_PER_UNIT => tuning("LIGER_BWD_VPU", BACKWARD_VECTORS_PER_UNIT),
             other => other,
         };

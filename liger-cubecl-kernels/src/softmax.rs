@@ -6,7 +6,10 @@
 //! softmax `dx = y · (dy - Σ dy·y)`, log-softmax `dx = dy - exp(y) · Σ dy`.
 
 use crate::counters::{self, Kernel};
-use crate::launch::{FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, array, check_float_dtype};
+use crate::launch::{
+    FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, SOFTMAX_FORWARD_VECTORS_PER_UNIT, array,
+    check_float_dtype,
+};
 use crate::reduce::{ReduceOp, cube_reduce, vector_max, vector_sum};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -195,7 +198,7 @@ pub fn softmax_forward<R: Runtime>(
         width,
         dtype.size(),
         usize::MAX,
-        FORWARD_VECTORS_PER_UNIT,
+        SOFTMAX_FORWARD_VECTORS_PER_UNIT,
     );
     let n = rows * launch.vectors(width);
     // Safety: every array length above is the item count of a buffer sized for
