@@ -31,6 +31,8 @@ for step in $steps; do
       for f in .gl/*.deb; do dpkg -x "$f" /; done
       ldconfig
       export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+      export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+      { ls -l /usr/local/nvidia/share/vulkan/icd.d/ /usr/share/vulkan/icd.d/ 2>&1; ldconfig -p | grep -iE "vulkan|GLX_nvidia"; } >"$OUT/vulkan_env.txt" 2>&1
       $BIN check --device vulkan --dtype f32 --quick >"$OUT/check_vulkan_f32.log" 2>&1 || status=1
       tail -n 3 "$OUT/check_vulkan_f32.log"
       $BIN bench --device vulkan --dtype f16 --op all --csv "$OUT/bench_vulkan_f16.csv" >"$OUT/bench_vulkan_f16.log" 2>&1 || status=1

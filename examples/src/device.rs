@@ -134,7 +134,12 @@ pub struct CubeInfo {
 
 impl CubeInfo {
     #[cfg_attr(
-        not(any(feature = "vulkan", feature = "wgpu", feature = "cuda", feature = "rocm")),
+        not(any(
+            feature = "vulkan",
+            feature = "wgpu",
+            feature = "cuda",
+            feature = "rocm"
+        )),
         allow(dead_code)
     )]
     fn of<R: cubecl::Runtime>(device: &R::Device) -> Self {

@@ -240,6 +240,38 @@ fn prev_power_of_two(x: u32) -> u32 {
     }
 }
 
+/// Most vectors a unit walks in a backward kernel (its per-unit gradient accumulators).
+pub const MAX_BACKWARD_CHUNKS: usize = 32;
+
+impl RowLaunch {
+    /// Geometry of a backward kernel that accumulates one f32 row of weight-gradient
+    /// partials per cube: checks `dtype` and that the per-unit accumulators fit.
+    /// Returns the geometry and its chunks (vectors per unit).
+    pub fn backward<R: Runtime>(
+        op: &'static str,
+        client: &ComputeClient<R>,
+        rows: usize,
+        width: usize,
+        dtype: StorageType,
+    ) -> Result<(Self, usize), KernelError> {
+        check_float_dtype(op, dtype)?;
+        let launch = Self::new(
+            client,
+            rows,
+            width,
+            dtype.size(),
+            partial_cubes(client, rows),
+            BACKWARD_VECTORS_PER_UNIT,
+        );
+        let chunks = launch.chunks(width);
+        if chunks > MAX_BACKWARD_CHUNKS {
+            let max = MAX_BACKWARD_CHUNKS * launch.units as usize * launch.vector_size;
+            return Err(KernelError::RowTooWide { op, width, max });
+        }
+        Ok((launch, chunks))
+    }
+}
+
 /// Upper bound on cubes for kernels that accumulate per-cube partials (weight gradients):
 /// a few per multiprocessor, so the partial buffer stays small.
 pub fn partial_cubes<R: Runtime>(client: &ComputeClient<R>, rows: usize) -> usize {

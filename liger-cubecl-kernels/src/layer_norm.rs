@@ -7,17 +7,11 @@
 //! last two accumulated per cube in f32 and summed by [`crate::partial_sum`].
 
 use crate::counters::{self, Kernel};
-use crate::launch::{
-    BACKWARD_VECTORS_PER_UNIT, FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, array,
-    check_float_dtype, partial_cubes,
-};
+use crate::launch::{FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, array, check_float_dtype};
 use crate::partial_sum::sum_partials;
 use crate::reduce::{ReduceOp, cube_reduce, vector_sum};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
-
-/// Largest number of vectors a unit walks in the backward kernel.
-pub const MAX_CHUNKS: usize = 32;
 
 #[cube(launch_unchecked)]
 fn layer_norm_forward_kernel<F: Float, N: Size>(
@@ -275,23 +269,7 @@ pub fn layer_norm_backward<R: Runtime>(
     width: usize,
     dtype: StorageType,
 ) -> Result<(), KernelError> {
-    check_float_dtype("layer_norm_backward", dtype)?;
-    let launch = RowLaunch::new(
-        client,
-        rows,
-        width,
-        dtype.size(),
-        partial_cubes(client, rows),
-        BACKWARD_VECTORS_PER_UNIT,
-    );
-    let chunks = launch.chunks(width);
-    if chunks > MAX_CHUNKS {
-        return Err(KernelError::RowTooWide {
-            op: "layer_norm_backward",
-            width,
-            max: MAX_CHUNKS * launch.units as usize * launch.vector_size,
-        });
-    }
+    let (launch, chunks) = RowLaunch::backward("layer_norm_backward", client, rows, width, dtype)?;
     let vectors = launch.vectors(width);
     let n = rows * vectors;
     let parts = launch.cubes as usize;

@@ -7,17 +7,11 @@
 //! `dw = Σ_rows dy · x̂`, accumulated per cube in f32 and summed by [`crate::partial_sum`].
 
 use crate::counters::{self, Kernel};
-use crate::launch::{
-    BACKWARD_VECTORS_PER_UNIT, FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, array,
-    check_float_dtype, partial_cubes,
-};
+use crate::launch::{FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, array, check_float_dtype};
 use crate::partial_sum::sum_partials;
 use crate::reduce::{ReduceOp, cube_reduce, vector_sum};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
-
-/// Largest number of vectors a unit walks in the backward kernel (its dw accumulators).
-pub const MAX_CHUNKS: usize = 32;
 
 /// `x · rstd · (offset + w)` in the requested casting, for one vector.
 #[cube]
@@ -330,23 +324,7 @@ pub fn rms_norm_backward<R: Runtime>(
     options: RmsNormKernelOptions,
     dtype: StorageType,
 ) -> Result<(), KernelError> {
-    check_float_dtype("rms_norm_backward", dtype)?;
-    let launch = RowLaunch::new(
-        client,
-        rows,
-        width,
-        dtype.size(),
-        partial_cubes(client, rows),
-        BACKWARD_VECTORS_PER_UNIT,
-    );
-    let chunks = launch.chunks(width);
-    if chunks > MAX_CHUNKS {
-        return Err(KernelError::RowTooWide {
-            op: "rms_norm_backward",
-            width,
-            max: MAX_CHUNKS * launch.units as usize * launch.vector_size,
-        });
-    }
+    let (launch, chunks) = RowLaunch::backward("rms_norm_backward", client, rows, width, dtype)?;
     let vectors = launch.vectors(width);
     let n = rows * vectors;
     let parts = launch.cubes as usize;

@@ -10,8 +10,8 @@ mod rms_norm;
 mod softmax;
 
 use crate::ops::FusedOps;
-use crate::ops::validate::{self, NormInputs};
-use burn::tensor::{DType, Shape, TensorMetadata};
+use crate::ops::validate;
+use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
@@ -118,13 +118,7 @@ pub(crate) fn prepare_norm<R: CubeRuntime>(
     weight: CubeTensor<R>,
     bias: Option<&CubeTensor<R>>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
-    validate::check(validate::norm(&NormInputs {
-        op,
-        x: (x.shape(), x.dtype()),
-        weight: (weight.shape(), weight.dtype()),
-        bias: bias.map(|b| (b.shape(), b.dtype())),
-        kernel_dtypes: true,
-    }));
+    validate::check(validate::norm_tensors(op, &x, &weight, bias, true));
     (into_contiguous(x), into_contiguous(weight))
 }
 

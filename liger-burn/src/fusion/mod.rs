@@ -5,7 +5,7 @@
 //! Inputs are validated here, eagerly: the stream executes later (possibly on another
 //! thread), and bad input must fail where the user called the op.
 
-use crate::ops::validate::{self, NormInputs};
+use crate::ops::validate;
 use crate::ops::{
     AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
     row_stat_shape,
@@ -132,13 +132,7 @@ fn norm_check<R: FusionRuntime>(
     weight: &FusionTensor<R>,
     bias: Option<&FusionTensor<R>>,
 ) {
-    validate::check(validate::norm(&NormInputs {
-        op,
-        x: (x.shape(), x.dtype()),
-        weight: (weight.shape(), weight.dtype()),
-        bias: bias.map(|b| (b.shape(), b.dtype())),
-        kernel_dtypes: true,
-    }));
+    validate::check(validate::norm_tensors(op, x, weight, bias, true));
 }
 
 fn same<R: FusionRuntime>(

@@ -1,7 +1,7 @@
 //! Input validation shared by every layer: bad input is a clear error naming the op,
 //! the shapes and the dtypes, raised before any kernel is launched.
 
-use burn::tensor::{DType, Shape};
+use burn::tensor::{DType, Shape, TensorMetadata};
 
 /// A rejected input.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +101,23 @@ pub fn norm(inputs: &NormInputs) -> Result<(), LigerError> {
         }
     }
     Ok(())
+}
+
+/// [`norm`] on tensors of any layer (Burn primitives, CubeCL or fusion tensors).
+pub fn norm_tensors<T: TensorMetadata>(
+    op: &'static str,
+    x: &T,
+    weight: &T,
+    bias: Option<&T>,
+    kernel_dtypes: bool,
+) -> Result<(), LigerError> {
+    norm(&NormInputs {
+        op,
+        x: (x.shape(), x.dtype()),
+        weight: (weight.shape(), weight.dtype()),
+        bias: bias.map(|b| (b.shape(), b.dtype())),
+        kernel_dtypes,
+    })
 }
 
 /// Panics with the error's message: the Burn convention for invalid tensor input.

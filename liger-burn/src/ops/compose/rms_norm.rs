@@ -1,7 +1,7 @@
 //! RMSNorm and residual-add RMSNorm as stock Burn ops.
 
 use super::{broadcast_row, sum_rows, to_dtype, to_f32};
-use crate::ops::validate::{self, NormInputs};
+use crate::ops::validate;
 use crate::ops::{AddRmsNormOutput, NormGrads, RmsNormCasting, RmsNormOptions, RmsNormOutput};
 use burn::tensor::{TensorMetadata, backend::Backend, ops::FloatTensor};
 
@@ -96,13 +96,7 @@ pub(crate) fn check_norm<B: Backend>(
     w: &FloatTensor<B>,
     b: Option<&FloatTensor<B>>,
 ) {
-    validate::check(validate::norm(&NormInputs {
-        op,
-        x: (x.shape(), x.dtype()),
-        weight: (w.shape(), w.dtype()),
-        bias: b.map(|b| (b.shape(), b.dtype())),
-        kernel_dtypes: false,
-    }));
+    validate::check(validate::norm_tensors(op, x, w, b, false));
 }
 
 /// Validates a normalization backward's inputs.
