@@ -449,23 +449,10 @@ impl OnDevice for Bench {
         let path = args.reduction.paths()[0];
         set_reduction_path(path);
         ctx.describe(Some(path));
-        let supported = B::supports_dtype(&ctx.device, dtype);
-        println!(
-            "dtype:     {} ({})",
-            args.dtype,
-            if supported {
-                "supported"
-            } else {
-                "NOT supported"
-            }
-        );
-        if !supported {
-            eprintln!(
-                "error: {} does not support {} on this device; nothing to benchmark",
-                B::name(&ctx.device),
-                args.dtype
-            );
-            return Ok(ExitCode::from(2));
+        if let Some(code) =
+            crate::device::require_dtype::<B>(&ctx.device, dtype, args.dtype, "benchmark", "")
+        {
+            return Ok(code);
         }
         let autotune = cfg!(feature = "autotune");
         println!(

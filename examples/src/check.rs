@@ -49,23 +49,14 @@ impl OnDevice for Check {
         }
 
         ctx.describe(None);
-        let supported = B::supports_dtype(&ctx.device, dtype);
-        println!(
-            "dtype:     {} ({})",
+        if let Some(code) = crate::device::require_dtype::<B>(
+            &ctx.device,
+            dtype,
             args.dtype,
-            if supported {
-                "supported"
-            } else {
-                "NOT supported"
-            }
-        );
-        if !supported {
-            eprintln!(
-                "error: {} does not support {} on this device; nothing to check (try --dtype f32)",
-                B::name(&ctx.device),
-                args.dtype
-            );
-            return Ok(ExitCode::from(2));
+            "check",
+            " (try --dtype f32)",
+        ) {
+            return Ok(code);
         }
         let paths = match &ctx.cube {
             Some(_) => args.reduction.paths(),

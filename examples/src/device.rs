@@ -469,6 +469,34 @@ fn probe<B: Backend>(kind: DeviceKind, device: &B::Device) -> Result<()> {
 }
 
 /// The message of a panic payload.
+/// Prints whether `B` supports `dtype` on `device`; when it does not, says so on stderr
+/// (`nothing to {task}`, plus `hint`) and returns the exit code 2 to stop with.
+pub fn require_dtype<B: Backend>(
+    device: &B::Device,
+    dtype: burn::tensor::DType,
+    shown: impl std::fmt::Display,
+    task: &str,
+    hint: &str,
+) -> Option<ExitCode> {
+    let supported = B::supports_dtype(device, dtype);
+    println!(
+        "dtype:     {shown} ({})",
+        if supported {
+            "supported"
+        } else {
+            "NOT supported"
+        }
+    );
+    if supported {
+        return None;
+    }
+    eprintln!(
+        "error: {} does not support {shown} on this device; nothing to {task}{hint}",
+        B::name(device)
+    );
+    Some(ExitCode::from(2))
+}
+
 pub fn payload_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
