@@ -251,6 +251,23 @@ fn input<B: Backend>(
     (t, rounded)
 }
 
+/// A trainable `[width]` parameter of `dtype` (autodiff leaf) and its rounded values.
+fn param<B: Backend>(
+    rng: &mut Rng,
+    width: usize,
+    (lo, hi, shift): (f64, f64, f64),
+    dtype: DType,
+    device: &B::Device,
+) -> (Tensor<Autodiff<B>, 1>, Vec<f64>) {
+    let (t, rounded) = input::<B>(rng.vec(width, lo, hi, shift), vec![width], dtype, device);
+    (
+        Tensor::<Autodiff<B>, 2>::from_inner(t)
+            .reshape([width])
+            .require_grad(),
+        rounded,
+    )
+}
+
 /// Fills and drops NaN buffers of the given element counts, so the next allocations
 /// of those sizes reuse poisoned memory.
 fn poison<B: Backend>(sizes: &[usize], dtype: DType, device: &B::Device) {
@@ -292,10 +309,7 @@ pub fn run_case<B: FusedOps>(
     poison::<B>(&[n, n, width, rows], dtype, device);
     match op {
         Op::RmsNorm | Op::RmsNormGemma => {
-            let (w, wr) = input::<B>(rng.vec(width, -1.0, 1.0, 0.5), vec![width], dtype, device);
-            let w = Tensor::<A<B>, 2>::from_inner(w)
-                .reshape([width])
-                .require_grad();
+            let (w, wr) = param::<B>(rng, width, (-1.0, 1.0, 0.5), dtype, device);
             let options = if op == Op::RmsNorm {
                 RmsNormOptions::llama(eps)
             } else {
@@ -325,11 +339,8 @@ pub fn run_case<B: FusedOps>(
             let (r, rr) = input::<B>(rng.vec(n, -2.0, 2.0, 0.0), vec![rows, width], dtype, device);
             let (g2, g2r) =
                 input::<B>(rng.vec(n, -1.0, 1.0, 0.0), vec![rows, width], dtype, device);
-            let (w, wr) = input::<B>(rng.vec(width, -1.0, 1.0, 0.5), vec![width], dtype, device);
+            let (w, wr) = param::<B>(rng, width, (-1.0, 1.0, 0.5), dtype, device);
             let r = Tensor::<A<B>, 2>::from_inner(r).require_grad();
-            let w = Tensor::<A<B>, 2>::from_inner(w)
-                .reshape([width])
-                .require_grad();
             let (y, s) = functional::fused_add_rms_norm(
                 x.clone(),
                 r.clone(),
@@ -367,20 +378,9 @@ pub fn run_case<B: FusedOps>(
             ));
         }
         Op::LayerNorm | Op::LayerNormNoBias => {
-            let (w, wr) = input::<B>(rng.vec(width, -1.0, 1.0, 0.5), vec![width], dtype, device);
-            let w = Tensor::<A<B>, 2>::from_inner(w)
-                .reshape([width])
-                .require_grad();
-            let bias = (op == Op::LayerNorm).then(|| {
-                let (b, br) =
-                    input::<B>(rng.vec(width, -1.0, 1.0, 0.0), vec![width], dtype, device);
-                (
-                    Tensor::<A<B>, 2>::from_inner(b)
-                        .reshape([width])
-                        .require_grad(),
-                    br,
-                )
-            });
+            let (w, wr) = param::<B>(rng, width, (-1.0, 1.0, 0.5), dtype, device);
+            let bias = (op == Op::LayerNorm)
+                .then(|| param::<B>(rng, width, (-1.0, 1.0, 0.0), dtype, device));
             let y = functional::layer_norm(
                 x.clone(),
                 w.clone(),
