@@ -21,6 +21,10 @@
 //! input: repeated runs would otherwise measure the cache, and Burn's fusion could fuse
 //! the shared reads of consecutive iterations into one kernel.
 
+mod ops;
+
+pub use ops::{BenchOp, Shape};
+
 use crate::BenchArgs;
 use crate::ceiling::CopySpec;
 use crate::csv::{self, Row, RunInfo};
@@ -30,23 +34,14 @@ use crate::measure::{self, Samples, Timing};
 use crate::table::{Align, Table, num};
 use anyhow::{Result, bail};
 use burn::backend::Autodiff;
-use burn::module::Param;
-use burn::nn::{LayerNorm, LayerNormConfig, RmsNorm};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Tensor, activation};
-use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressStyle};
-use liger_burn::functional;
-use liger_burn::ops::{FusedOps, RmsNormOptions};
+use liger_burn::ops::FusedOps;
 use liger_cubecl_kernels::set_reduction_path;
+use ops::{Inputs, Mode, Provider, Stock, apply, backward_root, bytes, elements};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
-use std::str::FromStr;
 
-/// RMSNorm epsilon (Llama's), both providers.
-const RMS_EPS: f64 = 1e-6;
-/// LayerNorm epsilon (Burn's default), both providers.
-const LN_EPS: f64 = 1e-5;
 /// Input rotation: at least this many bytes of inputs per rotation (several times the
 /// L2 of current GPUs: 50 MB on an H100/H200).
 const ROTATION_BYTES: usize = 256 << 20;
@@ -54,179 +49,6 @@ const ROTATION_BYTES: usize = 256 << 20;
 const MAX_SETS: usize = 16;
 /// Outputs held before a synchronization (see [`crate::measure`]).
 const HOLD_BYTES: usize = 4 << 30;
-/// Bytes of a per-row statistic (rstd, mean): always f32.
-const STAT_BYTES: usize = 4;
-
-/// An op to benchmark.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BenchOp {
-    /// Every op below.
-    #[value(name = "all")]
-    All,
-    /// RMSNorm (Llama casting, eps 1e-6) vs burn::nn::RmsNorm.
-    #[value(name = "rms_norm")]
-    RmsNorm,
-    /// LayerNorm with bias (eps 1e-5) vs burn::nn::LayerNorm.
-    #[value(name = "layer_norm")]
-    LayerNorm,
-    /// Softmax over the last dim vs burn::tensor::activation::softmax.
-    #[value(name = "softmax")]
-    Softmax,
-    /// Log-softmax over the last dim vs burn::tensor::activation::log_softmax.
-    #[value(name = "log_softmax")]
-    LogSoftmax,
-    /// Residual add + RMSNorm vs `x + residual` then burn::nn::RmsNorm.
-    #[value(name = "fused_add_rms_norm")]
-    FusedAddRmsNorm,
-}
-
-impl BenchOp {
-    const EACH: [BenchOp; 5] = [
-        BenchOp::RmsNorm,
-        BenchOp::LayerNorm,
-        BenchOp::Softmax,
-        BenchOp::LogSoftmax,
-        BenchOp::FusedAddRmsNorm,
-    ];
-
-    /// Name in tables and the CSV `kernel` column.
-    pub fn name(self) -> &'static str {
-        match self {
-            BenchOp::All => "all",
-            BenchOp::RmsNorm => "rms_norm",
-            BenchOp::LayerNorm => "layer_norm",
-            BenchOp::Softmax => "softmax",
-            BenchOp::LogSoftmax => "log_softmax",
-            BenchOp::FusedAddRmsNorm => "fused_add_rms_norm",
-        }
-    }
-
-    fn default_shape(self) -> Shape {
-        match self {
-            BenchOp::Softmax | BenchOp::LogSoftmax => Shape(vec![8192, 32768]),
-            _ => Shape(vec![8192, 4096]),
-        }
-    }
-
-    fn has_residual(self) -> bool {
-        self == BenchOp::FusedAddRmsNorm
-    }
-
-    fn has_weight(self) -> bool {
-        !matches!(self, BenchOp::Softmax | BenchOp::LogSoftmax)
-    }
-}
-
-/// A `--shape`: `ROWSxWIDTH`, leading dims multiplied into rows.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Shape(pub Vec<usize>);
-
-impl FromStr for Shape {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let dims: Result<Vec<usize>, _> = s.trim().split(['x', 'X']).map(str::parse).collect();
-        match dims {
-            Ok(d) if d.len() >= 2 && d.iter().all(|&v| v > 0) => Ok(Shape(d)),
-            _ => Err(format!(
-                "`{s}`: expected ROWSxWIDTH with positive sizes, e.g. 8192x4096"
-            )),
-        }
-    }
-}
-
-impl Shape {
-    fn rows(&self) -> usize {
-        self.0[..self.0.len() - 1].iter().product()
-    }
-    fn width(&self) -> usize {
-        *self.0.last().unwrap()
-    }
-    fn label(&self) -> String {
-        self.0
-            .iter()
-            .map(|d| d.to_string())
-            .collect::<Vec<_>>()
-            .join("x")
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Provider {
-    Liger,
-    Burn,
-}
-
-impl Provider {
-    fn name(self) -> &'static str {
-        match self {
-            Provider::Liger => "liger",
-            Provider::Burn => "burn",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    Forward,
-    Backward,
-    Full,
-}
-
-impl Mode {
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Forward => "forward",
-            Mode::Backward => "backward",
-            Mode::Full => "full",
-        }
-    }
-}
-
-/// The fewest bytes an op must move through device memory, and the formula in words.
-///
-/// With `n = rows·width` elements of `e` bytes, weights of `width` elements of `e`
-/// bytes and f32 per-row statistics (`s = 4` bytes per row):
-/// - rms_norm: forward reads x, w and writes y, rstd: `2ne + we + rows·s`; backward
-///   reads dy, x, w, rstd and writes dx, dw: `3ne + 2we + rows·s`.
-/// - fused_add_rms_norm: forward also reads the residual and writes the sum:
-///   `4ne + we + rows·s`; backward as rms_norm on the sum.
-/// - layer_norm (with bias): forward reads x, w, b and writes y, mean, rstd:
-///   `2ne + 2we + 2rows·s`; backward reads dy, x, w, mean, rstd and writes dx, dw, db:
-///   `3ne + 3we + 2rows·s`.
-/// - softmax, log_softmax: forward reads x and writes y: `2ne`; backward reads dy, y
-///   and writes dx: `3ne`.
-///
-/// `full` is forward + backward.
-fn bytes(op: BenchOp, mode: Mode, rows: usize, width: usize, e: usize) -> (usize, &'static str) {
-    let n = rows * width;
-    let s = rows * STAT_BYTES;
-    let w = width * e;
-    let fwd = match op {
-        BenchOp::RmsNorm => (2 * n * e + w + s, "x+w+y+rstd"),
-        BenchOp::FusedAddRmsNorm => (4 * n * e + w + s, "x+res+w+y+sum+rstd"),
-        BenchOp::LayerNorm => (2 * n * e + 2 * w + 2 * s, "x+w+b+y+mean+rstd"),
-        BenchOp::Softmax | BenchOp::LogSoftmax | BenchOp::All => (2 * n * e, "x+y"),
-    };
-    let bwd = match op {
-        BenchOp::RmsNorm => (3 * n * e + 2 * w + s, "dy+x+w+rstd+dx+dw"),
-        BenchOp::FusedAddRmsNorm => (3 * n * e + 2 * w + s, "dy+sum+w+rstd+dx+dw"),
-        BenchOp::LayerNorm => (3 * n * e + 3 * w + 2 * s, "dy+x+w+mean+rstd+dx+dw+db"),
-        BenchOp::Softmax | BenchOp::LogSoftmax | BenchOp::All => (3 * n * e, "dy+y+dx"),
-    };
-    match mode {
-        Mode::Forward => fwd,
-        Mode::Backward => bwd,
-        Mode::Full => (
-            fwd.0 + bwd.0,
-            match op {
-                BenchOp::RmsNorm => "fwd(x+w+y+rstd)+bwd(dy+x+w+rstd+dx+dw)",
-                BenchOp::FusedAddRmsNorm => "fwd(x+res+w+y+sum+rstd)+bwd(dy+sum+w+rstd+dx+dw)",
-                BenchOp::LayerNorm => "fwd(x+w+b+y+mean+rstd)+bwd(dy+x+w+mean+rstd+dx+dw+db)",
-                _ => "fwd(x+y)+bwd(dy+y+dx)",
-            },
-        ),
-    }
-}
 
 /// Runs `liger bench`.
 pub fn run(args: BenchArgs) -> Result<ExitCode> {
@@ -240,127 +62,6 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
 }
 
 struct Bench(BenchArgs);
-
-/// One op input set on backend `BB`.
-struct Inputs<BB: Backend> {
-    x: Tensor<BB, 2>,
-    residual: Option<Tensor<BB, 2>>,
-    weight: Option<Tensor<BB, 1>>,
-    bias: Option<Tensor<BB, 1>>,
-}
-
-impl<B: Backend> Inputs<B> {
-    fn random(
-        op: BenchOp,
-        rows: usize,
-        width: usize,
-        dtype: burn::tensor::DType,
-        device: &B::Device,
-    ) -> Self {
-        let mat = |lo, hi| {
-            Tensor::<B, 2>::random(
-                [rows, width],
-                Distribution::Uniform(lo, hi),
-                (device, dtype),
-            )
-        };
-        let vec = |lo, hi| {
-            Tensor::<B, 1>::random([width], Distribution::Uniform(lo, hi), (device, dtype))
-        };
-        Inputs {
-            x: mat(-2.0, 2.0),
-            residual: op.has_residual().then(|| mat(-2.0, 2.0)),
-            weight: op.has_weight().then(|| vec(-0.5, 1.5)),
-            bias: (op == BenchOp::LayerNorm).then(|| vec(-1.0, 1.0)),
-        }
-    }
-
-    /// The same buffers as leaves of `Autodiff<B>` that require grad.
-    fn autodiff(&self) -> Inputs<Autodiff<B>> {
-        Inputs {
-            x: Tensor::from_inner(self.x.clone()).require_grad(),
-            residual: self
-                .residual
-                .clone()
-                .map(|t| Tensor::from_inner(t).require_grad()),
-            weight: self
-                .weight
-                .clone()
-                .map(|t| Tensor::from_inner(t).require_grad()),
-            bias: self
-                .bias
-                .clone()
-                .map(|t| Tensor::from_inner(t).require_grad()),
-        }
-    }
-}
-
-/// The stock Burn modules over an input set's weights.
-struct Stock<BB: Backend> {
-    rms: Option<RmsNorm<BB>>,
-    ln: Option<LayerNorm<BB>>,
-}
-
-impl<BB: Backend> Stock<BB> {
-    fn new(op: BenchOp, inputs: &Inputs<BB>, width: usize, device: &BB::Device) -> Self {
-        let weight = || Param::from_tensor(inputs.weight.clone().expect("weight"));
-        Stock {
-            rms: matches!(op, BenchOp::RmsNorm | BenchOp::FusedAddRmsNorm).then(|| RmsNorm {
-                gamma: weight(),
-                epsilon: RMS_EPS,
-            }),
-            ln: (op == BenchOp::LayerNorm).then(|| {
-                let mut ln = LayerNormConfig::new(width)
-                    .with_epsilon(LN_EPS)
-                    .init::<BB>(device);
-                ln.gamma = weight();
-                ln.beta = Some(Param::from_tensor(inputs.bias.clone().expect("bias")));
-                ln
-            }),
-        }
-    }
-}
-
-/// One forward of `op` by `provider`: the output and, for the add variant, the sum.
-fn apply<BB: FusedOps>(
-    op: BenchOp,
-    provider: Provider,
-    inp: &Inputs<BB>,
-    stock: &Stock<BB>,
-) -> (Tensor<BB, 2>, Option<Tensor<BB, 2>>) {
-    let x = inp.x.clone();
-    let w = || inp.weight.clone().expect("weight");
-    match (op, provider) {
-        (BenchOp::RmsNorm, Provider::Liger) => (
-            functional::rms_norm(x, w(), RmsNormOptions::llama(RMS_EPS)),
-            None,
-        ),
-        (BenchOp::RmsNorm, Provider::Burn) => (stock.rms.as_ref().unwrap().forward(x), None),
-        (BenchOp::FusedAddRmsNorm, Provider::Liger) => {
-            let (y, sum) = functional::fused_add_rms_norm(
-                x,
-                inp.residual.clone().unwrap(),
-                w(),
-                RmsNormOptions::llama(RMS_EPS),
-            );
-            (y, Some(sum))
-        }
-        (BenchOp::FusedAddRmsNorm, Provider::Burn) => {
-            let sum = x + inp.residual.clone().unwrap();
-            (stock.rms.as_ref().unwrap().forward(sum.clone()), Some(sum))
-        }
-        (BenchOp::LayerNorm, Provider::Liger) => (
-            functional::layer_norm(x, w(), inp.bias.clone(), LN_EPS),
-            None,
-        ),
-        (BenchOp::LayerNorm, Provider::Burn) => (stock.ln.as_ref().unwrap().forward(x), None),
-        (BenchOp::Softmax, Provider::Liger) => (functional::softmax(x, 1), None),
-        (BenchOp::Softmax, Provider::Burn) => (activation::softmax(x, 1), None),
-        (BenchOp::LogSoftmax, Provider::Liger) => (functional::log_softmax(x, 1), None),
-        (BenchOp::LogSoftmax, Provider::Burn) => (activation::log_softmax(x, 1), None),
-        (BenchOp::All, _) => unreachable!("`all` is expanded before running"),
-    }
-}
 
 /// Pool growth over one iteration, bytes.
 #[derive(Clone, Copy, Debug)]
@@ -487,6 +188,14 @@ impl OnDevice for Bench {
                 plan.push((op, op.default_shape()));
             } else {
                 for s in &args.shape {
+                    if !op.accepts(s) {
+                        bail!(
+                            "--shape {}: {} takes {}",
+                            s.label(),
+                            op.name(),
+                            op.shape_form()
+                        );
+                    }
                     plan.push((op, s.clone()));
                 }
             }
@@ -520,29 +229,59 @@ impl OnDevice for Bench {
             cube.cleanup();
         }
 
+        let notes = Notes {
+            dtype: args.dtype,
+            timing,
+            autotune,
+            path: format!("{path:?}").to_lowercase(),
+        };
+        let run = RunInfo {
+            gpu: args.gpu.clone().unwrap_or_else(|| B::name(&ctx.device)),
+            commit: args
+                .commit
+                .clone()
+                .unwrap_or_else(|| env!("LIGER_BUILD_COMMIT").to_string()),
+            date: csv::utc_date(),
+        };
+        // Rows are appended as each group finishes, so a later group that brings the
+        // process down (an allocation the driver refuses) keeps the earlier ones.
+        let mut rows = Vec::new();
+        let ceiling = copy_rows(&copy, &copy_spec, &notes, &mut rows);
+        let mut csv_rows = 0;
+        let mut flush = |rows: &mut Vec<Row>| -> Result<()> {
+            if let Some(path) = &args.csv {
+                csv::append(path, rows, &run)?;
+                csv_rows += rows.len();
+            }
+            rows.clear();
+            Ok(())
+        };
+        flush(&mut rows)?;
+
         let mut groups = Vec::new();
+        let mut failures = 0;
         for (op, shape) in &plan {
-            let (op, rows, width) = (*op, shape.rows(), shape.width());
-            let n = rows * width;
-            let set_bytes = n * e * (1 + op.has_residual() as usize);
-            let sets = ROTATION_BYTES.div_ceil(set_bytes.max(1)).clamp(2, MAX_SETS);
-            let outs = 1 + op.has_residual() as usize;
-            let hold_fwd =
-                (HOLD_BYTES / (outs * n * e).max(1)).clamp(1, args.iters.max(args.warmup).max(1));
-            let hold_full = (HOLD_BYTES / ((outs + 2) * n * e).max(1))
-                .clamp(1, args.iters.max(args.warmup).max(1));
+            let op = *op;
+            let (in_elems, out_elems) = elements(op, shape);
+            let sets = ROTATION_BYTES
+                .div_ceil((in_elems * e).max(1))
+                .clamp(2, MAX_SETS);
+            let max_hold = args.iters.max(args.warmup).max(1);
+            let hold_fwd = (HOLD_BYTES / (out_elems * e).max(1)).clamp(1, max_hold);
+            let hold_full =
+                (HOLD_BYTES / ((out_elems + 2 * in_elems) * e).max(1)).clamp(1, max_hold);
 
             let inner: Vec<Inputs<B>> = (0..sets)
-                .map(|_| Inputs::random(op, rows, width, dtype, &ctx.device))
+                .map(|_| Inputs::random(op, shape, dtype, &ctx.device))
                 .collect();
             let ad: Vec<Inputs<Autodiff<B>>> = inner.iter().map(Inputs::autodiff).collect();
             let stock_inner: Vec<Stock<B>> = inner
                 .iter()
-                .map(|i| Stock::new(op, i, width, &ctx.device))
+                .map(|i| Stock::new(op, i, shape, &ctx.device))
                 .collect();
             let stock_ad: Vec<Stock<Autodiff<B>>> = ad
                 .iter()
-                .map(|i| Stock::new(op, i, width, &ctx.device))
+                .map(|i| Stock::new(op, i, shape, &ctx.device))
                 .collect();
             ctx.sync();
 
@@ -564,9 +303,9 @@ impl OnDevice for Bench {
                 let full = catch_unwind(AssertUnwindSafe(|| {
                     measure_step(&ctx, timing, hold_full, |i| {
                         let k = i % sets;
-                        let (y, sum) = apply::<Autodiff<B>>(op, provider, &ad[k], &stock_ad[k]);
-                        let grads = y.backward();
-                        (y, sum, grads)
+                        let outs = apply::<Autodiff<B>>(op, provider, &ad[k], &stock_ad[k]);
+                        let grads = backward_root(op, &outs).backward();
+                        (outs, grads)
                     })
                 }))
                 .map_err(panic_message);
@@ -583,7 +322,7 @@ impl OnDevice for Bench {
                 ctx.sync();
                 cube.cleanup();
             }
-            groups.push(Group {
+            let group = Group {
                 op,
                 shape: shape.clone(),
                 sets,
@@ -591,37 +330,17 @@ impl OnDevice for Bench {
                 hold_full,
                 liger,
                 burn,
-            });
+            };
+            failures += group_rows(&group, e, &notes, &mut rows);
+            flush(&mut rows)?;
+            groups.push(group);
         }
         set_reduction_path(liger_cubecl_kernels::ReductionPath::Auto);
         pb.finish_and_clear();
 
-        // Report.
-        let notes = Notes {
-            dtype: args.dtype,
-            timing,
-            autotune,
-            path: format!("{path:?}").to_lowercase(),
-        };
-        let mut rows = Vec::new();
-        let ceiling = copy_rows(&copy, &copy_spec, &notes, &mut rows);
-        let mut failures = 0;
-        for g in &groups {
-            failures += group_rows(g, e, &notes, &mut rows);
-        }
         print!("{}", render(&groups, ctx.cube.is_some(), e, ceiling, &copy));
-
-        let run = RunInfo {
-            gpu: args.gpu.clone().unwrap_or_else(|| B::name(&ctx.device)),
-            commit: args
-                .commit
-                .clone()
-                .unwrap_or_else(|| env!("LIGER_BUILD_COMMIT").to_string()),
-            date: csv::utc_date(),
-        };
         if let Some(path) = &args.csv {
-            csv::append(path, &rows, &run)?;
-            println!("csv: {} rows appended to {}", rows.len(), path.display());
+            println!("csv: {csv_rows} rows appended to {}", path.display());
         }
         Ok(if failures > 0 || copy.is_err() {
             ExitCode::from(1)
@@ -749,7 +468,6 @@ fn mode_mem(p: &ProviderResult, mode: Mode) -> Option<MemGrowth> {
 /// CSV rows of one group; returns how many provider/mode measurements failed.
 fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize {
     let x = g.shape.label();
-    let (r, w) = (g.shape.rows(), g.shape.width());
     let mut failures = 0;
     for (provider, res) in [(Provider::Liger, &g.liger), (Provider::Burn, &g.burn)] {
         failures += res.forward.is_err() as usize + res.full.is_err() as usize;
@@ -785,12 +503,13 @@ fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize 
                 x: &x,
             };
             rows.push(key.row("ms", ms(t), config.clone()));
-            let (b, formula) = bytes(g.op, mode, r, w, e);
-            rows.push(key.row(
-                "GB/s",
-                gbps(b, t),
-                format!("{config} bytes={b} ({formula}; stats f32)"),
-            ));
+            if let Some((b, formula)) = bytes(g.op, mode, &g.shape, e) {
+                rows.push(key.row(
+                    "GB/s",
+                    gbps(b, t),
+                    format!("{config} bytes={b} ({formula}; stats f32)"),
+                ));
+            }
             if let Some(m) = mode_mem(res, mode) {
                 let v = m.reserved as f64 / MIB;
                 rows.push(key.row(
@@ -859,8 +578,8 @@ fn render(
         for mode in [Mode::Forward, Mode::Backward, Mode::Full] {
             let tl = mode_times(&g.liger, mode).map(|t| t[0]);
             let tb = mode_times(&g.burn, mode).map(|t| t[0]);
-            let (b, _) = bytes(g.op, mode, g.shape.rows(), g.shape.width(), e);
-            let bw = |t: Option<f64>| t.map(|t| b as f64 / 1e9 / t);
+            let b = bytes(g.op, mode, &g.shape, e).map(|(b, _)| b);
+            let bw = |t: Option<f64>| Some(b? as f64 / 1e9 / t?);
             let mem = |p: &ProviderResult| mode_mem(p, mode).map(|m| m.reserved as f64 / MIB);
             let speedup = match (tl, tb) {
                 (Some(l), Some(b)) => Some(b / l),
