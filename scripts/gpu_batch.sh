@@ -5,7 +5,7 @@
 # binary (built with `--features cuda`) at .gpu/liger and the commit hash in .gpu/commit.
 # Writes logs and CSVs under $OUT.
 #
-#   usage: scripts/gpu_batch.sh [check] [bench] [vulkan]
+#   usage: scripts/gpu_batch.sh [check] [bench] [ce] [flce] [vulkan]
 set -u
 OUT=${OUT:-/tmp/liger-out}
 mkdir -p "$OUT"
@@ -24,8 +24,22 @@ for step in $steps; do
       done
       ;;
     bench)
-      $BIN bench --device cuda --dtype bf16 --op all --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_cuda_bf16.log" 2>&1 || status=1
+      $BIN bench --device cuda --dtype bf16 --op rms_norm,layer_norm,softmax,log_softmax,fused_add_rms_norm,rope,swiglu,geglu \
+        --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_cuda_bf16.log" 2>&1 || status=1
       tail -n 40 "$OUT/bench_cuda_bf16.log"
+      ;;
+    ce)
+      # Both shapes in one process: the second is where stock Burn ran out of memory.
+      $BIN bench --device cuda --dtype bf16 --op cross_entropy --shape 8192x128256,4096x151936 \
+        --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_ce.log" 2>&1 || status=1
+      tail -n 14 "$OUT/bench_ce.log"
+      ;;
+    flce)
+      # The memory curve over N (few iterations: each step is tens to hundreds of ms).
+      $BIN bench --device cuda --dtype bf16 --op fused_linear_cross_entropy --warmup 2 --iters 3 --repeats 5 \
+        --shape 2048x4096x128256,4096x4096x128256,8192x4096x128256,16384x4096x128256,32768x4096x128256 \
+        --csv "$OUT/bench_flce.csv" >"$OUT/bench_flce.log" 2>&1 || status=1
+      tail -n 24 "$OUT/bench_flce.log"
       ;;
     vulkan)
       for f in .gl/*.deb; do dpkg -x "$f" /; done

@@ -38,7 +38,7 @@ use burn::tensor::backend::Backend;
 use indicatif::{ProgressBar, ProgressStyle};
 use liger_burn::ops::FusedOps;
 use liger_cubecl_kernels::set_reduction_path;
-use ops::{Inputs, Mode, Provider, Stock, apply, backward_root, bytes, elements};
+use ops::{Inputs, Mode, Provider, Stock, apply, backward_root, bytes, elements, flops};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
 
@@ -508,6 +508,14 @@ fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize 
                     "GB/s",
                     gbps(b, t),
                     format!("{config} bytes={b} ({formula}; stats f32)"),
+                ));
+            }
+            if let Some(f) = flops(g.op, mode, &g.shape) {
+                let tflops = [t[0], t[2], t[1]].map(|t| f / 1e12 / t);
+                rows.push(key.row(
+                    "TFLOP/s",
+                    tflops,
+                    format!("{config} flops={f:.4e} (matrix products only)"),
                 ));
             }
             if let Some(m) = mode_mem(res, mode) {

@@ -11,7 +11,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Int, Tensor, activation};
 use clap::ValueEnum;
 use liger_burn::functional;
-use liger_burn::ops::{FusedOps, RmsNormOptions};
+use burn::nn::loss::CrossEntropyLossConfig;
+use liger_burn::ops::{CrossEntropyOptions, FusedOps, RmsNormOptions, RopeLayout};
 use std::str::FromStr;
 
 /// RMSNorm epsilon (Llama's), both providers.
@@ -42,16 +43,38 @@ pub enum BenchOp {
     /// Residual add + RMSNorm vs `x + residual` then burn::nn::RmsNorm.
     #[value(name = "fused_add_rms_norm")]
     FusedAddRmsNorm,
+    /// RoPE (Hugging Face rotate_half layout) on q and k vs the stock-op composition
+    /// `x*cos + rotate_half(x)*sin`. Shape BATCHxSEQxQ_HEADSxKV_HEADSxHEAD_DIM.
+    #[value(name = "rope")]
+    Rope,
+    /// SwiGLU `silu(gate) * up` vs `activation::silu(gate) * up`. Shape ROWSxWIDTH.
+    #[value(name = "swiglu")]
+    SwiGlu,
+    /// GeGLU `gelu_tanh(gate) * up` vs `activation::gelu_approximate(gate) * up`.
+    #[value(name = "geglu")]
+    GeGlu,
+    /// Cross entropy (mean) vs burn::nn::loss::CrossEntropyLoss. Shape NxV.
+    #[value(name = "cross_entropy")]
+    CrossEntropy,
+    /// Fused linear cross entropy (mean, no bias) vs `x.matmul(w^T)` then
+    /// burn::nn::loss::CrossEntropyLoss. Shape NxHxV.
+    #[value(name = "fused_linear_cross_entropy")]
+    FusedLinearCrossEntropy,
 }
 
 impl BenchOp {
     /// Every op `all` expands to.
-    pub const EACH: [BenchOp; 5] = [
+    pub const EACH: [BenchOp; 10] = [
         BenchOp::RmsNorm,
         BenchOp::LayerNorm,
         BenchOp::Softmax,
         BenchOp::LogSoftmax,
         BenchOp::FusedAddRmsNorm,
+        BenchOp::Rope,
+        BenchOp::SwiGlu,
+        BenchOp::GeGlu,
+        BenchOp::CrossEntropy,
+        BenchOp::FusedLinearCrossEntropy,
     ];
 
     /// Name in tables and the CSV `kernel` column.
@@ -63,6 +86,11 @@ impl BenchOp {
             BenchOp::Softmax => "softmax",
             BenchOp::LogSoftmax => "log_softmax",
             BenchOp::FusedAddRmsNorm => "fused_add_rms_norm",
+            BenchOp::Rope => "rope",
+            BenchOp::SwiGlu => "swiglu",
+            BenchOp::GeGlu => "geglu",
+            BenchOp::CrossEntropy => "cross_entropy",
+            BenchOp::FusedLinearCrossEntropy => "fused_linear_cross_entropy",
         }
     }
 
@@ -70,22 +98,41 @@ impl BenchOp {
     pub fn default_shape(self) -> Shape {
         match self {
             BenchOp::Softmax | BenchOp::LogSoftmax => Shape(vec![8192, 32768]),
+            BenchOp::Rope => Shape(vec![4, 2048, 32, 8, 128]),
+            BenchOp::SwiGlu | BenchOp::GeGlu => Shape(vec![8192, 14336]),
+            BenchOp::CrossEntropy => Shape(vec![8192, 128256]),
+            BenchOp::FusedLinearCrossEntropy => Shape(vec![8192, 4096, 128256]),
             _ => Shape(vec![8192, 4096]),
         }
     }
 
     /// What the dimensions of a `--shape` mean for this op.
     pub fn shape_form(self) -> &'static str {
-        "ROWSxWIDTH (leading dims multiply into rows)"
+        match self {
+            BenchOp::Rope => "BATCHxSEQxQ_HEADSxKV_HEADSxHEAD_DIM",
+            BenchOp::CrossEntropy => "NxV (rows x vocabulary)",
+            BenchOp::FusedLinearCrossEntropy => "NxHxV (rows x hidden x vocabulary)",
+            _ => "ROWSxWIDTH (leading dims multiply into rows)",
+        }
     }
 
     /// Whether `shape` has the dimensions this op needs.
     pub fn accepts(self, shape: &Shape) -> bool {
-        shape.0.len() >= 2
+        let d = &shape.0;
+        match self {
+            BenchOp::Rope => d.len() == 5 && d[4] % 2 == 0,
+            BenchOp::CrossEntropy => d.len() == 2,
+            BenchOp::FusedLinearCrossEntropy => d.len() == 3,
+            _ => d.len() >= 2,
+        }
     }
 
+    /// A second `[rows, width]` stream: the residual, or GLU's `up`.
     fn has_residual(self) -> bool {
-        self == BenchOp::FusedAddRmsNorm
+        matches!(
+            self,
+            BenchOp::FusedAddRmsNorm | BenchOp::SwiGlu | BenchOp::GeGlu
+        )
     }
 
     fn has_weight(self) -> bool {
@@ -185,6 +232,10 @@ pub struct Inputs<BB: Backend> {
     pub bias: Option<Tensor<BB, 1>>,
     /// Integer inputs that never take a gradient (targets).
     pub ints: Option<Tensor<BB, 1, Int>>,
+    /// RoPE: q `[batch, q_heads, seq, head_dim]` and k `[batch, kv_heads, seq, head_dim]`.
+    pub qk: Option<(Tensor<BB, 4>, Tensor<BB, 4>)>,
+    /// RoPE: cos and sin `[1, seq, head_dim]` (no gradient).
+    pub tables: Option<(Tensor<BB, 3>, Tensor<BB, 3>)>,
 }
 
 fn grad<BB: Backend, const D: usize>(t: &Option<Tensor<BB, D>>) -> Option<Tensor<Autodiff<BB>, D>> {
@@ -194,6 +245,67 @@ fn grad<BB: Backend, const D: usize>(t: &Option<Tensor<BB, D>>) -> Option<Tensor
 impl<B: Backend> Inputs<B> {
     /// Fresh random inputs of `op` at `shape`.
     pub fn random(op: BenchOp, shape: &Shape, dtype: DType, device: &B::Device) -> Self {
+        let d = &shape.0;
+        let uniform = |dims: Vec<usize>, lo, hi| {
+            Tensor::<B, 1>::random(
+                [dims.iter().product::<usize>()],
+                Distribution::Uniform(lo, hi),
+                (device, dtype),
+            )
+            .reshape(dims)
+        };
+        let none = Inputs {
+            x: None,
+            residual: None,
+            weight: None,
+            bias: None,
+            ints: None,
+            qk: None,
+            tables: None,
+        };
+        match op {
+            BenchOp::Rope => {
+                let (b, s, hq, hk, hd) = (d[0], d[1], d[2], d[3], d[4]);
+                return Inputs {
+                    qk: Some((
+                        uniform(vec![b, hq, s, hd], -2.0, 2.0),
+                        uniform(vec![b, hk, s, hd], -2.0, 2.0),
+                    )),
+                    tables: Some((
+                        uniform(vec![1, s, hd], -1.0, 1.0),
+                        uniform(vec![1, s, hd], -1.0, 1.0),
+                    )),
+                    ..none
+                };
+            }
+            BenchOp::CrossEntropy | BenchOp::FusedLinearCrossEntropy => {
+                let (n, v) = (d[0], *d.last().unwrap());
+                let targets = Tensor::<B, 1, Int>::random(
+                    [n],
+                    Distribution::Uniform(0.0, v as f64),
+                    device,
+                )
+                .clamp(0, v as i64 - 1);
+                return if op == BenchOp::CrossEntropy {
+                    Inputs {
+                        x: Some(uniform(vec![n, v], -4.0, 4.0)),
+                        ints: Some(targets),
+                        ..none
+                    }
+                } else {
+                    // Scaled like a trained model's: logits of order 1.
+                    let h = d[1];
+                    let scale = 1.0 / (h as f64).sqrt();
+                    Inputs {
+                        x: Some(uniform(vec![n, h], -1.0, 1.0)),
+                        residual: Some(uniform(vec![v, h], -2.0 * scale, 2.0 * scale)),
+                        ints: Some(targets),
+                        ..none
+                    }
+                };
+            }
+            _ => {}
+        }
         let (rows, width) = (shape.rows(), shape.width());
         let mat = |lo, hi| {
             Tensor::<B, 2>::random(
@@ -210,7 +322,7 @@ impl<B: Backend> Inputs<B> {
             residual: op.has_residual().then(|| mat(-2.0, 2.0)),
             weight: op.has_weight().then(|| vec(-0.5, 1.5)),
             bias: (op == BenchOp::LayerNorm).then(|| vec(-1.0, 1.0)),
-            ints: None,
+            ..none
         }
     }
 
@@ -222,6 +334,16 @@ impl<B: Backend> Inputs<B> {
             weight: grad(&self.weight),
             bias: grad(&self.bias),
             ints: self.ints.clone().map(Tensor::from_inner),
+            qk: self.qk.clone().map(|(q, k)| {
+                (
+                    Tensor::from_inner(q).require_grad(),
+                    Tensor::from_inner(k).require_grad(),
+                )
+            }),
+            tables: self
+                .tables
+                .clone()
+                .map(|(c, s)| (Tensor::from_inner(c), Tensor::from_inner(s))),
         }
     }
 }
@@ -229,6 +351,23 @@ impl<B: Backend> Inputs<B> {
 /// Elements of `op`'s float inputs and outputs at `shape` (sizes the input rotation and
 /// how many iterations' outputs are held).
 pub fn elements(op: BenchOp, shape: &Shape) -> (usize, usize) {
+    let d = &shape.0;
+    match op {
+        BenchOp::Rope => {
+            let qk = d[0] * (d[2] + d[3]) * d[1] * d[4];
+            return (qk + 2 * d[1] * d[4], qk);
+        }
+        BenchOp::SwiGlu | BenchOp::GeGlu => {
+            let n = shape.rows() * shape.width();
+            return (2 * n, n);
+        }
+        BenchOp::CrossEntropy => return (d[0] * d[1], d[0] * d[1]),
+        BenchOp::FusedLinearCrossEntropy => {
+            let xw = (d[0] + d[2]) * d[1];
+            return (xw, xw);
+        }
+        _ => {}
+    }
     let n = shape.rows() * shape.width();
     let streams = 1 + op.has_residual() as usize;
     (n * streams, n * streams)
@@ -307,14 +446,102 @@ pub fn apply<BB: FusedOps>(
         (BenchOp::Softmax, Provider::Burn) => one(activation::softmax(x(), 1)),
         (BenchOp::LogSoftmax, Provider::Liger) => one(functional::log_softmax(x(), 1)),
         (BenchOp::LogSoftmax, Provider::Burn) => one(activation::log_softmax(x(), 1)),
+        (BenchOp::Rope, provider) => {
+            let (q, k) = inp.qk.clone().expect("q, k");
+            let (cos, sin) = inp.tables.clone().expect("cos, sin");
+            let (q, k) = match provider {
+                Provider::Liger => functional::rope(q, k, cos, sin, RopeLayout::RotateHalf),
+                Provider::Burn => {
+                    let (cos, sin) = (cos.unsqueeze_dim::<4>(1), sin.unsqueeze_dim::<4>(1));
+                    let rotate = |x: Tensor<BB, 4>| {
+                        x.clone() * cos.clone() + rotate_half(x) * sin.clone()
+                    };
+                    (rotate(q), rotate(k))
+                }
+            };
+            vec![flat(q), flat(k)]
+        }
+        (BenchOp::SwiGlu, Provider::Liger) => {
+            one(functional::swiglu(x(), inp.residual.clone().unwrap()))
+        }
+        (BenchOp::SwiGlu, Provider::Burn) => {
+            one(activation::silu(x()) * inp.residual.clone().unwrap())
+        }
+        (BenchOp::GeGlu, Provider::Liger) => {
+            one(functional::geglu(x(), inp.residual.clone().unwrap()))
+        }
+        (BenchOp::GeGlu, Provider::Burn) => {
+            one(activation::gelu_approximate(x()) * inp.residual.clone().unwrap())
+        }
+        (BenchOp::CrossEntropy, Provider::Liger) => vec![
+            functional::cross_entropy(
+                x(),
+                inp.ints.clone().unwrap(),
+                None,
+                CrossEntropyOptions::default(),
+            )
+            .loss,
+        ],
+        (BenchOp::CrossEntropy, Provider::Burn) => vec![
+            CrossEntropyLossConfig::new()
+                .init(&x().device())
+                .forward(x(), inp.ints.clone().unwrap()),
+        ],
+        (BenchOp::FusedLinearCrossEntropy, Provider::Liger) => vec![
+            functional::fused_linear_cross_entropy(
+                x(),
+                inp.residual.clone().unwrap(),
+                None,
+                inp.ints.clone().unwrap(),
+                None,
+                CrossEntropyOptions::default(),
+            )
+            .loss,
+        ],
+        (BenchOp::FusedLinearCrossEntropy, Provider::Burn) => {
+            let logits = x().matmul(inp.residual.clone().unwrap().transpose());
+            vec![
+                CrossEntropyLossConfig::new()
+                    .init(&logits.device())
+                    .forward(logits, inp.ints.clone().unwrap()),
+            ]
+        }
         (BenchOp::All, _) => unreachable!("`all` is expanded before running"),
     }
 }
 
+/// Hugging Face's `rotate_half`: `[-x2, x1]` over the halves of the last dim.
+fn rotate_half<BB: Backend>(x: Tensor<BB, 4>) -> Tensor<BB, 4> {
+    let half = x.dims()[3] / 2;
+    let x1 = x.clone().narrow(3, 0, half);
+    let x2 = x.narrow(3, half, half);
+    Tensor::cat(vec![x2.neg(), x1], 3)
+}
+
 /// What `backward()` is called on: the first output (Burn seeds a non-scalar root with
-/// ones of its shape).
-pub fn backward_root<BB: Backend>(_op: BenchOp, outputs: &[Tensor<BB, 1>]) -> Tensor<BB, 1> {
-    outputs[0].clone()
+/// ones of its shape); for RoPE, whose two outputs both need a gradient, the sum of
+/// both (the same two reductions on both providers).
+pub fn backward_root<BB: Backend>(op: BenchOp, outputs: &[Tensor<BB, 1>]) -> Tensor<BB, 1> {
+    if op == BenchOp::Rope {
+        outputs[0].clone().sum() + outputs[1].clone().sum()
+    } else {
+        outputs[0].clone()
+    }
+}
+
+/// Floating-point operations of the compute-bound ops (the matrix products), for a
+/// TFLOP/s figure: fused linear cross entropy's forward alone is the logits product
+/// `2NHV`; with gradients the two more products for x and w make it `6NHV`.
+pub fn flops(op: BenchOp, mode: Mode, shape: &Shape) -> Option<f64> {
+    if op != BenchOp::FusedLinearCrossEntropy {
+        return None;
+    }
+    let nhv = shape.0.iter().map(|&d| d as f64).product::<f64>();
+    Some(match mode {
+        Mode::Forward => 2.0 * nhv,
+        Mode::Backward => return None,
+        Mode::Full => 6.0 * nhv,
+    })
 }
 
 /// The fewest bytes an op must move through device memory, and the formula in words;
@@ -352,7 +579,32 @@ pub fn bytes(op: BenchOp, mode: Mode, shape: &Shape, e: usize) -> Option<(usize,
             (3 * n * e + 3 * w + 2 * s, "dy+x+w+mean+rstd+dx+dw+db"),
         ),
         BenchOp::Softmax | BenchOp::LogSoftmax => ((2 * n * e, "x+y"), (3 * n * e, "dy+y+dx")),
-        BenchOp::All => return None,
+        BenchOp::SwiGlu | BenchOp::GeGlu => (
+            (3 * n * e, "gate+up+y"),
+            (5 * n * e, "dy+gate+up+dgate+dup"),
+        ),
+        BenchOp::Rope => {
+            let d = &shape.0;
+            let qk = d[0] * (d[2] + d[3]) * d[1] * d[4] * e;
+            let tables = 2 * d[1] * d[4] * e;
+            (
+                (2 * qk + tables, "q+k+cos+sin+q'+k'"),
+                (2 * qk + tables, "dq'+dk'+cos+sin+dq+dk"),
+            )
+        }
+        // The fused forward also writes the logits gradient; the backward is free when
+        // grad_output is 1, so only `forward` and `full` have a byte count.
+        BenchOp::CrossEntropy => {
+            return match mode {
+                Mode::Forward => Some((n * e + rows * 4, "logits+targets".into())),
+                Mode::Full => Some((
+                    2 * n * e + rows * 4,
+                    "logits+targets+dlogits (gradient written by the forward)".into(),
+                )),
+                Mode::Backward => None,
+            };
+        }
+        BenchOp::FusedLinearCrossEntropy | BenchOp::All => return None,
     };
     Some(match mode {
         Mode::Forward => (fwd.0, fwd.1.to_string()),
