@@ -38,6 +38,10 @@ FUSED_OVERRIDES = {
     ("ActivationOps", "softmax"): "softmax",
     ("ActivationOps", "log_softmax"): "log_softmax",
     ("ModuleOps", "layer_norm"): "layer_norm",
+    ("ActivationOps", "gelu"): "gelu",
+    ("ActivationOps", "gelu_backward"): "gelu_backward",
+    ("ActivationOps", "sigmoid"): "sigmoid",
+    ("ActivationOps", "sigmoid_backward"): "sigmoid_backward",
 }
 
 # Not fusions: methods where `Liger` deliberately differs from `B`.

@@ -111,3 +111,53 @@ pub fn softmax<B: FusedOps, const D: usize>(x: Tensor<B, D>, dim: usize) -> Tens
 pub fn log_softmax<B: FusedOps, const D: usize>(x: Tensor<B, D>, dim: usize) -> Tensor<B, D> {
     along_last("log_softmax", x, dim, B::fused_log_softmax)
 }
+
+fn glu<B: FusedOps, const D: usize>(
+    gate: Tensor<B, D>,
+    up: Tensor<B, D>,
+    activation: crate::ops::GluActivation,
+) -> Tensor<B, D> {
+    validate::check(validate::elementwise(
+        activation.op_name(),
+        &[
+            ("gate", &gate.shape(), gate.dtype()),
+            ("up", &up.shape(), up.dtype()),
+        ],
+        false,
+    ));
+    wrap(B::fused_glu(prim(gate), prim(up), activation))
+}
+
+/// SwiGLU, the gated unit of the Llama/Qwen/Mistral MLP: `silu(gate) * up`, in one pass
+/// (forward and backward), computed in f32 and rounded once.
+///
+/// - `gate`, `up`: `[..., d_ff]` (e.g. `[batch, seq, d_ff]`), same shape and dtype
+/// - returns `[..., d_ff]`
+pub fn swiglu<B: FusedOps, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Tensor<B, D> {
+    glu(gate, up, crate::ops::GluActivation::Silu)
+}
+
+/// GeGLU, the gated unit of the Gemma MLP: `gelu_tanh(gate) * up` with PyTorch's
+/// `gelu(approximate="tanh")`, in one pass (forward and backward).
+///
+/// - `gate`, `up`: `[..., d_ff]` (e.g. `[batch, seq, d_ff]`), same shape and dtype
+/// - returns `[..., d_ff]`
+pub fn geglu<B: FusedOps, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Tensor<B, D> {
+    glu(gate, up, crate::ops::GluActivation::GeluTanh)
+}
+
+/// Exact GELU, `0.5 x (1 + erf(x / sqrt(2)))`, with the exact derivative in the backward.
+/// `x`: any shape (not empty); same shape out. On `Liger<_>` backends Burn's own
+/// `burn::tensor::activation::gelu` runs the same kernel.
+pub fn gelu<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    validate::check(validate::rows("gelu", (&x.shape(), x.dtype()), false));
+    wrap(B::fused_gelu(prim(x)))
+}
+
+/// Sigmoid, `1 / (1 + exp(-x))`; the backward works from the output. `x`: any shape (not
+/// empty); same shape out. On `Liger<_>` backends Burn's own
+/// `burn::tensor::activation::sigmoid` runs the same kernel.
+pub fn sigmoid<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    validate::check(validate::rows("sigmoid", (&x.shape(), x.dtype()), false));
+    wrap(B::fused_sigmoid(prim(x)))
+}

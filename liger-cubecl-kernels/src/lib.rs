@@ -10,6 +10,9 @@
 //! operations where the device has them and a shared-memory tree otherwise; see
 //! [`reduce`].
 
+pub mod activation;
+pub mod elementwise;
+pub mod glu;
 pub mod launch;
 pub mod layer_norm;
 pub mod partial_sum;
@@ -17,6 +20,7 @@ pub mod reduce;
 pub mod rms_norm;
 pub mod softmax;
 
+pub use elementwise::set_elementwise_limits;
 pub use launch::{KernelError, ReductionPath, RowLaunch, set_reduction_path};
 
 /// Counts kernel launches per op, so tests can prove the fused path ran.
@@ -48,6 +52,14 @@ pub mod counters {
         softmax_backward,
         log_softmax_forward,
         log_softmax_backward,
+        swiglu_forward,
+        swiglu_backward,
+        geglu_forward,
+        geglu_backward,
+        gelu_forward,
+        gelu_backward,
+        sigmoid_forward,
+        sigmoid_backward,
     );
 
     /// Records one launch.

@@ -136,3 +136,5 @@ pub fn check_op(op: Op) {
         run.failures.join("\n")
     );
 }
+
+pub mod glu;

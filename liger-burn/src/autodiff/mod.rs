@@ -3,6 +3,8 @@
 //! backward kernels too. Nodes keep exactly what the backward kernel needs (the inputs
 //! and the per-row statistics, or the softmax output), never a recomputed graph.
 
+mod glu;
+
 use crate::ops::{
     AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
 };
@@ -274,6 +276,48 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         output: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         Self::from_inner(B::fused_log_softmax_backward(
+            grad_output.primitive,
+            output.primitive,
+        ))
+    }
+
+    fn fused_glu(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        activation: crate::ops::GluActivation,
+    ) -> FloatTensor<Self> {
+        glu::glu::<B, C>(gate, up, activation)
+    }
+
+    fn fused_glu_backward(
+        grad_output: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        activation: crate::ops::GluActivation,
+    ) -> crate::ops::GluGrads<Self> {
+        glu::glu_backward::<B, C>(grad_output, gate, up, activation)
+    }
+
+    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        glu::gelu::<B, C>(x)
+    }
+
+    fn fused_gelu_backward(
+        grad_output: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::fused_gelu_backward(grad_output.primitive, x.primitive))
+    }
+
+    fn fused_sigmoid(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        glu::sigmoid::<B, C>(x)
+    }
+
+    fn fused_sigmoid_backward(
+        grad_output: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::fused_sigmoid_backward(
             grad_output.primitive,
             output.primitive,
         ))

@@ -387,11 +387,11 @@ impl<B: FusedOps> ActivationOps<Self> for Liger<B> {
     fn leaky_relu(tensor: FloatTensor<Self>, negative_slope: Scalar) -> FloatTensor<Self> { B::leaky_relu(tensor, negative_slope) }
     fn relu(tensor: FloatTensor<Self>) -> FloatTensor<Self> { B::relu(tensor) }
     fn relu_backward(output: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> { B::relu_backward(output, grad) }
-    fn gelu(tensor: FloatTensor<Self>) -> FloatTensor<Self> { B::gelu(tensor) }
+    fn gelu(tensor: FloatTensor<Self>) -> FloatTensor<Self> { overrides::gelu::<B>(tensor) }  // fused override
     fn prelu(tensor: FloatTensor<Self>, alpha: FloatTensor<Self>) -> FloatTensor<Self> { B::prelu(tensor, alpha) }
-    fn gelu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> { B::gelu_backward(x, grad) }
-    fn sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self> { B::sigmoid(tensor) }
-    fn sigmoid_backward(output: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> { B::sigmoid_backward(output, grad) }
+    fn gelu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> { overrides::gelu_backward::<B>(x, grad) }  // fused override
+    fn sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self> { overrides::sigmoid::<B>(tensor) }  // fused override
+    fn sigmoid_backward(output: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> { overrides::sigmoid_backward::<B>(output, grad) }  // fused override
     fn hard_sigmoid(tensor: FloatTensor<Self>, alpha: Scalar, beta: Scalar) -> FloatTensor<Self> { B::hard_sigmoid(tensor, alpha, beta) }
     fn log_sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self> { B::log_sigmoid(tensor) }
     fn softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> { overrides::softmax::<B>(tensor, dim) }  // fused override

@@ -8,6 +8,7 @@ use super::Liger;
 use crate::ops::{
     AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
 };
+use crate::ops::{GluActivation, GluGrads};
 use burn::tensor::ops::FloatTensor;
 
 impl<B: FusedOps> FusedOps for Liger<B> {
@@ -95,6 +96,47 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         output: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         B::fused_log_softmax_backward(grad_output, output)
+    }
+
+    fn fused_glu(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        activation: GluActivation,
+    ) -> FloatTensor<Self> {
+        B::fused_glu(gate, up, activation)
+    }
+
+    fn fused_glu_backward(
+        grad_output: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        activation: GluActivation,
+    ) -> GluGrads<Self> {
+        let GluGrads { grad_gate, grad_up } =
+            B::fused_glu_backward(grad_output, gate, up, activation);
+        GluGrads { grad_gate, grad_up }
+    }
+
+    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        B::fused_gelu(x)
+    }
+
+    fn fused_gelu_backward(
+        grad_output: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        B::fused_gelu_backward(grad_output, x)
+    }
+
+    fn fused_sigmoid(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        B::fused_sigmoid(x)
+    }
+
+    fn fused_sigmoid_backward(
+        grad_output: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        B::fused_sigmoid_backward(grad_output, output)
     }
 }
 

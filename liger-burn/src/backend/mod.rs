@@ -10,12 +10,21 @@
 //! | `ActivationOps::softmax(x, dim)`       | `B::fused_softmax(x)` if `dim` is the last one, else `B::softmax` |
 //! | `ActivationOps::log_softmax(x, dim)`   | `B::fused_log_softmax(x)` if `dim` is the last one, else `B::log_softmax` |
 //! | `ModuleOps::layer_norm(x, g, b, eps)`  | `B::fused_layer_norm(x, g, b, eps).output`          |
+//! | `ActivationOps::gelu(x)`               | `B::fused_gelu(x)` (exact erf GELU)                 |
+//! | `ActivationOps::gelu_backward(x, g)`   | `B::fused_gelu_backward(g, x)` (exact derivative)   |
+//! | `ActivationOps::sigmoid(x)`            | `B::fused_sigmoid(x)`                               |
+//! | `ActivationOps::sigmoid_backward(y, g)`| `B::fused_sigmoid_backward(g, y)`                   |
 //!
 //! (and `Backend::name`, which reports `liger<{B's name}>`). So unmodified user code —
 //! `burn::tensor::activation::{softmax, log_softmax}`, `burn::nn::LayerNorm`, the attention
 //! modules and `CrossEntropyLoss` that call them over the last dimension — runs the fused
 //! kernels. `Liger<B>` also implements [`FusedOps`](crate::ops::FusedOps) (forwarded to `B`) and, when `B` is an
 //! autodiff backend, `AutodiffBackend` (with `InnerBackend = Liger<B::InnerBackend>`).
+//!
+//! The four activation overrides send dtypes the kernels do not read (f64) to `B`'s own
+//! primitive and return empty tensors as they are. Burn's default `gelu_backward` differentiates the tanh
+//! approximation of GELU (up to about 9e-4 away from the derivative of the exact GELU its
+//! `gelu` computes); `Liger<B>` returns the exact derivative `Φ(x) + x φ(x)`, as PyTorch does.
 //!
 //! # Wrapping order
 //!
@@ -42,10 +51,14 @@
 //! `Liger`'s overrides are never called in that order. `liger_burn`'s own functional API and
 //! `nn` modules are still fused in that order, because they call `FusedOps` directly, and
 //! `Autodiff<_>` implements `FusedOps` with the fused backward nodes.
+//! `gelu` and `sigmoid` are the exception: `burn-autodiff`'s own nodes for them call the
+//! inner backend's `gelu`/`gelu_backward` and `sigmoid`/`sigmoid_backward`, so in
+//! `Autodiff<Liger<B>>` they run the fused forward and backward kernels too (its sigmoid
+//! node recomputes the forward before the backward).
 //!
 //! # Limits
 //!
-//! - Only the three primitives above are routed. Ops whose default body composes them *inside*
+//! - Only the primitives above are routed. Ops whose default body composes them *inside*
 //!   `B` (e.g. `softmin`, or `B`'s own `attention` fallback, which inlines its own softmax)
 //!   still run `B`'s versions.
 //! - The `AutodiffBackend` methods gated on burn-backend's `distributed` feature

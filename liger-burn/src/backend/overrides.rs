@@ -46,6 +46,72 @@ pub(crate) fn layer_norm<B: FusedOps>(
     B::fused_layer_norm(tensor, gamma, beta, epsilon).output
 }
 
+/// `ActivationOps::gelu` (exact, erf): the fused kernel. Dtypes the kernels do not read
+/// (f64) go to stock `B::gelu`; an empty tensor is its own result (stock Burn 0.21's
+/// CubeCL `gelu` panics on one), so the override rejects nothing Burn accepts.
+pub(crate) fn gelu<B: FusedOps>(tensor: FloatTensor<B>) -> FloatTensor<B> {
+    match route::<B>(&tensor) {
+        Route::Fused => B::fused_gelu(tensor),
+        Route::Empty => tensor,
+        Route::Stock => B::gelu(tensor),
+    }
+}
+
+/// `ActivationOps::gelu_backward(x, grad)`: the fused kernel, with the *exact* derivative
+/// `grad * (Φ(x) + x φ(x))`. Burn's default body differentiates the tanh approximation
+/// instead (up to ~9e-4 off the exact derivative); `Autodiff<Liger<B>>` calls this.
+pub(crate) fn gelu_backward<B: FusedOps>(
+    x: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    match route::<B>(&x) {
+        Route::Fused => B::fused_gelu_backward(grad, x),
+        Route::Empty => grad,
+        Route::Stock => B::gelu_backward(x, grad),
+    }
+}
+
+/// `ActivationOps::sigmoid`: the fused kernel (as [`gelu`] for f64 and empty input).
+pub(crate) fn sigmoid<B: FusedOps>(tensor: FloatTensor<B>) -> FloatTensor<B> {
+    match route::<B>(&tensor) {
+        Route::Fused => B::fused_sigmoid(tensor),
+        Route::Empty => tensor,
+        Route::Stock => B::sigmoid(tensor),
+    }
+}
+
+/// `ActivationOps::sigmoid_backward(output, grad)`: the fused kernel, `grad * y (1 - y)`.
+pub(crate) fn sigmoid_backward<B: FusedOps>(
+    output: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    match route::<B>(&output) {
+        Route::Fused => B::fused_sigmoid_backward(grad, output),
+        Route::Empty => grad,
+        Route::Stock => B::sigmoid_backward(output, grad),
+    }
+}
+
+/// Where an elementwise override sends a tensor.
+enum Route {
+    /// The fused kernel.
+    Fused,
+    /// Nothing to compute: the (empty) input is the result.
+    Empty,
+    /// `B`'s own primitive: a dtype the kernels do not read.
+    Stock,
+}
+
+fn route<B: Backend>(tensor: &FloatTensor<B>) -> Route {
+    if tensor.shape().num_elements() == 0 {
+        Route::Empty
+    } else if crate::ops::validate::kernel_dtype(tensor.dtype()) {
+        Route::Fused
+    } else {
+        Route::Stock
+    }
+}
+
 fn is_last_dim<B: Backend>(tensor: &FloatTensor<B>, dim: usize) -> bool {
     dim + 1 == tensor.shape().num_dims()
 }

@@ -9,6 +9,7 @@
 //! right before each op, so a kernel that leaves an element unwritten reads back NaN
 //! from the reused pool memory instead of a plausible stale value.
 
+pub mod glu;
 pub mod reference;
 mod rng;
 
@@ -36,11 +37,19 @@ pub enum Op {
     Softmax,
     /// Log-softmax over the last dimension.
     LogSoftmax,
+    /// SwiGLU `silu(gate) * up`.
+    SwiGlu,
+    /// GeGLU `gelu_tanh(gate) * up`.
+    GeGlu,
+    /// Exact (erf) GELU.
+    Gelu,
+    /// Sigmoid.
+    Sigmoid,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 7] = [
+    pub const ALL: [Op; 11] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -48,6 +57,10 @@ impl Op {
         Op::LayerNormNoBias,
         Op::Softmax,
         Op::LogSoftmax,
+        Op::SwiGlu,
+        Op::GeGlu,
+        Op::Gelu,
+        Op::Sigmoid,
     ];
 
     /// Name used in reports and filters.
@@ -60,11 +73,19 @@ impl Op {
             Op::LayerNormNoBias => "layer_norm_no_bias",
             Op::Softmax => "softmax",
             Op::LogSoftmax => "log_softmax",
+            Op::SwiGlu => "swiglu",
+            Op::GeGlu => "geglu",
+            Op::Gelu => "gelu",
+            Op::Sigmoid => "sigmoid",
         }
     }
 
     fn is_softmax(self) -> bool {
         matches!(self, Op::Softmax | Op::LogSoftmax)
+    }
+
+    fn is_elementwise(self) -> bool {
+        matches!(self, Op::SwiGlu | Op::GeGlu | Op::Gelu | Op::Sigmoid)
     }
 }
 
@@ -220,6 +241,9 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
         if op.is_softmax() {
             shapes.extend([(16, 128_256), (8, 151_936), (4, 262_144)]);
         }
+    }
+    if op.is_elementwise() {
+        shapes = glu::shapes(quick);
     }
     shapes
 }
@@ -441,6 +465,9 @@ pub fn run_case<B: FusedOps>(
                 &dxr,
                 tol,
             ));
+        }
+        Op::SwiGlu | Op::GeGlu | Op::Gelu | Op::Sigmoid => {
+            comparisons = glu::run_case::<B>(op, rows, width, dtype, device, rng);
         }
     }
     CaseResult {

@@ -5,6 +5,8 @@
 //! allocated dense, and the inputs are validated before any launch, so bad input is a
 //! clear panic naming the op, the shapes and the dtypes rather than a device fault.
 
+mod activation;
+mod glu;
 mod layer_norm;
 mod rms_norm;
 mod softmax;
@@ -93,6 +95,40 @@ where
         output: CubeTensor<R>,
     ) -> CubeTensor<R> {
         softmax::backward(grad_output, output, true)
+    }
+
+    fn fused_glu(
+        gate: CubeTensor<R>,
+        up: CubeTensor<R>,
+        activation: crate::ops::GluActivation,
+    ) -> CubeTensor<R> {
+        glu::forward(gate, up, activation)
+    }
+
+    fn fused_glu_backward(
+        grad_output: CubeTensor<R>,
+        gate: CubeTensor<R>,
+        up: CubeTensor<R>,
+        activation: crate::ops::GluActivation,
+    ) -> crate::ops::GluGrads<Self> {
+        let (grad_gate, grad_up) = glu::backward(grad_output, gate, up, activation);
+        crate::ops::GluGrads { grad_gate, grad_up }
+    }
+
+    fn fused_gelu(x: CubeTensor<R>) -> CubeTensor<R> {
+        activation::forward(x, activation::Unary::Gelu)
+    }
+
+    fn fused_gelu_backward(grad_output: CubeTensor<R>, x: CubeTensor<R>) -> CubeTensor<R> {
+        activation::backward(grad_output, x, activation::Unary::Gelu)
+    }
+
+    fn fused_sigmoid(x: CubeTensor<R>) -> CubeTensor<R> {
+        activation::forward(x, activation::Unary::Sigmoid)
+    }
+
+    fn fused_sigmoid_backward(grad_output: CubeTensor<R>, output: CubeTensor<R>) -> CubeTensor<R> {
+        activation::backward(grad_output, output, activation::Unary::Sigmoid)
     }
 }
 

@@ -5,6 +5,8 @@
 //! Inputs are validated here, eagerly: the stream executes later (possibly on another
 //! thread), and bad input must fail where the user called the op.
 
+mod glu;
+
 use crate::ops::validate;
 use crate::ops::{
     AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
@@ -295,6 +297,45 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         output: FusionTensor<B::FusionRuntime>,
     ) -> FusionTensor<B::FusionRuntime> {
         softmax_backward::<B>(grad_output, output, true)
+    }
+
+    fn fused_glu(
+        gate: FusionTensor<B::FusionRuntime>,
+        up: FusionTensor<B::FusionRuntime>,
+        activation: crate::ops::GluActivation,
+    ) -> FusionTensor<B::FusionRuntime> {
+        glu::glu::<B>(gate, up, activation)
+    }
+
+    fn fused_glu_backward(
+        grad_output: FusionTensor<B::FusionRuntime>,
+        gate: FusionTensor<B::FusionRuntime>,
+        up: FusionTensor<B::FusionRuntime>,
+        activation: crate::ops::GluActivation,
+    ) -> crate::ops::GluGrads<Self> {
+        glu::glu_backward::<B>(grad_output, gate, up, activation)
+    }
+
+    fn fused_gelu(x: FusionTensor<B::FusionRuntime>) -> FusionTensor<B::FusionRuntime> {
+        glu::unary::<B>(x, glu::ElementwiseKind::Gelu)
+    }
+
+    fn fused_gelu_backward(
+        grad_output: FusionTensor<B::FusionRuntime>,
+        x: FusionTensor<B::FusionRuntime>,
+    ) -> FusionTensor<B::FusionRuntime> {
+        glu::unary_backward::<B>(grad_output, x, glu::ElementwiseKind::GeluBackward)
+    }
+
+    fn fused_sigmoid(x: FusionTensor<B::FusionRuntime>) -> FusionTensor<B::FusionRuntime> {
+        glu::unary::<B>(x, glu::ElementwiseKind::Sigmoid)
+    }
+
+    fn fused_sigmoid_backward(
+        grad_output: FusionTensor<B::FusionRuntime>,
+        output: FusionTensor<B::FusionRuntime>,
+    ) -> FusionTensor<B::FusionRuntime> {
+        glu::unary_backward::<B>(grad_output, output, glu::ElementwiseKind::SigmoidBackward)
     }
 }
 

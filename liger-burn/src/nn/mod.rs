@@ -1,8 +1,10 @@
 //! Modules built on the fused ops. Records keep Burn's layout (same struct and field
 //! names), so checkpoints of `burn::nn::{RmsNorm, LayerNorm}` load unchanged.
 
+mod glu_mlp;
 mod layer_norm;
 mod rms_norm;
 
+pub use glu_mlp::{GeGluMlp, GeGluMlpConfig, SwiGluMlp, SwiGluMlpConfig};
 pub use layer_norm::{LayerNorm, LayerNormConfig};
 pub use rms_norm::{RmsNorm, RmsNormConfig};

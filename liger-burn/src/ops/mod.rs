@@ -151,6 +151,59 @@ pub trait FusedOps: Backend {
     ) -> FloatTensor<Self> {
         compose::softmax::log_softmax_backward::<Self>(grad_output, output)
     }
+
+    /// Gated linear unit `act(gate) * up` (SwiGLU for [`GluActivation::Silu`], GeGLU for
+    /// [`GluActivation::GeluTanh`]), computed in f32 and rounded once to the input dtype.
+    ///
+    /// `gate, up: [..., d_ff]` (any rank), same shape and dtype; returns `[..., d_ff]`.
+    fn fused_glu(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        activation: GluActivation,
+    ) -> FloatTensor<Self> {
+        compose::glu::forward::<Self>(gate, up, activation)
+    }
+
+    /// Backward of [`fused_glu`](FusedOps::fused_glu), recomputing the activation from
+    /// `gate`: `grad_gate = grad * up * act'(gate)`, `grad_up = grad * act(gate)`.
+    ///
+    /// `grad_output, gate, up: [..., d_ff]`, same shape and dtype.
+    fn fused_glu_backward(
+        grad_output: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        activation: GluActivation,
+    ) -> GluGrads<Self> {
+        compose::glu::backward::<Self>(grad_output, gate, up, activation)
+    }
+
+    /// Exact GELU, `x * Φ(x) = 0.5 x (1 + erf(x / sqrt(2)))` (Burn's `gelu`). `x`: any shape.
+    fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        compose::activation::gelu::<Self>(x)
+    }
+
+    /// Backward of [`fused_gelu`](FusedOps::fused_gelu) from its input, with the exact
+    /// derivative: `grad * (Φ(x) + x φ(x))`. `grad_output, x`: same shape and dtype.
+    fn fused_gelu_backward(
+        grad_output: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        compose::activation::gelu_backward::<Self>(grad_output, x)
+    }
+
+    /// Sigmoid, `1 / (1 + exp(-x))`. `x`: any shape.
+    fn fused_sigmoid(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        compose::activation::sigmoid::<Self>(x)
+    }
+
+    /// Backward of [`fused_sigmoid`](FusedOps::fused_sigmoid) from its output `y`:
+    /// `grad * y * (1 - y)`. `grad_output, output`: same shape and dtype.
+    fn fused_sigmoid_backward(
+        grad_output: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        compose::activation::sigmoid_backward::<Self>(grad_output, output)
+    }
 }
 
 /// `[..., d]` → `[..., 1]`: the shape of per-row statistics.
@@ -160,4 +213,13 @@ pub(crate) fn row_stat_shape(shape: &Shape) -> Shape {
         *last = 1;
     }
     Shape::from(dims)
+}
+
+/// Gradients of a gated linear unit.
+#[derive(Debug, Clone)]
+pub struct GluGrads<B: Backend> {
+    /// Gradient of `gate`, `[..., d_ff]`, dtype of `gate`.
+    pub grad_gate: FloatTensor<B>,
+    /// Gradient of `up`, `[..., d_ff]`, dtype of `up`.
+    pub grad_up: FloatTensor<B>,
 }

@@ -51,3 +51,32 @@ impl RmsNormOptions {
         }
     }
 }
+
+/// The activation of a gated linear unit `act(gate) * up`
+/// ([`swiglu`](crate::functional::swiglu), [`geglu`](crate::functional::geglu)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum GluActivation {
+    /// SwiGLU (Llama, Qwen, Mistral): `silu(gate) * up`, `silu(x) = x * sigmoid(x)`.
+    Silu,
+    /// GeGLU (Gemma): `gelu_tanh(gate) * up` with PyTorch's `gelu(approximate="tanh")`,
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    GeluTanh,
+}
+
+impl GluActivation {
+    /// The op's name in messages and reports: `swiglu` or `geglu`.
+    pub fn op_name(self) -> &'static str {
+        match self {
+            GluActivation::Silu => "swiglu",
+            GluActivation::GeluTanh => "geglu",
+        }
+    }
+
+    /// The name of its backward: `swiglu_backward` or `geglu_backward`.
+    pub fn backward_name(self) -> &'static str {
+        match self {
+            GluActivation::Silu => "swiglu_backward",
+            GluActivation::GeluTanh => "geglu_backward",
+        }
+    }
+}

@@ -126,3 +126,34 @@ pub(crate) fn check(result: Result<(), LigerError>) {
         panic!("{e}");
     }
 }
+
+/// An elementwise op's tensors: the first is checked like [`rows`] (rank ≥ 1, not empty,
+/// a float dtype, one the kernels read when `kernel_dtypes`), every other must have its
+/// shape and dtype. Names are for messages (`gate`, `up`, `grad_output`, ...).
+pub fn elementwise(
+    op: &str,
+    tensors: &[(&str, &Shape, DType)],
+    kernel_dtypes: bool,
+) -> Result<(), LigerError> {
+    let Some(&(_, shape, dtype)) = tensors.first() else {
+        return Ok(());
+    };
+    for &other in &tensors[1..] {
+        same_shape_dtype(op, tensors[0], other)?;
+    }
+    rows(op, (shape, dtype), kernel_dtypes)
+}
+
+/// [`elementwise`] on tensors of any layer (Burn primitives, CubeCL or fusion tensors).
+pub fn elementwise_tensors<T: TensorMetadata>(
+    op: &str,
+    tensors: &[(&str, &T)],
+    kernel_dtypes: bool,
+) -> Result<(), LigerError> {
+    let meta: Vec<(&str, Shape, DType)> = tensors
+        .iter()
+        .map(|(name, t)| (*name, t.shape(), t.dtype()))
+        .collect();
+    let refs: Vec<(&str, &Shape, DType)> = meta.iter().map(|(n, s, d)| (*n, s, *d)).collect();
+    elementwise(op, &refs, kernel_dtypes)
+}

@@ -4,6 +4,8 @@
 //! once on the way out), so they are the same math as the fused kernels and
 //! serve as the fallback on backends without CubeCL (NdArray, LibTorch, ...).
 
+pub mod activation;
+pub mod glu;
 pub mod layer_norm;
 pub mod rms_norm;
 pub mod softmax;

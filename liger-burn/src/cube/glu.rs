@@ -1,0 +1,77 @@
+//! Gated linear units (SwiGLU, GeGLU) on CubeCL tensors.
+
+use super::{empty_like, launched};
+use crate::ops::{GluActivation, validate};
+use burn::tensor::TensorMetadata;
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use liger_cubecl_kernels::glu::{self as kernels, glu_backward, glu_forward};
+
+fn kernel_activation(activation: GluActivation) -> kernels::GluActivation {
+    match activation {
+        GluActivation::Silu => kernels::GluActivation::Silu,
+        GluActivation::GeluTanh => kernels::GluActivation::GeluTanh,
+    }
+}
+
+/// Validates elementwise operands (same shape and dtype, a kernel dtype, not empty) and
+/// makes them dense.
+pub(crate) fn prepare<R: CubeRuntime, const N: usize>(
+    op: &str,
+    tensors: [(&str, CubeTensor<R>); N],
+) -> [CubeTensor<R>; N] {
+    let refs: Vec<(&str, &CubeTensor<R>)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
+    validate::check(validate::elementwise_tensors(op, &refs, true));
+    tensors.map(|(_, t)| into_contiguous(t))
+}
+
+pub(crate) fn forward<R: CubeRuntime>(
+    gate: CubeTensor<R>,
+    up: CubeTensor<R>,
+    activation: GluActivation,
+) -> CubeTensor<R> {
+    let [gate, up] = prepare(activation.op_name(), [("gate", gate), ("up", up)]);
+    let shape = gate.shape();
+    let len = shape.num_elements();
+    let output = empty_like(&gate, shape, gate.dtype);
+    launched(glu_forward::<R>(
+        &gate.client,
+        &gate.handle,
+        &up.handle,
+        &output.handle,
+        len,
+        kernel_activation(activation),
+        gate.dtype.into(),
+    ));
+    output
+}
+
+/// `(grad_gate, grad_up)`.
+pub(crate) fn backward<R: CubeRuntime>(
+    grad: CubeTensor<R>,
+    gate: CubeTensor<R>,
+    up: CubeTensor<R>,
+    activation: GluActivation,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    let [gate, up, grad] = prepare(
+        activation.backward_name(),
+        [("gate", gate), ("up", up), ("grad_output", grad)],
+    );
+    let shape = gate.shape();
+    let len = shape.num_elements();
+    let grad_gate = empty_like(&gate, shape.clone(), gate.dtype);
+    let grad_up = empty_like(&gate, shape, gate.dtype);
+    launched(glu_backward::<R>(
+        &gate.client,
+        &grad.handle,
+        &gate.handle,
+        &up.handle,
+        &grad_gate.handle,
+        &grad_up.handle,
+        len,
+        kernel_activation(activation),
+        gate.dtype.into(),
+    ));
+    (grad_gate, grad_up)
+}

@@ -1,0 +1,168 @@
+//! Gated linear units, exact GELU and sigmoid in the fusion stream: each call is one
+//! custom operation (`CustomOpIr`) that runs the inner backend's fused kernel when the
+//! stream reaches it. Inputs are validated eagerly, where the user called the op.
+
+use crate::ops::{FusedOps, GluActivation, GluGrads, validate};
+use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_fusion::stream::{Operation, OperationStreams};
+use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
+use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
+use core::marker::PhantomData;
+
+/// Which primitive a custom operation runs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ElementwiseKind {
+    Glu(GluActivation),
+    GluBackward(GluActivation),
+    Gelu,
+    GeluBackward,
+    Sigmoid,
+    SigmoidBackward,
+}
+
+impl ElementwiseKind {
+    /// Op name for messages and the custom op's id.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            ElementwiseKind::Glu(GluActivation::Silu) => ("swiglu", "liger_swiglu"),
+            ElementwiseKind::Glu(GluActivation::GeluTanh) => ("geglu", "liger_geglu"),
+            ElementwiseKind::GluBackward(GluActivation::Silu) => {
+                ("swiglu_backward", "liger_swiglu_backward")
+            }
+            ElementwiseKind::GluBackward(GluActivation::GeluTanh) => {
+                ("geglu_backward", "liger_geglu_backward")
+            }
+            ElementwiseKind::Gelu => ("gelu", "liger_gelu"),
+            ElementwiseKind::GeluBackward => ("gelu_backward", "liger_gelu_backward"),
+            ElementwiseKind::Sigmoid => ("sigmoid", "liger_sigmoid"),
+            ElementwiseKind::SigmoidBackward => ("sigmoid_backward", "liger_sigmoid_backward"),
+        }
+    }
+
+    fn outputs(self) -> usize {
+        match self {
+            ElementwiseKind::GluBackward(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct ElementwiseOp<B> {
+    desc: CustomOpIr,
+    kind: ElementwiseKind,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedOps> Operation<B::FusionRuntime> for ElementwiseOp<B> {
+    fn execute(
+        &self,
+        handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
+    ) {
+        let mut inputs = self
+            .desc
+            .inputs
+            .iter()
+            .map(|t| handles.get_float_tensor::<B>(t))
+            .collect::<Vec<_>>()
+            .into_iter();
+        let mut next = || inputs.next().expect("custom op declared its inputs");
+        let outputs: Vec<B::FloatTensorPrimitive> = match self.kind {
+            ElementwiseKind::Glu(act) => vec![B::fused_glu(next(), next(), act)],
+            ElementwiseKind::GluBackward(act) => {
+                let (g, gate, up) = (next(), next(), next());
+                let grads = B::fused_glu_backward(g, gate, up, act);
+                vec![grads.grad_gate, grads.grad_up]
+            }
+            ElementwiseKind::Gelu => vec![B::fused_gelu(next())],
+            ElementwiseKind::GeluBackward => vec![B::fused_gelu_backward(next(), next())],
+            ElementwiseKind::Sigmoid => vec![B::fused_sigmoid(next())],
+            ElementwiseKind::SigmoidBackward => vec![B::fused_sigmoid_backward(next(), next())],
+        };
+        for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
+            handles.register_float_tensor::<B>(&ir.id, tensor);
+        }
+    }
+}
+
+/// Validates `inputs` (named; all the same shape and dtype) and registers `kind` on them;
+/// returns its outputs, each of the inputs' shape and dtype.
+pub(crate) fn register<B: FusionBackend + FusedOps>(
+    kind: ElementwiseKind,
+    inputs: Vec<(&str, FusionTensor<B::FusionRuntime>)>,
+) -> Vec<FusionTensor<B::FusionRuntime>> {
+    let (op, id) = kind.names();
+    let named: Vec<(&str, &FusionTensor<B::FusionRuntime>)> =
+        inputs.iter().map(|(n, t)| (*n, t)).collect();
+    validate::check(validate::elementwise_tensors(op, &named, true));
+    let inputs: Vec<_> = inputs.into_iter().map(|(_, t)| t).collect();
+    let (shape, dtype): (Shape, DType) = (inputs[0].shape(), inputs[0].dtype());
+    let client = inputs[0].client.clone();
+    let streams = OperationStreams::with_inputs(inputs.iter());
+    let outputs = (0..kind.outputs())
+        .map(|_| TensorIr::uninit(client.create_empty_handle(), shape.clone(), dtype))
+        .collect::<Vec<_>>();
+    let inputs = inputs.into_iter().map(|t| t.into_ir()).collect::<Vec<_>>();
+    let desc = CustomOpIr::new(id, &inputs, &outputs);
+    client.register(
+        streams,
+        OperationIr::Custom(desc.clone()),
+        ElementwiseOp::<B> {
+            desc,
+            kind,
+            _backend: PhantomData,
+        },
+    )
+}
+
+type Tensor<B> = FusionTensor<<B as FusionBackend>::FusionRuntime>;
+
+pub(crate) fn glu<B: FusionBackend + FusedOps>(
+    gate: Tensor<B>,
+    up: Tensor<B>,
+    activation: GluActivation,
+) -> Tensor<B> {
+    register::<B>(
+        ElementwiseKind::Glu(activation),
+        vec![("gate", gate), ("up", up)],
+    )
+    .remove(0)
+}
+
+pub(crate) fn glu_backward<B: FusionBackend + FusedOps>(
+    grad_output: Tensor<B>,
+    gate: Tensor<B>,
+    up: Tensor<B>,
+    activation: GluActivation,
+) -> GluGrads<Fusion<B>> {
+    let [grad_gate, grad_up]: [_; 2] = register::<B>(
+        ElementwiseKind::GluBackward(activation),
+        vec![("grad_output", grad_output), ("gate", gate), ("up", up)],
+    )
+    .try_into()
+    .unwrap();
+    GluGrads { grad_gate, grad_up }
+}
+
+/// `kind` is [`ElementwiseKind::Gelu`] or [`ElementwiseKind::Sigmoid`].
+pub(crate) fn unary<B: FusionBackend + FusedOps>(x: Tensor<B>, kind: ElementwiseKind) -> Tensor<B> {
+    register::<B>(kind, vec![("x", x)]).remove(0)
+}
+
+/// `kind` is [`ElementwiseKind::GeluBackward`] (`saved` = the input) or
+/// [`ElementwiseKind::SigmoidBackward`] (`saved` = the output).
+pub(crate) fn unary_backward<B: FusionBackend + FusedOps>(
+    grad_output: Tensor<B>,
+    saved: Tensor<B>,
+    kind: ElementwiseKind,
+) -> Tensor<B> {
+    let saved_name = match kind {
+        ElementwiseKind::SigmoidBackward => "output",
+        _ => "x",
+    };
+    register::<B>(
+        kind,
+        vec![("grad_output", grad_output), (saved_name, saved)],
+    )
+    .remove(0)
+}

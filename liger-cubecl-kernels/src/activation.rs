@@ -1,0 +1,243 @@
+//! Pointwise activations — exact GELU (erf), sigmoid, and the SiLU and tanh-GELU the
+//! gated units of [`crate::glu`] use — and the standalone GELU and sigmoid kernels,
+//! forward and backward. All run on the shared elementwise kernel of
+//! [`crate::elementwise`]; this file holds only the math (in f32) and the launches.
+//!
+//! Sigmoid is evaluated in the stable split form: with `e = exp(-|x|)`,
+//! `σ(|x|) = 1 / (1 + e)` and `σ(-|x|) = e / (1 + e)`, so neither `σ(x)` nor `1 - σ(x)`
+//! is ever formed by cancellation and `exp` never overflows. The tanh-GELU uses the
+//! identity `(1 + tanh(u)) / 2 = σ(2u)`, which is exactly PyTorch's
+//! `gelu(approximate="tanh")`, `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, without
+//! the overflow or cancellation of a `tanh` written with exponentials.
+
+use crate::counters::{self, Kernel};
+use crate::elementwise::{Pass, launch};
+use crate::launch::KernelError;
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+/// A pointwise activation, a comptime choice of the kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// `x · σ(x)`.
+    Silu,
+    /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
+    GeluTanh,
+    /// `0.5 x (1 + erf(x / √2))`, the exact GELU (Burn's `gelu`).
+    Gelu,
+    /// `σ(x) = 1 / (1 + exp(-x))`.
+    Sigmoid,
+}
+
+/// `√(2/π)`.
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+/// The cubic coefficient of the tanh approximation.
+const GELU_TANH_COEFF: f32 = 0.044_715;
+/// `1/√2`.
+const FRAC_1_SQRT_2: f32 = core::f32::consts::FRAC_1_SQRT_2;
+/// `1/√(2π)`.
+const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
+
+/// `σ(x)` and `1 - σ(x)`, both without cancellation.
+#[cube]
+fn sigmoid_pair<N: Size>(
+    x: Vector<f32, N>,
+    sig: &mut Vector<f32, N>,
+    complement: &mut Vector<f32, N>,
+) {
+    let e = Vector::exp(-Vector::abs(x));
+    let large = Vector::<f32, N>::new(1.0) / (Vector::new(1.0) + e);
+    let small = e * large;
+    let negative = x.less_than(Vector::new(0.0));
+    *sig = select_many(negative, small, large);
+    *complement = select_many(negative, large, small);
+}
+
+/// `√(2/π) (x + 0.044715 x³)`, the tanh argument.
+#[cube]
+fn gelu_tanh_arg<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
+    Vector::new(SQRT_2_OVER_PI) * (x + Vector::new(GELU_TANH_COEFF) * x * x * x)
+}
+
+/// `Φ(x) = (1 + erf(x / √2)) / 2`.
+#[cube]
+fn normal_cdf<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
+    Vector::new(0.5f32) * (Vector::new(1.0) + Vector::erf(x * Vector::new(FRAC_1_SQRT_2)))
+}
+
+/// `act(x)`.
+#[cube]
+pub(crate) fn value<N: Size>(x: Vector<f32, N>, #[comptime] act: Activation) -> Vector<f32, N> {
+    let mut sig = Vector::<f32, N>::new(0.0);
+    let mut complement = Vector::<f32, N>::new(0.0);
+    match act {
+        Activation::Silu => {
+            sigmoid_pair::<N>(x, &mut sig, &mut complement);
+            x * sig
+        }
+        Activation::GeluTanh => {
+            let u = gelu_tanh_arg::<N>(x);
+            sigmoid_pair::<N>(u + u, &mut sig, &mut complement);
+            x * sig
+        }
+        Activation::Gelu => x * normal_cdf::<N>(x),
+        Activation::Sigmoid => {
+            sigmoid_pair::<N>(x, &mut sig, &mut complement);
+            sig
+        }
+    }
+}
+
+/// `act(x)` and `act'(x)` sharing their exponentials.
+#[cube]
+pub(crate) fn value_and_grad<N: Size>(
+    x: Vector<f32, N>,
+    value: &mut Vector<f32, N>,
+    grad: &mut Vector<f32, N>,
+    #[comptime] act: Activation,
+) {
+    let one = Vector::<f32, N>::new(1.0);
+    let mut sig = Vector::<f32, N>::new(0.0);
+    let mut complement = Vector::<f32, N>::new(0.0);
+    match act {
+        Activation::Silu => {
+            // (x σ)' = σ + x σ (1 - σ)
+            sigmoid_pair::<N>(x, &mut sig, &mut complement);
+            *value = x * sig;
+            *grad = sig * (one + x * complement);
+        }
+        Activation::GeluTanh => {
+            // g = x σ(2u): g' = σ + 2 x σ (1 - σ) u', u' = √(2/π) (1 + 3 · 0.044715 x²)
+            let u = gelu_tanh_arg::<N>(x);
+            sigmoid_pair::<N>(u + u, &mut sig, &mut complement);
+            let du =
+                Vector::new(SQRT_2_OVER_PI) * (one + Vector::new(3.0 * GELU_TANH_COEFF) * x * x);
+            *value = x * sig;
+            *grad = sig + Vector::new(2.0f32) * x * sig * complement * du;
+        }
+        Activation::Gelu => {
+            // (x Φ)' = Φ + x φ, φ(x) = exp(-x²/2) / √(2π)
+            let cdf = normal_cdf::<N>(x);
+            let pdf = Vector::new(FRAC_1_SQRT_2PI) * Vector::exp(Vector::new(-0.5f32) * x * x);
+            *value = x * cdf;
+            *grad = cdf + x * pdf;
+        }
+        Activation::Sigmoid => {
+            sigmoid_pair::<N>(x, &mut sig, &mut complement);
+            *value = sig;
+            *grad = sig * complement;
+        }
+    }
+}
+
+/// `act'` from what the backward keeps: the input `x`, except for sigmoid, whose
+/// derivative `y (1 - y)` is taken from the output `y` (as Burn's `sigmoid_backward`).
+#[cube]
+pub(crate) fn grad_from_saved<N: Size>(
+    saved: Vector<f32, N>,
+    #[comptime] act: Activation,
+) -> Vector<f32, N> {
+    let mut value = Vector::<f32, N>::new(0.0);
+    let mut grad = Vector::<f32, N>::new(0.0);
+    match act {
+        Activation::Sigmoid => {
+            grad = saved * (Vector::new(1.0) - saved);
+        }
+        _ => {
+            value_and_grad::<N>(saved, &mut value, &mut grad, act);
+        }
+    }
+    grad
+}
+
+/// Exact GELU forward: `output = x Φ(x)`. `x, output`: `len` contiguous elements of `dtype`.
+pub fn gelu_forward<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Handle,
+    output: &Handle,
+    len: usize,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    launch(
+        "gelu",
+        client,
+        &[x],
+        &[output],
+        len,
+        Pass::Unary,
+        Activation::Gelu,
+        dtype,
+    )?;
+    counters::record(Kernel::gelu_forward);
+    Ok(())
+}
+
+/// Exact GELU backward from the input: `grad_x = grad · (Φ(x) + x φ(x))`.
+/// `grad, x, grad_x`: `len` contiguous elements of `dtype`.
+pub fn gelu_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    grad: &Handle,
+    x: &Handle,
+    grad_x: &Handle,
+    len: usize,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    launch(
+        "gelu_backward",
+        client,
+        &[grad, x],
+        &[grad_x],
+        len,
+        Pass::UnaryBackward,
+        Activation::Gelu,
+        dtype,
+    )?;
+    counters::record(Kernel::gelu_backward);
+    Ok(())
+}
+
+/// Sigmoid forward. `x, output`: `len` contiguous elements of `dtype`.
+pub fn sigmoid_forward<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Handle,
+    output: &Handle,
+    len: usize,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    launch(
+        "sigmoid",
+        client,
+        &[x],
+        &[output],
+        len,
+        Pass::Unary,
+        Activation::Sigmoid,
+        dtype,
+    )?;
+    counters::record(Kernel::sigmoid_forward);
+    Ok(())
+}
+
+/// Sigmoid backward from the output: `grad_x = grad · y (1 - y)`.
+/// `grad, output, grad_x`: `len` contiguous elements of `dtype`.
+pub fn sigmoid_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    grad: &Handle,
+    output: &Handle,
+    grad_x: &Handle,
+    len: usize,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    launch(
+        "sigmoid_backward",
+        client,
+        &[grad, output],
+        &[grad_x],
+        len,
+        Pass::UnaryBackward,
+        Activation::Sigmoid,
+        dtype,
+    )?;
+    counters::record(Kernel::sigmoid_backward);
+    Ok(())
+}

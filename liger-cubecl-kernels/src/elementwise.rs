@@ -1,0 +1,349 @@
+//! The one elementwise kernel and its launch geometry, shared by every memory-bound
+//! elementwise op (the gated activations of [`crate::glu`], the activations of
+//! [`crate::activation`]), forward and backward.
+//!
+//! One skeleton, so vectorization, unrolling, tail handling and grid striding are written
+//! once: each unit loads `vectors_per_unit` vectors of every input into registers first
+//! (all loads in flight before any arithmetic or store, whatever the compiler assumes
+//! about aliasing), then computes in f32 and stores. A cube covers
+//! `units × vectors_per_unit` consecutive vectors, unit `u` taking vectors
+//! `u, u + units, ...` of the block (coalesced), and the cubes stride over the buffer
+//! when it has more blocks than the grid (CubeCL caps cubes per dimension). The per-element
+//! math is a comptime choice ([`Pass`] and [`Activation`]), so each op compiles to its own
+//! kernel without copies of this code.
+
+use crate::activation::{self, Activation};
+use crate::glu;
+use crate::launch::{KernelError, array, check_float_dtype, tuning};
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// What the elementwise kernel computes, and from which buffers (`in*`, `out*` in order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Pass {
+    /// `out0 = act(in0) * in1` (gate, up).
+    Glu,
+    /// `out0 = in0 * in2 * act'(in1)`, `out1 = in0 * act(in1)` (grad, gate, up).
+    GluBackward,
+    /// `out0 = act(in0)`.
+    Unary,
+    /// `out0 = in0 * act'(in1)` (grad, saved), `saved` being what
+    /// [`activation::grad_from_saved`] takes: the input, or the output for sigmoid.
+    UnaryBackward,
+}
+
+impl Pass {
+    /// Input buffers the pass reads.
+    pub(crate) fn inputs(self) -> usize {
+        match self {
+            Pass::Unary => 1,
+            Pass::Glu | Pass::UnaryBackward => 2,
+            Pass::GluBackward => 3,
+        }
+    }
+
+    /// Output buffers the pass writes.
+    pub(crate) fn outputs(self) -> usize {
+        match self {
+            Pass::GluBackward => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Units per cube: 256 keeps eight cubes resident per multiprocessor on current GPUs and
+/// is a multiple of every plane width. Tunable with `LIGER_EW_UNITS`.
+pub const ELEMENTWISE_UNITS: usize = 256;
+/// Vectors each unit loads per step (16-byte vectors: 64 bytes per input in flight per
+/// unit). Tunable with `LIGER_EW_VPU`.
+pub const ELEMENTWISE_VECTORS_PER_UNIT: usize = 4;
+/// Most vectors one launch addresses: indices stay below 2³¹ in the kernel's 32-bit
+/// arithmetic (grid striding adds at most one grid to an index below this bound); larger
+/// buffers are covered by several launches over offset handles.
+const MAX_VECTORS_PER_LAUNCH: usize = 1 << 30;
+
+static FORCED_MAX_CUBES: AtomicUsize = AtomicUsize::new(0);
+static FORCED_VECTORS_PER_LAUNCH: AtomicUsize = AtomicUsize::new(0);
+
+/// Limits forced on every later elementwise launch, so tests reach the paths that only
+/// gigabyte buffers take otherwise: `max_cubes` makes the cubes grid-stride over many
+/// blocks, `vectors_per_launch` splits a buffer into several launches over offset handles
+/// (rounded up to keep each offset a multiple of the device's memory alignment). `None`
+/// restores the defaults. Results must not depend on them, only speed.
+pub fn set_elementwise_limits(max_cubes: Option<usize>, vectors_per_launch: Option<usize>) {
+    FORCED_MAX_CUBES.store(max_cubes.unwrap_or(0), Ordering::Relaxed);
+    FORCED_VECTORS_PER_LAUNCH.store(vectors_per_launch.unwrap_or(0), Ordering::Relaxed);
+}
+
+fn forced(limit: &AtomicUsize) -> Option<usize> {
+    Some(limit.load(Ordering::Relaxed)).filter(|v| *v > 0)
+}
+
+/// Launch geometry of the elementwise kernel over a contiguous buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct ElementwiseLaunch {
+    /// Elements per vectorized load: the widest the device loads that divides the length.
+    pub vector_size: usize,
+    /// Units per cube.
+    pub units: u32,
+    /// Vectors each unit handles per grid step.
+    pub vectors_per_unit: u32,
+    /// Most cubes one launch uses (more blocks are grid-strided).
+    pub max_cubes: usize,
+}
+
+impl ElementwiseLaunch {
+    /// Geometry for `len` elements of `elem_size` bytes.
+    ///
+    /// The vector size only has to divide `len`, not the row width: the op is elementwise
+    /// and the buffer contiguous, and its start is aligned (Burn allocates aligned and
+    /// only makes zero-copy slice views at offsets that are multiples of the memory
+    /// alignment), so `[rows, 7]` still gets full-width loads when `rows · 7` allows.
+    pub fn new<R: Runtime>(client: &ComputeClient<R>, len: usize, elem_size: usize) -> Self {
+        let vector_size = client
+            .io_optimized_vector_sizes(elem_size)
+            .find(|v| len.is_multiple_of(*v))
+            .unwrap_or(1);
+        let props = client.properties();
+        let hw_units = props
+            .hardware
+            .max_units_per_cube
+            .min(props.hardware.max_cube_dim.0)
+            .max(1) as usize;
+        let units = tuning("LIGER_EW_UNITS", ELEMENTWISE_UNITS).min(hw_units);
+        let units = prev_power_of_two(units as u32);
+        let vectors_per_unit =
+            tuning("LIGER_EW_VPU", ELEMENTWISE_VECTORS_PER_UNIT).clamp(1, 16) as u32;
+        let max_cubes = (props.hardware.max_cube_count.0 as usize).clamp(1, 65_535);
+        let max_cubes = forced(&FORCED_MAX_CUBES).map_or(max_cubes, |m| m.min(max_cubes));
+        Self {
+            vector_size,
+            units,
+            vectors_per_unit,
+            max_cubes,
+        }
+    }
+
+    /// Vectors one cube covers per grid step.
+    pub fn block(&self) -> usize {
+        self.units as usize * self.vectors_per_unit as usize
+    }
+
+    /// Cubes for `vectors` vectors (at most `max_cubes`; the rest is grid-strided).
+    pub fn cubes(&self, vectors: usize) -> u32 {
+        vectors.div_ceil(self.block()).clamp(1, self.max_cubes) as u32
+    }
+}
+
+fn prev_power_of_two(x: u32) -> u32 {
+    if x <= 1 {
+        1
+    } else {
+        1 << (31 - x.leading_zeros())
+    }
+}
+
+#[cube(launch_unchecked)]
+fn elementwise_kernel<F: Float, N: Size>(
+    in0: &Array<Vector<F, N>>,
+    in1: &Array<Vector<F, N>>,
+    in2: &Array<Vector<F, N>>,
+    out0: &mut Array<Vector<F, N>>,
+    out1: &mut Array<Vector<F, N>>,
+    len: u32,
+    #[comptime] pass: Pass,
+    #[comptime] act: Activation,
+    #[comptime] units: u32,
+    #[comptime] vectors_per_unit: u32,
+    #[define(F)] _dtype: StorageType,
+) {
+    let len = len as usize;
+    let block = comptime!((units * vectors_per_unit) as usize);
+    let mut start = CUBE_POS * block;
+    while start < len {
+        // Whole blocks skip the per-vector bounds checks; only the last one has a tail.
+        if start + block <= len {
+            elementwise_block::<F, N>(
+                in0,
+                in1,
+                in2,
+                out0,
+                out1,
+                start,
+                len,
+                pass,
+                act,
+                units,
+                vectors_per_unit,
+                false,
+            );
+        } else {
+            elementwise_block::<F, N>(
+                in0,
+                in1,
+                in2,
+                out0,
+                out1,
+                start,
+                len,
+                pass,
+                act,
+                units,
+                vectors_per_unit,
+                true,
+            );
+        }
+        start += CUBE_COUNT * block;
+    }
+}
+
+/// One cube's block of `units × vectors_per_unit` vectors from `start`.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn elementwise_block<F: Float, N: Size>(
+    in0: &Array<Vector<F, N>>,
+    in1: &Array<Vector<F, N>>,
+    in2: &Array<Vector<F, N>>,
+    out0: &mut Array<Vector<F, N>>,
+    out1: &mut Array<Vector<F, N>>,
+    start: usize,
+    len: usize,
+    #[comptime] pass: Pass,
+    #[comptime] act: Activation,
+    #[comptime] units: u32,
+    #[comptime] vectors_per_unit: u32,
+    #[comptime] checked: bool,
+) {
+    let two = comptime!(pass.inputs() >= 2);
+    let three = comptime!(pass.inputs() >= 3);
+    let mut r0 = Array::<Vector<F, N>>::new(vectors_per_unit as usize);
+    let mut r1 = Array::<Vector<F, N>>::new(vectors_per_unit as usize);
+    let mut r2 = Array::<Vector<F, N>>::new(vectors_per_unit as usize);
+    let first = start + UNIT_POS as usize;
+    // Every load first (kept in the input dtype: half the registers for f16/bf16)...
+    #[unroll]
+    for k in 0..vectors_per_unit {
+        let i = first + k as usize * units as usize;
+        if !checked || i < len {
+            r0[k as usize] = in0[i];
+            if two {
+                r1[k as usize] = in1[i];
+            }
+            if three {
+                r2[k as usize] = in2[i];
+            }
+        }
+    }
+    // ...then f32 math and the stores.
+    #[unroll]
+    for k in 0..vectors_per_unit {
+        let i = first + k as usize * units as usize;
+        if !checked || i < len {
+            let a = Vector::<f32, N>::cast_from(r0[k as usize]);
+            match pass {
+                Pass::Glu => {
+                    let u = Vector::<f32, N>::cast_from(r1[k as usize]);
+                    out0[i] = Vector::<F, N>::cast_from(glu::forward::<N>(a, u, act));
+                }
+                Pass::GluBackward => {
+                    let gate = Vector::<f32, N>::cast_from(r1[k as usize]);
+                    let up = Vector::<f32, N>::cast_from(r2[k as usize]);
+                    let mut grad_gate = Vector::<f32, N>::new(0.0);
+                    let mut grad_up = Vector::<f32, N>::new(0.0);
+                    glu::backward::<N>(a, gate, up, &mut grad_gate, &mut grad_up, act);
+                    out0[i] = Vector::<F, N>::cast_from(grad_gate);
+                    out1[i] = Vector::<F, N>::cast_from(grad_up);
+                }
+                Pass::Unary => {
+                    out0[i] = Vector::<F, N>::cast_from(activation::value::<N>(a, act));
+                }
+                Pass::UnaryBackward => {
+                    let saved = Vector::<f32, N>::cast_from(r1[k as usize]);
+                    out0[i] =
+                        Vector::<F, N>::cast_from(a * activation::grad_from_saved::<N>(saved, act));
+                }
+            }
+        }
+    }
+}
+
+/// Launches the elementwise kernel over `len` elements of `dtype`.
+///
+/// `inputs` and `outputs` are contiguous buffers of `len` elements, as many as `pass`
+/// reads and writes. Buffers of more than 2³⁰ vectors are covered by several launches
+/// over offset handles (so the kernel's 32-bit indices never overflow).
+pub(crate) fn launch<R: Runtime>(
+    op: &'static str,
+    client: &ComputeClient<R>,
+    inputs: &[&Handle],
+    outputs: &[&Handle],
+    len: usize,
+    pass: Pass,
+    act: Activation,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    check_float_dtype(op, dtype)?;
+    assert_eq!(inputs.len(), pass.inputs(), "{op}: inputs of {pass:?}");
+    assert_eq!(outputs.len(), pass.outputs(), "{op}: outputs of {pass:?}");
+    if len == 0 {
+        return Ok(());
+    }
+    let geometry = ElementwiseLaunch::new(client, len, dtype.size());
+    let vector_size = geometry.vector_size;
+    let vectors = len / vector_size;
+    let vector_bytes = (vector_size * dtype.size()) as u64;
+    // Bindings a pass does not touch (comptime-skipped) point at one small scratch buffer.
+    let dummy = client.empty(vector_bytes as usize);
+    let per_launch = forced(&FORCED_VECTORS_PER_LAUNCH).map_or(MAX_VECTORS_PER_LAUNCH, |v| {
+        let align = client.properties().memory.alignment.max(1) as usize;
+        v.next_multiple_of(align).min(MAX_VECTORS_PER_LAUNCH)
+    });
+    let mut done = 0usize;
+    while done < vectors {
+        let count = (vectors - done).min(per_launch);
+        let offset = done as u64 * vector_bytes;
+        let slice = |h: &Handle| {
+            if offset == 0 {
+                array::<R>(h, count)
+            } else {
+                array::<R>(&h.clone().offset_start(offset), count)
+            }
+        };
+        let input = |k: usize| {
+            inputs
+                .get(k)
+                .map_or_else(|| array::<R>(&dummy, 1), |h| slice(h))
+        };
+        let output = |k: usize| {
+            outputs
+                .get(k)
+                .map_or_else(|| array::<R>(&dummy, 1), |h| slice(h))
+        };
+        // Safety: each bound array is `count` vectors of a buffer of at least
+        // `done + count` vectors (the callers pass buffers of `len` elements), every
+        // index the kernel touches is below `count`, and the dummy bindings are never
+        // accessed (the pass is comptime).
+        unsafe {
+            elementwise_kernel::launch_unchecked::<R>(
+                client,
+                CubeCount::Static(geometry.cubes(count), 1, 1),
+                CubeDim::new_1d(geometry.units),
+                vector_size,
+                input(0),
+                input(1),
+                input(2),
+                output(0),
+                output(1),
+                count as u32,
+                pass,
+                act,
+                geometry.units,
+                geometry.vectors_per_unit,
+                dtype,
+            );
+        }
+        done += count;
+    }
+    Ok(())
+}

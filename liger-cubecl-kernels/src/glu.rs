@@ -1,0 +1,131 @@
+//! Gated linear units, `out = act(gate) · up`: SwiGLU (`act` = SiLU) and GeGLU (`act` =
+//! tanh-approximated GELU, PyTorch's `gelu(approximate="tanh")`), forward and backward,
+//! the activation a comptime parameter of the one shared elementwise kernel
+//! ([`crate::elementwise`]).
+//!
+//! The backward recomputes the activation from `gate` (nothing is kept from the forward):
+//! `grad_gate = grad · up · act'(gate)`, `grad_up = grad · act(gate)`. Inputs of any
+//! float dtype are widened to f32, computed in f32 and rounded once on the store.
+
+use crate::activation::{self, Activation};
+use crate::counters::{self, Kernel};
+use crate::elementwise::{Pass, launch};
+use crate::launch::KernelError;
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+/// The activation of a gated unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GluActivation {
+    /// SwiGLU: `silu(gate) · up`.
+    Silu,
+    /// GeGLU: `gelu_tanh(gate) · up`.
+    GeluTanh,
+}
+
+impl GluActivation {
+    fn activation(self) -> Activation {
+        match self {
+            GluActivation::Silu => Activation::Silu,
+            GluActivation::GeluTanh => Activation::GeluTanh,
+        }
+    }
+
+    fn name(self, backward: bool) -> &'static str {
+        match (self, backward) {
+            (GluActivation::Silu, false) => "swiglu",
+            (GluActivation::Silu, true) => "swiglu_backward",
+            (GluActivation::GeluTanh, false) => "geglu",
+            (GluActivation::GeluTanh, true) => "geglu_backward",
+        }
+    }
+}
+
+/// `act(gate) · up` for one vector, in f32.
+#[cube]
+pub(crate) fn forward<N: Size>(
+    gate: Vector<f32, N>,
+    up: Vector<f32, N>,
+    #[comptime] act: Activation,
+) -> Vector<f32, N> {
+    activation::value::<N>(gate, act) * up
+}
+
+/// `grad_gate = grad · up · act'(gate)`, `grad_up = grad · act(gate)` for one vector.
+#[cube]
+pub(crate) fn backward<N: Size>(
+    grad: Vector<f32, N>,
+    gate: Vector<f32, N>,
+    up: Vector<f32, N>,
+    grad_gate: &mut Vector<f32, N>,
+    grad_up: &mut Vector<f32, N>,
+    #[comptime] act: Activation,
+) {
+    let mut value = Vector::<f32, N>::new(0.0);
+    let mut derivative = Vector::<f32, N>::new(0.0);
+    activation::value_and_grad::<N>(gate, &mut value, &mut derivative, act);
+    *grad_gate = grad * up * derivative;
+    *grad_up = grad * value;
+}
+
+/// Gated unit forward: `output = act(gate) · up`.
+///
+/// `gate, up, output`: `len` contiguous elements of `dtype` (any shape `[..., d]`).
+pub fn glu_forward<R: Runtime>(
+    client: &ComputeClient<R>,
+    gate: &Handle,
+    up: &Handle,
+    output: &Handle,
+    len: usize,
+    act: GluActivation,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    launch(
+        act.name(false),
+        client,
+        &[gate, up],
+        &[output],
+        len,
+        Pass::Glu,
+        act.activation(),
+        dtype,
+    )?;
+    counters::record(match act {
+        GluActivation::Silu => Kernel::swiglu_forward,
+        GluActivation::GeluTanh => Kernel::geglu_forward,
+    });
+    Ok(())
+}
+
+/// Gated unit backward, recomputing the activation from `gate`:
+/// `grad_gate = grad · up · act'(gate)`, `grad_up = grad · act(gate)`.
+///
+/// `grad, gate, up, grad_gate, grad_up`: `len` contiguous elements of `dtype`.
+#[allow(clippy::too_many_arguments)]
+pub fn glu_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    grad: &Handle,
+    gate: &Handle,
+    up: &Handle,
+    grad_gate: &Handle,
+    grad_up: &Handle,
+    len: usize,
+    act: GluActivation,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    launch(
+        act.name(true),
+        client,
+        &[grad, gate, up],
+        &[grad_gate, grad_up],
+        len,
+        Pass::GluBackward,
+        act.activation(),
+        dtype,
+    )?;
+    counters::record(match act {
+        GluActivation::Silu => Kernel::swiglu_backward,
+        GluActivation::GeluTanh => Kernel::geglu_backward,
+    });
+    Ok(())
+}
