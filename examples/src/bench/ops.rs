@@ -246,14 +246,8 @@ impl<B: Backend> Inputs<B> {
     /// Fresh random inputs of `op` at `shape`.
     pub fn random(op: BenchOp, shape: &Shape, dtype: DType, device: &B::Device) -> Self {
         let d = &shape.0;
-        let uniform = |dims: Vec<usize>, lo, hi| {
-            Tensor::<B, 1>::random(
-                [dims.iter().product::<usize>()],
-                Distribution::Uniform(lo, hi),
-                (device, dtype),
-            )
-            .reshape(dims)
-        };
+        let uniform = |lo, hi| Distribution::Uniform(lo, hi);
+        let opts = (device, dtype);
         let none = Inputs {
             x: None,
             residual: None,
@@ -268,12 +262,12 @@ impl<B: Backend> Inputs<B> {
                 let (b, s, hq, hk, hd) = (d[0], d[1], d[2], d[3], d[4]);
                 return Inputs {
                     qk: Some((
-                        uniform(vec![b, hq, s, hd], -2.0, 2.0),
-                        uniform(vec![b, hk, s, hd], -2.0, 2.0),
+                        Tensor::random([b, hq, s, hd], uniform(-2.0, 2.0), opts),
+                        Tensor::random([b, hk, s, hd], uniform(-2.0, 2.0), opts),
                     )),
                     tables: Some((
-                        uniform(vec![1, s, hd], -1.0, 1.0),
-                        uniform(vec![1, s, hd], -1.0, 1.0),
+                        Tensor::random([1, s, hd], uniform(-1.0, 1.0), opts),
+                        Tensor::random([1, s, hd], uniform(-1.0, 1.0), opts),
                     )),
                     ..none
                 };
@@ -288,7 +282,7 @@ impl<B: Backend> Inputs<B> {
                 .clamp(0, v as i64 - 1);
                 return if op == BenchOp::CrossEntropy {
                     Inputs {
-                        x: Some(uniform(vec![n, v], -4.0, 4.0)),
+                        x: Some(Tensor::random([n, v], uniform(-4.0, 4.0), opts)),
                         ints: Some(targets),
                         ..none
                     }
@@ -297,8 +291,12 @@ impl<B: Backend> Inputs<B> {
                     let h = d[1];
                     let scale = 1.0 / (h as f64).sqrt();
                     Inputs {
-                        x: Some(uniform(vec![n, h], -1.0, 1.0)),
-                        residual: Some(uniform(vec![v, h], -2.0 * scale, 2.0 * scale)),
+                        x: Some(Tensor::random([n, h], uniform(-1.0, 1.0), opts)),
+                        residual: Some(Tensor::random(
+                            [v, h],
+                            uniform(-2.0 * scale, 2.0 * scale),
+                            opts,
+                        )),
                         ints: Some(targets),
                         ..none
                     }
