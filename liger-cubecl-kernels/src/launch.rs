@@ -106,7 +106,8 @@ pub const MAX_CACHED_CHUNKS: usize = 8;
 
 /// Launch-geometry overrides for tuning sweeps on a device, read once from the
 /// environment: `LIGER_FWD_VPU`, `LIGER_BWD_VPU` (vectors per unit), `LIGER_PARTIALS_PER_SM`
-/// (backward cubes per multiprocessor), `LIGER_MAX_CACHED` (register-cached chunks).
+/// (backward cubes per multiprocessor), `LIGER_MAX_CACHED` (register-cached chunks),
+/// `LIGER_ROPE_HEADS` (heads per RoPE unit), `LIGER_ROPE_CUBES_PER_SM` (RoPE cube cap).
 /// Unset means the constants above. Results do not depend on them (tests cover the
 /// geometries they produce); only speed does.
 pub(crate) fn tuning(name: &str, default: usize) -> usize {
@@ -119,6 +120,8 @@ pub(crate) fn tuning(name: &str, default: usize) -> usize {
             "LIGER_BWD_VPU",
             "LIGER_PARTIALS_PER_SM",
             "LIGER_MAX_CACHED",
+            "LIGER_ROPE_HEADS",
+            "LIGER_ROPE_CUBES_PER_SM",
         ]
         .iter()
         .filter_map(|k| {

@@ -15,6 +15,7 @@ pub mod layer_norm;
 pub mod partial_sum;
 pub mod reduce;
 pub mod rms_norm;
+pub mod rope;
 pub mod softmax;
 
 pub use launch::{KernelError, ReductionPath, RowLaunch, set_reduction_path};
@@ -48,6 +49,8 @@ pub mod counters {
         softmax_backward,
         log_softmax_forward,
         log_softmax_backward,
+        rope_forward,
+        rope_backward,
     );
 
     /// Records one launch.

@@ -11,6 +11,7 @@
 
 pub mod reference;
 mod rng;
+pub mod rope;
 
 pub use rng::Rng;
 
@@ -36,11 +37,15 @@ pub enum Op {
     Softmax,
     /// Log-softmax over the last dimension.
     LogSoftmax,
+    /// RoPE of q and k, Hugging Face `rotate_half` pairs.
+    RopeRotateHalf,
+    /// RoPE of q and k, interleaved pairs (Burn's `RotaryEncoding`).
+    RopeInterleaved,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 7] = [
+    pub const ALL: [Op; 9] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -48,6 +53,8 @@ impl Op {
         Op::LayerNormNoBias,
         Op::Softmax,
         Op::LogSoftmax,
+        Op::RopeRotateHalf,
+        Op::RopeInterleaved,
     ];
 
     /// Name used in reports and filters.
@@ -60,6 +67,8 @@ impl Op {
             Op::LayerNormNoBias => "layer_norm_no_bias",
             Op::Softmax => "softmax",
             Op::LogSoftmax => "log_softmax",
+            Op::RopeRotateHalf => "rope_rotate_half",
+            Op::RopeInterleaved => "rope_interleaved",
         }
     }
 
@@ -220,6 +229,10 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
         if op.is_softmax() {
             shapes.extend([(16, 128_256), (8, 151_936), (4, 262_144)]);
         }
+    }
+    if matches!(op, Op::RopeRotateHalf | Op::RopeInterleaved) {
+        // (batch · seq, head_dim); the other dimensions come from rope::CASES.
+        shapes = rope::shapes(quick);
     }
     shapes
 }
@@ -441,6 +454,14 @@ pub fn run_case<B: FusedOps>(
                 &dxr,
                 tol,
             ));
+        }
+        Op::RopeRotateHalf | Op::RopeInterleaved => {
+            let layout = if op == Op::RopeInterleaved {
+                crate::ops::RopeLayout::Interleaved
+            } else {
+                crate::ops::RopeLayout::RotateHalf
+            };
+            comparisons.extend(rope::run_case::<B>(layout, rows, width, dtype, device, rng));
         }
     }
     CaseResult {

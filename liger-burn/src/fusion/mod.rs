@@ -5,6 +5,8 @@
 //! Inputs are validated here, eagerly: the stream executes later (possibly on another
 //! thread), and bad input must fail where the user called the op.
 
+mod rope;
+
 use crate::ops::validate;
 use crate::ops::{
     AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
@@ -295,6 +297,26 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         output: FusionTensor<B::FusionRuntime>,
     ) -> FusionTensor<B::FusionRuntime> {
         softmax_backward::<B>(grad_output, output, true)
+    }
+
+    fn fused_rope(
+        q: FusionTensor<B::FusionRuntime>,
+        k: FusionTensor<B::FusionRuntime>,
+        cos: FusionTensor<B::FusionRuntime>,
+        sin: FusionTensor<B::FusionRuntime>,
+        layout: crate::ops::RopeLayout,
+    ) -> crate::ops::RopeOutput<Self> {
+        rope::forward::<B>(q, k, cos, sin, layout)
+    }
+
+    fn fused_rope_backward(
+        grad_q: Option<FusionTensor<B::FusionRuntime>>,
+        grad_k: Option<FusionTensor<B::FusionRuntime>>,
+        cos: FusionTensor<B::FusionRuntime>,
+        sin: FusionTensor<B::FusionRuntime>,
+        layout: crate::ops::RopeLayout,
+    ) -> crate::ops::RopeGrads<Self> {
+        rope::backward::<B>(grad_q, grad_k, cos, sin, layout)
     }
 }
 

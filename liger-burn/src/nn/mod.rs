@@ -3,6 +3,8 @@
 
 mod layer_norm;
 mod rms_norm;
+mod rope;
 
 pub use layer_norm::{LayerNorm, LayerNormConfig};
 pub use rms_norm::{RmsNorm, RmsNormConfig};
+pub use rope::{Rope, RopeConfig};

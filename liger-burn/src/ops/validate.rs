@@ -126,3 +126,6 @@ pub(crate) fn check(result: Result<(), LigerError>) {
         panic!("{e}");
     }
 }
+
+mod rope;
+pub use rope::{RopeInputs, rope, rope_tensors};
