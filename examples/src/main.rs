@@ -91,7 +91,8 @@ pub struct CheckArgs {
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
     /// Only the ops whose name contains NAME (rms_norm, rms_norm_gemma,
-    /// fused_add_rms_norm, layer_norm, layer_norm_no_bias, softmax, log_softmax);
+    /// fused_add_rms_norm, layer_norm, layer_norm_no_bias, softmax, log_softmax,
+    /// rope_rotate_half, rope_interleaved);
     /// e.g. `rms_norm` selects the three RMSNorm variants. All ops when absent.
     #[arg(long, value_name = "NAME")]
     pub op: Option<String>,

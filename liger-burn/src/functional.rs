@@ -161,3 +161,106 @@ pub fn sigmoid<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     validate::check(validate::rows("sigmoid", (&x.shape(), x.dtype()), false));
     wrap(B::fused_sigmoid(prim(x)))
 }
+
+/// Rotary position embedding of q and k, fused: one kernel launch rotates both
+/// (forward), and one launch computes both gradients (backward).
+///
+/// `out = x·cos + rot(x)·sin` per row of `head_dim`; `layout` says which elements pair
+/// up ([`RopeLayout::RotateHalf`](crate::ops::RopeLayout::RotateHalf) for Hugging Face Llama/Qwen/Mistral,
+/// [`RopeLayout::Interleaved`](crate::ops::RopeLayout::Interleaved) for `burn::nn::RotaryEncoding`).
+///
+/// - `q`: `[batch, q_heads, seq, head_dim]`
+/// - `k`: `[batch, kv_heads, seq, head_dim]` (`kv_heads` may differ from `q_heads`)
+/// - `cos`, `sin`: `[1 or batch, seq, head_dim]`, q's dtype, full `head_dim` wide (see
+///   [`rope_tables`]); position offsets and frequency scaling live in the tables.
+/// - returns the rotated `(q, k)`, same shapes, contiguous
+///
+/// q and k may be non-contiguous views (e.g. `[batch, seq, heads, head_dim]` after
+/// `swap_dims(1, 2)`); the kernel reads them through their strides. `head_dim` must be
+/// even. The tables are treated as constants: **no gradient flows into `cos` or `sin`**
+/// (they are built from positions, not learned); gradients flow into q and k.
+pub fn rope<B: FusedOps>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    cos: Tensor<B, 3>,
+    sin: Tensor<B, 3>,
+    layout: crate::ops::RopeLayout,
+) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    validate::check(validate::rope(&validate::RopeInputs {
+        op: "rope",
+        rotated: [
+            Some(("q", q.shape(), q.dtype())),
+            Some(("k", k.shape(), k.dtype())),
+        ],
+        cos: (cos.shape(), cos.dtype()),
+        sin: (sin.shape(), sin.dtype()),
+        kernel_dtypes: false,
+    }));
+    let out = B::fused_rope(prim(q), prim(k), prim(cos), prim(sin), layout);
+    (wrap(out.q), wrap(out.k))
+}
+
+/// cos/sin tables for [`rope`], as Hugging Face builds them: inverse frequencies
+/// `1 / theta^(2i / head_dim)` for `i < head_dim / 2` (optionally with Llama 3.1
+/// scaling), angles `position · inv_freq[i]`.
+///
+/// - `positions`: the position of each of the `seq` rows (`0..seq`, or `start..start + seq`
+///   for a KV-cache offset, or any list)
+/// - returns `(cos, sin)`, each `[1, seq, head_dim]` of `dtype`: `RotateHalf` repeats the
+///   `head_dim / 2` values (`cos[j] = cos[j + head_dim/2]`), `Interleaved` repeats each
+///   one for its pair (`cos[2i] = cos[2i + 1]`)
+///
+/// Computed in f64 and rounded once to `dtype`. (`transformers` computes the angles in
+/// f32, so its tables differ from these by the f32 rounding of `position · inv_freq`,
+/// about `position · 6e-8` radians; the f64 values are the exact ones.)
+#[allow(clippy::too_many_arguments)]
+pub fn rope_tables<B: burn::tensor::backend::Backend>(
+    theta: f64,
+    head_dim: usize,
+    positions: impl IntoIterator<Item = usize>,
+    scaling: Option<crate::ops::Llama3RopeScaling>,
+    layout: crate::ops::RopeLayout,
+    dtype: burn::tensor::DType,
+    device: &B::Device,
+) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    assert!(
+        head_dim > 0 && head_dim % 2 == 0,
+        "rope_tables: head_dim must be even and positive, got {head_dim}"
+    );
+    assert!(
+        theta.is_finite() && theta > 0.0,
+        "rope_tables: theta must be positive, got {theta}"
+    );
+    assert!(
+        dtype.is_float(),
+        "rope_tables: dtype must be a float type, got {dtype:?}"
+    );
+    let half = head_dim / 2;
+    let inv_freq: Vec<f64> = (0..half)
+        .map(|i| {
+            let f = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+            scaling.map_or(f, |s| s.scale(f))
+        })
+        .collect();
+    let frequency = |j: usize| match layout {
+        crate::ops::RopeLayout::RotateHalf => inv_freq[j % half],
+        crate::ops::RopeLayout::Interleaved => inv_freq[j / 2],
+    };
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    let mut seq = 0;
+    for pos in positions {
+        for j in 0..head_dim {
+            let angle = pos as f64 * frequency(j);
+            cos.push(angle.cos());
+            sin.push(angle.sin());
+        }
+        seq += 1;
+    }
+    let make = |values: Vec<f64>| {
+        Tensor::<B, 3>::from_data(
+            burn::tensor::TensorData::new(values, [1, seq, head_dim]),
+            (device, dtype),
+        )
+    };
+    (make(cos), make(sin))
+}

@@ -18,6 +18,7 @@ pub mod layer_norm;
 pub mod partial_sum;
 pub mod reduce;
 pub mod rms_norm;
+pub mod rope;
 pub mod softmax;
 
 pub use elementwise::set_elementwise_limits;
@@ -60,6 +61,8 @@ pub mod counters {
         gelu_backward,
         sigmoid_forward,
         sigmoid_backward,
+        rope_forward,
+        rope_backward,
     );
 
     /// Records one launch.

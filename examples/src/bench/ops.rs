@@ -6,12 +6,12 @@
 
 use burn::backend::Autodiff;
 use burn::module::Param;
+use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{LayerNorm, LayerNormConfig, RmsNorm};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Int, Tensor, activation};
 use clap::ValueEnum;
 use liger_burn::functional;
-use burn::nn::loss::CrossEntropyLossConfig;
 use liger_burn::ops::{CrossEntropyOptions, FusedOps, RmsNormOptions, RopeLayout};
 use std::str::FromStr;
 
@@ -274,12 +274,9 @@ impl<B: Backend> Inputs<B> {
             }
             BenchOp::CrossEntropy | BenchOp::FusedLinearCrossEntropy => {
                 let (n, v) = (d[0], *d.last().unwrap());
-                let targets = Tensor::<B, 1, Int>::random(
-                    [n],
-                    Distribution::Uniform(0.0, v as f64),
-                    device,
-                )
-                .clamp(0, v as i64 - 1);
+                let targets =
+                    Tensor::<B, 1, Int>::random([n], Distribution::Uniform(0.0, v as f64), device)
+                        .clamp(0, v as i64 - 1);
                 return if op == BenchOp::CrossEntropy {
                     Inputs {
                         x: Some(Tensor::random([n, v], uniform(-4.0, 4.0), opts)),
@@ -451,9 +448,8 @@ pub fn apply<BB: FusedOps>(
                 Provider::Liger => functional::rope(q, k, cos, sin, RopeLayout::RotateHalf),
                 Provider::Burn => {
                     let (cos, sin) = (cos.unsqueeze_dim::<4>(1), sin.unsqueeze_dim::<4>(1));
-                    let rotate = |x: Tensor<BB, 4>| {
-                        x.clone() * cos.clone() + rotate_half(x) * sin.clone()
-                    };
+                    let rotate =
+                        |x: Tensor<BB, 4>| x.clone() * cos.clone() + rotate_half(x) * sin.clone();
                     (rotate(q), rotate(k))
                 }
             };

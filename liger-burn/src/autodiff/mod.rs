@@ -4,6 +4,7 @@
 //! and the per-row statistics, or the softmax output), never a recomputed graph.
 
 mod glu;
+mod rope;
 
 use crate::ops::{
     AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
@@ -321,6 +322,26 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             grad_output.primitive,
             output.primitive,
         ))
+    }
+
+    fn fused_rope(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        layout: crate::ops::RopeLayout,
+    ) -> crate::ops::RopeOutput<Self> {
+        rope::forward::<B, C>(q, k, cos, sin, layout)
+    }
+
+    fn fused_rope_backward(
+        grad_q: Option<FloatTensor<Self>>,
+        grad_k: Option<FloatTensor<Self>>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        layout: crate::ops::RopeLayout,
+    ) -> crate::ops::RopeGrads<Self> {
+        rope::backward::<B, C>(grad_q, grad_k, cos, sin, layout)
     }
 }
 

@@ -138,6 +138,29 @@ impl<B: FusedOps> FusedOps for Liger<B> {
     ) -> FloatTensor<Self> {
         B::fused_sigmoid_backward(grad_output, output)
     }
+
+    fn fused_rope(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        layout: crate::ops::RopeLayout,
+    ) -> crate::ops::RopeOutput<Self> {
+        let crate::ops::RopeOutput { q, k } = B::fused_rope(q, k, cos, sin, layout);
+        crate::ops::RopeOutput { q, k }
+    }
+
+    fn fused_rope_backward(
+        grad_q: Option<FloatTensor<Self>>,
+        grad_k: Option<FloatTensor<Self>>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        layout: crate::ops::RopeLayout,
+    ) -> crate::ops::RopeGrads<Self> {
+        let crate::ops::RopeGrads { grad_q, grad_k } =
+            B::fused_rope_backward(grad_q, grad_k, cos, sin, layout);
+        crate::ops::RopeGrads { grad_q, grad_k }
+    }
 }
 
 fn lift_grads<B: FusedOps>(grads: NormGrads<B>) -> NormGrads<Liger<B>> {

@@ -12,6 +12,7 @@
 pub mod glu;
 pub mod reference;
 mod rng;
+pub mod rope;
 
 pub use rng::Rng;
 
@@ -45,11 +46,15 @@ pub enum Op {
     Gelu,
     /// Sigmoid.
     Sigmoid,
+    /// RoPE of q and k, Hugging Face `rotate_half` pairs.
+    RopeRotateHalf,
+    /// RoPE of q and k, interleaved pairs (Burn's `RotaryEncoding`).
+    RopeInterleaved,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 11] = [
+    pub const ALL: [Op; 13] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -61,6 +66,8 @@ impl Op {
         Op::GeGlu,
         Op::Gelu,
         Op::Sigmoid,
+        Op::RopeRotateHalf,
+        Op::RopeInterleaved,
     ];
 
     /// Name used in reports and filters.
@@ -77,6 +84,8 @@ impl Op {
             Op::GeGlu => "geglu",
             Op::Gelu => "gelu",
             Op::Sigmoid => "sigmoid",
+            Op::RopeRotateHalf => "rope_rotate_half",
+            Op::RopeInterleaved => "rope_interleaved",
         }
     }
 
@@ -244,6 +253,11 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
     }
     if op.is_elementwise() {
         shapes = glu::shapes(quick);
+    }
+
+    if matches!(op, Op::RopeRotateHalf | Op::RopeInterleaved) {
+        // (batch · seq, head_dim); the other dimensions come from rope::CASES.
+        shapes = rope::shapes(quick);
     }
     shapes
 }
@@ -468,6 +482,15 @@ pub fn run_case<B: FusedOps>(
         }
         Op::SwiGlu | Op::GeGlu | Op::Gelu | Op::Sigmoid => {
             comparisons = glu::run_case::<B>(op, rows, width, dtype, device, rng);
+        }
+
+        Op::RopeRotateHalf | Op::RopeInterleaved => {
+            let layout = if op == Op::RopeInterleaved {
+                crate::ops::RopeLayout::Interleaved
+            } else {
+                crate::ops::RopeLayout::RotateHalf
+            };
+            comparisons.extend(rope::run_case::<B>(layout, rows, width, dtype, device, rng));
         }
     }
     CaseResult {

@@ -9,6 +9,7 @@ mod activation;
 mod glu;
 mod layer_norm;
 mod rms_norm;
+mod rope;
 mod softmax;
 
 use crate::ops::FusedOps;
@@ -129,6 +130,31 @@ where
 
     fn fused_sigmoid_backward(grad_output: CubeTensor<R>, output: CubeTensor<R>) -> CubeTensor<R> {
         activation::backward(grad_output, output, activation::Unary::Sigmoid)
+    }
+
+    fn fused_rope(
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        cos: CubeTensor<R>,
+        sin: CubeTensor<R>,
+        layout: crate::ops::RopeLayout,
+    ) -> crate::ops::RopeOutput<Self> {
+        let (q, k) = rope::rope(Some(q), Some(k), cos, sin, layout, false);
+        crate::ops::RopeOutput {
+            q: q.expect("q was given"),
+            k: k.expect("k was given"),
+        }
+    }
+
+    fn fused_rope_backward(
+        grad_q: Option<CubeTensor<R>>,
+        grad_k: Option<CubeTensor<R>>,
+        cos: CubeTensor<R>,
+        sin: CubeTensor<R>,
+        layout: crate::ops::RopeLayout,
+    ) -> crate::ops::RopeGrads<Self> {
+        let (grad_q, grad_k) = rope::rope(grad_q, grad_k, cos, sin, layout, true);
+        crate::ops::RopeGrads { grad_q, grad_k }
     }
 }
 

@@ -6,6 +6,7 @@
 //! thread), and bad input must fail where the user called the op.
 
 mod glu;
+mod rope;
 
 use crate::ops::validate;
 use crate::ops::{
@@ -336,6 +337,26 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         output: FusionTensor<B::FusionRuntime>,
     ) -> FusionTensor<B::FusionRuntime> {
         glu::unary_backward::<B>(grad_output, output, glu::ElementwiseKind::SigmoidBackward)
+    }
+
+    fn fused_rope(
+        q: FusionTensor<B::FusionRuntime>,
+        k: FusionTensor<B::FusionRuntime>,
+        cos: FusionTensor<B::FusionRuntime>,
+        sin: FusionTensor<B::FusionRuntime>,
+        layout: crate::ops::RopeLayout,
+    ) -> crate::ops::RopeOutput<Self> {
+        rope::forward::<B>(q, k, cos, sin, layout)
+    }
+
+    fn fused_rope_backward(
+        grad_q: Option<FusionTensor<B::FusionRuntime>>,
+        grad_k: Option<FusionTensor<B::FusionRuntime>>,
+        cos: FusionTensor<B::FusionRuntime>,
+        sin: FusionTensor<B::FusionRuntime>,
+        layout: crate::ops::RopeLayout,
+    ) -> crate::ops::RopeGrads<Self> {
+        rope::backward::<B>(grad_q, grad_k, cos, sin, layout)
     }
 }
 

@@ -4,7 +4,9 @@
 mod glu_mlp;
 mod layer_norm;
 mod rms_norm;
+mod rope;
 
 pub use glu_mlp::{GeGluMlp, GeGluMlpConfig, SwiGluMlp, SwiGluMlpConfig};
 pub use layer_norm::{LayerNorm, LayerNormConfig};
 pub use rms_norm::{RmsNorm, RmsNormConfig};
+pub use rope::{Rope, RopeConfig};

@@ -204,6 +204,39 @@ pub trait FusedOps: Backend {
     ) -> FloatTensor<Self> {
         compose::activation::sigmoid_backward::<Self>(grad_output, output)
     }
+
+    /// Rotary position embedding of q and k (one kernel launch for both):
+    /// `out = x·cos + rot(x)·sin`, `rot` pairing elements as `layout` says.
+    ///
+    /// `q: [batch, q_heads, seq, head_dim]`, `k: [batch, kv_heads, seq, head_dim]` (any
+    /// strides; grouped-query attention has `kv_heads != q_heads`), `cos, sin: [1 or batch,
+    /// seq, head_dim]` of q's dtype, `head_dim` even. Outputs are contiguous, shaped like
+    /// the inputs. The tables are constants: no gradient flows into them.
+    fn fused_rope(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        layout: RopeLayout,
+    ) -> RopeOutput<Self> {
+        compose::rope::forward::<Self>(q, k, cos, sin, layout)
+    }
+
+    /// Backward of [`fused_rope`](FusedOps::fused_rope), the exact transpose for any
+    /// tables: `dx = g·cos - rot(g·sin)` (a rotation by `-θ` for cos/sin tables of angles).
+    ///
+    /// `grad_q`, `grad_k`: gradients of the rotated q and k, shaped like them; either may
+    /// be absent (a one-sided backward rotates only the other, still in one launch). The
+    /// returned gradient of q (k) is present exactly when `grad_q` (`grad_k`) is.
+    fn fused_rope_backward(
+        grad_q: Option<FloatTensor<Self>>,
+        grad_k: Option<FloatTensor<Self>>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        layout: RopeLayout,
+    ) -> RopeGrads<Self> {
+        compose::rope::backward::<Self>(grad_q, grad_k, cos, sin, layout)
+    }
 }
 
 /// `[..., d]` → `[..., 1]`: the shape of per-row statistics.
@@ -222,4 +255,22 @@ pub struct GluGrads<B: Backend> {
     pub grad_gate: FloatTensor<B>,
     /// Gradient of `up`, `[..., d_ff]`, dtype of `up`.
     pub grad_up: FloatTensor<B>,
+}
+
+/// Output of the fused RoPE forward.
+#[derive(Debug, Clone)]
+pub struct RopeOutput<B: Backend> {
+    /// Rotated q, `[batch, q_heads, seq, head_dim]`, contiguous.
+    pub q: FloatTensor<B>,
+    /// Rotated k, `[batch, kv_heads, seq, head_dim]`, contiguous.
+    pub k: FloatTensor<B>,
+}
+
+/// Gradients of the fused RoPE (the tables get none).
+#[derive(Debug, Clone)]
+pub struct RopeGrads<B: Backend> {
+    /// Gradient of q, present when the gradient of the rotated q was given.
+    pub grad_q: Option<FloatTensor<B>>,
+    /// Gradient of k, present when the gradient of the rotated k was given.
+    pub grad_k: Option<FloatTensor<B>>,
 }

@@ -157,3 +157,5 @@ pub fn elementwise_tensors<T: TensorMetadata>(
     let refs: Vec<(&str, &Shape, DType)> = meta.iter().map(|(n, s, d)| (*n, s, *d)).collect();
     elementwise(op, &refs, kernel_dtypes)
 }
+mod rope;
+pub use rope::{RopeInputs, rope, rope_tensors};

@@ -8,6 +8,7 @@ pub mod activation;
 pub mod glu;
 pub mod layer_norm;
 pub mod rms_norm;
+pub mod rope;
 pub mod softmax;
 
 use burn::tensor::{DType, FloatDType, Shape, TensorMetadata, backend::Backend, ops::FloatTensor};
