@@ -10,6 +10,7 @@
 //! operations where the device has them and a shared-memory tree otherwise; see
 //! [`reduce`].
 
+pub mod cross_entropy;
 pub mod launch;
 pub mod layer_norm;
 pub mod partial_sum;
@@ -48,6 +49,7 @@ pub mod counters {
         softmax_backward,
         log_softmax_forward,
         log_softmax_backward,
+        cross_entropy,
     );
 
     /// Records one launch.

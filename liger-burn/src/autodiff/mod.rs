@@ -3,6 +3,8 @@
 //! backward kernels too. Nodes keep exactly what the backward kernel needs (the inputs
 //! and the per-row statistics, or the softmax output), never a recomputed graph.
 
+mod cross_entropy;
+
 use crate::ops::{
     AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
 };
@@ -277,6 +279,16 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             grad_output.primitive,
             output.primitive,
         ))
+    }
+
+    fn fused_cross_entropy(
+        logits: FloatTensor<Self>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        grad_scale: Option<FloatTensor<Self>>,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::CrossEntropyRows<Self> {
+        cross_entropy::forward::<B, C>(logits, targets, class_weight, grad_scale, options)
     }
 }
 

@@ -96,6 +96,25 @@ impl<B: FusedOps> FusedOps for Liger<B> {
     ) -> FloatTensor<Self> {
         B::fused_log_softmax_backward(grad_output, output)
     }
+
+    fn fused_cross_entropy(
+        logits: FloatTensor<Self>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        grad_scale: Option<FloatTensor<Self>>,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::CrossEntropyRows<Self> {
+        let crate::ops::CrossEntropyRows {
+            loss,
+            z_loss,
+            grad_logits,
+        } = B::fused_cross_entropy(logits, targets, class_weight, grad_scale, options);
+        crate::ops::CrossEntropyRows {
+            loss,
+            z_loss,
+            grad_logits,
+        }
+    }
 }
 
 fn lift_grads<B: FusedOps>(grads: NormGrads<B>) -> NormGrads<Liger<B>> {

@@ -9,6 +9,7 @@
 //! right before each op, so a kernel that leaves an element unwritten reads back NaN
 //! from the reused pool memory instead of a plausible stale value.
 
+pub mod cross_entropy;
 pub mod reference;
 mod rng;
 
@@ -36,11 +37,21 @@ pub enum Op {
     Softmax,
     /// Log-softmax over the last dimension.
     LogSoftmax,
+    /// Cross entropy (mean, some ignored rows); width = vocabulary.
+    CrossEntropy,
+    /// Cross entropy with label smoothing and class weights (mean).
+    CrossEntropySmoothWeighted,
+    /// Cross entropy with z-loss and logit soft-capping (mean, z-loss returned).
+    CrossEntropyZLossSoftcap,
+    /// Cross entropy, reduction none (per-row upstream gradient), smoothing, weights, z-loss.
+    CrossEntropyNone,
+    /// Cross entropy, reduction sum, ignore_index inside the vocabulary.
+    CrossEntropySum,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 7] = [
+    pub const ALL: [Op; 12] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -48,6 +59,11 @@ impl Op {
         Op::LayerNormNoBias,
         Op::Softmax,
         Op::LogSoftmax,
+        Op::CrossEntropy,
+        Op::CrossEntropySmoothWeighted,
+        Op::CrossEntropyZLossSoftcap,
+        Op::CrossEntropyNone,
+        Op::CrossEntropySum,
     ];
 
     /// Name used in reports and filters.
@@ -60,6 +76,11 @@ impl Op {
             Op::LayerNormNoBias => "layer_norm_no_bias",
             Op::Softmax => "softmax",
             Op::LogSoftmax => "log_softmax",
+            Op::CrossEntropy => "cross_entropy",
+            Op::CrossEntropySmoothWeighted => "cross_entropy_smooth_weighted",
+            Op::CrossEntropyZLossSoftcap => "cross_entropy_z_loss_softcap",
+            Op::CrossEntropyNone => "cross_entropy_none",
+            Op::CrossEntropySum => "cross_entropy_sum",
         }
     }
 
@@ -220,6 +241,9 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
         if op.is_softmax() {
             shapes.extend([(16, 128_256), (8, 151_936), (4, 262_144)]);
         }
+    }
+    if op.is_cross_entropy() {
+        return cross_entropy::shapes(op, quick);
     }
     shapes
 }
@@ -441,6 +465,13 @@ pub fn run_case<B: FusedOps>(
                 &dxr,
                 tol,
             ));
+        }
+        Op::CrossEntropy
+        | Op::CrossEntropySmoothWeighted
+        | Op::CrossEntropyZLossSoftcap
+        | Op::CrossEntropyNone
+        | Op::CrossEntropySum => {
+            comparisons.extend(cross_entropy::run::<B>(op, rows, width, dtype, device, rng));
         }
     }
     CaseResult {

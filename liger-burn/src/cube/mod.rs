@@ -5,6 +5,7 @@
 //! allocated dense, and the inputs are validated before any launch, so bad input is a
 //! clear panic naming the op, the shapes and the dtypes rather than a device fault.
 
+mod cross_entropy;
 mod layer_norm;
 mod rms_norm;
 mod softmax;
@@ -93,6 +94,16 @@ where
         output: CubeTensor<R>,
     ) -> CubeTensor<R> {
         softmax::backward(grad_output, output, true)
+    }
+
+    fn fused_cross_entropy(
+        logits: CubeTensor<R>,
+        targets: CubeTensor<R>,
+        class_weight: Option<CubeTensor<R>>,
+        grad_scale: Option<CubeTensor<R>>,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::CrossEntropyRows<Self> {
+        cross_entropy::forward::<Self, R>(logits, targets, class_weight, grad_scale, options)
     }
 }
 

@@ -5,6 +5,8 @@
 //! Inputs are validated here, eagerly: the stream executes later (possibly on another
 //! thread), and bad input must fail where the user called the op.
 
+mod cross_entropy;
+
 use crate::ops::validate;
 use crate::ops::{
     AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
@@ -295,6 +297,16 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         output: FusionTensor<B::FusionRuntime>,
     ) -> FusionTensor<B::FusionRuntime> {
         softmax_backward::<B>(grad_output, output, true)
+    }
+
+    fn fused_cross_entropy(
+        logits: FusionTensor<B::FusionRuntime>,
+        targets: FusionTensor<B::FusionRuntime>,
+        class_weight: Option<FusionTensor<B::FusionRuntime>>,
+        grad_scale: Option<FusionTensor<B::FusionRuntime>>,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::CrossEntropyRows<Self> {
+        cross_entropy::forward::<B>(logits, targets, class_weight, grad_scale, options)
     }
 }
 

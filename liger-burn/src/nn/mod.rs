@@ -6,3 +6,7 @@ mod rms_norm;
 
 pub use layer_norm::{LayerNorm, LayerNormConfig};
 pub use rms_norm::{RmsNorm, RmsNormConfig};
+
+mod cross_entropy;
+
+pub use cross_entropy::{CrossEntropyLoss, CrossEntropyLossConfig};

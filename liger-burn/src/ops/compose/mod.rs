@@ -4,6 +4,7 @@
 //! once on the way out), so they are the same math as the fused kernels and
 //! serve as the fallback on backends without CubeCL (NdArray, LibTorch, ...).
 
+pub mod cross_entropy;
 pub mod layer_norm;
 pub mod rms_norm;
 pub mod softmax;
