@@ -264,3 +264,147 @@ pub fn rope_tables<B: burn::tensor::backend::Backend>(
     };
     (make(cos), make(sin))
 }
+
+/// Output of [`cross_entropy`] and [`fused_linear_cross_entropy`].
+#[derive(Debug, Clone)]
+pub struct CrossEntropyOutput<B: burn::tensor::backend::Backend> {
+    /// The loss: `[1]` for [`Reduction::Mean`](crate::ops::Reduction::Mean) and
+    /// [`Reduction::Sum`](crate::ops::Reduction::Sum), `[N]` per row for
+    /// [`Reduction::None`](crate::ops::Reduction::None). Its gradient reaches the logits.
+    pub loss: Tensor<B, 1>,
+    /// The z-loss part of `loss` (`λ lse²`, reduced the same way), when
+    /// `options.return_z_loss`; for logging, it carries no gradient of its own.
+    pub z_loss: Option<Tensor<B, 1>>,
+}
+
+/// Cross entropy of `logits` against integer `targets`, fused: one kernel computes the
+/// per-row loss and, when the logits are tracked by autodiff, their gradient, written over
+/// the logits buffer when nothing else holds it. No `[N, V]` softmax is ever stored.
+///
+/// - `logits`: `[N, V]` (f32, f16 or bf16 on the kernels; any float on the fallback)
+/// - `targets`: `[N]`, class indices in `[0, V)` or `options.ignore_index`
+/// - `class_weight`: `[V]`, optional per-class weights (PyTorch's `weight`); they get no
+///   gradient (they are treated as constants)
+/// - returns the loss (`[1]` or `[N]`, see [`CrossEntropyOutput`]) and optionally the z-loss
+///
+/// The math, the mean's denominator, the all-ignored case and the target check are
+/// documented on [`CrossEntropyOptions`](crate::ops::CrossEntropyOptions). With
+/// `check_targets` (default) this reads 2 integers back from the device.
+///
+/// The backward costs nothing when the loss is reduced (mean or sum) and the upstream
+/// gradient is exactly 1 (plain `loss.backward()`): the gradient was computed in the
+/// forward. Otherwise it is one pass over `[N, V]`.
+pub fn cross_entropy<B: FusedOps>(
+    logits: Tensor<B, 2>,
+    targets: Tensor<B, 1, burn::tensor::Int>,
+    class_weight: Option<Tensor<B, 1>>,
+    options: crate::ops::CrossEntropyOptions,
+) -> CrossEntropyOutput<B> {
+    cross_entropy_with_denominator(logits, targets, class_weight, options, None)
+}
+
+/// [`cross_entropy`] whose mean divides by `denominator` (`[1]`, f32, on the device)
+/// instead of `Σ_{non-ignored} w[y_i]` (the modules use it for Burn's denominators).
+pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
+    logits: Tensor<B, 2>,
+    targets: Tensor<B, 1, burn::tensor::Int>,
+    class_weight: Option<Tensor<B, 1>>,
+    options: crate::ops::CrossEntropyOptions,
+    denominator: Option<Tensor<B, 1>>,
+) -> CrossEntropyOutput<B> {
+    use crate::ops::Reduction;
+    const OP: &str = "cross_entropy";
+    validate::check(validate::cross_entropy(
+        &validate::CrossEntropyInputs {
+            op: OP,
+            logits: (logits.shape(), logits.dtype()),
+            targets: (targets.shape(), targets.dtype()),
+            class_weight: class_weight.as_ref().map(|w| (w.shape(), w.dtype())),
+            grad_scale: None,
+            kernel_dtypes: false,
+        },
+        &options,
+    ));
+    let vocab = logits.dims()[1];
+    if options.check_targets {
+        check_targets(OP, &targets, vocab, options.ignore_index, &logits.shape());
+    }
+    // Class weights are constants of the loss.
+    let class_weight = class_weight.map(|w| w.detach());
+    let scale = match options.reduction {
+        Reduction::Mean => Some(reciprocal_or_zero(denominator.unwrap_or_else(|| {
+            non_ignored_weight(&targets, class_weight.as_ref(), vocab, options.ignore_index)
+        }))),
+        Reduction::Sum | Reduction::None => None,
+    };
+    // Asked only when autodiff tracks the logits (the Autodiff backend decides too).
+    let grad_scale = logits.is_require_grad().then(|| {
+        scale.clone().unwrap_or_else(|| {
+            Tensor::<B, 1>::ones([1], &logits.device()).cast(burn::tensor::DType::F32)
+        })
+    });
+    let rows = B::fused_cross_entropy(
+        prim(logits),
+        targets.into_primitive(),
+        class_weight.map(prim),
+        grad_scale.map(prim),
+        options,
+    );
+    let reduce = |t: Tensor<B, 1>| match (&scale, options.reduction) {
+        (Some(s), _) => t.sum() * s.clone(),
+        (None, Reduction::Sum) => t.sum(),
+        (None, _) => t,
+    };
+    CrossEntropyOutput {
+        loss: reduce(wrap(rows.loss)),
+        z_loss: rows.z_loss.map(|z| reduce(wrap(z))),
+    }
+}
+
+/// `1 / d`, and `0` where `d = 0` (an all-ignored batch has loss 0 and zero gradients).
+fn reciprocal_or_zero<B: FusedOps>(d: Tensor<B, 1>) -> Tensor<B, 1> {
+    let zero = d.clone().equal_elem(0.0);
+    d.recip().mask_fill(zero, 0.0)
+}
+
+/// `Σ_{non-ignored i} w[y_i]` (the count of non-ignored rows without weights), `[1]` f32.
+/// Targets outside `[0, V)` count as ignored.
+pub(crate) fn non_ignored_weight<B: FusedOps>(
+    targets: &Tensor<B, 1, burn::tensor::Int>,
+    class_weight: Option<&Tensor<B, 1>>,
+    vocab: usize,
+    ignore_index: i64,
+) -> Tensor<B, 1> {
+    use crate::ops::compose::cross_entropy::{mask_f32, valid_rows};
+    let valid = valid_rows(targets.clone(), vocab, ignore_index);
+    match class_weight {
+        Some(w) => {
+            let safe = targets.clone().mask_fill(valid.clone().bool_not(), 0);
+            let w_y = w.clone().cast(burn::tensor::DType::F32).gather(0, safe);
+            (w_y * mask_f32(valid)).sum()
+        }
+        None => mask_f32(valid).sum(),
+    }
+}
+
+/// Panics naming `op`, the value and `V` when a target is outside `[0, V)` and is not
+/// `ignore_index`. One device-to-host read of two integers.
+pub(crate) fn check_targets<B: FusedOps>(
+    op: &str,
+    targets: &Tensor<B, 1, burn::tensor::Int>,
+    vocab: usize,
+    ignore_index: i64,
+    logits_shape: &burn::tensor::Shape,
+) {
+    let ignored = targets.clone().equal_elem(ignore_index);
+    let kept = targets.clone().mask_fill(ignored, 0);
+    let bounds = Tensor::cat(vec![kept.clone().min(), kept.max()], 0).into_data();
+    let bounds: Vec<i64> = bounds.iter::<i64>().collect();
+    let (min, max) = (bounds[0], bounds[1]);
+    let bad = if min < 0 { min } else { max };
+    if min < 0 || max >= vocab as i64 {
+        panic!(
+            "{op}: target {bad} is out of range [0, {vocab}) for logits {logits_shape:?} (and is not ignore_index {ignore_index})"
+        );
+    }
+}

@@ -11,6 +11,7 @@
 //! [`reduce`].
 
 pub mod activation;
+pub mod cross_entropy;
 pub mod elementwise;
 pub mod glu;
 pub mod launch;
@@ -63,6 +64,7 @@ pub mod counters {
         sigmoid_backward,
         rope_forward,
         rope_backward,
+        cross_entropy,
     );
 
     /// Records one launch.

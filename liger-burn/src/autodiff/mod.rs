@@ -3,6 +3,7 @@
 //! backward kernels too. Nodes keep exactly what the backward kernel needs (the inputs
 //! and the per-row statistics, or the softmax output), never a recomputed graph.
 
+mod cross_entropy;
 mod glu;
 mod rope;
 
@@ -342,6 +343,16 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         layout: crate::ops::RopeLayout,
     ) -> crate::ops::RopeGrads<Self> {
         rope::backward::<B, C>(grad_q, grad_k, cos, sin, layout)
+    }
+
+    fn fused_cross_entropy(
+        logits: FloatTensor<Self>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        grad_scale: Option<FloatTensor<Self>>,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::CrossEntropyRows<Self> {
+        cross_entropy::forward::<B, C>(logits, targets, class_weight, grad_scale, options)
     }
 }
 

@@ -161,6 +161,25 @@ impl<B: FusedOps> FusedOps for Liger<B> {
             B::fused_rope_backward(grad_q, grad_k, cos, sin, layout);
         crate::ops::RopeGrads { grad_q, grad_k }
     }
+
+    fn fused_cross_entropy(
+        logits: FloatTensor<Self>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        grad_scale: Option<FloatTensor<Self>>,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::CrossEntropyRows<Self> {
+        let crate::ops::CrossEntropyRows {
+            loss,
+            z_loss,
+            grad_logits,
+        } = B::fused_cross_entropy(logits, targets, class_weight, grad_scale, options);
+        crate::ops::CrossEntropyRows {
+            loss,
+            z_loss,
+            grad_logits,
+        }
+    }
 }
 
 fn lift_grads<B: FusedOps>(grads: NormGrads<B>) -> NormGrads<Liger<B>> {

@@ -9,6 +9,7 @@
 //! right before each op, so a kernel that leaves an element unwritten reads back NaN
 //! from the reused pool memory instead of a plausible stale value.
 
+pub mod cross_entropy;
 pub mod glu;
 pub mod reference;
 mod rng;
@@ -50,11 +51,21 @@ pub enum Op {
     RopeRotateHalf,
     /// RoPE of q and k, interleaved pairs (Burn's `RotaryEncoding`).
     RopeInterleaved,
+    /// Cross entropy (mean, some ignored rows); width = vocabulary.
+    CrossEntropy,
+    /// Cross entropy with label smoothing and class weights (mean).
+    CrossEntropySmoothWeighted,
+    /// Cross entropy with z-loss and logit soft-capping (mean, z-loss returned).
+    CrossEntropyZLossSoftcap,
+    /// Cross entropy, reduction none (per-row upstream gradient), smoothing, weights, z-loss.
+    CrossEntropyNone,
+    /// Cross entropy, reduction sum, ignore_index inside the vocabulary.
+    CrossEntropySum,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 13] = [
+    pub const ALL: [Op; 18] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -68,6 +79,11 @@ impl Op {
         Op::Sigmoid,
         Op::RopeRotateHalf,
         Op::RopeInterleaved,
+        Op::CrossEntropy,
+        Op::CrossEntropySmoothWeighted,
+        Op::CrossEntropyZLossSoftcap,
+        Op::CrossEntropyNone,
+        Op::CrossEntropySum,
     ];
 
     /// Name used in reports and filters.
@@ -86,6 +102,11 @@ impl Op {
             Op::Sigmoid => "sigmoid",
             Op::RopeRotateHalf => "rope_rotate_half",
             Op::RopeInterleaved => "rope_interleaved",
+            Op::CrossEntropy => "cross_entropy",
+            Op::CrossEntropySmoothWeighted => "cross_entropy_smooth_weighted",
+            Op::CrossEntropyZLossSoftcap => "cross_entropy_z_loss_softcap",
+            Op::CrossEntropyNone => "cross_entropy_none",
+            Op::CrossEntropySum => "cross_entropy_sum",
         }
     }
 
@@ -258,6 +279,10 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
     if matches!(op, Op::RopeRotateHalf | Op::RopeInterleaved) {
         // (batch · seq, head_dim); the other dimensions come from rope::CASES.
         shapes = rope::shapes(quick);
+    }
+
+    if op.is_cross_entropy() {
+        return cross_entropy::shapes(op, quick);
     }
     shapes
 }
@@ -491,6 +516,14 @@ pub fn run_case<B: FusedOps>(
                 crate::ops::RopeLayout::RotateHalf
             };
             comparisons.extend(rope::run_case::<B>(layout, rows, width, dtype, device, rng));
+        }
+
+        Op::CrossEntropy
+        | Op::CrossEntropySmoothWeighted
+        | Op::CrossEntropyZLossSoftcap
+        | Op::CrossEntropyNone
+        | Op::CrossEntropySum => {
+            comparisons.extend(cross_entropy::run::<B>(op, rows, width, dtype, device, rng));
         }
     }
     CaseResult {

@@ -6,6 +6,7 @@
 //! clear panic naming the op, the shapes and the dtypes rather than a device fault.
 
 mod activation;
+mod cross_entropy;
 mod glu;
 mod layer_norm;
 mod rms_norm;
@@ -155,6 +156,16 @@ where
     ) -> crate::ops::RopeGrads<Self> {
         let (grad_q, grad_k) = rope::rope(grad_q, grad_k, cos, sin, layout, true);
         crate::ops::RopeGrads { grad_q, grad_k }
+    }
+
+    fn fused_cross_entropy(
+        logits: CubeTensor<R>,
+        targets: CubeTensor<R>,
+        class_weight: Option<CubeTensor<R>>,
+        grad_scale: Option<CubeTensor<R>>,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::CrossEntropyRows<Self> {
+        cross_entropy::forward::<Self, R>(logits, targets, class_weight, grad_scale, options)
     }
 }
 

@@ -5,6 +5,7 @@
 //! Inputs are validated here, eagerly: the stream executes later (possibly on another
 //! thread), and bad input must fail where the user called the op.
 
+mod cross_entropy;
 mod glu;
 mod rope;
 
@@ -357,6 +358,16 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         layout: crate::ops::RopeLayout,
     ) -> crate::ops::RopeGrads<Self> {
         rope::backward::<B>(grad_q, grad_k, cos, sin, layout)
+    }
+
+    fn fused_cross_entropy(
+        logits: FusionTensor<B::FusionRuntime>,
+        targets: FusionTensor<B::FusionRuntime>,
+        class_weight: Option<FusionTensor<B::FusionRuntime>>,
+        grad_scale: Option<FusionTensor<B::FusionRuntime>>,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::CrossEntropyRows<Self> {
+        cross_entropy::forward::<B>(logits, targets, class_weight, grad_scale, options)
     }
 }
 

@@ -10,3 +10,7 @@ pub use glu_mlp::{GeGluMlp, GeGluMlpConfig, SwiGluMlp, SwiGluMlpConfig};
 pub use layer_norm::{LayerNorm, LayerNormConfig};
 pub use rms_norm::{RmsNorm, RmsNormConfig};
 pub use rope::{Rope, RopeConfig};
+
+mod cross_entropy;
+
+pub use cross_entropy::{CrossEntropyLoss, CrossEntropyLossConfig};

@@ -15,7 +15,11 @@ pub mod validate;
 
 pub use options::*;
 
-use burn::tensor::{Shape, backend::Backend, ops::FloatTensor};
+use burn::tensor::{
+    Shape,
+    backend::Backend,
+    ops::{FloatTensor, IntTensor},
+};
 
 /// Output of the fused RMSNorm forward.
 #[derive(Debug, Clone)]
@@ -57,6 +61,18 @@ pub struct NormGrads<B: Backend> {
     pub grad_weight: FloatTensor<B>,
     /// Gradient of the bias, `[d]`, when the norm has one.
     pub grad_bias: Option<FloatTensor<B>>,
+}
+
+/// Per-row output of the fused cross entropy (see [`CrossEntropyOptions`] for the math).
+#[derive(Debug, Clone)]
+pub struct CrossEntropyRows<B: Backend> {
+    /// Per-row loss `loss_i = ce_i + zl_i`, `[N]`, f32 (0 on ignored rows).
+    pub loss: FloatTensor<B>,
+    /// Per-row z-loss `zl_i = λ lse_i²`, `[N]`, f32, when `return_z_loss`.
+    pub z_loss: Option<FloatTensor<B>>,
+    /// `grad_scale · ∂(Σ_i loss_i)/∂logits`, `[N, V]`, dtype of the logits, when a
+    /// `grad_scale` was given.
+    pub grad_logits: Option<FloatTensor<B>>,
 }
 
 /// The fused primitives. See the module docs for the shape conventions.
@@ -236,6 +252,28 @@ pub trait FusedOps: Backend {
         layout: RopeLayout,
     ) -> RopeGrads<Self> {
         compose::rope::backward::<Self>(grad_q, grad_k, cos, sin, layout)
+    }
+
+    /// Cross entropy of `logits: [N, V]` (f32/f16/bf16) against integer
+    /// `targets: [N]`, with optional `class_weight: [V]`; see [`CrossEntropyOptions`] for
+    /// the math (`options.reduction` is not applied here: the loss is per row).
+    ///
+    /// With `grad_scale: Some([1] f32 tensor s)` the gradient
+    /// `s · ∂(Σ_i loss_i)/∂logits` is computed in the same pass (`s` lives on the device,
+    /// e.g. `1/W` for a mean, so no host sync is needed); the fused kernels write it over
+    /// the logits buffer when nothing else holds that buffer. On `Autodiff<B>` the
+    /// returned `loss` is tracked: its backward scales that gradient by the incoming
+    /// per-row gradient divided by `s` (a no-op, skipping the `[N, V]` pass, when the
+    /// incoming gradient is exactly `s` on every row, as under a mean or sum followed by
+    /// `backward()`). Class weights get no gradient.
+    fn fused_cross_entropy(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        grad_scale: Option<FloatTensor<Self>>,
+        options: CrossEntropyOptions,
+    ) -> CrossEntropyRows<Self> {
+        compose::cross_entropy::forward::<Self>(logits, targets, class_weight, grad_scale, options)
     }
 }
 

@@ -143,3 +143,111 @@ impl Llama3RopeScaling {
         }
     }
 }
+/// How [`cross_entropy`](crate::functional::cross_entropy) reduces its per-row losses.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+pub enum Reduction {
+    /// `Σ_i loss_i / W` with `W = Σ_{non-ignored i} w[y_i]` (the number of non-ignored
+    /// rows without class weights): PyTorch's denominator. A `[1]` tensor.
+    #[default]
+    Mean,
+    /// `Σ_i loss_i`. A `[1]` tensor.
+    Sum,
+    /// The per-row losses, `[N]` (ignored rows are 0).
+    None,
+}
+
+/// Options of [`cross_entropy`](crate::functional::cross_entropy) and
+/// [`fused_linear_cross_entropy`](crate::functional::fused_linear_cross_entropy).
+///
+/// For a row `i` whose target `y` is not `ignore_index`, with logits `x` (`[V]`):
+///
+/// - `z = softcap.map_or(x, |c| c · tanh(x / c))` (Gemma-2 style logit soft-capping),
+/// - `lse = logsumexp(z)`, `w` the class weights (all 1 without weights),
+/// - `ce_i = (1-ε) w[y] (lse - z_y) + (ε/V) Σ_c w_c (lse - z_c)` (PyTorch's
+///   `F.cross_entropy` with `weight` and `label_smoothing = ε`),
+/// - `zl_i = λ lse²` (Liger-Kernel's z-loss, `λ = lse_square_scale`),
+/// - `loss_i = ce_i + zl_i`.
+///
+/// Ignored rows contribute 0 loss and 0 gradient. [`Reduction::Mean`] divides everything
+/// (the z-loss too) by `W = Σ_{non-ignored} w[y_i]`. When every row is ignored (`W = 0`)
+/// the mean is defined as 0 with zero gradients (PyTorch gives NaN), so a batch of pure
+/// padding does not poison a training run.
+///
+/// Targets must lie in `[0, V)` unless they equal `ignore_index`. With `check_targets`
+/// (the default) every call checks that eagerly and panics naming the op, the offending
+/// value and `V`; this costs one small device-to-host read (the min and max of the
+/// targets, 2 integers) per call, which synchronizes with the device. Without the
+/// check, out-of-range targets are never used as an index: such rows are treated exactly
+/// like ignored rows (loss 0, zero gradient, not counted in `W`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CrossEntropyOptions {
+    /// Target value of rows to skip (default `-100`, PyTorch's).
+    pub ignore_index: i64,
+    /// Label smoothing `ε` in `[0, 1]` (default 0).
+    pub label_smoothing: f64,
+    /// z-loss scale `λ`: `λ · lse²` is added to each row's loss (default 0).
+    pub lse_square_scale: f64,
+    /// Also return the z-loss part of the loss (reduced like the loss), for logging.
+    pub return_z_loss: bool,
+    /// Logit soft-capping value `c > 0` (`c · tanh(x / c)`), if any.
+    pub softcap: Option<f64>,
+    /// How the per-row losses are reduced (default [`Reduction::Mean`]).
+    pub reduction: Reduction,
+    /// Check eagerly that every target is in `[0, V)` or `ignore_index` (default true;
+    /// one small host read per call, see the type docs).
+    pub check_targets: bool,
+}
+
+impl Default for CrossEntropyOptions {
+    fn default() -> Self {
+        Self {
+            ignore_index: -100,
+            label_smoothing: 0.0,
+            lse_square_scale: 0.0,
+            return_z_loss: false,
+            softcap: None,
+            reduction: Reduction::Mean,
+            check_targets: true,
+        }
+    }
+}
+
+impl CrossEntropyOptions {
+    /// Sets [`ignore_index`](Self::ignore_index).
+    pub fn with_ignore_index(mut self, ignore_index: i64) -> Self {
+        self.ignore_index = ignore_index;
+        self
+    }
+    /// Sets [`label_smoothing`](Self::label_smoothing).
+    pub fn with_label_smoothing(mut self, label_smoothing: f64) -> Self {
+        self.label_smoothing = label_smoothing;
+        self
+    }
+    /// Sets [`lse_square_scale`](Self::lse_square_scale) (the z-loss scale).
+    pub fn with_lse_square_scale(mut self, lse_square_scale: f64) -> Self {
+        self.lse_square_scale = lse_square_scale;
+        self
+    }
+    /// Sets [`return_z_loss`](Self::return_z_loss).
+    pub fn with_return_z_loss(mut self, return_z_loss: bool) -> Self {
+        self.return_z_loss = return_z_loss;
+        self
+    }
+    /// Sets [`softcap`](Self::softcap).
+    pub fn with_softcap(mut self, softcap: Option<f64>) -> Self {
+        self.softcap = softcap;
+        self
+    }
+    /// Sets [`reduction`](Self::reduction).
+    pub fn with_reduction(mut self, reduction: Reduction) -> Self {
+        self.reduction = reduction;
+        self
+    }
+    /// Sets [`check_targets`](Self::check_targets).
+    pub fn with_check_targets(mut self, check_targets: bool) -> Self {
+        self.check_targets = check_targets;
+        self
+    }
+}

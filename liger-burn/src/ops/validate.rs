@@ -159,3 +159,108 @@ pub fn elementwise_tensors<T: TensorMetadata>(
 }
 mod rope;
 pub use rope::{RopeInputs, rope, rope_tensors};
+/// A cross-entropy call's inputs: `logits: [N, V]`, `targets: [N]` (integers),
+/// `class_weight: [V]`, `grad_scale: [1]`.
+pub struct CrossEntropyInputs {
+    /// Op name for messages.
+    pub op: &'static str,
+    /// Logits shape and dtype.
+    pub logits: (Shape, DType),
+    /// Targets shape and dtype.
+    pub targets: (Shape, DType),
+    /// Class weights shape and dtype, if any.
+    pub class_weight: Option<(Shape, DType)>,
+    /// Gradient scale shape and dtype, if any.
+    pub grad_scale: Option<(Shape, DType)>,
+    /// Whether the logits dtype must be one the kernels read.
+    pub kernel_dtypes: bool,
+}
+
+/// Validates a cross-entropy call's inputs and options.
+pub fn cross_entropy(
+    inputs: &CrossEntropyInputs,
+    options: &crate::ops::CrossEntropyOptions,
+) -> Result<(), LigerError> {
+    let op = inputs.op;
+    let (shape, dtype) = (&inputs.logits.0, inputs.logits.1);
+    if shape.num_dims() != 2 {
+        return fail(format!(
+            "{op}: logits must be [N, V] (rank 2), got shape {shape:?} (dtype {dtype:?})"
+        ));
+    }
+    rows(op, (shape, dtype), inputs.kernel_dtypes)?;
+    let (n, v) = (shape[0], shape[1]);
+    let (t_shape, t_dtype) = (&inputs.targets.0, inputs.targets.1);
+    if !(t_dtype.is_int() || t_dtype.is_uint()) {
+        return fail(format!(
+            "{op}: targets must be an integer tensor, got dtype {t_dtype:?} (targets {t_shape:?}, logits {shape:?} {dtype:?})"
+        ));
+    }
+    if t_shape.num_dims() != 1 || t_shape[0] != n {
+        return fail(format!(
+            "{op}: targets must have shape [{n}] to match logits {shape:?}, got {t_shape:?} (dtype {t_dtype:?})"
+        ));
+    }
+    if let Some((w_shape, w_dtype)) = &inputs.class_weight {
+        if w_shape.num_dims() != 1 || w_shape[0] != v {
+            return fail(format!(
+                "{op}: class_weight must have shape [{v}] to match logits {shape:?}, got {w_shape:?} (dtype {w_dtype:?})"
+            ));
+        }
+        if !w_dtype.is_float() {
+            return fail(format!(
+                "{op}: class_weight must be a float tensor, got dtype {w_dtype:?} (shape {w_shape:?})"
+            ));
+        }
+    }
+    if let Some((s_shape, s_dtype)) = &inputs.grad_scale {
+        if s_shape.num_elements() != 1 || !s_dtype.is_float() {
+            return fail(format!(
+                "{op}: grad_scale must be a float tensor of one element, got shape {s_shape:?} and dtype {s_dtype:?}"
+            ));
+        }
+    }
+    let eps = options.label_smoothing;
+    if !(0.0..=1.0).contains(&eps) {
+        return fail(format!(
+            "{op}: label_smoothing must be in [0, 1], got {eps} (logits {shape:?})"
+        ));
+    }
+    if !options.lse_square_scale.is_finite() {
+        return fail(format!(
+            "{op}: lse_square_scale must be finite, got {} (logits {shape:?})",
+            options.lse_square_scale
+        ));
+    }
+    if let Some(c) = options.softcap {
+        if !(c.is_finite() && c > 0.0) {
+            return fail(format!(
+                "{op}: softcap must be positive and finite, got {c} (logits {shape:?})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// [`cross_entropy`] on tensors of any layer.
+pub fn cross_entropy_tensors<F: TensorMetadata, I: TensorMetadata>(
+    op: &'static str,
+    logits: &F,
+    targets: &I,
+    class_weight: Option<&F>,
+    grad_scale: Option<&F>,
+    kernel_dtypes: bool,
+    options: &crate::ops::CrossEntropyOptions,
+) -> Result<(), LigerError> {
+    cross_entropy(
+        &CrossEntropyInputs {
+            op,
+            logits: (logits.shape(), logits.dtype()),
+            targets: (targets.shape(), targets.dtype()),
+            class_weight: class_weight.map(|w| (w.shape(), w.dtype())),
+            grad_scale: grad_scale.map(|s| (s.shape(), s.dtype())),
+            kernel_dtypes,
+        },
+        options,
+    )
+}

@@ -1,0 +1,138 @@
+//! Cross entropy as stock Burn ops (f32 math), the same formulas as the fused kernel.
+//!
+//! This composition materializes several `[N, V]` f32 temporaries; it is the fallback for
+//! backends without CubeCL and the reference the fused kernels must equal.
+
+use super::{to_dtype, to_f32};
+use crate::ops::{CrossEntropyOptions, CrossEntropyRows, validate};
+use burn::tensor::{
+    Bool, DType, Int, Tensor, TensorMetadata, TensorPrimitive,
+    backend::Backend,
+    ops::{FloatTensor, IntTensor},
+};
+
+fn float<B: Backend, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(x))
+}
+
+fn prim<B: Backend, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
+    x.into_primitive().tensor()
+}
+
+/// Rows whose target is in `[0, V)` and not `ignore_index`: `[N]`.
+pub(crate) fn valid_rows<B: Backend>(
+    targets: Tensor<B, 1, Int>,
+    vocab: usize,
+    ignore_index: i64,
+) -> Tensor<B, 1, Bool> {
+    targets
+        .clone()
+        .greater_equal_elem(0)
+        .bool_and(targets.clone().lower_elem(vocab as i64))
+        .bool_and(targets.not_equal_elem(ignore_index))
+}
+
+/// `mask` as f32 ones and zeros.
+pub(crate) fn mask_f32<B: Backend, const D: usize>(mask: Tensor<B, D, Bool>) -> Tensor<B, D> {
+    mask.float().cast(DType::F32)
+}
+
+/// See [`FusedOps::fused_cross_entropy`](crate::ops::FusedOps::fused_cross_entropy).
+pub fn forward<B: Backend>(
+    logits: FloatTensor<B>,
+    targets: IntTensor<B>,
+    class_weight: Option<FloatTensor<B>>,
+    grad_scale: Option<FloatTensor<B>>,
+    options: CrossEntropyOptions,
+) -> CrossEntropyRows<B> {
+    validate::check(validate::cross_entropy_tensors(
+        "cross_entropy",
+        &logits,
+        &targets,
+        class_weight.as_ref(),
+        grad_scale.as_ref(),
+        false,
+        &options,
+    ));
+    let dtype = logits.dtype();
+    let shape = logits.shape();
+    let (n, v) = (shape[0], shape[1]);
+    let x: Tensor<B, 2> = float(to_f32::<B>(logits));
+    let device = x.device();
+    let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
+    let valid = valid_rows(targets.clone(), v, options.ignore_index);
+    let valid_f = mask_f32(valid.clone()).reshape([n, 1]);
+    // Invalid rows read class 0 (always in range) and are zeroed by `valid_f`.
+    let safe = targets.mask_fill(valid.bool_not(), 0).reshape([n, 1]);
+
+    let (z, chain) = match options.softcap {
+        Some(c) => {
+            let t = (x / c).tanh();
+            let chain = t.clone().powi_scalar(2).neg() + 1.0;
+            (t * c, Some(chain))
+        }
+        None => (x, None),
+    };
+    let max = z.clone().max_dim(1);
+    let sum_exp = (z.clone() - max.clone()).exp().sum_dim(1);
+    let lse = max + sum_exp.log(); // [n, 1]
+    let z_y = z.clone().gather(1, safe.clone());
+    let weights = class_weight.map(|w| float::<B, 1>(to_f32::<B>(w)).reshape([1, v]));
+    let (w_y, sum_w) = match &weights {
+        Some(w) => (
+            w.clone()
+                .reshape([v])
+                .gather(0, safe.clone().reshape([n]))
+                .reshape([n, 1]),
+            w.clone().sum().reshape([1, 1]),
+        ),
+        None => (
+            Tensor::<B, 2>::ones([n, 1], &device).cast(DType::F32),
+            Tensor::<B, 2>::full([1, 1], v as f32, &device).cast(DType::F32),
+        ),
+    };
+    let eps = options.label_smoothing;
+    let lambda = options.lse_square_scale;
+    let mut ce = w_y.clone() * (lse.clone() - z_y) * (1.0 - eps);
+    if eps != 0.0 {
+        let sum_wz = match &weights {
+            Some(w) => (z.clone() * w.clone()).sum_dim(1),
+            None => z.clone().sum_dim(1),
+        };
+        ce = ce + (lse.clone() * sum_w.clone() - sum_wz) * (eps / v as f64);
+    }
+    let zl = lse.clone().powi_scalar(2) * lambda;
+    let loss = ((ce + zl.clone()) * valid_f.clone()).reshape([n]);
+    let z_loss = options
+        .return_z_loss
+        .then(|| prim((zl * valid_f.clone()).reshape([n])));
+
+    let grad_logits = grad_scale.map(|s| {
+        let s = float::<B, 1>(to_f32::<B>(s)).reshape([1, 1]);
+        let p = (z.clone() - lse.clone()).exp();
+        let a = w_y * s.clone() * (1.0 - eps);
+        let b = s.clone() * (eps / v as f64);
+        let coef_p = a.clone() + b.clone() * sum_w + lse * s * (2.0 * lambda);
+        let mut g = p * coef_p;
+        if eps != 0.0 {
+            g = match &weights {
+                Some(w) => g - w.clone() * b,
+                None => g - b,
+            };
+        }
+        let classes = Tensor::<B, 1, Int>::arange(0..v as i64, &device)
+            .reshape([1, v])
+            .expand([n, v]);
+        let one_hot = mask_f32(classes.equal(safe.expand([n, v])));
+        g = g - one_hot * a;
+        if let Some(chain) = chain {
+            g = g * chain;
+        }
+        to_dtype::<B>(prim(g * valid_f), dtype)
+    });
+    CrossEntropyRows {
+        loss: prim(loss),
+        z_loss,
+        grad_logits,
+    }
+}

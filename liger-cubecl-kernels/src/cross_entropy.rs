@@ -1,0 +1,489 @@
+//! Cross entropy over rows of logits with integer targets: the per-row loss and the
+//! logits gradient in one kernel.
+//!
+//! For a row with target `y` (neither `ignore_index` nor out of `[0, V)`), logits `x`,
+//! `z = softcap · tanh(x / softcap)` (or `z = x`), `lse = logsumexp(z)`, class weights `w`
+//! (all one without weights) and `Σw = Σ_c w_c`:
+//!
+//! - `loss = (1-ε) w_y (lse - z_y) + (ε/V) (lse · Σw - Σ_c w_c z_c) + λ lse²`
+//! - `z_loss = λ lse²`
+//! - `grad_c = s · (1 - (z_c/softcap)²) · ((1-ε) w_y (p_c - δ_cy) + (ε/V)(p_c Σw - w_c) + 2λ lse p_c)`
+//!
+//! with `p = softmax(z)` and `s` the device-side gradient scale (e.g. `1/Σ w_y` for a mean).
+//! Other rows get loss 0 and a zero gradient row, and their target is never used as an index.
+//!
+//! Pass 1 reads the row once with an online max and rescaled sum of `exp` (plus `Σ w_c z_c`
+//! under label smoothing); pass 2 reads it again (or the registers, for rows of at most
+//! [`MAX_CACHED_CHUNKS`](crate::launch::MAX_CACHED_CHUNKS) vectors per unit) and writes the
+//! gradient. The gradient may be written over the logits (`in_place`): each element is
+//! read and then written by the same unit, after every read of the row's first pass.
+
+use crate::counters::{self, Kernel};
+use crate::launch::{
+    KernelError, RowLaunch, SOFTMAX_FORWARD_VECTORS_PER_UNIT, array, check_float_dtype,
+};
+use crate::reduce::{ReduceOp, cube_reduce, vector_max, vector_sum};
+use cubecl::ir::{ElemType, IntKind};
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+/// `softcap · tanh(x / softcap)` when `softcapped`, else `x`.
+#[cube]
+fn cap<N: Size>(x: Vector<f32, N>, softcap: f32, #[comptime] softcapped: bool) -> Vector<f32, N> {
+    if softcapped {
+        Vector::tanh(x * Vector::new(1.0f32 / softcap)) * Vector::new(softcap)
+    } else {
+        x
+    }
+}
+
+/// Folds one vector into a unit's running max and its sum of `exp(z - max)`.
+#[cube]
+fn online_update<N: Size>(z: Vector<f32, N>, local_max: &mut f32, local_sum: &mut f32) {
+    let vmax = vector_max::<N>(z);
+    if vmax > *local_max {
+        *local_sum *= f32::exp(*local_max - vmax);
+        *local_max = vmax;
+    }
+    *local_sum += vector_sum::<N>(Vector::exp(z - Vector::new(*local_max)));
+}
+
+// `v`, `w` get placeholders before the comptime choice of where to read them from.
+#[allow(unused_assignments, clippy::too_many_arguments)]
+#[cube(launch_unchecked)]
+fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
+    logits: &Array<Vector<F, N>>,
+    grad: &mut Array<Vector<F, N>>,
+    targets: &Array<I>,
+    class_weight: &Array<Vector<f32, N>>,
+    weight_sum: &Array<f32>,
+    grad_scale: &Array<f32>,
+    loss: &mut Array<f32>,
+    z_loss: &mut Array<f32>,
+    rows: u32,
+    vectors: u32,
+    ignore_index: InputScalar,
+    smoothing: f32,
+    lse_square_scale: f32,
+    softcap: f32,
+    #[comptime] has_ignore: bool,
+    #[comptime] weighted: bool,
+    #[comptime] smoothed: bool,
+    #[comptime] softcapped: bool,
+    #[comptime] write_z: bool,
+    #[comptime] compute_grad: bool,
+    #[comptime] in_place: bool,
+    #[comptime] units: u32,
+    #[comptime] cached_chunks: u32,
+    #[comptime] use_plane: bool,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let mut scratch = SharedMemory::<f32>::new(units as usize);
+    let mut cache = Array::<Vector<f32, N>>::new(comptime!(cached_chunks.max(1) as usize));
+    let vectors = vectors as usize;
+    let width = vectors * N::value();
+    let vocab = width as f32;
+    let mut row = CUBE_POS;
+    while row < rows as usize {
+        let base = row * vectors;
+        let t = targets[row];
+        // Every unit reads the same target, so `valid` is uniform over the cube; still, no
+        // barrier sits under it (some compilers reject barriers under data-dependent
+        // branches): invalid rows run the reductions over an empty range instead.
+        let mut valid = t >= I::new(0) && t < I::cast_from(width);
+        if has_ignore {
+            valid = valid && t != ignore_index.get::<I>();
+        }
+        let mut limit = 0usize;
+        if valid {
+            limit = vectors;
+        }
+        // The target's logit and weight, read directly (never indexed when invalid).
+        let mut z_y = 0.0f32;
+        let mut w_y = 1.0f32;
+        let mut y_vec = vectors;
+        let mut y_lane = 0usize;
+        if valid {
+            let y = usize::cast_from(t);
+            y_vec = y / N::value();
+            y_lane = y % N::value();
+            let mut v = Vector::<f32, N>::new(0.0);
+            if in_place {
+                v = Vector::<f32, N>::cast_from(grad[base + y_vec]);
+            } else {
+                v = Vector::<f32, N>::cast_from(logits[base + y_vec]);
+            }
+            let zv = cap::<N>(v, softcap, softcapped);
+            let mut wv = Vector::<f32, N>::new(1.0);
+            if weighted {
+                wv = class_weight[y_vec];
+            }
+            #[unroll]
+            for k in 0..N::value() {
+                if y_lane == k as usize {
+                    z_y = zv[k];
+                    w_y = wv[k];
+                }
+            }
+        }
+
+        // Pass 1: online max / sum of exp, and Σ w_c z_c for label smoothing.
+        let mut local_max = f32::min_value();
+        let mut local_sum = 0.0f32;
+        let mut local_wz = 0.0f32;
+        if cached_chunks > 0 {
+            #[unroll]
+            for c in 0..cached_chunks {
+                let j = UNIT_POS as usize + c as usize * units as usize;
+                if j < limit {
+                    let mut v = Vector::<f32, N>::new(0.0);
+                    if in_place {
+                        v = Vector::<f32, N>::cast_from(grad[base + j]);
+                    } else {
+                        v = Vector::<f32, N>::cast_from(logits[base + j]);
+                    }
+                    let z = cap::<N>(v, softcap, softcapped);
+                    cache[c as usize] = z;
+                    local_max = f32::max(local_max, vector_max::<N>(z));
+                    if smoothed {
+                        if weighted {
+                            local_wz += vector_sum::<N>(z * class_weight[j]);
+                        } else {
+                            local_wz += vector_sum::<N>(z);
+                        }
+                    }
+                }
+            }
+            #[unroll]
+            for c in 0..cached_chunks {
+                let j = UNIT_POS as usize + c as usize * units as usize;
+                if j < limit {
+                    local_sum +=
+                        vector_sum::<N>(Vector::exp(cache[c as usize] - Vector::new(local_max)));
+                }
+            }
+        } else {
+            let mut j = UNIT_POS as usize;
+            while j < limit {
+                let mut v = Vector::<f32, N>::new(0.0);
+                if in_place {
+                    v = Vector::<f32, N>::cast_from(grad[base + j]);
+                } else {
+                    v = Vector::<f32, N>::cast_from(logits[base + j]);
+                }
+                let z = cap::<N>(v, softcap, softcapped);
+                online_update::<N>(z, &mut local_max, &mut local_sum);
+                if smoothed {
+                    if weighted {
+                        local_wz += vector_sum::<N>(z * class_weight[j]);
+                    } else {
+                        local_wz += vector_sum::<N>(z);
+                    }
+                }
+                j += CUBE_DIM as usize;
+            }
+        }
+        let row_max = cube_reduce(local_max, &mut scratch, ReduceOp::Max, use_plane);
+        let rescaled = local_sum * f32::exp(local_max - row_max);
+        let row_sum = cube_reduce(rescaled, &mut scratch, ReduceOp::Sum, use_plane);
+        let mut sum_wz = 0.0f32;
+        if smoothed {
+            sum_wz = cube_reduce(local_wz, &mut scratch, ReduceOp::Sum, use_plane);
+        }
+        let lse = row_max + f32::ln(row_sum);
+        let mut sum_w = vocab;
+        if weighted {
+            sum_w = weight_sum[0];
+        }
+        let mut eps = 0.0f32;
+        if smoothed {
+            eps = smoothing;
+        }
+
+        if UNIT_POS == 0 {
+            let mut ce = 0.0f32;
+            let mut zl = 0.0f32;
+            if valid {
+                ce = (1.0f32 - eps) * w_y * (lse - z_y);
+                if smoothed {
+                    ce += eps / vocab * (lse * sum_w - sum_wz);
+                }
+                zl = lse_square_scale * lse * lse;
+            }
+            loss[row] = ce + zl;
+            if write_z {
+                z_loss[row] = zl;
+            }
+        }
+
+        // Pass 2: the gradient, `p_c · coef_p - b · w_c - a · δ_cy`, times the softcap chain.
+        if compute_grad {
+            let s = grad_scale[0];
+            let a = (1.0f32 - eps) * w_y * s;
+            let b = eps / vocab * s;
+            let coef_p = a + b * sum_w + 2.0f32 * lse_square_scale * lse * s;
+            if valid {
+                if cached_chunks > 0 {
+                    #[unroll]
+                    for c in 0..cached_chunks {
+                        let j = UNIT_POS as usize + c as usize * units as usize;
+                        if j < vectors {
+                            let g = grad_value::<F, N>(
+                                cache[c as usize],
+                                class_weight,
+                                j,
+                                y_vec,
+                                y_lane,
+                                lse,
+                                coef_p,
+                                a,
+                                b,
+                                softcap,
+                                weighted,
+                                smoothed,
+                                softcapped,
+                            );
+                            grad[base + j] = g;
+                        }
+                    }
+                } else {
+                    let mut j = UNIT_POS as usize;
+                    while j < vectors {
+                        let mut v = Vector::<f32, N>::new(0.0);
+                        if in_place {
+                            v = Vector::<f32, N>::cast_from(grad[base + j]);
+                        } else {
+                            v = Vector::<f32, N>::cast_from(logits[base + j]);
+                        }
+                        let z = cap::<N>(v, softcap, softcapped);
+                        grad[base + j] = grad_value::<F, N>(
+                            z,
+                            class_weight,
+                            j,
+                            y_vec,
+                            y_lane,
+                            lse,
+                            coef_p,
+                            a,
+                            b,
+                            softcap,
+                            weighted,
+                            smoothed,
+                            softcapped,
+                        );
+                        j += CUBE_DIM as usize;
+                    }
+                }
+            } else {
+                let mut j = UNIT_POS as usize;
+                while j < vectors {
+                    grad[base + j] = Vector::<F, N>::cast_from(Vector::<f32, N>::new(0.0));
+                    j += CUBE_DIM as usize;
+                }
+            }
+        }
+        row += CUBE_COUNT;
+    }
+}
+
+/// The gradient of one vector of a valid row (see the module docs).
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn grad_value<F: Float, N: Size>(
+    z: Vector<f32, N>,
+    class_weight: &Array<Vector<f32, N>>,
+    j: usize,
+    y_vec: usize,
+    y_lane: usize,
+    lse: f32,
+    coef_p: f32,
+    a: f32,
+    b: f32,
+    softcap: f32,
+    #[comptime] weighted: bool,
+    #[comptime] smoothed: bool,
+    #[comptime] softcapped: bool,
+) -> Vector<F, N> {
+    let p = Vector::exp(z - Vector::new(lse));
+    let mut g = p * Vector::new(coef_p);
+    if smoothed {
+        if weighted {
+            g -= class_weight[j] * Vector::new(b);
+        } else {
+            g -= Vector::new(b);
+        }
+    }
+    if j == y_vec {
+        #[unroll]
+        for k in 0..N::value() {
+            if y_lane == k as usize {
+                g[k] -= a;
+            }
+        }
+    }
+    if softcapped {
+        let t = z * Vector::new(1.0f32 / softcap);
+        g *= Vector::new(1.0f32) - t * t;
+    }
+    Vector::<F, N>::cast_from(g)
+}
+
+/// Options of the cross-entropy kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CrossEntropyKernelOptions {
+    /// Target value of rows that are skipped (loss 0, zero gradient).
+    pub ignore_index: i64,
+    /// Label smoothing `ε` in `[0, 1]`.
+    pub label_smoothing: f32,
+    /// z-loss scale `λ` (`λ · lse²` is added to each row's loss).
+    pub lse_square_scale: f32,
+    /// Logit soft-capping `c · tanh(x / c)`, when set (`c > 0`).
+    pub softcap: Option<f32>,
+}
+
+/// Where the kernel writes the logits gradient.
+#[derive(Clone, Copy, Debug)]
+pub enum GradTarget<'a> {
+    /// No gradient (forward only).
+    None,
+    /// Over the logits buffer itself (it must not be shared with anything else).
+    InPlace,
+    /// Into this `[rows, vocab]` buffer of the logits dtype.
+    Into(&'a Handle),
+}
+
+/// The buffers of one cross-entropy launch.
+#[derive(Clone, Copy, Debug)]
+pub struct CrossEntropyBuffers<'a> {
+    /// `[rows, vocab]` logits of `dtype`.
+    pub logits: &'a Handle,
+    /// `[rows]` integer targets of `target_dtype`.
+    pub targets: &'a Handle,
+    /// `([vocab] f32 class weights, [1] f32 their sum)`, when weighted.
+    pub class_weight: Option<(&'a Handle, &'a Handle)>,
+    /// `[1]` f32 scale of the gradient; required unless `grad` is [`GradTarget::None`].
+    pub grad_scale: Option<&'a Handle>,
+    /// Where the gradient goes.
+    pub grad: GradTarget<'a>,
+    /// `[rows]` f32 per-row loss (z-loss included).
+    pub loss: &'a Handle,
+    /// `[rows]` f32 per-row z-loss, when wanted.
+    pub z_loss: Option<&'a Handle>,
+}
+
+/// Whether `dtype` is an integer type the kernel reads targets as.
+pub fn check_target_dtype(op: &'static str, dtype: StorageType) -> Result<(), KernelError> {
+    match dtype.elem_type() {
+        ElemType::Int(IntKind::I32 | IntKind::I64) => Ok(()),
+        other => Err(KernelError::UnsupportedDtype {
+            op,
+            dtype: format!("{other:?} (targets must be i32 or i64)"),
+        }),
+    }
+}
+
+/// Cross entropy over `rows` rows of `vocab` logits: writes the per-row loss (and z-loss),
+/// and the gradient when asked (see the module docs for the math).
+///
+/// `dtype` is the logits' float type, `target_dtype` the targets' int type (i32 or i64).
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy<R: Runtime>(
+    client: &ComputeClient<R>,
+    buffers: CrossEntropyBuffers<'_>,
+    rows: usize,
+    vocab: usize,
+    options: CrossEntropyKernelOptions,
+    dtype: StorageType,
+    target_dtype: StorageType,
+) -> Result<(), KernelError> {
+    const OP: &str = "cross_entropy";
+    check_float_dtype(OP, dtype)?;
+    check_target_dtype(OP, target_dtype)?;
+    let launch = RowLaunch::new(
+        client,
+        rows,
+        vocab,
+        dtype.size(),
+        usize::MAX,
+        SOFTMAX_FORWARD_VECTORS_PER_UNIT,
+    );
+    let vectors = launch.vectors(vocab);
+    let n = rows * vectors;
+    let compute_grad = !matches!(buffers.grad, GradTarget::None);
+    assert!(
+        !compute_grad || buffers.grad_scale.is_some(),
+        "{OP}: a gradient needs a grad_scale buffer"
+    );
+    // Bindings a configuration does not use are never touched (comptime branches); each
+    // points at its own small scratch buffer, so no buffer is bound twice.
+    let scratch = |bytes: usize| client.empty(bytes.max(4));
+    let f_dummy = scratch(dtype.size() * launch.vector_size);
+    let g_dummy = scratch(dtype.size() * launch.vector_size);
+    let w_dummy = scratch(4 * launch.vector_size);
+    let ws_dummy = scratch(4);
+    let gs_dummy = scratch(4);
+    let z_dummy = scratch(4);
+    let in_place = matches!(buffers.grad, GradTarget::InPlace);
+    let (logits_arg, grad_arg) = match buffers.grad {
+        GradTarget::None => (array::<R>(buffers.logits, n), array::<R>(&g_dummy, 1)),
+        GradTarget::InPlace => (array::<R>(&f_dummy, 1), array::<R>(buffers.logits, n)),
+        GradTarget::Into(g) => (array::<R>(buffers.logits, n), array::<R>(g, n)),
+    };
+    let (weight_arg, weight_sum_arg) = match buffers.class_weight {
+        Some((w, sum)) => (array::<R>(w, vectors), array::<R>(sum, 1)),
+        None => (array::<R>(&w_dummy, 1), array::<R>(&ws_dummy, 1)),
+    };
+    let grad_scale_arg = array::<R>(buffers.grad_scale.unwrap_or(&gs_dummy), 1);
+    let z_arg = match buffers.z_loss {
+        Some(z) => array::<R>(z, rows),
+        None => array::<R>(&z_dummy, 1),
+    };
+    // An ignore_index the target type cannot hold matches no target.
+    let has_ignore = match target_dtype.elem_type() {
+        ElemType::Int(IntKind::I32) => i32::try_from(options.ignore_index).is_ok(),
+        _ => true,
+    };
+    let ignore = InputScalar::new(
+        if has_ignore { options.ignore_index } else { 0 },
+        target_dtype,
+    );
+    let smoothed = options.label_smoothing != 0.0;
+    // Safety: every array length above is the item count of a buffer sized for exactly
+    // these rows and widths (validated by the callers); indices stay below them, and
+    // targets outside [0, vocab) are never used as indices.
+    unsafe {
+        cross_entropy_kernel::launch_unchecked::<R>(
+            client,
+            launch.count(),
+            launch.dim(),
+            launch.vector_size,
+            logits_arg,
+            grad_arg,
+            array::<R>(buffers.targets, rows),
+            weight_arg,
+            weight_sum_arg,
+            grad_scale_arg,
+            array::<R>(buffers.loss, rows),
+            z_arg,
+            rows as u32,
+            vectors as u32,
+            ignore,
+            options.label_smoothing,
+            options.lse_square_scale,
+            options.softcap.unwrap_or(1.0),
+            has_ignore,
+            buffers.class_weight.is_some(),
+            smoothed,
+            options.softcap.is_some(),
+            buffers.z_loss.is_some(),
+            compute_grad,
+            in_place,
+            launch.units,
+            launch.cached_chunks(vocab),
+            launch.use_plane,
+            [dtype, target_dtype],
+        );
+    }
+    counters::record(Kernel::cross_entropy);
+    Ok(())
+}
