@@ -45,7 +45,8 @@ fn sigmoid_pair<N: Size>(
     sig: &mut Vector<f32, N>,
     complement: &mut Vector<f32, N>,
 ) {
-    let e = Vector::exp(-Vector::abs(x));
+    // `0 - v`, not `-v`: CubeCL's CUDA target has no unary minus on vector types.
+    let e = Vector::exp(Vector::new(0.0f32) - Vector::abs(x));
     let large = Vector::<f32, N>::new(1.0) / (Vector::new(1.0) + e);
     let small = e * large;
     let negative = x.less_than(Vector::new(0.0));

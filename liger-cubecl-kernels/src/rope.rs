@@ -188,11 +188,13 @@ fn rope_kernel<F: Float, N: Size>(
             cb = Vector::<f32, N>::cast_from(cos[table + b]);
             let sin_b = Vector::<f32, N>::cast_from(sin[table + b]);
             // out_a = x_a·cos_a + x_b·sa, out_b = x_b·cos_b + x_a·sb.
+            // `0 - v`, not `-v`: CubeCL's CUDA target has no unary minus on vector types.
+            let neg_sin_a = Vector::<f32, N>::new(0.0) - sin_a;
             if backward {
                 sa = sin_b;
-                sb = -sin_a;
+                sb = neg_sin_a;
             } else {
-                sa = -sin_a;
+                sa = neg_sin_a;
                 sb = sin_b;
             }
         }
