@@ -4,6 +4,7 @@
 //! and the per-row statistics, or the softmax output), never a recomputed graph.
 
 mod cross_entropy;
+mod linear_cross_entropy;
 
 use crate::ops::{
     AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
@@ -289,6 +290,26 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         options: crate::ops::CrossEntropyOptions,
     ) -> crate::ops::CrossEntropyRows<Self> {
         cross_entropy::forward::<B, C>(logits, targets, class_weight, grad_scale, options)
+    }
+
+    fn fused_linear_cross_entropy(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        compute_grad: bool,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::LinearCrossEntropyOutput<Self> {
+        linear_cross_entropy::forward::<B, C>(
+            x,
+            weight,
+            bias,
+            targets,
+            class_weight,
+            compute_grad,
+            options,
+        )
     }
 }
 

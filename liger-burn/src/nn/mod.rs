@@ -10,3 +10,7 @@ pub use rms_norm::{RmsNorm, RmsNormConfig};
 mod cross_entropy;
 
 pub use cross_entropy::{CrossEntropyLoss, CrossEntropyLossConfig};
+
+mod linear_cross_entropy;
+
+pub use linear_cross_entropy::{LinearCrossEntropyLoss, LinearCrossEntropyLossConfig};

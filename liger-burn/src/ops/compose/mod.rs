@@ -6,6 +6,7 @@
 
 pub mod cross_entropy;
 pub mod layer_norm;
+pub mod linear_cross_entropy;
 pub mod rms_norm;
 pub mod softmax;
 
