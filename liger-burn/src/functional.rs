@@ -362,7 +362,7 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
 }
 
 /// `1 / d`, and `0` where `d = 0` (an all-ignored batch has loss 0 and zero gradients).
-fn reciprocal_or_zero<B: FusedOps>(d: Tensor<B, 1>) -> Tensor<B, 1> {
+pub(crate) fn reciprocal_or_zero<B: FusedOps>(d: Tensor<B, 1>) -> Tensor<B, 1> {
     let zero = d.clone().equal_elem(0.0);
     d.recip().mask_fill(zero, 0.0)
 }
@@ -406,5 +406,63 @@ pub(crate) fn check_targets<B: FusedOps>(
         panic!(
             "{op}: target {bad} is out of range [0, {vocab}) for logits {logits_shape:?} (and is not ignore_index {ignore_index})"
         );
+    }
+}
+
+/// Linear layer then cross entropy, fused: `cross_entropy(x weightᵀ + bias, targets)`
+/// without ever holding the `[N, V]` logits (chunked over rows; see
+/// [`compose::linear_cross_entropy`](crate::ops::compose::linear_cross_entropy) for the
+/// chunk size and the f32 weight-gradient accumulator it costs, `V·H·4` bytes).
+///
+/// - `x`: `[N, H]` (e.g. the flattened `[batch · seq, d_model]` final hidden states)
+/// - `weight`: `[V, H]` (PyTorch's `lm_head.weight` layout; for a `burn::nn::Linear`,
+///   whose weight is `[H, V]`, pass its transpose — a view, no copy)
+/// - `bias`: `[V]`, optional
+/// - `targets`: `[N]`, class indices in `[0, V)` or `options.ignore_index`
+/// - `class_weight`: `[V]`, optional per-class weights (no gradient)
+/// - returns the loss (`[1]` or `[N]`) and optionally the z-loss, as [`cross_entropy`]
+///
+/// When autodiff tracks `x`, `weight` or `bias`, their gradients are computed in the
+/// forward pass; the backward only scales them by the upstream gradient (nothing at all
+/// when it is exactly 1, e.g. plain `loss.backward()` on a mean). Under reduction none
+/// with per-row upstream gradients other than 1 the backward repeats the chunked pass.
+pub fn fused_linear_cross_entropy<B: FusedOps>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    targets: Tensor<B, 1, burn::tensor::Int>,
+    class_weight: Option<Tensor<B, 1>>,
+    options: crate::ops::CrossEntropyOptions,
+) -> CrossEntropyOutput<B> {
+    const OP: &str = "fused_linear_cross_entropy";
+    validate::check(validate::linear_cross_entropy(
+        OP,
+        (x.shape(), x.dtype()),
+        (weight.shape(), weight.dtype()),
+        bias.as_ref().map(|b| (b.shape(), b.dtype())),
+        (targets.shape(), targets.dtype()),
+        class_weight.as_ref().map(|w| (w.shape(), w.dtype())),
+        &options,
+    ));
+    let vocab = weight.dims()[0];
+    if options.check_targets {
+        let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
+        check_targets(OP, &targets, vocab, options.ignore_index, &logits_shape);
+    }
+    let compute_grad = x.is_require_grad()
+        || weight.is_require_grad()
+        || bias.as_ref().is_some_and(|b| b.is_require_grad());
+    let out = B::fused_linear_cross_entropy(
+        prim(x),
+        prim(weight),
+        bias.map(prim),
+        targets.into_primitive(),
+        class_weight.map(|w| prim(w.detach())),
+        compute_grad,
+        options,
+    );
+    CrossEntropyOutput {
+        loss: wrap(out.loss),
+        z_loss: out.z_loss.map(wrap),
     }
 }

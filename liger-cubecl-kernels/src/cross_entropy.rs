@@ -9,7 +9,8 @@
 //! - `z_loss = λ lse²`
 //! - `grad_c = s · (1 - (z_c/softcap)²) · ((1-ε) w_y (p_c - δ_cy) + (ε/V)(p_c Σw - w_c) + 2λ lse p_c)`
 //!
-//! with `p = softmax(z)` and `s` the device-side gradient scale (e.g. `1/Σ w_y` for a mean).
+//! with `p = softmax(z)` and `s` the device-side gradient scale (e.g. `1/Σ w_y` for a mean),
+//! one for every row or one per row.
 //! Other rows get loss 0 and a zero gradient row, and their target is never used as an index.
 //!
 //! Pass 1 reads the row once with an online max and rescaled sum of `exp` (plus `Σ w_c z_c`
@@ -72,6 +73,7 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
     #[comptime] softcapped: bool,
     #[comptime] write_z: bool,
     #[comptime] compute_grad: bool,
+    #[comptime] per_row_scale: bool,
     #[comptime] in_place: bool,
     #[comptime] units: u32,
     #[comptime] cached_chunks: u32,
@@ -218,7 +220,10 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
 
         // Pass 2: the gradient, `p_c · coef_p - b · w_c - a · δ_cy`, times the softcap chain.
         if compute_grad {
-            let s = grad_scale[0];
+            let mut s = grad_scale[0];
+            if per_row_scale {
+                s = grad_scale[row];
+            }
             let a = (1.0f32 - eps) * w_y * s;
             let b = eps / vocab * s;
             let coef_p = a + b * sum_w + 2.0f32 * lse_square_scale * lse * s;
@@ -361,8 +366,9 @@ pub struct CrossEntropyBuffers<'a> {
     pub targets: &'a Handle,
     /// `([vocab] f32 class weights, [1] f32 their sum)`, when weighted.
     pub class_weight: Option<(&'a Handle, &'a Handle)>,
-    /// `[1]` f32 scale of the gradient; required unless `grad` is [`GradTarget::None`].
-    pub grad_scale: Option<&'a Handle>,
+    /// `[1]` (every row) or `[rows]` (per row) f32 scale of the gradient, and whether it
+    /// is per row; required unless `grad` is [`GradTarget::None`].
+    pub grad_scale: Option<(&'a Handle, bool)>,
     /// Where the gradient goes.
     pub grad: GradTarget<'a>,
     /// `[rows]` f32 per-row loss (z-loss included).
@@ -433,7 +439,12 @@ pub fn cross_entropy<R: Runtime>(
         Some((w, sum)) => (array::<R>(w, vectors), array::<R>(sum, 1)),
         None => (array::<R>(&w_dummy, 1), array::<R>(&ws_dummy, 1)),
     };
-    let grad_scale_arg = array::<R>(buffers.grad_scale.unwrap_or(&gs_dummy), 1);
+    let per_row_scale = buffers.grad_scale.is_some_and(|(_, per_row)| per_row);
+    let grad_scale_arg = match buffers.grad_scale {
+        Some((s, true)) => array::<R>(s, rows),
+        Some((s, false)) => array::<R>(s, 1),
+        None => array::<R>(&gs_dummy, 1),
+    };
     let z_arg = match buffers.z_loss {
         Some(z) => array::<R>(z, rows),
         None => array::<R>(&z_dummy, 1),
@@ -477,6 +488,7 @@ pub fn cross_entropy<R: Runtime>(
             options.softcap.is_some(),
             buffers.z_loss.is_some(),
             compute_grad,
+            per_row_scale,
             in_place,
             launch.units,
             launch.cached_chunks(vocab),

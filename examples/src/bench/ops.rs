@@ -481,8 +481,24 @@ pub fn apply<BB: FusedOps>(
                 .init(&x().device())
                 .forward(x(), inp.ints.clone().unwrap()),
         ],
-        (BenchOp::FusedLinearCrossEntropy, _) => {
-            panic!("fused_linear_cross_entropy is not in this build yet")
+        (BenchOp::FusedLinearCrossEntropy, Provider::Liger) => vec![
+            functional::fused_linear_cross_entropy(
+                x(),
+                inp.residual.clone().unwrap(),
+                None,
+                inp.ints.clone().unwrap(),
+                None,
+                CrossEntropyOptions::default(),
+            )
+            .loss,
+        ],
+        (BenchOp::FusedLinearCrossEntropy, Provider::Burn) => {
+            let logits = x().matmul(inp.residual.clone().unwrap().transpose());
+            vec![
+                CrossEntropyLossConfig::new()
+                    .init(&logits.device())
+                    .forward(logits, inp.ints.clone().unwrap()),
+            ]
         }
         (BenchOp::All, _) => unreachable!("`all` is expanded before running"),
     }

@@ -34,8 +34,8 @@ fn float<B: Backend, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(x))
 }
 
-/// `grad_i · r_i / s` per row (`0` where `s = 0`: then every row was ignored and `grad`
-/// is zero). When `r_i = s` on every row — a mean or sum reduction followed by
+/// `grad_i · r_i / s_i` per row (`s` is `[1]` or per row; `0` where `s_i = 0`: that row's
+/// stored gradient is zero). When `r_i = s` on every row — a mean or sum reduction followed by
 /// `backward()` — `grad` is returned untouched: reading one flag back is far cheaper
 /// than a pass over `[N, V]` (Liger skips the multiply the same way).
 pub(crate) fn rescale_rows<B: Backend>(
@@ -46,10 +46,13 @@ pub(crate) fn rescale_rows<B: Backend>(
     let dtype = grad.dtype();
     let r: Tensor<B, 1> = float::<B, 1>(rows_grad).cast(DType::F32);
     let n = r.dims()[0];
-    let s: Tensor<B, 1> = float::<B, 1>(scale)
-        .cast(DType::F32)
-        .reshape([1])
-        .expand([n]);
+    // `[1]` (every row) or `[n]` (per row).
+    let s: Tensor<B, 1> = float::<B, 1>(scale).cast(DType::F32);
+    let s = if s.dims()[0] == n {
+        s
+    } else {
+        s.reshape([1]).expand([n])
+    };
     let unchanged = r
         .clone()
         .equal(s.clone())

@@ -5,6 +5,7 @@
 
 mod cross_entropy;
 mod glu;
+mod linear_cross_entropy;
 mod rope;
 
 use crate::ops::{
@@ -353,6 +354,26 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         options: crate::ops::CrossEntropyOptions,
     ) -> crate::ops::CrossEntropyRows<Self> {
         cross_entropy::forward::<B, C>(logits, targets, class_weight, grad_scale, options)
+    }
+
+    fn fused_linear_cross_entropy(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        compute_grad: bool,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::LinearCrossEntropyOutput<Self> {
+        linear_cross_entropy::forward::<B, C>(
+            x,
+            weight,
+            bias,
+            targets,
+            class_weight,
+            compute_grad,
+            options,
+        )
     }
 }
 

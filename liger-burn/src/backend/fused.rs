@@ -180,6 +180,39 @@ impl<B: FusedOps> FusedOps for Liger<B> {
             grad_logits,
         }
     }
+
+    fn fused_linear_cross_entropy(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        compute_grad: bool,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::LinearCrossEntropyOutput<Self> {
+        let crate::ops::LinearCrossEntropyOutput {
+            loss,
+            z_loss,
+            grad_x,
+            grad_weight,
+            grad_bias,
+        } = B::fused_linear_cross_entropy(
+            x,
+            weight,
+            bias,
+            targets,
+            class_weight,
+            compute_grad,
+            options,
+        );
+        crate::ops::LinearCrossEntropyOutput {
+            loss,
+            z_loss,
+            grad_x,
+            grad_weight,
+            grad_bias,
+        }
+    }
 }
 
 fn lift_grads<B: FusedOps>(grads: NormGrads<B>) -> NormGrads<Liger<B>> {

@@ -11,6 +11,7 @@
 
 pub mod cross_entropy;
 pub mod glu;
+pub mod linear_cross_entropy;
 pub mod reference;
 mod rng;
 pub mod rope;
@@ -61,11 +62,18 @@ pub enum Op {
     CrossEntropyNone,
     /// Cross entropy, reduction sum, ignore_index inside the vocabulary.
     CrossEntropySum,
+    /// Fused linear cross entropy (mean, bias, smoothing, chunks of 8 rows); width = V.
+    FusedLinearCrossEntropy,
+    /// Fused linear cross entropy, reduction none (per-row upstream gradient), class
+    /// weights, z-loss, softcap, chunks of 5 rows.
+    FusedLinearCrossEntropyNone,
+    /// Fused linear cross entropy, reduction sum, bias, automatic chunks.
+    FusedLinearCrossEntropySum,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 18] = [
+    pub const ALL: [Op; 21] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -84,6 +92,9 @@ impl Op {
         Op::CrossEntropyZLossSoftcap,
         Op::CrossEntropyNone,
         Op::CrossEntropySum,
+        Op::FusedLinearCrossEntropy,
+        Op::FusedLinearCrossEntropyNone,
+        Op::FusedLinearCrossEntropySum,
     ];
 
     /// Name used in reports and filters.
@@ -107,6 +118,9 @@ impl Op {
             Op::CrossEntropyZLossSoftcap => "cross_entropy_z_loss_softcap",
             Op::CrossEntropyNone => "cross_entropy_none",
             Op::CrossEntropySum => "cross_entropy_sum",
+            Op::FusedLinearCrossEntropy => "fused_linear_cross_entropy",
+            Op::FusedLinearCrossEntropyNone => "fused_linear_cross_entropy_none",
+            Op::FusedLinearCrossEntropySum => "fused_linear_cross_entropy_sum",
         }
     }
 
@@ -283,6 +297,9 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
 
     if op.is_cross_entropy() {
         return cross_entropy::shapes(op, quick);
+    }
+    if op.is_linear_cross_entropy() {
+        return linear_cross_entropy::shapes(op, quick);
     }
     shapes
 }
@@ -524,6 +541,13 @@ pub fn run_case<B: FusedOps>(
         | Op::CrossEntropyNone
         | Op::CrossEntropySum => {
             comparisons.extend(cross_entropy::run::<B>(op, rows, width, dtype, device, rng));
+        }
+        Op::FusedLinearCrossEntropy
+        | Op::FusedLinearCrossEntropyNone
+        | Op::FusedLinearCrossEntropySum => {
+            comparisons.extend(linear_cross_entropy::run::<B>(
+                op, rows, width, dtype, device, rng,
+            ));
         }
     }
     CaseResult {

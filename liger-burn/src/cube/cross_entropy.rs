@@ -79,7 +79,9 @@ where
             logits: &logits.handle,
             targets: &targets.handle,
             class_weight: class_weight.as_ref().map(|(w, s)| (&w.handle, &s.handle)),
-            grad_scale: grad_scale.as_ref().map(|s| &s.handle),
+            grad_scale: grad_scale
+                .as_ref()
+                .map(|s| (&s.handle, s.shape().num_elements() != 1)),
             grad,
             loss: &loss.handle,
             z_loss: z_loss.as_ref().map(|z| &z.handle),

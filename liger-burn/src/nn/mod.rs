@@ -14,3 +14,7 @@ pub use rope::{Rope, RopeConfig};
 mod cross_entropy;
 
 pub use cross_entropy::{CrossEntropyLoss, CrossEntropyLossConfig};
+
+mod linear_cross_entropy;
+
+pub use linear_cross_entropy::{LinearCrossEntropyLoss, LinearCrossEntropyLossConfig};

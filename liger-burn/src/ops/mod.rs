@@ -70,9 +70,25 @@ pub struct CrossEntropyRows<B: Backend> {
     pub loss: FloatTensor<B>,
     /// Per-row z-loss `zl_i = λ lse_i²`, `[N]`, f32, when `return_z_loss`.
     pub z_loss: Option<FloatTensor<B>>,
-    /// `grad_scale · ∂(Σ_i loss_i)/∂logits`, `[N, V]`, dtype of the logits, when a
-    /// `grad_scale` was given.
+    /// `∂(Σ_i s_i loss_i)/∂logits` for the given `grad_scale` `s` (`[1]` or `[N]`),
+    /// `[N, V]`, dtype of the logits, when a `grad_scale` was given.
     pub grad_logits: Option<FloatTensor<B>>,
+}
+
+/// Output of the fused linear cross entropy.
+#[derive(Debug, Clone)]
+pub struct LinearCrossEntropyOutput<B: Backend> {
+    /// The reduced loss, `[1]` (mean, sum) or `[N]` (none), f32.
+    pub loss: FloatTensor<B>,
+    /// The z-loss part of `loss`, reduced the same way, when `return_z_loss`.
+    pub z_loss: Option<FloatTensor<B>>,
+    /// `∂loss/∂x`, `[N, H]`, dtype of `x` (for an upstream gradient of 1; per row factors
+    /// of 1 under reduction none), when gradients were asked for.
+    pub grad_x: Option<FloatTensor<B>>,
+    /// `∂loss/∂weight`, `[V, H]`, dtype of the weight (accumulated in f32).
+    pub grad_weight: Option<FloatTensor<B>>,
+    /// `∂loss/∂bias`, `[V]`, dtype of the bias (accumulated in f32), when there is a bias.
+    pub grad_bias: Option<FloatTensor<B>>,
 }
 
 /// The fused primitives. See the module docs for the shape conventions.
@@ -258,8 +274,8 @@ pub trait FusedOps: Backend {
     /// `targets: [N]`, with optional `class_weight: [V]`; see [`CrossEntropyOptions`] for
     /// the math (`options.reduction` is not applied here: the loss is per row).
     ///
-    /// With `grad_scale: Some([1] f32 tensor s)` the gradient
-    /// `s · ∂(Σ_i loss_i)/∂logits` is computed in the same pass (`s` lives on the device,
+    /// With `grad_scale: Some(s)`, a `[1]` or per-row `[N]` f32 tensor, the gradient
+    /// `∂(Σ_i s_i loss_i)/∂logits` is computed in the same pass (`s` lives on the device,
     /// e.g. `1/W` for a mean, so no host sync is needed); the fused kernels write it over
     /// the logits buffer when nothing else holds that buffer. On `Autodiff<B>` the
     /// returned `loss` is tracked: its backward scales that gradient by the incoming
@@ -274,6 +290,38 @@ pub trait FusedOps: Backend {
         options: CrossEntropyOptions,
     ) -> CrossEntropyRows<Self> {
         compose::cross_entropy::forward::<Self>(logits, targets, class_weight, grad_scale, options)
+    }
+
+    /// Linear layer then cross entropy without the `[N, V]` logits: `x: [N, H]`,
+    /// `weight: [V, H]` (PyTorch's layout), `bias: [V]`, integer `targets: [N]`,
+    /// `class_weight: [V]`; see [`CrossEntropyOptions`] for the math, here applied to
+    /// `logits = x weightᵀ + bias` and reduced by `options.reduction`.
+    ///
+    /// With `compute_grad`, the gradients of the reduced loss (for an upstream gradient of
+    /// 1) are computed in the same chunked pass. The default body (every backend) chunks
+    /// over rows with `matmul` and [`fused_cross_entropy`](FusedOps::fused_cross_entropy);
+    /// see [`compose::linear_cross_entropy`] for the chunk size and the memory it costs
+    /// (an f32 `[V, H]` weight-gradient accumulator). On `Autodiff<B>` the loss is tracked
+    /// (parents `x`, `weight`, `bias`) and its backward only scales the stored gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_linear_cross_entropy(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        compute_grad: bool,
+        options: CrossEntropyOptions,
+    ) -> LinearCrossEntropyOutput<Self> {
+        compose::linear_cross_entropy::forward::<Self>(
+            x,
+            weight,
+            bias,
+            targets,
+            class_weight,
+            compute_grad,
+            options,
+        )
     }
 }
 

@@ -170,7 +170,7 @@ pub struct CrossEntropyInputs {
     pub targets: (Shape, DType),
     /// Class weights shape and dtype, if any.
     pub class_weight: Option<(Shape, DType)>,
-    /// Gradient scale shape and dtype, if any.
+    /// Gradient scale shape and dtype (`[1]` or `[N]`), if any.
     pub grad_scale: Option<(Shape, DType)>,
     /// Whether the logits dtype must be one the kernels read.
     pub kernel_dtypes: bool,
@@ -214,9 +214,11 @@ pub fn cross_entropy(
         }
     }
     if let Some((s_shape, s_dtype)) = &inputs.grad_scale {
-        if s_shape.num_elements() != 1 || !s_dtype.is_float() {
+        let one = s_shape.num_elements() == 1;
+        let per_row = s_shape.num_dims() == 1 && s_shape[0] == n;
+        if !(one || per_row) || !s_dtype.is_float() {
             return fail(format!(
-                "{op}: grad_scale must be a float tensor of one element, got shape {s_shape:?} and dtype {s_dtype:?}"
+                "{op}: grad_scale must be a float tensor of shape [1] or [{n}] (logits {shape:?}), got shape {s_shape:?} and dtype {s_dtype:?}"
             ));
         }
     }
@@ -260,6 +262,89 @@ pub fn cross_entropy_tensors<F: TensorMetadata, I: TensorMetadata>(
             class_weight: class_weight.map(|w| (w.shape(), w.dtype())),
             grad_scale: grad_scale.map(|s| (s.shape(), s.dtype())),
             kernel_dtypes,
+        },
+        options,
+    )
+}
+
+/// Validates a linear cross entropy's inputs: `x: [N, H]`, `weight: [V, H]` and
+/// `bias: [V]` of one float dtype, integer `targets: [N]`, `class_weight: [V]`.
+pub fn linear_cross_entropy_tensors<F: TensorMetadata, I: TensorMetadata>(
+    op: &'static str,
+    x: &F,
+    weight: &F,
+    bias: Option<&F>,
+    targets: &I,
+    class_weight: Option<&F>,
+    options: &crate::ops::CrossEntropyOptions,
+) -> Result<(), LigerError> {
+    linear_cross_entropy(
+        op,
+        (x.shape(), x.dtype()),
+        (weight.shape(), weight.dtype()),
+        bias.map(|b| (b.shape(), b.dtype())),
+        (targets.shape(), targets.dtype()),
+        class_weight.map(|w| (w.shape(), w.dtype())),
+        options,
+    )
+}
+
+/// [`linear_cross_entropy_tensors`] on shapes and dtypes.
+pub fn linear_cross_entropy(
+    op: &'static str,
+    x: (Shape, DType),
+    weight: (Shape, DType),
+    bias: Option<(Shape, DType)>,
+    targets: (Shape, DType),
+    class_weight: Option<(Shape, DType)>,
+    options: &crate::ops::CrossEntropyOptions,
+) -> Result<(), LigerError> {
+    let (x_shape, x_dtype) = (&x.0, x.1);
+    let (w_shape, w_dtype) = (&weight.0, weight.1);
+    if x_shape.num_dims() != 2 {
+        return fail(format!(
+            "{op}: x must be [N, H] (rank 2), got shape {x_shape:?} (dtype {x_dtype:?})"
+        ));
+    }
+    rows(op, (x_shape, x_dtype), false)?;
+    if w_shape.num_dims() != 2 || w_shape[1] != x_shape[1] {
+        return fail(format!(
+            "{op}: weight must be [V, H] with H = {} to match x {x_shape:?}, got {w_shape:?} (dtype {w_dtype:?})",
+            x_shape[1]
+        ));
+    }
+    if w_shape[0] == 0 {
+        return fail(format!(
+            "{op}: empty weight of shape {w_shape:?} (x {x_shape:?})"
+        ));
+    }
+    if w_dtype != x_dtype {
+        return fail(format!(
+            "{op}: weight dtype {w_dtype:?} does not match x dtype {x_dtype:?} (x {x_shape:?}, weight {w_shape:?})"
+        ));
+    }
+    let v = w_shape[0];
+    if let Some((b_shape, b_dtype)) = &bias {
+        if b_shape.num_dims() != 1 || b_shape[0] != v {
+            return fail(format!(
+                "{op}: bias must have shape [{v}] to match weight {w_shape:?}, got {b_shape:?}"
+            ));
+        }
+        if *b_dtype != x_dtype {
+            return fail(format!(
+                "{op}: bias dtype {b_dtype:?} does not match x dtype {x_dtype:?} (bias {b_shape:?})"
+            ));
+        }
+    }
+    // The rest is the cross entropy of the `[N, V]` logits.
+    cross_entropy(
+        &CrossEntropyInputs {
+            op,
+            logits: (Shape::new([x_shape[0], v]), x_dtype),
+            targets,
+            class_weight,
+            grad_scale: None,
+            kernel_dtypes: false,
         },
         options,
     )

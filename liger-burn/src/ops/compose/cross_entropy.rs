@@ -108,7 +108,9 @@ pub fn forward<B: Backend>(
         .then(|| prim((zl * valid_f.clone()).reshape([n])));
 
     let grad_logits = grad_scale.map(|s| {
-        let s = float::<B, 1>(to_f32::<B>(s)).reshape([1, 1]);
+        // `[1]` (every row) or `[n]` (per row), broadcast over the classes.
+        let k = s.shape().num_elements();
+        let s = float::<B, 1>(to_f32::<B>(s)).reshape([k, 1]);
         let p = (z.clone() - lse.clone()).exp();
         let a = w_y * s.clone() * (1.0 - eps);
         let b = s.clone() * (eps / v as f64);

@@ -1,0 +1,218 @@
+//! Fused linear cross entropy, chunked over rows so the `[N, V]` logits never exist: the
+//! default body of [`FusedOps::fused_linear_cross_entropy`](crate::ops::FusedOps::fused_linear_cross_entropy),
+//! built from `matmul`, slicing and [`FusedOps::fused_cross_entropy`] only, so every backend
+//! runs it (with its own fused cross-entropy kernel where it has one).
+//!
+//! Per chunk of rows `c`: `logits_c = x_c Wᵀ (+ b)`, the fused cross entropy writes the
+//! loss rows and the logits gradient `g_c` (over `logits_c` itself on the CubeCL
+//! backends), then `grad_x_c = g_c W`, `grad_W += f32(g_cᵀ x_c)`, `grad_b += Σ_rows f32(g_c)`.
+//!
+//! # Chunk size and memory
+//!
+//! Each chunk's weight-gradient product `g_cᵀ x_c` is a `[V, H]` matrix in the input
+//! dtype, cast to f32 and added to an f32 accumulator: the accumulator costs `V·H·4`
+//! bytes for the whole call (plus one `[V, H]` product in the input dtype per chunk,
+//! released before the next), and every chunk reads and writes it once (about
+//! `10·V·H` bytes for bf16 inputs). That traffic outweighs the chunk's three matmuls
+//! (`6·m·V·H` FLOPs) when a chunk has fewer than a few thousand rows `m` on current GPUs,
+//! so chunks are not made smaller than `min(H, N)` rows: their logits (`m·V` elements)
+//! then take about as much memory as the `[V, H]` product the accumulation allocates
+//! anyway. Above that, chunks follow Liger-Kernel's rule (`≈ N·H/V` rows: a chunk's
+//! logits about the size of `x`). The rows are split into equal chunks.
+
+use super::{to_dtype, to_f32};
+use crate::functional::{non_ignored_weight, reciprocal_or_zero};
+use crate::ops::{CrossEntropyOptions, FusedOps, LinearCrossEntropyOutput, Reduction, validate};
+use burn::tensor::{
+    DType, Int, Tensor, TensorMetadata, TensorPrimitive,
+    ops::{FloatTensor, IntTensor},
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+static CHUNK_ROWS_OVERRIDE: AtomicUsize = AtomicUsize::new(0);
+
+/// Forces the rows per chunk of every later call (`None`: the automatic size), so tests
+/// can hit several chunks and a last partial one. Not part of the stable API.
+#[doc(hidden)]
+pub fn set_chunk_rows_override(rows: Option<usize>) {
+    CHUNK_ROWS_OVERRIDE.store(rows.unwrap_or(0), Ordering::Relaxed);
+}
+
+/// Rows per chunk for `x: [n, h]` against `V = v` classes (see the module docs).
+pub fn chunk_rows(n: usize, h: usize, v: usize) -> usize {
+    let forced = CHUNK_ROWS_OVERRIDE.load(Ordering::Relaxed);
+    if forced > 0 {
+        return forced.min(n).max(1);
+    }
+    let liger = (n * h).div_ceil(v.max(1));
+    let wanted = liger.max(h).clamp(1, n.max(1));
+    // Equal chunks: the same number of chunks, spread evenly.
+    n.div_ceil(n.div_ceil(wanted)).max(1)
+}
+
+fn float<B: FusedOps, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(x))
+}
+
+fn prim<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
+    x.into_primitive().tensor()
+}
+
+/// What the chunk loop computes for the gradients.
+pub(crate) enum Gradients<B: FusedOps> {
+    /// None (forward only).
+    Skip,
+    /// The gradients of the reduced loss (upstream gradient 1).
+    Reduced,
+    /// The gradients of `Σ_i r_i loss_i` for per-row factors `r: [N]` (reduction none
+    /// with an arbitrary upstream gradient).
+    RowFactors(FloatTensor<B>),
+}
+
+/// See [`FusedOps::fused_linear_cross_entropy`](crate::ops::FusedOps::fused_linear_cross_entropy).
+pub fn forward<B: FusedOps>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    targets: IntTensor<B>,
+    class_weight: Option<FloatTensor<B>>,
+    compute_grad: bool,
+    options: CrossEntropyOptions,
+) -> LinearCrossEntropyOutput<B> {
+    let grads = if compute_grad {
+        Gradients::Reduced
+    } else {
+        Gradients::Skip
+    };
+    chunked::<B>(x, weight, bias, targets, class_weight, grads, options)
+}
+
+/// The chunk loop (see the module docs).
+pub(crate) fn chunked<B: FusedOps>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    targets: IntTensor<B>,
+    class_weight: Option<FloatTensor<B>>,
+    grads: Gradients<B>,
+    options: CrossEntropyOptions,
+) -> LinearCrossEntropyOutput<B> {
+    validate::check(validate::linear_cross_entropy_tensors(
+        "fused_linear_cross_entropy",
+        &x,
+        &weight,
+        bias.as_ref(),
+        &targets,
+        class_weight.as_ref(),
+        &options,
+    ));
+    let [n, h] = [x.shape()[0], x.shape()[1]];
+    let v = weight.shape()[0];
+    let w_dtype = weight.dtype();
+    let b_dtype = bias.as_ref().map(|b| b.dtype());
+    let x: Tensor<B, 2> = float(x);
+    let weight: Tensor<B, 2> = float(weight);
+    let bias: Option<Tensor<B, 2>> = bias.map(|b| float::<B, 1>(b).reshape([1, v]));
+    let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
+    let class_weight: Option<Tensor<B, 1>> = class_weight.map(float);
+    let device = x.device();
+
+    // The gradient scale of every chunk: 1/W (W over all rows) for a mean, else 1.
+    let scale: Tensor<B, 1> = match options.reduction {
+        Reduction::Mean => reciprocal_or_zero(non_ignored_weight(
+            &targets,
+            class_weight.as_ref(),
+            v,
+            options.ignore_index,
+        )),
+        Reduction::Sum | Reduction::None => Tensor::<B, 1>::ones([1], &device).cast(DType::F32),
+    };
+    let (with_grad, row_factors) = match grads {
+        Gradients::Skip => (false, None),
+        Gradients::Reduced => (true, None),
+        Gradients::RowFactors(r) => (true, Some(float::<B, 1>(r).cast(DType::F32))),
+    };
+    let weight_t = weight.clone().transpose(); // [H, V], a view
+    let chunk = chunk_rows(n, h, v);
+    let mut losses = Vec::new();
+    let mut z_losses = Vec::new();
+    let mut grad_x = Vec::new();
+    let mut grad_w: Option<Tensor<B, 2>> = None;
+    let mut grad_b: Option<Tensor<B, 2>> = None;
+    let mut r0 = 0;
+    while r0 < n {
+        let r1 = (r0 + chunk).min(n);
+        let x_c = x.clone().slice(r0..r1);
+        let mut logits = x_c.clone().matmul(weight_t.clone());
+        if let Some(b) = &bias {
+            logits = logits + b.clone();
+        }
+        // Per-row factors go into the kernel's per-row gradient scale: one rounding.
+        let chunk_scale = match &row_factors {
+            Some(r) => r.clone().slice(r0..r1),
+            None => scale.clone(),
+        };
+        let rows = B::fused_cross_entropy(
+            prim(logits),
+            targets.clone().slice(r0..r1).into_primitive(),
+            class_weight.clone().map(prim),
+            with_grad.then(|| prim(chunk_scale)),
+            options,
+        );
+        losses.push(float::<B, 1>(rows.loss));
+        z_losses.extend(rows.z_loss.map(float::<B, 1>));
+        if let Some(g) = rows.grad_logits {
+            let g: Tensor<B, 2> = float(g);
+            grad_x.push(g.clone().matmul(weight.clone()));
+            let gw = float::<B, 2>(to_f32::<B>(prim(g.clone().transpose().matmul(x_c))));
+            grad_w = Some(match grad_w {
+                Some(acc) => acc + gw,
+                None => gw,
+            });
+            if bias.is_some() {
+                let gb = float::<B, 2>(to_f32::<B>(prim(g))).sum_dim(0);
+                grad_b = Some(match grad_b {
+                    Some(acc) => acc + gb,
+                    None => gb,
+                });
+            }
+        }
+        r0 = r1;
+    }
+
+    let reduce = |parts: Vec<Tensor<B, 1>>| -> Tensor<B, 1> {
+        let rows = Tensor::cat(parts, 0);
+        match options.reduction {
+            Reduction::Mean => rows.sum() * scale.clone(),
+            Reduction::Sum => rows.sum(),
+            Reduction::None => rows,
+        }
+    };
+    let loss = reduce(losses);
+    let z_loss = options.return_z_loss.then(|| reduce(z_losses));
+    LinearCrossEntropyOutput {
+        loss: prim(loss),
+        z_loss: z_loss.map(prim),
+        grad_x: with_grad.then(|| prim(Tensor::cat(grad_x, 0))),
+        grad_weight: grad_w.map(|g| to_dtype::<B>(prim(g), w_dtype)),
+        grad_bias: grad_b.map(|g| to_dtype::<B>(prim(g.reshape([v])), b_dtype.unwrap_or(w_dtype))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_rows;
+
+    #[test]
+    fn chunks_are_even_and_not_smaller_than_h() {
+        // The benchmark shape: two chunks of 4096 rows.
+        assert_eq!(chunk_rows(8192, 4096, 128_256), 4096);
+        // Liger's rule dominates when N·H/V > H (V < N): 5243 rows → 2 chunks of 4096.
+        assert_eq!(chunk_rows(8192, 64, 100), 4096);
+        // Small problems: one chunk.
+        assert_eq!(chunk_rows(37, 72, 1000), 37);
+        assert_eq!(chunk_rows(1, 1, 1), 1);
+        // Equal chunks: 10_000 rows at ≥ 4096 per chunk → 3 chunks of 3334.
+        assert_eq!(chunk_rows(10_000, 4096, 128_256), 3334);
+    }
+}
