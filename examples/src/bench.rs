@@ -78,15 +78,31 @@ pub enum BenchOp {
     /// Residual add + RMSNorm vs `x + residual` then burn::nn::RmsNorm.
     #[value(name = "fused_add_rms_norm")]
     FusedAddRmsNorm,
+    /// SwiGLU `silu(gate) * up` vs `activation::silu(gate) * up`.
+    #[value(name = "swiglu")]
+    Swiglu,
+    /// GeGLU `gelu_tanh(gate) * up` vs `activation::gelu_approximate(gate) * up`.
+    #[value(name = "geglu")]
+    Geglu,
+    /// Exact GELU vs burn::tensor::activation::gelu.
+    #[value(name = "gelu")]
+    Gelu,
+    /// Sigmoid vs burn::tensor::activation::sigmoid.
+    #[value(name = "sigmoid")]
+    Sigmoid,
 }
 
 impl BenchOp {
-    const EACH: [BenchOp; 5] = [
+    const EACH: [BenchOp; 9] = [
         BenchOp::RmsNorm,
         BenchOp::LayerNorm,
         BenchOp::Softmax,
         BenchOp::LogSoftmax,
         BenchOp::FusedAddRmsNorm,
+        BenchOp::Swiglu,
+        BenchOp::Geglu,
+        BenchOp::Gelu,
+        BenchOp::Sigmoid,
     ];
 
     /// Name in tables and the CSV `kernel` column.
@@ -98,12 +114,20 @@ impl BenchOp {
             BenchOp::Softmax => "softmax",
             BenchOp::LogSoftmax => "log_softmax",
             BenchOp::FusedAddRmsNorm => "fused_add_rms_norm",
+            BenchOp::Swiglu => "swiglu",
+            BenchOp::Geglu => "geglu",
+            BenchOp::Gelu => "gelu",
+            BenchOp::Sigmoid => "sigmoid",
         }
     }
 
     fn default_shape(self) -> Shape {
         match self {
             BenchOp::Softmax | BenchOp::LogSoftmax => Shape(vec![8192, 32768]),
+            // Llama-3-8B's MLP width, Liger-Kernel's SwiGLU benchmark shape.
+            BenchOp::Swiglu | BenchOp::Geglu | BenchOp::Gelu | BenchOp::Sigmoid => {
+                Shape(vec![8192, 14336])
+            }
             _ => Shape(vec![8192, 4096]),
         }
     }
@@ -113,7 +137,19 @@ impl BenchOp {
     }
 
     fn has_weight(self) -> bool {
-        !matches!(self, BenchOp::Softmax | BenchOp::LogSoftmax)
+        !matches!(self, BenchOp::Softmax | BenchOp::LogSoftmax) && !self.is_elementwise()
+    }
+
+    /// A gated unit: a second input (`up`).
+    fn has_up(self) -> bool {
+        matches!(self, BenchOp::Swiglu | BenchOp::Geglu)
+    }
+
+    fn is_elementwise(self) -> bool {
+        matches!(
+            self,
+            BenchOp::Swiglu | BenchOp::Geglu | BenchOp::Gelu | BenchOp::Sigmoid
+        )
     }
 }
 
@@ -195,6 +231,10 @@ impl Mode {
 ///   `3ne + 3we + 2rows·s`.
 /// - softmax, log_softmax: forward reads x and writes y: `2ne`; backward reads dy, y
 ///   and writes dx: `3ne`.
+/// - swiglu, geglu: forward reads gate, up and writes y: `3ne`; backward reads dy, gate,
+///   up and writes dgate, dup: `5ne`.
+/// - gelu (sigmoid): forward reads x and writes y: `2ne`; backward reads dy, x (y) and
+///   writes dx: `3ne`.
 ///
 /// `full` is forward + backward.
 fn bytes(op: BenchOp, mode: Mode, rows: usize, width: usize, e: usize) -> (usize, &'static str) {
@@ -206,12 +246,17 @@ fn bytes(op: BenchOp, mode: Mode, rows: usize, width: usize, e: usize) -> (usize
         BenchOp::FusedAddRmsNorm => (4 * n * e + w + s, "x+res+w+y+sum+rstd"),
         BenchOp::LayerNorm => (2 * n * e + 2 * w + 2 * s, "x+w+b+y+mean+rstd"),
         BenchOp::Softmax | BenchOp::LogSoftmax | BenchOp::All => (2 * n * e, "x+y"),
+        BenchOp::Swiglu | BenchOp::Geglu => (3 * n * e, "gate+up+y"),
+        BenchOp::Gelu | BenchOp::Sigmoid => (2 * n * e, "x+y"),
     };
     let bwd = match op {
         BenchOp::RmsNorm => (3 * n * e + 2 * w + s, "dy+x+w+rstd+dx+dw"),
         BenchOp::FusedAddRmsNorm => (3 * n * e + 2 * w + s, "dy+sum+w+rstd+dx+dw"),
         BenchOp::LayerNorm => (3 * n * e + 3 * w + 2 * s, "dy+x+w+mean+rstd+dx+dw+db"),
         BenchOp::Softmax | BenchOp::LogSoftmax | BenchOp::All => (3 * n * e, "dy+y+dx"),
+        BenchOp::Swiglu | BenchOp::Geglu => (5 * n * e, "dy+gate+up+dgate+dup"),
+        BenchOp::Gelu => (3 * n * e, "dy+x+dx"),
+        BenchOp::Sigmoid => (3 * n * e, "dy+y+dx"),
     };
     match mode {
         Mode::Forward => fwd,
@@ -222,6 +267,8 @@ fn bytes(op: BenchOp, mode: Mode, rows: usize, width: usize, e: usize) -> (usize
                 BenchOp::RmsNorm => "fwd(x+w+y+rstd)+bwd(dy+x+w+rstd+dx+dw)",
                 BenchOp::FusedAddRmsNorm => "fwd(x+res+w+y+sum+rstd)+bwd(dy+sum+w+rstd+dx+dw)",
                 BenchOp::LayerNorm => "fwd(x+w+b+y+mean+rstd)+bwd(dy+x+w+mean+rstd+dx+dw+db)",
+                BenchOp::Swiglu | BenchOp::Geglu => "fwd(gate+up+y)+bwd(dy+gate+up+dgate+dup)",
+                BenchOp::Gelu => "fwd(x+y)+bwd(dy+x+dx)",
                 _ => "fwd(x+y)+bwd(dy+y+dx)",
             },
         ),
@@ -247,6 +294,8 @@ struct Inputs<BB: Backend> {
     residual: Option<Tensor<BB, 2>>,
     weight: Option<Tensor<BB, 1>>,
     bias: Option<Tensor<BB, 1>>,
+    /// The second input of a gated unit (`x` is the gate).
+    up: Option<Tensor<BB, 2>>,
 }
 
 impl<B: Backend> Inputs<B> {
@@ -272,6 +321,7 @@ impl<B: Backend> Inputs<B> {
             residual: op.has_residual().then(|| mat(-2.0, 2.0)),
             weight: op.has_weight().then(|| vec(-0.5, 1.5)),
             bias: (op == BenchOp::LayerNorm).then(|| vec(-1.0, 1.0)),
+            up: op.has_up().then(|| mat(-2.0, 2.0)),
         }
     }
 
@@ -289,6 +339,10 @@ impl<B: Backend> Inputs<B> {
                 .map(|t| Tensor::from_inner(t).require_grad()),
             bias: self
                 .bias
+                .clone()
+                .map(|t| Tensor::from_inner(t).require_grad()),
+            up: self
+                .up
                 .clone()
                 .map(|t| Tensor::from_inner(t).require_grad()),
         }
@@ -358,6 +412,19 @@ fn apply<BB: FusedOps>(
         (BenchOp::Softmax, Provider::Burn) => (activation::softmax(x, 1), None),
         (BenchOp::LogSoftmax, Provider::Liger) => (functional::log_softmax(x, 1), None),
         (BenchOp::LogSoftmax, Provider::Burn) => (activation::log_softmax(x, 1), None),
+        (BenchOp::Swiglu, Provider::Liger) => {
+            (functional::swiglu(x, inp.up.clone().unwrap()), None)
+        }
+        (BenchOp::Swiglu, Provider::Burn) => (activation::silu(x) * inp.up.clone().unwrap(), None),
+        (BenchOp::Geglu, Provider::Liger) => (functional::geglu(x, inp.up.clone().unwrap()), None),
+        (BenchOp::Geglu, Provider::Burn) => (
+            activation::gelu_approximate(x) * inp.up.clone().unwrap(),
+            None,
+        ),
+        (BenchOp::Gelu, Provider::Liger) => (functional::gelu(x), None),
+        (BenchOp::Gelu, Provider::Burn) => (activation::gelu(x), None),
+        (BenchOp::Sigmoid, Provider::Liger) => (functional::sigmoid(x), None),
+        (BenchOp::Sigmoid, Provider::Burn) => (activation::sigmoid(x), None),
         (BenchOp::All, _) => unreachable!("`all` is expanded before running"),
     }
 }
@@ -524,7 +591,7 @@ impl OnDevice for Bench {
         for (op, shape) in &plan {
             let (op, rows, width) = (*op, shape.rows(), shape.width());
             let n = rows * width;
-            let set_bytes = n * e * (1 + op.has_residual() as usize);
+            let set_bytes = n * e * (1 + op.has_residual() as usize + op.has_up() as usize);
             let sets = ROTATION_BYTES.div_ceil(set_bytes.max(1)).clamp(2, MAX_SETS);
             let outs = 1 + op.has_residual() as usize;
             let hold_fwd =
