@@ -9,7 +9,7 @@
 //! `units × vectors_per_unit` consecutive vectors, unit `u` taking vectors
 //! `u, u + units, ...` of the block (coalesced), and the cubes stride over the buffer
 //! when it has more blocks than the grid (CubeCL caps cubes per dimension). The per-element
-//! math is a comptime choice ([`Pass`] and [`Activation`]), so each op compiles to its own
+//! math is a comptime choice (`Pass` and [`Activation`]), so each op compiles to its own
 //! kernel without copies of this code.
 
 use crate::activation::{self, Activation};
