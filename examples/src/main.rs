@@ -119,7 +119,8 @@ pub struct BenchArgs {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
     pub op: Vec<bench::BenchOp>,
     /// Shapes `ROWSxWIDTH` (comma list or repeated; leading dims multiply into rows,
-    /// e.g. 4x2048x4096). Default per op: norms 8192x4096, softmax and log_softmax 8192x32768.
+    /// e.g. 4x2048x4096). Default per op: norms 8192x4096, softmax and log_softmax 8192x32768,
+    /// swiglu, geglu, gelu and sigmoid 8192x14336.
     #[arg(long, value_delimiter = ',', value_name = "SHAPE")]
     pub shape: Vec<bench::Shape>,
     /// Untimed iterations before the samples (JIT compilation and autotune out of the numbers).
