@@ -243,3 +243,144 @@ fn liger_over_ndarray_matches_stock() {
         assert_close(&format!("grad #{i}"), g, s);
     }
 }
+
+/// `y = gelu(x) * w1 + sigmoid(x) * w2` with stock Burn's activations (or, with
+/// `erf_gelu`, GELU written as its erf formula, whose autodiff is exact); returns `y` and
+/// the gradient of `sum(y)` with respect to `x`.
+fn activations_step<A: AutodiffBackend>(
+    x: &[f32],
+    w1: &[f32],
+    w2: &[f32],
+    erf_gelu: bool,
+    device: &A::Device,
+) -> (Vec<f32>, Vec<f32>) {
+    let t = |v: &[f32]| Tensor::<A, 2>::from_data(TensorData::new(v.to_vec(), [ROWS, D]), device);
+    let x_ad = t(x).require_grad();
+    let gelu = if erf_gelu {
+        let erf = (x_ad.clone() * core::f64::consts::FRAC_1_SQRT_2).erf();
+        x_ad.clone() * (erf + 1.0) * 0.5
+    } else {
+        burn::tensor::activation::gelu(x_ad.clone())
+    };
+    let y = gelu * t(w1) + burn::tensor::activation::sigmoid(x_ad.clone()) * t(w2);
+    let grads = y.clone().sum().backward();
+    let grad = x_ad
+        .grad(&grads)
+        .unwrap()
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
+    (y.into_data().to_vec::<f32>().unwrap(), grad)
+}
+
+fn activation_launches() -> [u64; 4] {
+    [
+        Kernel::gelu_forward,
+        Kernel::gelu_backward,
+        Kernel::sigmoid_forward,
+        Kernel::sigmoid_backward,
+    ]
+    .map(counters::get)
+}
+
+/// Stock `burn::tensor::activation::{gelu, sigmoid}` reach the fused kernels, forward and
+/// backward, in both wrapping orders (burn-autodiff's own gelu/sigmoid nodes call the
+/// inner `Liger<B>`'s `gelu_backward`/`sigmoid_backward`), with stock Burn's values. The
+/// GELU gradient is the exact derivative, i.e. the autodiff of the erf formula, not stock
+/// `gelu_backward`'s derivative of the tanh approximation (which it differs from by < 1e-3).
+fn check_activations<B: liger_burn::ops::FusedOps>(device: &B::Device)
+where
+    Autodiff<B>: AutodiffBackend<Device = B::Device>,
+    Liger<Autodiff<B>>: AutodiffBackend<Device = B::Device>,
+    Autodiff<Liger<B>>: AutodiffBackend<Device = B::Device>,
+{
+    let _guard = liger_tests::lock();
+    let mut rng = Rng::from_env();
+    let seed = rng.seed();
+    let x = rng.vec(ROWS * D, -6.0, 6.0, 0.0);
+    let w1 = rng.vec(ROWS * D, -1.0, 1.0, 0.0);
+    let w2 = rng.vec(ROWS * D, -1.0, 1.0, 0.0);
+
+    let before = activation_launches();
+    let (y_stock, g_stock_tanh) = activations_step::<Autodiff<B>>(&x, &w1, &w2, false, device);
+    let (_, g_exact) = activations_step::<Autodiff<B>>(&x, &w1, &w2, true, device);
+    assert_eq!(
+        activation_launches(),
+        before,
+        "the stock path must not launch fused kernels"
+    );
+
+    let check = |order: &str, (y, g): (Vec<f32>, Vec<f32>), before: [u64; 4]| {
+        let after = activation_launches();
+        let names = ["gelu fwd", "gelu bwd", "sigmoid fwd", "sigmoid bwd"];
+        for ((name, b), a) in names.iter().zip(before).zip(after) {
+            assert!(
+                a > b,
+                "{order} did not launch the fused {name} kernel (seed {seed})"
+            );
+        }
+        assert_close(&format!("{order} y (seed {seed})"), &y, &y_stock);
+        assert_close(&format!("{order} grad (seed {seed})"), &g, &g_exact);
+        let off_tanh = g
+            .iter()
+            .zip(&g_stock_tanh)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            off_tanh < 1e-3,
+            "{order}: {off_tanh} from stock gelu_backward (seed {seed})"
+        );
+    };
+    let before = activation_launches();
+    check(
+        "Liger<Autodiff<_>>",
+        activations_step::<Liger<Autodiff<B>>>(&x, &w1, &w2, false, device),
+        before,
+    );
+    let before = activation_launches();
+    check(
+        "Autodiff<Liger<_>>",
+        activations_step::<Autodiff<Liger<B>>>(&x, &w1, &w2, false, device),
+        before,
+    );
+}
+
+#[test]
+fn stock_gelu_and_sigmoid_reach_fused_kernels_and_match_stock() {
+    match liger_tests::device_name().as_str() {
+        #[cfg(any(feature = "vulkan", feature = "wgpu"))]
+        "wgpu-cpu" => {
+            use burn::backend::wgpu::{Wgpu, WgpuDevice, WgpuRuntime};
+            check_activations::<Wgpu>(&WgpuDevice::Cpu);
+            check_activations::<burn_cubecl::CubeBackend<WgpuRuntime, f32, i32, u32>>(
+                &WgpuDevice::Cpu,
+            );
+        }
+        #[cfg(any(feature = "vulkan", feature = "wgpu"))]
+        "vulkan" => check_activations::<burn::backend::wgpu::Wgpu>(&Default::default()),
+        #[cfg(feature = "cuda")]
+        "cuda" => check_activations::<burn::backend::Cuda>(&Default::default()),
+        other => panic!("no CubeCL device for LIGER_TEST_DEVICE={other} in this build"),
+    }
+}
+
+/// The same through the NdArray fallback: stock values, exact GELU gradient.
+#[cfg(feature = "ndarray")]
+#[test]
+fn liger_activations_over_ndarray_match_stock() {
+    use burn::backend::NdArray;
+    let device = Default::default();
+    let mut rng = Rng::from_env();
+    let x = rng.vec(ROWS * D, -6.0, 6.0, 0.0);
+    let w1 = rng.vec(ROWS * D, -1.0, 1.0, 0.0);
+    let w2 = rng.vec(ROWS * D, -1.0, 1.0, 0.0);
+    let (y_stock, _) = activations_step::<Autodiff<NdArray>>(&x, &w1, &w2, false, &device);
+    let (_, g_exact) = activations_step::<Autodiff<NdArray>>(&x, &w1, &w2, true, &device);
+    for (y, g) in [
+        activations_step::<Liger<Autodiff<NdArray>>>(&x, &w1, &w2, false, &device),
+        activations_step::<Autodiff<Liger<NdArray>>>(&x, &w1, &w2, false, &device),
+    ] {
+        assert_close("y", &y, &y_stock);
+        assert_close("grad", &g, &g_exact);
+    }
+}

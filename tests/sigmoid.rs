@@ -9,7 +9,9 @@ use liger_burn::Liger;
 use liger_burn::conformance::Op;
 use liger_burn::ops::FusedOps;
 use liger_tests::BackendVisitor;
-use liger_tests::glu::{check_bad_inputs, check_op_with_elementwise_limits};
+use liger_tests::glu::{
+    check_bad_inputs, check_dtype_validation, check_op_with_elementwise_limits,
+};
 
 #[test]
 fn sigmoid_matches_reference_and_burn() {
@@ -18,12 +20,17 @@ fn sigmoid_matches_reference_and_burn() {
 
 #[test]
 fn sigmoid_grid_strided_and_split_launches() {
-    check_op_with_elementwise_limits(Op::Sigmoid, 2, 4096);
+    check_op_with_elementwise_limits(Op::Sigmoid);
 }
 
 #[test]
 fn sigmoid_bad_inputs_are_rejected() {
     check_bad_inputs(Op::Sigmoid);
+}
+
+#[test]
+fn sigmoid_dtype_validation() {
+    check_dtype_validation(Op::Sigmoid);
 }
 
 /// `Liger<B>`'s override takes everything stock `sigmoid` takes: an empty tensor is its own

@@ -11,7 +11,8 @@ use burn::tensor::{Tensor, TensorData, activation, backend::Backend};
 use liger_burn::conformance::{Op, Rng};
 use liger_burn::nn::{SwiGluMlp, SwiGluMlpConfig};
 use liger_tests::glu::{
-    check_bad_inputs, check_op_with_elementwise_limits, check_partial_tracking,
+    check_bad_inputs, check_dtype_validation, check_op_with_elementwise_limits,
+    check_partial_tracking,
 };
 
 #[test]
@@ -21,8 +22,7 @@ fn swiglu_matches_reference_and_burn() {
 
 #[test]
 fn swiglu_grid_strided_and_split_launches() {
-    // 2 cubes striding over 4 blocks per launch, launches of 4096 vectors.
-    check_op_with_elementwise_limits(Op::SwiGlu, 2, 4096);
+    check_op_with_elementwise_limits(Op::SwiGlu);
 }
 
 #[test]
@@ -33,6 +33,11 @@ fn swiglu_one_input_tracked() {
 #[test]
 fn swiglu_bad_inputs_are_rejected() {
     check_bad_inputs(Op::SwiGlu);
+}
+
+#[test]
+fn swiglu_dtype_validation() {
+    check_dtype_validation(Op::SwiGlu);
 }
 
 /// The same MLP written with burn `Linear`s only (the Hugging Face field names).

@@ -3,8 +3,9 @@
 //! Liger-Kernel's fused, exact, memory-lean LLM-training kernels for Burn.
 //!
 //! - [`ops::FusedOps`]: the fused primitives, with exact stock-op fallbacks on every backend.
-//! - [`Liger`]: a backend decorator that routes Burn's own `softmax`, `log_softmax` and
-//!   `layer_norm` primitives (and so `burn::nn` modules) to the fused kernels.
+//! - [`Liger`]: a backend decorator that routes Burn's own `softmax`, `log_softmax`,
+//!   `layer_norm`, `gelu` and `sigmoid` primitives (and so `burn::nn` modules) to the
+//!   fused kernels.
 //! - [`functional`] and [`nn`]: the user-facing API.
 
 pub mod autodiff;

@@ -3,6 +3,8 @@
 //! forward and backward. All run on the shared elementwise kernel of
 //! [`crate::elementwise`]; this file holds only the math (in f32) and the launches.
 //!
+//! Exact GELU is `x Φ(x)` with the normal CDF `Φ` from an `erfc` accurate to 1.1e-7
+//! *relative* (so the lower tail keeps its digits), not from `1 + erf`.
 //! Sigmoid is evaluated in the stable split form: with `e = exp(-|x|)`,
 //! `σ(|x|) = 1 / (1 + e)` and `σ(-|x|) = e / (1 + e)`, so neither `σ(x)` nor `1 - σ(x)`
 //! is ever formed by cancellation and `exp` never overflows. The tanh-GELU uses the
@@ -60,10 +62,39 @@ fn gelu_tanh_arg<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
     Vector::new(SQRT_2_OVER_PI) * (x + Vector::new(GELU_TANH_COEFF) * x * x * x)
 }
 
-/// `Φ(x) = (1 + erf(x / √2)) / 2`.
+/// `erfc(z)` for `z ≥ 0`, to a relative error below 1.1e-7 for every `z` (Numerical
+/// Recipes' Chebyshev fit, `erfcc`), plus the f32 rounding of `z²` in the exponent.
+#[cube]
+fn erfc_nonnegative<N: Size>(z: Vector<f32, N>) -> Vector<f32, N> {
+    let t = Vector::<f32, N>::new(1.0) / (Vector::new(1.0) + Vector::new(0.5f32) * z);
+    let mut p = Vector::<f32, N>::new(0.170_872_77);
+    p = p * t + Vector::new(-0.822_152_23);
+    p = p * t + Vector::new(1.488_515_87);
+    p = p * t + Vector::new(-1.135_203_98);
+    p = p * t + Vector::new(0.278_868_07);
+    p = p * t + Vector::new(-0.186_288_06);
+    p = p * t + Vector::new(0.096_784_18);
+    p = p * t + Vector::new(0.374_091_96);
+    p = p * t + Vector::new(1.000_023_68);
+    p = p * t + Vector::new(-1.265_512_23);
+    t * Vector::exp(p - z * z)
+}
+
+/// `Φ(x) = (1 + erf(x / √2)) / 2 = erfc(-x / √2) / 2`.
+///
+/// The lower tail `Φ(-|x|) = erfc(|x| / √2) / 2` is computed directly, never as
+/// `1 + erf(x / √2)` with `erf` near `-1`: GELU and its derivative keep their relative
+/// accuracy for negative inputs (where `1 + erf` would cancel to a few ulps of 1, and a
+/// device's `erf` may be an absolute-error polynomial: CubeCL's SPIR-V/WGSL `erf` is).
 #[cube]
 fn normal_cdf<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
-    Vector::new(0.5f32) * (Vector::new(1.0) + Vector::erf(x * Vector::new(FRAC_1_SQRT_2)))
+    let lower =
+        Vector::new(0.5f32) * erfc_nonnegative::<N>(Vector::abs(x) * Vector::new(FRAC_1_SQRT_2));
+    select_many(
+        x.less_than(Vector::new(0.0)),
+        lower,
+        Vector::new(1.0) - lower,
+    )
 }
 
 /// `act(x)`.

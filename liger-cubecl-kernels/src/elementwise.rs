@@ -9,7 +9,7 @@
 //! `units × vectors_per_unit` consecutive vectors, unit `u` taking vectors
 //! `u, u + units, ...` of the block (coalesced), and the cubes stride over the buffer
 //! when it has more blocks than the grid (CubeCL caps cubes per dimension). The per-element
-//! math is a comptime choice ([`Pass`] and [`Activation`]), so each op compiles to its own
+//! math is a comptime choice (`Pass` and [`Activation`]), so each op compiles to its own
 //! kernel without copies of this code.
 
 use crate::activation::{self, Activation};
@@ -56,7 +56,8 @@ impl Pass {
 /// is a multiple of every plane width. Tunable with `LIGER_EW_UNITS`.
 pub const ELEMENTWISE_UNITS: usize = 256;
 /// Vectors each unit loads per step (16-byte vectors: 64 bytes per input in flight per
-/// unit). Tunable with `LIGER_EW_VPU`.
+/// unit). Tunable with `LIGER_EW_VPU`; `LIGER_EW_CUBES_PER_SM` caps the grid (persistent
+/// cubes grid-striding) instead of one block per cube.
 pub const ELEMENTWISE_VECTORS_PER_UNIT: usize = 4;
 /// Most vectors one launch addresses: indices stay below 2³¹ in the kernel's 32-bit
 /// arithmetic (grid striding adds at most one grid to an index below this bound); larger
@@ -115,7 +116,14 @@ impl ElementwiseLaunch {
         let units = prev_power_of_two(units as u32);
         let vectors_per_unit =
             tuning("LIGER_EW_VPU", ELEMENTWISE_VECTORS_PER_UNIT).clamp(1, 16) as u32;
-        let max_cubes = (props.hardware.max_cube_count.0 as usize).clamp(1, 65_535);
+        let mut max_cubes = (props.hardware.max_cube_count.0 as usize).clamp(1, 65_535);
+        // By default one block per cube (cubes retire as they finish, no loop); a cap in
+        // cubes per multiprocessor makes a persistent grid that strides instead.
+        let per_sm = tuning("LIGER_EW_CUBES_PER_SM", 0);
+        if per_sm > 0 {
+            let sms = props.hardware.num_streaming_multiprocessors.unwrap_or(32) as usize;
+            max_cubes = max_cubes.min(sms * per_sm).max(1);
+        }
         let max_cubes = forced(&FORCED_MAX_CUBES).map_or(max_cubes, |m| m.min(max_cubes));
         Self {
             vector_size,

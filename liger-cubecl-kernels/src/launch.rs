@@ -107,7 +107,8 @@ pub const MAX_CACHED_CHUNKS: usize = 8;
 /// Launch-geometry overrides for tuning sweeps on a device, read once from the
 /// environment: `LIGER_FWD_VPU`, `LIGER_BWD_VPU` (vectors per unit), `LIGER_PARTIALS_PER_SM`
 /// (backward cubes per multiprocessor), `LIGER_MAX_CACHED` (register-cached chunks),
-/// `LIGER_EW_UNITS`, `LIGER_EW_VPU` (elementwise kernels' units per cube and vectors per unit).
+/// `LIGER_EW_UNITS`, `LIGER_EW_VPU`, `LIGER_EW_CUBES_PER_SM` (elementwise kernels' units per
+/// cube, vectors per unit, grid cap).
 /// `LIGER_ROPE_HEADS` (heads per RoPE unit), `LIGER_ROPE_CUBES_PER_SM` (RoPE cube cap).
 /// Unset means the constants above. Results do not depend on them (tests cover the
 /// geometries they produce); only speed does.
@@ -125,6 +126,7 @@ pub(crate) fn tuning(name: &str, default: usize) -> usize {
             "LIGER_EW_VPU",
             "LIGER_ROPE_HEADS",
             "LIGER_ROPE_CUBES_PER_SM",
+            "LIGER_EW_CUBES_PER_SM",
         ]
         .iter()
         .filter_map(|k| {

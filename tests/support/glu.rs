@@ -1,47 +1,77 @@
 //! Shared checks of the elementwise ops (SwiGLU, GeGLU, GELU, sigmoid): forced launch
 //! limits, bad input, partial gradient tracking, any rank.
 
-use crate::{BackendVisitor, check_op, dtypes, for_each_backend, lock};
+use crate::{BackendVisitor, dtypes, for_each_backend, lock};
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use liger_burn::conformance::glu::reference;
-use liger_burn::conformance::{Op, Rng, Tolerance, compare};
+use liger_burn::conformance::{Op, Rng, Tolerance, compare, run_case};
 use liger_burn::functional;
 use liger_burn::ops::{FusedOps, GluActivation};
 use liger_cubecl_kernels::set_elementwise_limits;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-/// [`check_op`] with the elementwise launches limited to `max_cubes` cubes (so every
-/// cube grid-strides over several blocks) and split every `vectors_per_launch` vectors
+/// `op`'s conformance at a few shapes with the elementwise launches limited to one cube
+/// (which then grid-strides over every block of a launch) and split every 4096 vectors
 /// into launches over offset handles: the paths only multi-gigabyte tensors take with the
-/// default limits. Other tests of the same binary may run under the limits meanwhile,
-/// which changes nothing but their speed.
-pub fn check_op_with_elementwise_limits(op: Op, max_cubes: usize, vectors_per_launch: usize) {
+/// default limits. The shapes have tails, several blocks per launch and a partial last
+/// launch. Other tests of the same binary may run under the limits meanwhile, which
+/// changes nothing but their speed.
+pub fn check_op_with_elementwise_limits(op: Op) {
     struct Restore;
     impl Drop for Restore {
         fn drop(&mut self) {
             set_elementwise_limits(None, None);
         }
     }
-    set_elementwise_limits(Some(max_cubes), Some(vectors_per_launch));
+    struct Run(Op, Rng, Vec<String>);
+    impl BackendVisitor for Run {
+        fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+            for dtype in dtypes::<B>(device) {
+                for (rows, width) in [(1, 7), (37, 100), (4, 4097), (300, 64)] {
+                    let result = run_case::<B>(self.0, rows, width, dtype, device, &mut self.1);
+                    for c in result.comparisons.iter().filter(|c| !c.passed) {
+                        self.2.push(format!(
+                            "{label} {dtype:?} [{rows}, {width}] {}: max abs {:.3e}",
+                            c.tensor, c.max_abs
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let _guard = lock();
+    set_elementwise_limits(Some(1), Some(4096));
     let _restore = Restore;
-    check_op(op);
+    let mut run = Run(op, Rng::from_env(), Vec::new());
+    let seed = run.1.seed();
+    for_each_backend(&mut run);
+    assert!(
+        run.2.is_empty(),
+        "{} under launch limits failed (seed {seed}):\n{}",
+        op.name(),
+        run.2.join("\n")
+    );
 }
 
-/// Runs `f`, expecting a panic; returns its message.
-pub fn panic_message(f: impl FnOnce()) -> String {
+/// Runs `f`; returns the message of its panic, if any, without printing it.
+pub fn quiet_panic(f: impl FnOnce()) -> Option<String> {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let result = catch_unwind(AssertUnwindSafe(f));
     std::panic::set_hook(previous);
-    match result {
-        Ok(()) => panic!("expected a panic, the call succeeded"),
-        Err(payload) => payload
+    result.err().map(|payload| {
+        payload
             .downcast_ref::<String>()
             .cloned()
             .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default(),
-    }
+            .unwrap_or_default()
+    })
+}
+
+/// Runs `f`, expecting a panic; returns its message.
+pub fn panic_message(f: impl FnOnce()) -> String {
+    quiet_panic(f).expect("expected a panic, the call succeeded")
 }
 
 /// Asserts that `msg` contains every one of `parts`.
@@ -152,6 +182,20 @@ pub fn check_bad_inputs(op: Op) {
                 }
                 other => panic!("{other:?} is not an elementwise op"),
             }
+            // f64: the kernels refuse it by name, the stock-op fallback computes it.
+            if B::supports_dtype(device, DType::F64) {
+                let x = || t([2, 3]).cast(DType::F64);
+                let refused = quiet_panic(|| {
+                    let _ = match op {
+                        Op::SwiGlu | Op::GeGlu => glu_of(op, x(), x()).into_data(),
+                        Op::Gelu => functional::gelu(x()).into_data(),
+                        _ => functional::sigmoid(x()).into_data(),
+                    };
+                });
+                if let Some(msg) = refused {
+                    assert_mentions(label, &msg, &[name, "unsupported dtype F64", "[2, 3]"]);
+                }
+            }
             eprintln!("{label}: {name} bad inputs rejected");
         }
     }
@@ -237,4 +281,29 @@ pub fn check_partial_tracking(op: Op) {
     let seed = run.1.seed();
     eprintln!("seed {seed}");
     for_each_backend(&mut run);
+}
+
+/// The validation every layer runs, on dtypes no float tensor of the test backends has.
+pub fn check_dtype_validation(op: Op) {
+    use burn::tensor::Shape;
+    use liger_burn::ops::validate;
+    let name = op.name();
+    let shape = Shape::new([2, 3]);
+    let err = validate::elementwise(
+        name,
+        &[("gate", &shape, DType::I32), ("up", &shape, DType::I32)],
+        false,
+    )
+    .unwrap_err();
+    assert_mentions(name, &err.0, &[name, "float", "I32", "[2, 3]"]);
+    let err = validate::elementwise(name, &[("x", &shape, DType::F64)], true).unwrap_err();
+    assert_mentions(name, &err.0, &[name, "unsupported dtype F64", "[2, 3]"]);
+    let err = validate::elementwise(
+        name,
+        &[("gate", &shape, DType::BF16), ("up", &shape, DType::F16)],
+        true,
+    )
+    .unwrap_err();
+    assert_mentions(name, &err.0, &[name, "gate", "up", "BF16", "F16"]);
+    assert!(validate::elementwise(name, &[("x", &shape, DType::F64)], false).is_ok());
 }

@@ -88,8 +88,8 @@ mod overrides;
 use core::fmt;
 use core::marker::PhantomData;
 
-/// Backend decorator: `B` with Burn's `softmax`, `log_softmax` and `layer_norm` primitives
-/// routed to [`FusedOps`](crate::ops::FusedOps). See the [module docs](self) for which
+/// Backend decorator: `B` with Burn's `softmax`, `log_softmax`, `layer_norm`, `gelu` and
+/// `sigmoid` primitives routed to [`FusedOps`](crate::ops::FusedOps). See the [module docs](self) for which
 /// wrapping order to use.
 ///
 /// Clone, Default and Debug are implemented without bounds on `B`.

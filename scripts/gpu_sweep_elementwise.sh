@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Launch-geometry sweep of the elementwise kernels (SwiGLU, GeGLU, GELU, sigmoid) on the
+# device: the liger rows of `liger bench` per setting of the LIGER_EW_* knobs of
+# liger-cubecl-kernels (units per cube, vectors per unit, persistent-grid cap in cubes per
+# multiprocessor; unset = the defaults). Used to pick the defaults in
+# liger-cubecl-kernels/src/elementwise.rs. Expects the release binary at .gpu/liger.
+set -u
+OUT=${OUT:-/tmp/liger-out}
+mkdir -p "$OUT"
+BIN=.gpu/liger
+b() { $BIN bench --device cuda --dtype bf16 --warmup 5 --iters 30 --repeats 5 --op swiglu,geglu "$@" 2>&1; }
+show() { grep -E "^[a-z_]+ [0-9]+x[0-9]+|^  (forward|backward|full)|^copy"; }
+{
+echo "== default (units 256, 4 vectors/unit, one block per cube)"
+b --shape 8192x14336 --shape 32768x14336 | show
+for u in 128 512; do
+  echo "== LIGER_EW_UNITS=$u"
+  LIGER_EW_UNITS=$u b | show
+done
+for v in 1 2 8; do
+  echo "== LIGER_EW_VPU=$v"
+  LIGER_EW_VPU=$v b | show
+done
+for c in 4 8 16; do
+  echo "== LIGER_EW_CUBES_PER_SM=$c"
+  LIGER_EW_CUBES_PER_SM=$c b | show
+done
+} | tee "$OUT/sweep_elementwise.log"
