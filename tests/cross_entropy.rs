@@ -555,47 +555,5 @@ fn cube_primitive_rejects_float_targets() {
 #[test]
 #[ignore]
 fn cross_entropy_full_sweep() {
-    struct Sweep {
-        rng: Rng,
-        failures: Vec<String>,
-    }
-    impl BackendVisitor for Sweep {
-        fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
-            for op in Op::ALL.into_iter().filter(|op| op.is_cross_entropy()) {
-                for dtype in liger_tests::dtypes::<B>(device) {
-                    for (rows, width) in liger_burn::conformance::shapes(op, false) {
-                        let result = liger_burn::conformance::run_case::<B>(
-                            op,
-                            rows,
-                            width,
-                            dtype,
-                            device,
-                            &mut self.rng,
-                        );
-                        for c in result.comparisons.iter().filter(|c| !c.passed) {
-                            self.failures.push(format!(
-                                "{label} {} {dtype:?} [{rows}, {width}] {}: max abs {:.3e}, max rel {:.3e}",
-                                op.name(),
-                                c.tensor,
-                                c.max_abs,
-                                c.max_rel
-                            ));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    let _guard = liger_tests::lock();
-    let mut sweep = Sweep {
-        rng: Rng::from_env(),
-        failures: Vec::new(),
-    };
-    let seed = sweep.rng.seed();
-    liger_tests::for_each_backend(&mut sweep);
-    assert!(
-        sweep.failures.is_empty(),
-        "seed {seed}:\n{}",
-        sweep.failures.join("\n")
-    );
+    liger_tests::check_ops_full(Op::is_cross_entropy);
 }

@@ -463,3 +463,12 @@ fn bad_inputs_are_rejected_with_clear_errors() {
     let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut BadInputs);
 }
+
+/// The full (non-quick) sweep of every fused linear cross-entropy variant (V up to
+/// 128,256, 4096 rows). Too slow for CI on a software rasterizer; run it on a real device
+/// with `cargo test --release -p liger-tests --test fused_linear_cross_entropy -- --ignored`.
+#[test]
+#[ignore]
+fn fused_linear_cross_entropy_full_sweep() {
+    liger_tests::check_ops_full(Op::is_linear_cross_entropy);
+}

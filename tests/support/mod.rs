@@ -138,3 +138,58 @@ pub fn check_op(op: Op) {
 }
 
 pub mod glu;
+
+/// Runs the full (non-quick) conformance sweep of every op `select` picks on every backend
+/// and dtype, failing with every failing comparison listed. For `#[ignore]`d tests run on
+/// real devices: the full shapes are too large for a software rasterizer in CI.
+pub fn check_ops_full(select: impl Fn(Op) -> bool) {
+    struct Sweep<F> {
+        select: F,
+        rng: Rng,
+        failures: Vec<String>,
+        cases: usize,
+    }
+    impl<F: Fn(Op) -> bool> BackendVisitor for Sweep<F> {
+        fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+            for op in Op::ALL.into_iter().filter(|op| (self.select)(*op)) {
+                for dtype in dtypes::<B>(device) {
+                    for (rows, width) in conformance::shapes(op, false) {
+                        let result = conformance::run_case::<B>(
+                            op,
+                            rows,
+                            width,
+                            dtype,
+                            device,
+                            &mut self.rng,
+                        );
+                        self.cases += 1;
+                        for c in result.comparisons.iter().filter(|c| !c.passed) {
+                            self.failures.push(format!(
+                                "{label} {} {dtype:?} [{rows}, {width}] {}: max abs {:.3e}, max rel {:.3e}",
+                                op.name(),
+                                c.tensor,
+                                c.max_abs,
+                                c.max_rel
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let _guard = lock();
+    let mut sweep = Sweep {
+        select,
+        rng: Rng::from_env(),
+        failures: Vec::new(),
+        cases: 0,
+    };
+    let seed = sweep.rng.seed();
+    for_each_backend(&mut sweep);
+    assert!(sweep.cases > 0, "no case ran");
+    assert!(
+        sweep.failures.is_empty(),
+        "full sweep failed (seed {seed}, rerun with LIGER_SEED={seed}):\n{}",
+        sweep.failures.join("\n")
+    );
+}
