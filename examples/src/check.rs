@@ -104,14 +104,21 @@ impl OnDevice for Check {
                     &mut rng,
                     |case| {
                         pb.inc(1);
-                        pb.set_message(format!(
-                            "{:?} {} [{}, {}] {}",
+                        let line = format!(
+                            "{:?} {} {:?} [{}, {}] {}",
                             path,
                             case.op.name(),
+                            case.dtype,
                             case.rows,
                             case.width,
                             if case.passed() { "ok" } else { "FAIL" }
-                        ));
+                        );
+                        // Logs (no terminal, so no bar): one line per case as it ends, so
+                        // a run cut short still says how far it got.
+                        if pb.is_hidden() {
+                            eprintln!("{line}");
+                        }
+                        pb.set_message(line);
                         cases.push(case.clone());
                     },
                 )
