@@ -18,9 +18,18 @@ status=0
 for step in $steps; do
   case $step in
     check)
+      # The quick sweep of every op, both reduction paths (the full sweep's f64
+      # references of the large cross-entropy shapes take longer than one device call).
       for dtype in f32 bf16; do
-        $BIN check --device cuda --dtype "$dtype" --reduction both >"$OUT/check_cuda_$dtype.log" 2>&1 || status=1
+        timeout 280 $BIN check --device cuda --dtype "$dtype" --reduction both --quick >"$OUT/check_cuda_$dtype.log" 2>&1 || status=1
         tail -n 3 "$OUT/check_cuda_$dtype.log"
+      done
+      ;;
+    check-full)
+      # The full sweep, one op family per process so a slow one does not hide the rest.
+      for op in rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear; do
+        timeout 200 $BIN check --device cuda --dtype "${DTYPE:-bf16}" --op $op >"$OUT/check_full_${op}.log" 2>&1 || status=1
+        echo "$op: $(tail -n 2 "$OUT/check_full_${op}.log" | head -1)"
       done
       ;;
     bench)
