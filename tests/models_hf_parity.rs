@@ -12,6 +12,7 @@
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
+use liger_burn::Liger;
 use liger_burn::ops::FusedOps;
 use liger_models::{CausalLm, HfParam, LigerConfig, evaluate};
 use liger_tests::{BackendVisitor, for_each_model_backend, lock};
@@ -212,19 +213,25 @@ fn mistral_matches_transformers() {
     outputs_match("mistral");
 }
 
-/// Gradients of the masked loss through `Autodiff<B>`: every parameter's gradient norm
-/// and two norm-weight gradients in full, against `loss.backward()` in transformers.
+/// Gradients of the masked loss through `Autodiff<B>` (switches none and rms_norm) and
+/// `Liger<Autodiff<B>>` (all switches): every parameter's gradient norm and two
+/// norm-weight gradients in full, against `loss.backward()` in transformers.
 struct Gradients {
     report: Report,
 }
 
 impl Gradients {
-    fn check<B: AutodiffBackend + FusedOps>(&mut self, at: &str, name: &str, device: &B::Device)
-    where
+    fn check<B: AutodiffBackend + FusedOps>(
+        &mut self,
+        at: &str,
+        name: &str,
+        device: &B::Device,
+        switch_sets: &[(&str, LigerConfig)],
+    ) where
         B::InnerBackend: FusedOps,
     {
         let (dir, e) = fixture(name);
-        for (switches, liger) in [configs()[0], configs()[1]] {
+        for &(switches, liger) in switch_sets {
             let at = format!("{name} {at} liger={switches}");
             let model = CausalLm::<B>::load(&dir, DType::F32, liger, device).expect("load");
             let m = &e.masked;
@@ -265,8 +272,12 @@ impl Gradients {
 
 impl BackendVisitor for Gradients {
     fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        let [none, rms_norm, all] = configs();
         for name in ["llama", "qwen2", "qwen3", "mistral"] {
-            self.check::<Autodiff<B>>(label, name, device);
+            self.check::<Autodiff<B>>(label, name, device, &[none, rms_norm]);
+            // The wrapping recommended for training: Burn's softmax / log-softmax
+            // primitives (attention, cross entropy) also run the fused kernels.
+            self.check::<Liger<Autodiff<B>>>(&format!("liger<{label}>"), name, device, &[all]);
         }
     }
 }
