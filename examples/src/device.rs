@@ -364,7 +364,8 @@ fn pick() -> Result<DeviceKind> {
                 for (k, why) in &skipped {
                     eprintln!("note: --device auto: {k} not usable here ({why})");
                 }
-                println!("auto:      picked {kind}");
+                // stderr: `liger eval` keeps stdout for its JSON result.
+                eprintln!("auto:      picked {kind}");
                 return Ok(kind);
             }
             Err(err) => {

@@ -5,6 +5,8 @@
 //! - `liger bench`: fused (liger) against stock Burn, same backend, same shapes, same
 //!   run: time, pool memory and achieved bandwidth against a measured copy ceiling,
 //!   as a table and as CSV rows.
+//! - `liger eval`: per-token next-token losses of a Hugging Face checkpoint (Llama,
+//!   Qwen2, Qwen3, Mistral) through liger-models, as JSON.
 //!
 //! Exit codes: 0 success, 1 a conformance case failed, 2 the device or dtype is not
 //! available (or another error).
@@ -27,6 +29,7 @@ mod check;
 mod csv;
 mod device;
 mod dtype;
+mod eval;
 mod measure;
 mod table;
 
@@ -54,6 +57,17 @@ enum Command {
     ///
     /// Writes a table to the terminal and, with --csv, one CSV row per measurement.
     Bench(BenchArgs),
+    /// Per-token next-token losses of a Hugging Face checkpoint on token sequences.
+    ///
+    /// Loads MODEL (a directory with config.json and model.safetensors, or the shards of
+    /// model.safetensors.index.json; Llama 2/3/3.1/3.2, Qwen2/2.5, Qwen3 or Mistral) and
+    /// prints one JSON line on stdout: {"loss": mean over every predicted token,
+    /// "token_loss": [[loss of token t+1 given tokens 0..=t, ...], ...]} (one list per
+    /// sequence, one value fewer than its tokens). Progress lines go to stderr.
+    ///
+    /// Example: liger eval --model ./Llama-3.2-1B --tokens tokens.json --dtype bf16
+    #[command(verbatim_doc_comment)]
+    Eval(EvalArgs),
 }
 
 /// Which cross-unit reduction the kernels use (CubeCL devices only).
@@ -155,11 +169,38 @@ pub struct BenchArgs {
     pub reduction: ReductionArg,
 }
 
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Checkpoint directory: config.json plus model.safetensors or
+    /// model.safetensors.index.json and its shards (weights in f32, f16 or bf16).
+    #[arg(long, value_name = "DIR")]
+    pub model: std::path::PathBuf,
+    /// JSON file of token ids: {"input_ids": [[1, 2, 3, ...], ...]}; sequences may have
+    /// different lengths (each needs one token; at least one needs two).
+    #[arg(long, value_name = "FILE.json")]
+    pub tokens: std::path::PathBuf,
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Dtype of the parameters and activations (the weights are converted on load;
+    /// losses are computed in f32).
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+    /// `on`: every fused kernel (RMSNorm, RoPE, SwiGLU, fused linear cross entropy) on
+    /// the `Liger<B>` backend; `off`: stock Burn ops.
+    #[arg(long, value_enum, default_value_t = eval::LigerSwitch::On)]
+    pub liger: eval::LigerSwitch,
+    /// Sequences per forward pass (each batch is right-padded to its longest sequence).
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub batch_size: usize,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check(args) => check::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Eval(args) => eval::run(args),
     };
     match result {
         Ok(code) => code,

@@ -193,3 +193,37 @@ pub fn check_ops_full(select: impl Fn(Op) -> bool) {
         sweep.failures.join("\n")
     );
 }
+
+/// Visits a lighter set of backends for whole-model suites (where each visit runs many
+/// kernels and the reduction path is already covered by the per-op suites): the device's
+/// fusion backend (Burn's default) on the automatic reduction path, and the NdArray
+/// fallback.
+pub fn for_each_model_backend(v: &mut impl BackendVisitor) {
+    let name = device_name();
+    match name.as_str() {
+        #[cfg(any(feature = "vulkan", feature = "wgpu"))]
+        "wgpu-cpu" | "vulkan" => {
+            use burn::backend::wgpu::{Wgpu, WgpuDevice};
+            let device = if name == "wgpu-cpu" {
+                WgpuDevice::Cpu
+            } else {
+                WgpuDevice::DefaultDevice
+            };
+            liger_cubecl_kernels::set_reduction_path(ReductionPath::Auto);
+            v.visit::<Wgpu>(&format!("{name}/fusion"), &device);
+        }
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            use burn::backend::cuda::{Cuda, CudaDevice};
+            liger_cubecl_kernels::set_reduction_path(ReductionPath::Auto);
+            v.visit::<Cuda>("cuda/fusion", &CudaDevice::default());
+        }
+        "ndarray" => {}
+        other => panic!(
+            "LIGER_TEST_DEVICE={other} is not available in this build (enabled: wgpu-cpu/vulkan with the \
+             `vulkan` or `wgpu` feature, cuda with `cuda`, ndarray)"
+        ),
+    }
+    #[cfg(feature = "ndarray")]
+    v.visit::<burn::backend::NdArray>("ndarray/fallback", &Default::default());
+}

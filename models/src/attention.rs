@@ -1,0 +1,145 @@
+//! Causal self-attention with grouped-query heads (transformers' `LlamaAttention`,
+//! `Qwen2Attention`, `Qwen3Attention`, `MistralAttention` with eager attention).
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::kernels;
+use crate::liger_config::LigerConfig;
+use crate::params::{self, ParamSource};
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::tensor::activation::softmax;
+use burn::tensor::{Bool, DType, Tensor};
+use liger_burn::nn::RmsNorm;
+use liger_burn::ops::FusedOps;
+
+/// Self-attention of one decoder layer. Record names follow transformers
+/// (`q_proj`, `k_proj`, `v_proj`, `o_proj`, Qwen3's `q_norm`, `k_norm`).
+#[derive(Module, Debug)]
+pub struct Attention<B: FusedOps> {
+    /// `[hidden] → [q_heads · head_dim]` (bias on Qwen2, or with `attention_bias`).
+    pub q_proj: Linear<B>,
+    /// `[hidden] → [kv_heads · head_dim]`.
+    pub k_proj: Linear<B>,
+    /// `[hidden] → [kv_heads · head_dim]`.
+    pub v_proj: Linear<B>,
+    /// `[q_heads · head_dim] → [hidden]`.
+    pub o_proj: Linear<B>,
+    /// Qwen3: RMSNorm over each query head, `[head_dim]`, before RoPE.
+    pub q_norm: Option<RmsNorm<B>>,
+    /// Qwen3: RMSNorm over each key head, `[head_dim]`, before RoPE.
+    pub k_norm: Option<RmsNorm<B>>,
+    /// Query heads.
+    #[module(skip)]
+    pub num_heads: usize,
+    /// Key/value heads.
+    #[module(skip)]
+    pub num_kv_heads: usize,
+    /// Width of a head.
+    #[module(skip)]
+    pub head_dim: usize,
+}
+
+/// What every layer's attention shares in one forward pass.
+#[derive(Clone, Debug)]
+pub struct AttentionInputs<B: FusedOps> {
+    /// RoPE cosines, `[1, seq, head_dim]`, activation dtype.
+    pub cos: Tensor<B, 3>,
+    /// RoPE sines, `[1, seq, head_dim]`, activation dtype.
+    pub sin: Tensor<B, 3>,
+    /// `true` where query `i` must not see key `j` (`j > i`, or outside the sliding
+    /// window), `[seq, seq]`.
+    pub mask: Tensor<B, 2, Bool>,
+}
+
+impl<B: FusedOps> Attention<B> {
+    /// Builds the attention of layer `prefix` (e.g. `model.layers.3.self_attn`).
+    pub fn build<S: ParamSource<B>>(
+        config: &ModelConfig,
+        prefix: &str,
+        src: &mut S,
+    ) -> Result<Self, ModelError> {
+        let (h, d) = (config.hidden_size, config.head_dim);
+        let q = config.num_attention_heads * d;
+        let kv = config.num_key_value_heads * d;
+        let qkv_bias = config.qkv_bias();
+        let norm = |src: &mut S, name: &str| -> Result<Option<RmsNorm<B>>, ModelError> {
+            if config.qk_norm() {
+                params::rms_norm(src, &format!("{prefix}.{name}"), d, config.rms_norm_eps).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(Attention {
+            q_proj: params::linear(src, &format!("{prefix}.q_proj"), h, q, qkv_bias)?,
+            k_proj: params::linear(src, &format!("{prefix}.k_proj"), h, kv, qkv_bias)?,
+            v_proj: params::linear(src, &format!("{prefix}.v_proj"), h, kv, qkv_bias)?,
+            o_proj: params::linear(src, &format!("{prefix}.o_proj"), q, h, config.o_bias())?,
+            q_norm: norm(src, "q_norm")?,
+            k_norm: norm(src, "k_norm")?,
+            num_heads: config.num_attention_heads,
+            num_kv_heads: config.num_key_value_heads,
+            head_dim: d,
+        })
+    }
+
+    /// `x: [batch, seq, hidden]` → `[batch, seq, hidden]`.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        inputs: &AttentionInputs<B>,
+        liger: &LigerConfig,
+    ) -> Tensor<B, 3> {
+        let [b, s, _] = x.dims();
+        let (hq, hk, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let dtype = x.dtype();
+
+        // [batch, seq, heads, head_dim]
+        let q = self.q_proj.forward(x.clone()).reshape([b, s, hq, d]);
+        let k = self.k_proj.forward(x.clone()).reshape([b, s, hk, d]);
+        let v = self.v_proj.forward(x).reshape([b, s, hk, d]);
+        // Qwen3 normalizes each head before RoPE.
+        let q = match &self.q_norm {
+            Some(n) => kernels::rms_norm(q, n.gamma.val(), n.epsilon, liger.rms_norm),
+            None => q,
+        };
+        let k = match &self.k_norm {
+            Some(n) => kernels::rms_norm(k, n.gamma.val(), n.epsilon, liger.rms_norm),
+            None => k,
+        };
+        // [batch, heads, seq, head_dim]
+        let (q, k) = kernels::rope(
+            q.swap_dims(1, 2),
+            k.swap_dims(1, 2),
+            inputs.cos.clone(),
+            inputs.sin.clone(),
+            liger.rope,
+        );
+        let v = v.swap_dims(1, 2);
+        let k = repeat_kv(k, hq / hk);
+        let v = repeat_kv(v, hq / hk);
+
+        // Eager attention as transformers: scores in the activation dtype, the masked
+        // softmax in f32, the probabilities cast back.
+        let scale = (d as f64).powf(-0.5);
+        let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+        let mask = inputs.mask.clone().unsqueeze::<4>().expand([b, hq, s, s]);
+        let scores = scores.cast(DType::F32).mask_fill(mask, f32::NEG_INFINITY);
+        let probs = softmax(scores, 3).cast(dtype);
+        let out = probs.matmul(v); // [batch, q_heads, seq, head_dim]
+        let out = out.swap_dims(1, 2).reshape([b, s, hq * d]);
+        self.o_proj.forward(out)
+    }
+}
+
+/// `[batch, kv_heads, seq, d]` → `[batch, kv_heads · n_rep, seq, d]`, each key/value head
+/// repeated for the `n_rep` query heads of its group (transformers' `repeat_kv`).
+fn repeat_kv<B: FusedOps>(x: Tensor<B, 4>, n_rep: usize) -> Tensor<B, 4> {
+    if n_rep == 1 {
+        return x;
+    }
+    let [b, h, s, d] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .expand([b, h, n_rep, s, d])
+        .reshape([b, h * n_rep, s, d])
+}

@@ -1,0 +1,263 @@
+//! Kernel hooks: every switchable op of the models goes through one function here, which
+//! takes its [`LigerConfig`](crate::LigerConfig) switch and runs either liger-burn's fused
+//! op (`on`) or the stock Burn composition (`off`), with the same semantics (those of
+//! Hugging Face transformers) either way.
+//!
+//! The `on` branches call `liger_burn::functional::{rms_norm, rope, swiglu, cross_entropy,
+//! fused_linear_cross_entropy}`; the `off` branches are the stock compositions in [`stock`].
+
+use burn::tensor::activation::{log_softmax, silu};
+use burn::tensor::{DType, Int, Tensor};
+use liger_burn::ops::{FusedOps, RmsNormOptions};
+
+/// Label of a position that takes no part in the loss (PyTorch's and Liger's default).
+pub const IGNORE_INDEX: i64 = -100;
+
+/// How per-token losses are reduced: liger-burn's own (mean over the tokens whose target
+/// is not [`IGNORE_INDEX`], 0 when there are none; sum; or one loss per token).
+pub use liger_burn::ops::Reduction;
+
+/// RMSNorm over the last dimension with Hugging Face Llama casting (`rstd` in f32, the
+/// normalized input cast back to the input dtype, then multiplied by the weight).
+///
+/// - `x`: `[..., d]`, `weight`: `[d]` → `[..., d]`
+pub fn rms_norm<B: FusedOps, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 1>,
+    eps: f64,
+    on: bool,
+) -> Tensor<B, D> {
+    if on {
+        liger_burn::functional::rms_norm(x, weight, RmsNormOptions::llama(eps))
+    } else {
+        stock::rms_norm(x, weight, eps)
+    }
+}
+
+/// Rotary position embedding in Hugging Face's `rotate_half` layout:
+/// `x * cos + rotate_half(x) * sin` for q and k.
+///
+/// - `q`: `[batch, q_heads, seq, head_dim]`, `k`: `[batch, kv_heads, seq, head_dim]`
+/// - `cos`, `sin`: `[1, seq, head_dim]` (see [`crate::rope`]), dtype of q and k
+/// - returns the rotated `(q, k)`, same shapes
+pub fn rope<B: FusedOps>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    cos: Tensor<B, 3>,
+    sin: Tensor<B, 3>,
+    on: bool,
+) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    let [bq, _, sq, dq] = q.dims();
+    let [bk, _, sk, dk] = k.dims();
+    let [one, sc, dc] = cos.dims();
+    assert!(
+        bq == bk
+            && sq == sk
+            && dq == dk
+            && one == 1
+            && sc == sq
+            && dc == dq
+            && cos.dims() == sin.dims(),
+        "rope: expected q [batch, q_heads, seq, head_dim], k [batch, kv_heads, seq, head_dim], \
+         cos and sin [1, seq, head_dim]; got q {:?} ({:?}), k {:?} ({:?}), cos {:?}, sin {:?}",
+        q.dims(),
+        q.dtype(),
+        k.dims(),
+        k.dtype(),
+        cos.dims(),
+        sin.dims()
+    );
+    if on {
+        liger_burn::functional::rope(q, k, cos, sin, liger_burn::ops::RopeLayout::RotateHalf)
+    } else {
+        stock::rope(q, k, cos, sin)
+    }
+}
+
+/// SwiGLU: `silu(gate) * up`.
+///
+/// - `gate`, `up`: `[..., intermediate]` → `[..., intermediate]`
+pub fn swiglu<B: FusedOps, const D: usize>(
+    gate: Tensor<B, D>,
+    up: Tensor<B, D>,
+    on: bool,
+) -> Tensor<B, D> {
+    assert!(
+        gate.dims() == up.dims() && gate.dtype() == up.dtype(),
+        "swiglu: gate and up must have the same shape and dtype, got gate {:?} ({:?}) and up {:?} ({:?})",
+        gate.dims(),
+        gate.dtype(),
+        up.dims(),
+        up.dtype()
+    );
+    if on {
+        liger_burn::functional::swiglu(gate, up)
+    } else {
+        stock::swiglu(gate, up)
+    }
+}
+
+/// Cross entropy of logits against integer targets, computed in f32 (as transformers
+/// upcasts the logits); targets equal to [`IGNORE_INDEX`] are excluded.
+///
+/// - `logits`: `[n, vocab]`, any float dtype
+/// - `targets`: `[n]`, in `0..vocab` or [`IGNORE_INDEX`]
+/// - returns f32 `[1]` (mean, sum) or `[n]` ([`Reduction::None`])
+pub fn cross_entropy<B: FusedOps>(
+    logits: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    reduction: Reduction,
+    on: bool,
+) -> Tensor<B, 1> {
+    let [n, _] = logits.dims();
+    let [nt] = targets.dims();
+    assert!(
+        n == nt,
+        "cross_entropy: logits [n, vocab] and targets [n] disagree: logits {:?} ({:?}), targets {:?}",
+        logits.dims(),
+        logits.dtype(),
+        targets.dims()
+    );
+    if on {
+        liger_burn::functional::cross_entropy(logits, targets, None, loss_options(reduction)).loss
+    } else {
+        stock::cross_entropy(logits, targets, reduction)
+    }
+}
+
+/// LM head and cross entropy: `cross_entropy(hidden @ lm_head_weightᵀ, targets)`. With
+/// the fused op on, the `[n, vocab]` logits are never materialized whole.
+///
+/// - `hidden`: `[n, hidden]`
+/// - `lm_head_weight`: `[vocab, hidden]` (Hugging Face layout)
+/// - `targets`: `[n]`, in `0..vocab` or [`IGNORE_INDEX`]
+/// - returns f32 `[1]` (mean, sum) or `[n]` ([`Reduction::None`])
+pub fn fused_linear_cross_entropy<B: FusedOps>(
+    hidden: Tensor<B, 2>,
+    lm_head_weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    reduction: Reduction,
+    on: bool,
+) -> Tensor<B, 1> {
+    let [n, h] = hidden.dims();
+    let [_, hw] = lm_head_weight.dims();
+    let [nt] = targets.dims();
+    assert!(
+        n == nt && h == hw,
+        "fused_linear_cross_entropy: expected hidden [n, hidden], weight [vocab, hidden], \
+         targets [n]; got hidden {:?} ({:?}), weight {:?} ({:?}), targets {:?}",
+        hidden.dims(),
+        hidden.dtype(),
+        lm_head_weight.dims(),
+        lm_head_weight.dtype(),
+        targets.dims()
+    );
+    if on {
+        liger_burn::functional::fused_linear_cross_entropy(
+            hidden,
+            lm_head_weight,
+            None,
+            targets,
+            None,
+            loss_options(reduction),
+        )
+        .loss
+    } else {
+        stock::fused_linear_cross_entropy(hidden, lm_head_weight, targets, reduction)
+    }
+}
+
+/// liger-burn's cross-entropy options for the models' loss: `ignore_index` -100, no
+/// smoothing, no z-loss, `reduction`.
+fn loss_options(reduction: Reduction) -> liger_burn::ops::CrossEntropyOptions {
+    liger_burn::ops::CrossEntropyOptions {
+        ignore_index: IGNORE_INDEX,
+        reduction,
+        ..Default::default()
+    }
+}
+
+/// The stock Burn compositions (Hugging Face semantics).
+pub mod stock {
+    use super::*;
+
+    /// See [`super::rms_norm`]: transformers' `LlamaRMSNorm.forward`.
+    pub fn rms_norm<B: FusedOps, const D: usize>(
+        x: Tensor<B, D>,
+        weight: Tensor<B, 1>,
+        eps: f64,
+    ) -> Tensor<B, D> {
+        let dtype = x.dtype();
+        let xf = x.cast(DType::F32);
+        let mean_square = xf.clone().square().mean_dim(D - 1);
+        let normalized = xf * (mean_square + eps).sqrt().recip();
+        let [d] = weight.dims();
+        let mut shape = [1; D];
+        shape[D - 1] = d;
+        weight.reshape(shape) * normalized.cast(dtype)
+    }
+
+    /// `cat(-x[.., d/2..], x[.., ..d/2])` along the last dimension.
+    fn rotate_half<B: FusedOps>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let d = x.dims()[3];
+        let x1 = x.clone().narrow(3, 0, d / 2);
+        let x2 = x.narrow(3, d / 2, d - d / 2);
+        Tensor::cat(vec![x2.neg(), x1], 3)
+    }
+
+    /// See [`super::rope`]: transformers' `apply_rotary_pos_emb`.
+    pub fn rope<B: FusedOps>(
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        cos: Tensor<B, 3>,
+        sin: Tensor<B, 3>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let cos: Tensor<B, 4> = cos.unsqueeze_dim(1);
+        let sin: Tensor<B, 4> = sin.unsqueeze_dim(1);
+        let q_out = q.clone() * cos.clone() + rotate_half(q) * sin.clone();
+        let k_out = k.clone() * cos + rotate_half(k) * sin;
+        (q_out, k_out)
+    }
+
+    /// See [`super::swiglu`].
+    pub fn swiglu<B: FusedOps, const D: usize>(
+        gate: Tensor<B, D>,
+        up: Tensor<B, D>,
+    ) -> Tensor<B, D> {
+        silu(gate) * up
+    }
+
+    /// See [`super::cross_entropy`]: `torch.nn.functional.cross_entropy(logits.float(),
+    /// targets, ignore_index=-100)`, except that a mean over zero tokens is 0, not NaN.
+    pub fn cross_entropy<B: FusedOps>(
+        logits: Tensor<B, 2>,
+        targets: Tensor<B, 1, Int>,
+        reduction: Reduction,
+    ) -> Tensor<B, 1> {
+        let log_probs = log_softmax(logits.cast(DType::F32), 1);
+        let ignored = targets.clone().equal_elem(IGNORE_INDEX);
+        // Any in-range index for the ignored rows; their loss is zeroed below.
+        let safe = targets.mask_fill(ignored.clone(), 0);
+        let picked: Tensor<B, 1> = log_probs.gather(1, safe.unsqueeze_dim(1)).squeeze_dim(1);
+        let losses = picked.neg().mask_fill(ignored.clone(), 0.0);
+        match reduction {
+            Reduction::None => losses,
+            Reduction::Sum => losses.sum(),
+            Reduction::Mean => {
+                let count = ignored.bool_not().int().sum().float().cast(DType::F32);
+                losses.sum() / count.clamp_min(1.0)
+            }
+        }
+    }
+
+    /// See [`super::fused_linear_cross_entropy`]: materializes the logits.
+    pub fn fused_linear_cross_entropy<B: FusedOps>(
+        hidden: Tensor<B, 2>,
+        lm_head_weight: Tensor<B, 2>,
+        targets: Tensor<B, 1, Int>,
+        reduction: Reduction,
+    ) -> Tensor<B, 1> {
+        let logits = hidden.matmul(lm_head_weight.transpose());
+        cross_entropy(logits, targets, reduction)
+    }
+}

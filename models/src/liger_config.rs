@@ -1,0 +1,83 @@
+//! Which of the model's ops run liger-burn's fused kernels, like Liger-Kernel's
+//! `apply_liger_kernel_to_llama(rope=..., rms_norm=..., swiglu=..., cross_entropy=...,
+//! fused_linear_cross_entropy=...)`.
+
+/// Kernel switches of a model. Every switch off is the stock Burn computation.
+///
+/// `cross_entropy` and `fused_linear_cross_entropy` are exclusive (the fused linear cross
+/// entropy already contains the cross entropy); [`LigerConfig::validate`] refuses both on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LigerConfig {
+    /// Rotary position embedding of q and k.
+    pub rope: bool,
+    /// Every RMSNorm (the layers', the final one, and Qwen3's q/k norms).
+    pub rms_norm: bool,
+    /// `silu(gate) * up` in the MLP.
+    pub swiglu: bool,
+    /// Cross entropy over materialized logits (the loss when FLCE is off).
+    pub cross_entropy: bool,
+    /// LM head + cross entropy fused, chunked: the `[tokens, vocab]` logits never exist
+    /// whole. Used by the loss (and per-token evaluation), not by `forward`.
+    pub fused_linear_cross_entropy: bool,
+}
+
+impl Default for LigerConfig {
+    /// Everything fused, the loss through fused linear cross entropy (Liger-Kernel's default).
+    fn default() -> Self {
+        Self::all()
+    }
+}
+
+impl LigerConfig {
+    /// Every kernel on; the loss through fused linear cross entropy (so plain cross
+    /// entropy off, the two being exclusive).
+    pub fn all() -> Self {
+        LigerConfig {
+            rope: true,
+            rms_norm: true,
+            swiglu: true,
+            cross_entropy: false,
+            fused_linear_cross_entropy: true,
+        }
+    }
+
+    /// Every kernel off: the stock Burn computation.
+    pub fn none() -> Self {
+        LigerConfig {
+            rope: false,
+            rms_norm: false,
+            swiglu: false,
+            cross_entropy: false,
+            fused_linear_cross_entropy: false,
+        }
+    }
+
+    /// Only RMSNorm fused.
+    pub fn rms_norm_only() -> Self {
+        LigerConfig {
+            rms_norm: true,
+            ..Self::none()
+        }
+    }
+
+    /// Whether any switch is on.
+    pub fn any(&self) -> bool {
+        self.rope
+            || self.rms_norm
+            || self.swiglu
+            || self.cross_entropy
+            || self.fused_linear_cross_entropy
+    }
+
+    /// Refuses inconsistent switches (cross entropy and fused linear cross entropy both on).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.cross_entropy && self.fused_linear_cross_entropy {
+            return Err(
+                "LigerConfig: `cross_entropy` and `fused_linear_cross_entropy` are exclusive \
+                 (the fused linear cross entropy computes the cross entropy itself); turn one off"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}

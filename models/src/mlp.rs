@@ -1,0 +1,50 @@
+//! The gated MLP of every decoder layer: `down(silu(gate(x)) * up(x))`.
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::kernels;
+use crate::liger_config::LigerConfig;
+use crate::params::{self, ParamSource};
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::tensor::Tensor;
+use liger_burn::ops::FusedOps;
+
+/// Gated MLP (transformers' `LlamaMLP`). Record names follow transformers.
+#[derive(Module, Debug)]
+pub struct Mlp<B: FusedOps> {
+    /// `[hidden] → [intermediate]`.
+    pub gate_proj: Linear<B>,
+    /// `[hidden] → [intermediate]`.
+    pub up_proj: Linear<B>,
+    /// `[intermediate] → [hidden]`.
+    pub down_proj: Linear<B>,
+}
+
+impl<B: FusedOps> Mlp<B> {
+    /// Builds the MLP of layer `prefix` (e.g. `model.layers.3.mlp`).
+    pub fn build<S: ParamSource<B>>(
+        config: &ModelConfig,
+        prefix: &str,
+        src: &mut S,
+    ) -> Result<Self, ModelError> {
+        let (h, i, bias) = (
+            config.hidden_size,
+            config.intermediate_size,
+            config.mlp_has_bias(),
+        );
+        Ok(Mlp {
+            gate_proj: params::linear(src, &format!("{prefix}.gate_proj"), h, i, bias)?,
+            up_proj: params::linear(src, &format!("{prefix}.up_proj"), h, i, bias)?,
+            down_proj: params::linear(src, &format!("{prefix}.down_proj"), i, h, bias)?,
+        })
+    }
+
+    /// `x: [batch, seq, hidden]` → `[batch, seq, hidden]`.
+    pub fn forward(&self, x: Tensor<B, 3>, liger: &LigerConfig) -> Tensor<B, 3> {
+        let gate = self.gate_proj.forward(x.clone());
+        let up = self.up_proj.forward(x);
+        self.down_proj
+            .forward(kernels::swiglu(gate, up, liger.swiglu))
+    }
+}

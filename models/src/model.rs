@@ -1,0 +1,274 @@
+//! The causal LM: embedding, decoder layers, final norm, LM head (or the tied embedding),
+//! the forward pass and the shifted next-token loss.
+
+use crate::attention::AttentionInputs;
+use crate::config::ModelConfig;
+use crate::decoder_layer::DecoderLayer;
+use crate::error::ModelError;
+use crate::kernels::{self, Reduction};
+use crate::liger_config::LigerConfig;
+use crate::params::{self, ParamSource, RandomInit};
+use crate::rope::RotaryEmbedding;
+use burn::module::Module;
+use burn::nn::{Embedding, Linear};
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
+use liger_burn::nn::RmsNorm;
+use liger_burn::ops::FusedOps;
+
+/// The decoder stack under the `model.` prefix of Hugging Face checkpoints
+/// (transformers' `LlamaModel`).
+#[derive(Module, Debug)]
+pub struct DecoderModel<B: FusedOps> {
+    /// Token embedding, `[vocab, hidden]`.
+    pub embed_tokens: Embedding<B>,
+    /// The decoder layers.
+    pub layers: Vec<DecoderLayer<B>>,
+    /// Final norm, `[hidden]`.
+    pub norm: RmsNorm<B>,
+}
+
+/// A decoder-only causal language model (Llama, Qwen2, Qwen3, Mistral), generic over any
+/// backend with liger-burn's fused ops (`Liger<…>`, CubeCL backends, NdArray; wrap in
+/// `Autodiff` to train).
+///
+/// It is a Burn [`Module`]: `model.num_params()`, optimizers (`AdamW` over the whole
+/// module), `Module::save_file`/`load_file` and `valid()`/`fork()` work as for any module.
+/// Record names mirror the Hugging Face ones (`model.layers.0.self_attn.q_proj.weight`,
+/// Burn's `gamma` for norm weights).
+#[derive(Module, Debug)]
+pub struct CausalLm<B: FusedOps> {
+    /// Embedding, layers and final norm.
+    pub model: DecoderModel<B>,
+    /// `[hidden] → [vocab]`; `None` when the embedding is tied (`tie_word_embeddings`).
+    pub lm_head: Option<Linear<B>>,
+    /// The configuration the model was built from.
+    #[module(skip)]
+    pub config: ModelConfig,
+    /// Which ops run the fused kernels.
+    #[module(skip)]
+    pub liger: LigerConfig,
+    #[module(skip)]
+    rope: RotaryEmbedding,
+}
+
+impl<B: FusedOps> CausalLm<B> {
+    /// A randomly initialized model (transformers' initialization: weights normal with
+    /// std 0.02, biases 0, norms 1), parameters in `dtype`, on `device`.
+    ///
+    /// Panics with the reason if `config` or `liger` is invalid.
+    pub fn init(
+        config: &ModelConfig,
+        liger: LigerConfig,
+        dtype: DType,
+        device: &B::Device,
+    ) -> Self {
+        let mut src = RandomInit::<B> {
+            device: device.clone(),
+            dtype,
+        };
+        Self::build(config.clone(), liger, &mut src).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Builds the model taking every parameter from `src` (random init or a checkpoint).
+    pub fn build<S: ParamSource<B>>(
+        config: ModelConfig,
+        liger: LigerConfig,
+        src: &mut S,
+    ) -> Result<Self, ModelError> {
+        let invalid = |message: String| ModelError::Config {
+            path: "model configuration".into(),
+            message,
+        };
+        config.validate().map_err(invalid)?;
+        liger.validate().map_err(invalid)?;
+        let (h, v) = (config.hidden_size, config.vocab_size);
+        let embed_tokens = params::embedding(src, "model.embed_tokens", v, h)?;
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| DecoderLayer::build(&config, i, src))
+            .collect::<Result<Vec<_>, _>>()?;
+        let norm = params::rms_norm(src, "model.norm", h, config.rms_norm_eps)?;
+        let lm_head = if config.tie_word_embeddings {
+            None
+        } else {
+            Some(params::linear(src, "lm_head", h, v, false)?)
+        };
+        Ok(CausalLm {
+            model: DecoderModel {
+                embed_tokens,
+                layers,
+                norm,
+            },
+            lm_head,
+            rope: RotaryEmbedding::new(&config),
+            config,
+            liger,
+        })
+    }
+
+    /// The same model with other kernel switches. Panics if `liger` is invalid
+    /// (cross entropy and fused linear cross entropy both on).
+    pub fn with_liger(mut self, liger: LigerConfig) -> Self {
+        liger.validate().unwrap_or_else(|e| panic!("{e}"));
+        self.liger = liger;
+        self
+    }
+
+    /// Dtype of the parameters (and of the activations).
+    pub fn dtype(&self) -> DType {
+        self.model.embed_tokens.weight.val().dtype()
+    }
+
+    /// Device of the parameters.
+    pub fn device(&self) -> B::Device {
+        self.model.embed_tokens.weight.val().device()
+    }
+
+    /// RoPE frequencies of the model.
+    pub fn rotary_embedding(&self) -> &RotaryEmbedding {
+        &self.rope
+    }
+
+    /// The LM head weight in Hugging Face layout, `[vocab, hidden]` (the embedding matrix
+    /// when tied).
+    pub fn lm_head_weight(&self) -> Tensor<B, 2> {
+        match &self.lm_head {
+            // Burn's `[hidden, vocab]`; the transpose is a view.
+            Some(linear) => linear.weight.val().transpose(),
+            None => self.model.embed_tokens.weight.val(),
+        }
+    }
+
+    /// Final hidden states (after the last norm).
+    ///
+    /// - `input_ids`: `[batch, seq]`, token ids in `0..vocab`
+    /// - returns `[batch, seq, hidden]`
+    pub fn hidden_states(&self, input_ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [batch, seq] = input_ids.dims();
+        assert!(
+            batch > 0 && seq > 0,
+            "CausalLm: input_ids must be a non-empty [batch, seq] tensor, got {:?}",
+            input_ids.dims()
+        );
+        let device = input_ids.device();
+        let mut x = self.model.embed_tokens.forward(input_ids);
+        if x.dtype() != DType::F32 {
+            // Workaround: burn-cubecl-fusion 0.21 panics (codegen/ir.rs:500, `resolve_arg`
+            // out of bounds) when a fused reduction reads the embedding's reshaped `select`
+            // output through an f16/bf16 → f32 cast, i.e. the stock RMSNorm right after
+            // the embedding. One elementwise op in between avoids that fusion; it costs a
+            // pass over [batch, seq, hidden] and changes no value.
+            x = x.add_scalar(0.0);
+        }
+        let (cos, sin) = self.rope.cos_sin::<B>(seq, x.dtype(), &device);
+        let inputs = AttentionInputs {
+            cos,
+            sin,
+            mask: causal_mask::<B>(seq, self.config.sliding_window, &device),
+        };
+        for layer in &self.model.layers {
+            x = layer.forward(x, &inputs, &self.liger);
+        }
+        let norm = &self.model.norm;
+        kernels::rms_norm(x, norm.gamma.val(), norm.epsilon, self.liger.rms_norm)
+    }
+
+    /// LM head on hidden states: `[..., hidden]` → `[..., vocab]` logits.
+    pub fn logits<const D: usize>(&self, hidden: Tensor<B, D>) -> Tensor<B, D> {
+        match &self.lm_head {
+            Some(linear) => linear.forward(hidden),
+            None => burn::tensor::module::linear(
+                hidden,
+                self.model.embed_tokens.weight.val().transpose(),
+                None,
+            ),
+        }
+    }
+
+    /// Logits of every position.
+    ///
+    /// - `input_ids`: `[batch, seq]`
+    /// - returns `[batch, seq, vocab]`, in the model's dtype
+    pub fn forward(&self, input_ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        self.logits(self.hidden_states(input_ids))
+    }
+
+    /// Mean next-token cross entropy (transformers' `ForCausalLMLoss`): position `t`'s
+    /// logits are scored against `labels[:, t + 1]`; labels equal to `-100`
+    /// ([`kernels::IGNORE_INDEX`]) are excluded from the mean (0 when every label is).
+    /// With fused linear cross entropy on, the logits are never materialized.
+    ///
+    /// - `input_ids`, `labels`: `[batch, seq]` with `seq ≥ 2`; labels are usually the
+    ///   input ids with prompt and padding positions set to `-100`. Pad on the right: the
+    ///   attention is causal, so right padding never changes the other positions.
+    /// - returns `[1]`, f32
+    pub fn loss(&self, input_ids: Tensor<B, 2, Int>, labels: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+        self.shifted_loss(input_ids, labels, Reduction::Mean)
+    }
+
+    /// Per-token next-token losses: `[batch, seq - 1]` where `[b, t]` is the loss of
+    /// `labels[b, t + 1]` given tokens `..= t` (0 where that label is `-100`), f32.
+    pub fn token_losses(
+        &self,
+        input_ids: Tensor<B, 2, Int>,
+        labels: Tensor<B, 2, Int>,
+    ) -> Tensor<B, 2> {
+        let [batch, seq] = input_ids.dims();
+        self.shifted_loss(input_ids, labels, Reduction::None)
+            .reshape([batch, seq - 1])
+    }
+
+    fn shifted_loss(
+        &self,
+        input_ids: Tensor<B, 2, Int>,
+        labels: Tensor<B, 2, Int>,
+        reduction: Reduction,
+    ) -> Tensor<B, 1> {
+        let [batch, seq] = input_ids.dims();
+        assert!(
+            labels.dims() == input_ids.dims() && seq >= 2,
+            "CausalLm loss: input_ids and labels must both be [batch, seq] with seq >= 2, got \
+             input_ids {:?} and labels {:?}",
+            input_ids.dims(),
+            labels.dims()
+        );
+        let hidden = self.hidden_states(input_ids);
+        let h = hidden.dims()[2];
+        let n = batch * (seq - 1);
+        // The last position predicts nothing; the first label is never predicted.
+        let hidden = hidden.narrow(1, 0, seq - 1).reshape([n, h]);
+        let targets = labels.narrow(1, 1, seq - 1).reshape([n]);
+        if self.liger.fused_linear_cross_entropy {
+            kernels::fused_linear_cross_entropy(
+                hidden,
+                self.lm_head_weight(),
+                targets,
+                reduction,
+                true,
+            )
+        } else {
+            kernels::cross_entropy(
+                self.logits(hidden),
+                targets,
+                reduction,
+                self.liger.cross_entropy,
+            )
+        }
+    }
+}
+
+/// `[seq, seq]`, `true` where query `i` may not attend key `j`: `j > i` (causal), or
+/// `i - j >= window` (transformers' sliding-window overlay, `kv_idx > q_idx - window`).
+pub fn causal_mask<B: FusedOps>(
+    seq: usize,
+    sliding_window: Option<usize>,
+    device: &B::Device,
+) -> Tensor<B, 2, Bool> {
+    let mut masked = Vec::with_capacity(seq * seq);
+    for i in 0..seq {
+        for j in 0..seq {
+            let outside = sliding_window.is_some_and(|w| i >= j + w);
+            masked.push(j > i || outside);
+        }
+    }
+    Tensor::from_data(TensorData::new(masked, [seq, seq]), device)
+}
