@@ -712,5 +712,22 @@ fn adamw_steps_reduce_the_loss() {
     let t = TempDir::new("trained");
     inner.save(t.path()).unwrap();
     let again = load_cpu(t.path()).unwrap();
-    assert_eq!(logits_of(&inner, &device), logits_of(&again, &device));
+    // The round trip keeps every weight bit for bit.
+    let (saved, loaded) = (inner.hf_tensors(), again.hf_tensors());
+    assert_eq!(saved.len(), loaded.len());
+    for ((name, a), (name_b, b)) in saved.iter().zip(&loaded) {
+        assert_eq!(name, name_b);
+        assert_eq!(
+            a.as_bytes(),
+            b.as_bytes(),
+            "{name} changed in the round trip"
+        );
+    }
+    // Logits agree to rounding only: trained weights updated from the fused linear cross
+    // entropy's gradients can be strided views, and NdArray's matmul sums a strided
+    // operand in another order than the contiguous one loaded from disk.
+    let (a, b) = (logits_of(&inner, &device), logits_of(&again, &device));
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{x} vs {y}");
+    }
 }
