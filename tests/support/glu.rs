@@ -307,3 +307,118 @@ pub fn check_dtype_validation(op: Op) {
     assert_mentions(name, &err.0, &[name, "gate", "up", "BF16", "F16"]);
     assert!(validate::elementwise(name, &[("x", &shape, DType::F64)], false).is_ok());
 }
+
+/// The tests of a gated MLP module (`SwiGluMlp`, `GeGluMlp`): its record loads into and from
+/// the same MLP written with burn `Linear`s (Hugging Face field names) with the same
+/// forward (`down(act(gate(x)) * up(x))` with the stock activation `$act`), and its config
+/// defaults and any-rank forward. One definition for both modules, expanded per test file.
+#[macro_export]
+macro_rules! glu_mlp_tests {
+    ($mlp:ident, $config:ident, $act:path, $record_test:ident, $defaults_test:ident) => {
+        use burn::module::Module as _;
+        /// The same MLP written with burn `Linear`s only (the Hugging Face field names).
+        #[derive(burn::module::Module, Debug)]
+        struct StockMlp<B: burn::tensor::backend::Backend> {
+            gate_proj: burn::nn::Linear<B>,
+            up_proj: burn::nn::Linear<B>,
+            down_proj: burn::nn::Linear<B>,
+        }
+
+        impl<B: burn::tensor::backend::Backend> StockMlp<B> {
+            fn forward(&self, x: burn::tensor::Tensor<B, 3>) -> burn::tensor::Tensor<B, 3> {
+                let gate = self.gate_proj.forward(x.clone());
+                let up = self.up_proj.forward(x);
+                self.down_proj.forward($act(gate) * up)
+            }
+        }
+
+        #[test]
+        fn $record_test() {
+            type B = burn::backend::NdArray;
+            let device = Default::default();
+            let mut rng = liger_burn::conformance::Rng::from_env();
+            let seed = rng.seed();
+            for bias in [false, true] {
+                let (d_model, d_ff) = (12, 40);
+                let stock_mlp = || StockMlp::<B> {
+                    gate_proj: burn::nn::LinearConfig::new(d_model, d_ff)
+                        .with_bias(bias)
+                        .init(&device),
+                    up_proj: burn::nn::LinearConfig::new(d_model, d_ff)
+                        .with_bias(bias)
+                        .init(&device),
+                    down_proj: burn::nn::LinearConfig::new(d_ff, d_model)
+                        .with_bias(bias)
+                        .init(&device),
+                };
+                let recorder = burn::record::NamedMpkBytesRecorder::<
+                    burn::record::FullPrecisionSettings,
+                >::default();
+                let bytes =
+                    burn::record::Recorder::<B>::record(&recorder, stock_mlp().into_record(), ())
+                        .unwrap();
+                // Both modules from the saved bytes (parameters are initialized lazily, so a
+                // clone of a fresh module would draw its own values).
+                let stock = stock_mlp().load_record(
+                    burn::record::Recorder::<B>::load(&recorder, bytes.clone(), &device).unwrap(),
+                );
+                let record = burn::record::Recorder::<B>::load(&recorder, bytes, &device)
+                    .expect("the liger MLP loads the stock record");
+                let ours: $mlp<B> = $config::new(d_model, d_ff)
+                    .with_bias(bias)
+                    .init::<B>(&device)
+                    .load_record(record);
+                assert_eq!(ours.gate_proj.bias.is_some(), bias);
+
+                let x = burn::tensor::Tensor::<B, 3>::from_data(
+                    burn::tensor::TensorData::new(
+                        rng.vec(2 * 3 * d_model, -2.0, 2.0, 0.0),
+                        [2, 3, d_model],
+                    ),
+                    &device,
+                );
+                assert_eq!(
+                    ours.gate_proj.weight.val().into_data(),
+                    stock.gate_proj.weight.val().into_data()
+                );
+                let a = ours.forward(x.clone()).into_data().to_vec::<f32>().unwrap();
+                let b = stock.forward(x).into_data().to_vec::<f32>().unwrap();
+                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                    assert!(
+                        (x - y).abs() <= 1e-5 + 1e-4 * y.abs(),
+                        "bias {bias} [{i}]: liger {x} vs stock {y} (seed {seed})"
+                    );
+                }
+
+                // And back: the stock struct loads the liger module's record.
+                let bytes =
+                    burn::record::Recorder::<B>::record(&recorder, ours.into_record(), ()).unwrap();
+                let record = burn::record::Recorder::<B>::load(&recorder, bytes, &device)
+                    .expect("the stock MLP loads the liger record");
+                let back = stock_mlp().load_record(record);
+                assert_eq!(
+                    back.down_proj.weight.val().into_data(),
+                    stock.down_proj.weight.val().into_data()
+                );
+            }
+        }
+
+        #[test]
+        fn $defaults_test() {
+            type B = burn::backend::NdArray;
+            let device = Default::default();
+            let config = $config::new(8, 24);
+            assert!(!config.bias, "no bias by default (Llama/Gemma MLPs)");
+            let mlp = config.init::<B>(&device);
+            assert!(mlp.gate_proj.bias.is_none() && mlp.down_proj.bias.is_none());
+            assert_eq!(mlp.gate_proj.weight.dims(), [8, 24]);
+            assert_eq!(mlp.down_proj.weight.dims(), [24, 8]);
+            let y4 = mlp.forward(burn::tensor::Tensor::<B, 4>::ones([2, 2, 3, 8], &device));
+            assert_eq!(y4.dims(), [2, 2, 3, 8]);
+            let y2 = mlp.forward(burn::tensor::Tensor::<B, 2>::ones([3, 8], &device));
+            let y4 = y4.into_data().to_vec::<f32>().unwrap();
+            let y2 = y2.into_data().to_vec::<f32>().unwrap();
+            assert_eq!(&y4[..24], &y2[..], "rows are independent of the rank");
+        }
+    };
+}
