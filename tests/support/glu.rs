@@ -422,3 +422,74 @@ macro_rules! glu_mlp_tests {
         }
     };
 }
+
+/// The tests of an exact activation that `Liger<B>` overrides as a Burn primitive (GELU,
+/// sigmoid): conformance, forced launch limits, bad input, dtype validation, and stock
+/// Burn's `$stock` primitive on `Liger<_>` with input the kernels do not take (an empty
+/// tensor is its own result, f64 where the device has it goes to `B`'s own primitive).
+/// One definition for both activations, expanded per test file.
+#[macro_export]
+macro_rules! activation_tests {
+    ($op:expr, $stock:path, $conformance:ident, $limits:ident, $bad:ident, $dtypes:ident, $fallback:ident) => {
+        #[test]
+        fn $conformance() {
+            $crate::check_op($op);
+        }
+
+        #[test]
+        fn $limits() {
+            $crate::glu::check_op_with_elementwise_limits($op);
+        }
+
+        #[test]
+        fn $bad() {
+            $crate::glu::check_bad_inputs($op);
+        }
+
+        #[test]
+        fn $dtypes() {
+            $crate::glu::check_dtype_validation($op);
+        }
+
+        #[test]
+        fn $fallback() {
+            use burn::backend::Autodiff;
+            use burn::tensor::{DType, Tensor};
+            use liger_burn::Liger;
+            use liger_burn::ops::FusedOps;
+            struct Fallback;
+            impl $crate::BackendVisitor for Fallback {
+                fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+                    let empty = Tensor::<Liger<B>, 2>::zeros([0, 8], device);
+                    let y = $stock(empty);
+                    assert_eq!((y.dims(), y.dtype()), ([0, 8], DType::F32), "{label}");
+                    let x =
+                        Tensor::<Liger<Autodiff<B>>, 2>::zeros([0, 8], device).require_grad();
+                    assert_eq!($stock(x).dims(), [0, 8], "{label}");
+                    if B::supports_dtype(device, DType::F64) {
+                        let values = [-1.0, 0.0, 2.5];
+                        let x = Tensor::<Liger<B>, 1>::from_floats(values, device)
+                            .cast(DType::F64);
+                        let y = $stock(x).cast(DType::F32).into_data().to_vec::<f32>().unwrap();
+                        let stock = Tensor::<B, 1>::from_floats(values, device).cast(DType::F64);
+                        let s = $stock(stock)
+                            .cast(DType::F32)
+                            .into_data()
+                            .to_vec::<f32>()
+                            .unwrap();
+                        eprintln!("{label}: f64 checked");
+                        for (a, b) in y.iter().zip(&s) {
+                            assert!(
+                                (a - b).abs() <= 1e-6,
+                                "{label}: f64 goes to B's {}: {y:?} vs {s:?}",
+                                stringify!($stock)
+                            );
+                        }
+                    }
+                }
+            }
+            let _guard = $crate::lock();
+            $crate::for_each_backend(&mut Fallback);
+        }
+    };
+}
