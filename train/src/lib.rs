@@ -1,0 +1,23 @@
+//! # liger-train
+//!
+//! Training of [`liger_models`] causal LMs on any backend with liger-burn's fused ops:
+//! supervised fine-tuning from JSONL (the `liger train` job) and the convergence
+//! comparison of the fused kernels against the stock Burn computation.
+
+
+// The `liger train` SFT job, one concept per module.
+pub mod batching;
+pub mod bundled;
+pub mod checkpoint;
+pub mod clipping;
+pub mod data;
+pub mod error;
+pub mod metrics;
+pub mod progress;
+pub mod prompt;
+pub mod schedule;
+pub mod tokenizer;
+pub mod trainer;
+
+pub use error::{LineError, TrainError};
+pub use trainer::{Run, TrainConfig, train};

@@ -1,0 +1,489 @@
+//! The training loop: micro-batches → token-weighted loss → gradients accumulated over
+//! `grad_accum` micro-batches → global-norm clipping → AdamW step at the scheduled
+//! learning rate → metrics, checkpoints.
+//!
+//! Generic over `B: AutodiffBackend + FusedOps`: `Liger<Autodiff<X>>` trains with the
+//! fused kernels (README, "Wrapping order"), `Autodiff<X>` with `LigerConfig::none()` is
+//! stock Burn.
+//!
+//! Determinism: the data order is a function of the seed ([`crate::batching`]), the model
+//! is initialized from it ([`random_model`]), and every parameter is made contiguous
+//! before the first step ([`contiguous_params`]) so a model read back from a checkpoint
+//! has the same memory layout, hence the same matmul summation order, as the one that
+//! kept training. A resumed run therefore repeats the uninterrupted one's losses.
+
+use crate::batching::{Batch, BatchStream, Cursor, Layout, epoch_batches};
+use crate::checkpoint::{self, DataInfo, STATE_FORMAT, TrainerState};
+use crate::clipping::clip_global_norm;
+use crate::data::Dataset;
+use crate::error::TrainError;
+use crate::metrics::{CsvLog, StepMetrics, TrainSummary};
+use crate::schedule::LrSchedule;
+use crate::tokenizer::TextTokenizer;
+use burn::module::{AutodiffModule, Module, ModuleMapper, Param, ParamId};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::record::AdaptorRecord;
+use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
+use hashbrown::HashMap;
+use liger_burn::ops::FusedOps;
+use liger_models::{CausalLm, LigerConfig, ModelConfig};
+use serde::{Deserialize, Serialize};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The settings that determine the numbers of a run (stored in every checkpoint; a resume
+/// must use the same).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Longest example / packed row, in tokens.
+    pub max_length: usize,
+    /// Padding or packing.
+    pub layout: Layout,
+    /// Rows per micro-batch.
+    pub batch_size: usize,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: usize,
+    /// Learning-rate schedule (and the total number of steps).
+    pub schedule: LrSchedule,
+    /// AdamW decoupled weight decay.
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this (`None`: no clipping, the norm is still logged).
+    pub max_grad_norm: Option<f64>,
+    /// Seed of the data order (and of the initialization of a random model).
+    pub seed: u64,
+    /// Save a checkpoint every this many steps (0: only at the end).
+    pub save_every: usize,
+}
+
+impl TrainConfig {
+    /// Checks the values; returns what is wrong, naming the flag.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let bad = |m: String| Err(TrainError::Config(m));
+        if self.batch_size == 0 {
+            return bad("--batch-size must be at least 1".into());
+        }
+        if self.grad_accum == 0 {
+            return bad("--grad-accum must be at least 1".into());
+        }
+        if self.max_length < 2 {
+            return bad(format!(
+                "--max-length must be at least 2, got {}",
+                self.max_length
+            ));
+        }
+        if let Some(n) = self.max_grad_norm
+            && !(n > 0.0 && n.is_finite())
+        {
+            return bad(format!("--max-grad-norm must be positive, got {n}"));
+        }
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
+            return bad(format!(
+                "--weight-decay must be >= 0, got {}",
+                self.weight_decay
+            ));
+        }
+        self.schedule.validate().map_err(TrainError::Config)
+    }
+
+    /// AdamW as PyTorch's defaults (betas 0.9/0.999, eps 1e-8) with this weight decay.
+    /// Clipping is not Burn's (per tensor) but [`clip_global_norm`].
+    pub fn adamw(&self) -> AdamWConfig {
+        AdamWConfig::new()
+            .with_beta_1(0.9)
+            .with_beta_2(0.999)
+            .with_epsilon(1e-8)
+            .with_weight_decay(self.weight_decay as f32)
+    }
+}
+
+/// Optimizer steps of `epochs` passes over `dataset` (at least 1): the micro-batches of
+/// each epoch (packing makes their number depend on the epoch's order) divided by
+/// `grad_accum`, rounded up (the last step may take micro-batches of the next epoch).
+pub fn steps_for_epochs(
+    dataset: &Dataset,
+    config: &TrainConfig,
+    pad_id: u32,
+    epochs: usize,
+) -> usize {
+    let micro: usize = (0..epochs)
+        .map(|e| {
+            epoch_batches(
+                &dataset.examples,
+                config.seed,
+                e,
+                config.layout,
+                config.batch_size,
+                config.max_length,
+                pad_id,
+            )
+            .len()
+        })
+        .sum();
+    micro.div_ceil(config.grad_accum).max(1)
+}
+
+/// The optimizer.
+pub type Optim<B> = OptimizerAdaptor<AdamW, CausalLm<B>, B>;
+/// Its state, by parameter id.
+pub type OptimRecord<B> = HashMap<ParamId, AdaptorRecord<AdamW, B>>;
+
+/// A randomly initialized model, deterministic in `seed` (the backend's generator is
+/// seeded first).
+pub fn random_model<B: FusedOps>(
+    config: &ModelConfig,
+    liger: LigerConfig,
+    dtype: DType,
+    device: &B::Device,
+    seed: u64,
+) -> CausalLm<B> {
+    B::seed(device, seed);
+    CausalLm::init(config, liger, dtype, device)
+}
+
+/// Every float parameter re-created contiguous from its values (same id, dtype, device).
+/// Parameters built as transposed views (linear weights in Hugging Face's `[out, in]`
+/// storage) and parameters produced by optimizer updates can have different layouts,
+/// and matmuls sum in a layout-dependent order; making both contiguous makes a model read
+/// from a checkpoint compute exactly as the one that was saved.
+pub fn contiguous_params<B: Backend, M: Module<B>>(module: M) -> M {
+    struct Contiguous;
+    impl<B: Backend> ModuleMapper<B> for Contiguous {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, tensor, mapper) = param.consume();
+            let (device, dtype) = (tensor.device(), tensor.dtype());
+            let grad = tensor.is_require_grad();
+            let mut t = Tensor::from_data(tensor.into_data(), (&device, dtype));
+            if grad {
+                t = t.require_grad();
+            }
+            Param::from_mapped_value(id, t, mapper)
+        }
+    }
+    module.map(&mut Contiguous)
+}
+
+/// Callbacks of a run (progress display). Every method has an empty default.
+pub trait TrainObserver {
+    /// Before the first step: the step the run starts after, and the last step.
+    fn on_start(&mut self, _done: usize, _total: usize) {}
+    /// After each optimizer step.
+    fn on_step(&mut self, _metrics: &StepMetrics, _total: usize) {}
+    /// After a checkpoint was written.
+    fn on_checkpoint(&mut self, _step: usize, _dir: &Path) {}
+}
+
+impl TrainObserver for () {}
+
+/// A checkpoint to continue from: optimizer state (keyed by the model's ids) and trainer state.
+pub struct Resume<B: AutodiffBackend + FusedOps> {
+    /// The AdamW state.
+    pub optimizer: OptimRecord<B>,
+    /// Step, cursor, settings, history.
+    pub state: TrainerState,
+}
+
+/// Everything a run needs.
+pub struct Run<'a, B: AutodiffBackend + FusedOps> {
+    /// The model to train (random or loaded; the checkpoint's when resuming).
+    pub model: CausalLm<B>,
+    /// Tokenized examples.
+    pub dataset: &'a Dataset,
+    /// The tokenizer (its JSON goes into checkpoints, its pad id into batches).
+    pub tokenizer: &'a TextTokenizer,
+    /// Settings.
+    pub config: TrainConfig,
+    /// Output directory (checkpoints, `train_log.csv`).
+    pub output: PathBuf,
+    /// Continue a checkpoint.
+    pub resume: Option<Resume<B>>,
+    /// Device pool bytes reserved (CubeCL devices), read after a device sync.
+    pub memory: Option<Box<dyn Fn() -> u64 + 'a>>,
+    /// Which kernels are on, in words (stored in the trainer state).
+    pub kernels: String,
+}
+
+/// Loss and gradients of one optimizer step, or why there are none.
+struct StepGrads<B: AutodiffBackend> {
+    grads: GradientsParams,
+    /// Mean loss over the step's trained tokens, `[1]`.
+    loss: Option<Tensor<B::InnerBackend, 1>>,
+}
+
+/// Forward and backward of `batches`; each micro-batch's mean loss is weighted by its
+/// share of the step's trained tokens, so the accumulated gradient is that of the mean
+/// loss over all of them (not the mean of per-micro-batch means).
+fn step_grads<B: AutodiffBackend + FusedOps>(
+    model: &CausalLm<B>,
+    batches: &[Batch],
+    trained_total: usize,
+    device: &B::Device,
+) -> StepGrads<B>
+where
+    CausalLm<B>: AutodiffModule<B>,
+{
+    let mut acc = GradientsAccumulator::<CausalLm<B>>::new();
+    let mut loss: Option<Tensor<B::InnerBackend, 1>> = None;
+    for b in batches.iter().filter(|b| b.trained > 0) {
+        let ids =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(b.input_ids.clone(), b.shape()), device);
+        let labels =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(b.labels.clone(), b.shape()), device);
+        let weighted = model
+            .loss(ids, labels)
+            .mul_scalar(b.trained as f64 / trained_total as f64);
+        let grads = weighted.backward();
+        acc.accumulate(model, GradientsParams::from_grads(grads, model));
+        let value = weighted.inner();
+        loss = Some(match loss {
+            None => value,
+            Some(l) => l + value,
+        });
+    }
+    StepGrads {
+        grads: acc.grads(),
+        loss,
+    }
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Trains `run.config.schedule.total_steps` steps (continuing `run.resume`), writing
+/// `train_log.csv` and checkpoints to `run.output`.
+///
+/// Stops with [`TrainError::NonFinite`] when a step's loss or gradient norm is NaN/inf and
+/// with [`TrainError::Panicked`] when a step panics, after saving the last good state
+/// (the previous step's) as a checkpoint.
+pub fn train<B: AutodiffBackend + FusedOps>(
+    run: Run<'_, B>,
+    observer: &mut dyn TrainObserver,
+) -> Result<TrainSummary, TrainError>
+where
+    CausalLm<B>: AutodiffModule<B>,
+{
+    let Run {
+        model,
+        dataset,
+        tokenizer,
+        config,
+        output,
+        resume,
+        memory,
+        kernels,
+    } = run;
+    config.validate()?;
+    let device = model.device();
+    let data = DataInfo {
+        source: dataset.source_name.clone(),
+        examples: dataset.examples.len(),
+        hash: dataset.hash,
+    };
+    let mut model = contiguous_params(model);
+    let mut optim: Optim<B> = config.adamw().init::<B, CausalLm<B>>();
+    let (mut step, cursor, mut tokens_seen, mut history) = match resume {
+        None => (0, Cursor::default(), 0, Vec::new()),
+        Some(Resume { optimizer, state }) => {
+            if state.data.hash != data.hash || state.data.examples != data.examples {
+                return Err(TrainError::Config(format!(
+                    "the checkpoint was trained on {} ({} examples, hash {:016x}); this run's data \
+                     is {} ({} examples, hash {:016x}): resume with the same data and policies",
+                    state.data.source,
+                    state.data.examples,
+                    state.data.hash,
+                    data.source,
+                    data.examples,
+                    data.hash
+                )));
+            }
+            if state.config != config {
+                return Err(TrainError::Config(format!(
+                    "the checkpoint's settings differ from this run's:\n  checkpoint: {:?}\n  \
+                     this run:   {:?}",
+                    state.config, config
+                )));
+            }
+            optim = optim.load_record(optimizer);
+            (state.step, state.cursor, state.tokens_seen, state.history)
+        }
+    };
+    std::fs::create_dir_all(&output).map_err(|e| TrainError::io(&output, e))?;
+    let mut csv = CsvLog::create(&output, &history)?;
+    let pad = tokenizer.specials.pad;
+    let mut stream = BatchStream::new(
+        &dataset.examples,
+        config.seed,
+        config.layout,
+        config.batch_size,
+        config.max_length,
+        pad,
+        cursor,
+    );
+    let total = config.schedule.total_steps;
+    let dtype_name = format!("{:?}", model.dtype()).to_lowercase();
+    let state_at =
+        |step: usize, cursor: Cursor, tokens_seen: usize, history: &[StepMetrics]| TrainerState {
+            format: STATE_FORMAT,
+            step,
+            cursor,
+            config: config.clone(),
+            data: data.clone(),
+            tokens_seen,
+            kernels: kernels.clone(),
+            dtype: dtype_name.clone(),
+            history: history.to_vec(),
+        };
+    // Saves the state of a failed step's predecessor; never panics.
+    let save_last_good = |model: &CausalLm<B>,
+                          record: OptimRecord<B>,
+                          state: TrainerState,
+                          saved: &Option<(usize, PathBuf)>|
+     -> String {
+        if state.step == 0 {
+            return "; no step had finished, nothing saved".into();
+        }
+        if let Some((s, dir)) = saved
+            && *s == state.step
+        {
+            return format!("; the last good state is {}", dir.display());
+        }
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            checkpoint::save(&output, model, record, &tokenizer.json, &state)
+        }));
+        match r {
+            Ok(Ok(dir)) => format!(
+                "; the last good state (step {}) was saved to {}",
+                state.step,
+                dir.display()
+            ),
+            Ok(Err(e)) => format!("; saving the last good state failed too: {e}"),
+            Err(p) => format!(
+                "; saving the last good state panicked too: {}",
+                panic_text(p.as_ref())
+            ),
+        }
+    };
+
+    observer.on_start(step, total);
+    let started = Instant::now();
+    let first_step = step;
+    let mut peak_memory: Option<u64> = None;
+    let mut saved: Option<(usize, PathBuf)> = None;
+    while step < total {
+        let next = step + 1;
+        let lr = config.schedule.lr(next);
+        let t = Instant::now();
+        let cursor_before = stream.cursor();
+        let batches: Vec<Batch> = (0..config.grad_accum)
+            .map(|_| stream.next_batch())
+            .collect();
+        let trained: usize = batches.iter().map(|b| b.trained).sum();
+        let tokens: usize = batches.iter().map(|b| b.tokens).sum();
+        let good = |history: &[StepMetrics]| state_at(step, cursor_before, tokens_seen, history);
+
+        // Forward + backward (+ clipping), panics caught: the model and the optimizer are
+        // untouched until `optim.step`.
+        let grads = catch_unwind(AssertUnwindSafe(|| {
+            let StepGrads { mut grads, loss } = step_grads(&model, &batches, trained, &device);
+            let loss: f64 = match loss {
+                Some(l) => l.into_scalar().elem(),
+                None => 0.0,
+            };
+            let clip = clip_global_norm::<B, _>(&model, &mut grads, config.max_grad_norm);
+            (grads, loss, clip)
+        }));
+        let (grads, loss, clip) = match grads {
+            Ok(g) => g,
+            Err(p) => {
+                let message = panic_text(p.as_ref());
+                let saved = save_last_good(&model, optim.to_record(), good(&history), &saved);
+                return Err(TrainError::Panicked {
+                    step: next,
+                    message,
+                    saved,
+                });
+            }
+        };
+        for (what, value) in [("loss", loss), ("gradient norm", clip.norm)] {
+            if !value.is_finite() {
+                let saved = save_last_good(&model, optim.to_record(), good(&history), &saved);
+                return Err(TrainError::NonFinite {
+                    step: next,
+                    what,
+                    value,
+                    saved,
+                });
+            }
+        }
+        // Handles on the pre-step state (no copy) so a panicking update can still save it.
+        let (backup_model, backup_optim) = (model.clone(), optim.to_record());
+        match catch_unwind(AssertUnwindSafe(|| optim.step(lr, model, grads))) {
+            Ok(m) => model = m,
+            Err(p) => {
+                let message = panic_text(p.as_ref());
+                let saved = save_last_good(&backup_model, backup_optim, good(&history), &saved);
+                return Err(TrainError::Panicked {
+                    step: next,
+                    message,
+                    saved,
+                });
+            }
+        }
+        drop((backup_model, backup_optim));
+        let memory_bytes = memory.as_ref().map(|f| f());
+        if let Some(m) = memory_bytes {
+            peak_memory = Some(peak_memory.map_or(m, |p| p.max(m)));
+        }
+        let seconds = t.elapsed().as_secs_f64();
+        step = next;
+        tokens_seen += tokens;
+        let metrics = StepMetrics {
+            step,
+            epoch: stream.cursor().epoch,
+            loss,
+            lr,
+            grad_norm: clip.norm,
+            clipped: clip.scale < 1.0,
+            tokens,
+            trained_tokens: trained,
+            seconds,
+            tokens_per_second: tokens as f64 / seconds.max(1e-9),
+            memory_bytes,
+        };
+        csv.append(&metrics)?;
+        history.push(metrics);
+        observer.on_step(history.last().expect("just pushed"), total);
+        if step == total || (config.save_every > 0 && step % config.save_every == 0) {
+            let state = state_at(step, stream.cursor(), tokens_seen, &history);
+            let dir =
+                checkpoint::save(&output, &model, optim.to_record(), &tokenizer.json, &state)?;
+            observer.on_checkpoint(step, &dir);
+            saved = Some((step, dir));
+        }
+    }
+    let ran = &history[first_step.min(history.len())..];
+    let checkpoint = match saved {
+        Some((_, dir)) => dir,
+        // Resumed at the last step already: nothing ran, the checkpoint is the input's.
+        None => checkpoint::checkpoint_dir(&output, step),
+    };
+    Ok(TrainSummary {
+        steps: ran.len(),
+        last_step: step,
+        tokens: ran.iter().map(|m| m.tokens).sum(),
+        seconds: started.elapsed().as_secs_f64(),
+        first_loss: ran.first().map_or(f64::NAN, |m| m.loss),
+        last_loss: ran.last().map_or(f64::NAN, |m| m.loss),
+        peak_memory_bytes: peak_memory,
+        checkpoint,
+        log: csv.path().to_path_buf(),
+        history: ran.to_vec(),
+    })
+}
