@@ -87,54 +87,10 @@ pub fn dtypes<B: FusedOps>(device: &B::Device) -> Vec<DType> {
     dtypes
 }
 
-/// Runs `op`'s conformance sweep on every backend and dtype, failing with every failing
-/// comparison listed.
+/// Runs `op`'s conformance sweep (the quick shapes) on every backend and dtype, failing
+/// with every failing comparison listed.
 pub fn check_op(op: Op) {
-    struct Run {
-        op: Op,
-        rng: Rng,
-        failures: Vec<String>,
-        cases: usize,
-    }
-    impl BackendVisitor for Run {
-        fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
-            for dtype in dtypes::<B>(device) {
-                for (rows, width) in conformance::shapes(self.op, true) {
-                    let result: CaseResult = conformance::run_case::<B>(
-                        self.op,
-                        rows,
-                        width,
-                        dtype,
-                        device,
-                        &mut self.rng,
-                    );
-                    self.cases += 1;
-                    for c in result.comparisons.iter().filter(|c| !c.passed) {
-                        self.failures.push(format!(
-                            "{label} {:?} [{rows}, {width}] {}: max abs {:.3e}, max rel {:.3e}",
-                            dtype, c.tensor, c.max_abs, c.max_rel
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    let _guard = lock();
-    let mut run = Run {
-        op,
-        rng: Rng::from_env(),
-        failures: Vec::new(),
-        cases: 0,
-    };
-    let seed = run.rng.seed();
-    for_each_backend(&mut run);
-    assert!(run.cases > 0, "no case ran");
-    assert!(
-        run.failures.is_empty(),
-        "{} failed (seed {seed}, rerun with LIGER_SEED={seed}):\n{}",
-        op.name(),
-        run.failures.join("\n")
-    );
+    sweep(|o| o == op, true, op.name());
 }
 
 pub mod glu;
@@ -143,8 +99,15 @@ pub mod glu;
 /// and dtype, failing with every failing comparison listed. For `#[ignore]`d tests run on
 /// real devices: the full shapes are too large for a software rasterizer in CI.
 pub fn check_ops_full(select: impl Fn(Op) -> bool) {
+    sweep(select, false, "full sweep");
+}
+
+/// The conformance sweep of the ops `select` picks (quick or full shapes) on every backend
+/// and dtype; panics naming `what`, the seed and every failing comparison.
+fn sweep(select: impl Fn(Op) -> bool, quick: bool, what: &str) {
     struct Sweep<F> {
         select: F,
+        quick: bool,
         rng: Rng,
         failures: Vec<String>,
         cases: usize,
@@ -153,8 +116,8 @@ pub fn check_ops_full(select: impl Fn(Op) -> bool) {
         fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
             for op in Op::ALL.into_iter().filter(|op| (self.select)(*op)) {
                 for dtype in dtypes::<B>(device) {
-                    for (rows, width) in conformance::shapes(op, false) {
-                        let result = conformance::run_case::<B>(
+                    for (rows, width) in conformance::shapes(op, self.quick) {
+                        let result: CaseResult = conformance::run_case::<B>(
                             op,
                             rows,
                             width,
@@ -180,6 +143,7 @@ pub fn check_ops_full(select: impl Fn(Op) -> bool) {
     let _guard = lock();
     let mut sweep = Sweep {
         select,
+        quick,
         rng: Rng::from_env(),
         failures: Vec::new(),
         cases: 0,
@@ -189,7 +153,7 @@ pub fn check_ops_full(select: impl Fn(Op) -> bool) {
     assert!(sweep.cases > 0, "no case ran");
     assert!(
         sweep.failures.is_empty(),
-        "full sweep failed (seed {seed}, rerun with LIGER_SEED={seed}):\n{}",
+        "{what} failed (seed {seed}, rerun with LIGER_SEED={seed}):\n{}",
         sweep.failures.join("\n")
     );
 }
