@@ -2,12 +2,11 @@
 //! custom operation (`CustomOpIr`) that runs the inner backend's fused kernel when the
 //! stream reaches it. Inputs are validated eagerly, where the user called the op.
 
+use super::custom_op::{self, CustomKernel, Handles, float_inputs};
 use crate::ops::{FusedOps, GluActivation, GluGrads, validate};
-use burn::tensor::{DType, Shape, TensorMetadata};
-use burn_fusion::stream::{Operation, OperationStreams};
-use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
-use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
-use core::marker::PhantomData;
+use burn::tensor::TensorMetadata;
+use burn_fusion::{Fusion, FusionBackend, FusionTensor};
+use burn_ir::TensorIr;
 
 /// Which primitive a custom operation runs.
 #[derive(Clone, Copy, Debug)]
@@ -47,27 +46,11 @@ impl ElementwiseKind {
     }
 }
 
-#[derive(Clone, Debug)]
-struct ElementwiseOp<B> {
-    desc: CustomOpIr,
-    kind: ElementwiseKind,
-    _backend: PhantomData<B>,
-}
-
-impl<B: FusionBackend + FusedOps> Operation<B::FusionRuntime> for ElementwiseOp<B> {
-    fn execute(
-        &self,
-        handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
-    ) {
-        let mut inputs = self
-            .desc
-            .inputs
-            .iter()
-            .map(|t| handles.get_float_tensor::<B>(t))
-            .collect::<Vec<_>>()
-            .into_iter();
+impl<B: FusionBackend + FusedOps> CustomKernel<B> for ElementwiseKind {
+    fn run(&self, inputs: &[TensorIr], handles: &mut Handles<B>) -> Vec<B::FloatTensorPrimitive> {
+        let mut inputs = float_inputs::<B>(inputs, handles);
         let mut next = || inputs.next().expect("custom op declared its inputs");
-        let outputs: Vec<B::FloatTensorPrimitive> = match self.kind {
+        match *self {
             ElementwiseKind::Glu(act) => vec![B::fused_glu(next(), next(), act)],
             ElementwiseKind::GluBackward(act) => {
                 let (g, gate, up) = (next(), next(), next());
@@ -78,9 +61,6 @@ impl<B: FusionBackend + FusedOps> Operation<B::FusionRuntime> for ElementwiseOp<
             ElementwiseKind::GeluBackward => vec![B::fused_gelu_backward(next(), next())],
             ElementwiseKind::Sigmoid => vec![B::fused_sigmoid(next())],
             ElementwiseKind::SigmoidBackward => vec![B::fused_sigmoid_backward(next(), next())],
-        };
-        for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
-            handles.register_float_tensor::<B>(&ir.id, tensor);
         }
     }
 }
@@ -96,23 +76,8 @@ pub(crate) fn register<B: FusionBackend + FusedOps>(
         inputs.iter().map(|(n, t)| (*n, t)).collect();
     validate::check(validate::elementwise_tensors(op, &named, true));
     let inputs: Vec<_> = inputs.into_iter().map(|(_, t)| t).collect();
-    let (shape, dtype): (Shape, DType) = (inputs[0].shape(), inputs[0].dtype());
-    let client = inputs[0].client.clone();
-    let streams = OperationStreams::with_inputs(inputs.iter());
-    let outputs = (0..kind.outputs())
-        .map(|_| TensorIr::uninit(client.create_empty_handle(), shape.clone(), dtype))
-        .collect::<Vec<_>>();
-    let inputs = inputs.into_iter().map(|t| t.into_ir()).collect::<Vec<_>>();
-    let desc = CustomOpIr::new(id, &inputs, &outputs);
-    client.register(
-        streams,
-        OperationIr::Custom(desc.clone()),
-        ElementwiseOp::<B> {
-            desc,
-            kind,
-            _backend: PhantomData,
-        },
-    )
+    let out = (inputs[0].shape(), inputs[0].dtype());
+    custom_op::register::<B, _>(id, inputs, &vec![out; kind.outputs()], kind)
 }
 
 type Tensor<B> = FusionTensor<<B as FusionBackend>::FusionRuntime>;

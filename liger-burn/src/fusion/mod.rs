@@ -6,6 +6,7 @@
 //! thread), and bad input must fail where the user called the op.
 
 mod cross_entropy;
+mod custom_op;
 mod glu;
 mod rope;
 
@@ -15,10 +16,9 @@ use crate::ops::{
     row_stat_shape,
 };
 use burn::tensor::{DType, Shape, TensorMetadata};
-use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
-use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
-use core::marker::PhantomData;
+use burn_ir::TensorIr;
+use custom_op::{CustomKernel, Handles, float_inputs};
 
 /// Which fused primitive a custom operation runs, with its options.
 #[derive(Clone, Debug)]
@@ -32,27 +32,11 @@ enum FusedKind {
     SoftmaxBackward { log: bool },
 }
 
-#[derive(Clone, Debug)]
-struct FusedOp<B> {
-    desc: CustomOpIr,
-    kind: FusedKind,
-    _backend: PhantomData<B>,
-}
-
-impl<B: FusionBackend + FusedOps> Operation<B::FusionRuntime> for FusedOp<B> {
-    fn execute(
-        &self,
-        handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
-    ) {
-        let mut inputs = self
-            .desc
-            .inputs
-            .iter()
-            .map(|t| handles.get_float_tensor::<B>(t))
-            .collect::<Vec<_>>()
-            .into_iter();
+impl<B: FusionBackend + FusedOps> CustomKernel<B> for FusedKind {
+    fn run(&self, inputs: &[TensorIr], handles: &mut Handles<B>) -> Vec<B::FloatTensorPrimitive> {
+        let mut inputs = float_inputs::<B>(inputs, handles);
         let mut next = || inputs.next().expect("custom op declared its inputs");
-        let outputs: Vec<B::FloatTensorPrimitive> = match self.kind.clone() {
+        match self.clone() {
             FusedKind::RmsNorm(options) => {
                 let (x, w) = (next(), next());
                 let out = B::fused_rms_norm(x, w, options);
@@ -97,9 +81,6 @@ impl<B: FusionBackend + FusedOps> Operation<B::FusionRuntime> for FusedOp<B> {
                     B::fused_softmax_backward(g, y)
                 }]
             }
-        };
-        for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
-            handles.register_float_tensor::<B>(&ir.id, tensor);
         }
     }
 }
@@ -111,23 +92,7 @@ fn register<B: FusionBackend + FusedOps>(
     outputs: &[(Shape, DType)],
     kind: FusedKind,
 ) -> Vec<FusionTensor<B::FusionRuntime>> {
-    let client = inputs[0].client.clone();
-    let streams = OperationStreams::with_inputs(inputs.iter());
-    let outputs = outputs
-        .iter()
-        .map(|(shape, dtype)| TensorIr::uninit(client.create_empty_handle(), shape.clone(), *dtype))
-        .collect::<Vec<_>>();
-    let inputs = inputs.into_iter().map(|t| t.into_ir()).collect::<Vec<_>>();
-    let desc = CustomOpIr::new(id, &inputs, &outputs);
-    client.register(
-        streams,
-        OperationIr::Custom(desc.clone()),
-        FusedOp::<B> {
-            desc,
-            kind,
-            _backend: PhantomData,
-        },
-    )
+    custom_op::register::<B, _>(id, inputs, outputs, kind)
 }
 
 fn norm_check<R: FusionRuntime>(

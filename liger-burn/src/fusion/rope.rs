@@ -1,40 +1,30 @@
 //! RoPE for `Fusion<B>`: forward and backward each registered as one custom operation in
 //! the fusion stream (q and k in one op, so one kernel launch), running `B`'s fused RoPE.
 
+use super::custom_op::{self, CustomKernel, Handles, float_inputs};
 use crate::ops::validate;
 use crate::ops::{FusedOps, RopeGrads, RopeLayout, RopeOutput};
 use burn::tensor::TensorMetadata;
-use burn_fusion::stream::{Operation, OperationStreams};
-use burn_fusion::{FusionBackend, FusionRuntime, FusionTensor};
-use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
-use core::marker::PhantomData;
+use burn_fusion::{FusionBackend, FusionTensor};
+use burn_ir::TensorIr;
 
 /// The custom operation: inputs `[q?, k?, cos, sin]`, outputs `[q?, k?]`.
 #[derive(Clone, Debug)]
-struct RopeOp<B> {
-    desc: CustomOpIr,
+struct RopeKernel {
     layout: RopeLayout,
     backward: bool,
     has_q: bool,
     has_k: bool,
-    _backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend + FusedOps> Operation<B::FusionRuntime> for RopeOp<B> {
-    fn execute(
-        &self,
-        handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
-    ) {
-        let mut inputs = self
-            .desc
-            .inputs
-            .iter()
-            .map(|t| handles.get_float_tensor::<B>(t));
+impl<B: FusionBackend + FusedOps> CustomKernel<B> for RopeKernel {
+    fn run(&self, inputs: &[TensorIr], handles: &mut Handles<B>) -> Vec<B::FloatTensorPrimitive> {
+        let mut inputs = float_inputs::<B>(inputs, handles);
         let mut next = || inputs.next().expect("custom op declared its inputs");
         let q = self.has_q.then(&mut next);
         let k = self.has_k.then(&mut next);
         let (cos, sin) = (next(), next());
-        let outputs: Vec<B::FloatTensorPrimitive> = if self.backward {
+        if self.backward {
             let grads = B::fused_rope_backward(q, k, cos, sin, self.layout);
             grads.grad_q.into_iter().chain(grads.grad_k).collect()
         } else {
@@ -46,9 +36,6 @@ impl<B: FusionBackend + FusedOps> Operation<B::FusionRuntime> for RopeOp<B> {
                 self.layout,
             );
             vec![out.q, out.k]
-        };
-        for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
-            handles.register_float_tensor::<B>(&ir.id, tensor);
         }
     }
 }
@@ -81,35 +68,21 @@ pub(crate) fn rope<B: FusionBackend + FusedOps>(
     ));
     let (has_q, has_k) = (q.is_some(), k.is_some());
     let rotated: Vec<_> = q.into_iter().chain(k).collect();
-    let client = cos.client.clone();
-    let outputs = rotated
-        .iter()
-        .map(|t| TensorIr::uninit(client.create_empty_handle(), t.shape(), t.dtype()))
-        .collect::<Vec<_>>();
+    let outputs: Vec<_> = rotated.iter().map(|t| (t.shape(), t.dtype())).collect();
     let mut inputs = rotated;
     inputs.extend([cos, sin]);
-    let streams = OperationStreams::with_inputs(inputs.iter());
-    let inputs = inputs.into_iter().map(|t| t.into_ir()).collect::<Vec<_>>();
     let id = if backward {
         "liger_rope_backward"
     } else {
         "liger_rope"
     };
-    let desc = CustomOpIr::new(id, &inputs, &outputs);
-    let mut out = client
-        .register(
-            streams,
-            OperationIr::Custom(desc.clone()),
-            RopeOp::<B> {
-                desc,
-                layout,
-                backward,
-                has_q,
-                has_k,
-                _backend: PhantomData,
-            },
-        )
-        .into_iter();
+    let kernel = RopeKernel {
+        layout,
+        backward,
+        has_q,
+        has_k,
+    };
+    let mut out = custom_op::register::<B, _>(id, inputs, &outputs, kernel).into_iter();
     let q = has_q.then(|| out.next().expect("rotated q"));
     let k = has_k.then(|| out.next().expect("rotated k"));
     (q, k)
