@@ -4,6 +4,7 @@
 //! supervised fine-tuning from JSONL (the `liger train` job) and the convergence
 //! comparison of the fused kernels against the stock Burn computation.
 
+pub mod convergence;
 
 // The `liger train` SFT job, one concept per module.
 pub mod batching;

@@ -1,0 +1,723 @@
+//! Convergence of training with the fused kernels against the stock Burn computation,
+//! like Liger-Kernel's `test/convergence` mini-model tests: the same mini model, from the
+//! same initial parameters, trained on the same fixed token batches with AdamW, once with
+//! every kernel on (`Liger<Autodiff<B>>`, [`LigerConfig::all`]) and once with every kernel
+//! off (`Autodiff<B>`, [`LigerConfig::none`]); the per-step losses and the final
+//! parameters must agree within explicit tolerances.
+//!
+//! Why a training run and not one gradient: the optimizer feeds every step's rounding
+//! back into the parameters, so a kernel whose gradients are right "on average" but biased
+//! (a wrong scale, a dropped ignore-index, a mis-reduced weight gradient) drifts step
+//! after step and shows in the losses and parameters long before it would in one
+//! elementwise comparison.
+//!
+//! The initial parameters do not come from the backend's random generator (whose stream
+//! differs between backends and devices): [`SeededInit`] draws every tensor on the host
+//! from a generator seeded by the run's seed and the parameter's name, so both runs start
+//! from bit-identical values on any device, and each run records a fingerprint of the
+//! parameters it actually started from, which [`compare`] checks.
+
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use liger_burn::Liger;
+use liger_burn::ops::FusedOps;
+use liger_models::params::{Init, ParamSource};
+use liger_models::{CausalLm, IGNORE_INDEX, LigerConfig, ModelConfig, ModelError, ModelType};
+use std::time::Instant;
+
+/// A deterministic random generator (SplitMix64): the same numbers on every platform, no
+/// dependency, good enough for initial weights and random tokens.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`, 53 bits.
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `0..n` (`n > 0`; the modulo bias is below 2⁻⁴⁰ for the sizes used here).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.uniform(); // (0, 1]: ln is finite
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+/// FNV-1a over bytes: names to seeds, parameters to fingerprints.
+fn fnv1a(hash: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(hash, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3)
+    })
+}
+
+const FNV_OFFSET: u64 = 0xCBF2_9CE4_8422_2325;
+
+/// Initial parameters drawn on the host: each tensor from its own generator, seeded by
+/// the run seed and the parameter's Hugging Face name, so the values depend neither on
+/// the backend nor on the order the modules are built in. Same distributions as
+/// `liger_models`' random initialization (normal with the model's std for weights,
+/// zeros for biases, ones for norms).
+#[derive(Clone, Debug)]
+pub struct SeededInit<B: burn::tensor::backend::Backend> {
+    /// Run seed.
+    pub seed: u64,
+    /// Device of the parameters.
+    pub device: B::Device,
+    /// Dtype of the parameters (drawn in f32, then cast).
+    pub dtype: DType,
+}
+
+impl<B: burn::tensor::backend::Backend> ParamSource<B> for SeededInit<B> {
+    fn tensor<const D: usize>(
+        &mut self,
+        name: &str,
+        shape: [usize; D],
+        init: Init,
+    ) -> Result<Tensor<B, D>, ModelError> {
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = match init {
+            Init::Normal(std) => {
+                let mut rng = SplitMix64::new(fnv1a(self.seed ^ FNV_OFFSET, name.as_bytes()));
+                (0..n).map(|_| (rng.normal() * std) as f32).collect()
+            }
+            Init::Zeros => vec![0.0; n],
+            Init::Ones => vec![1.0; n],
+        };
+        let t =
+            Tensor::<B, D>::from_data(TensorData::new(values, shape), (&self.device, DType::F32));
+        Ok(t.cast(self.dtype))
+    }
+}
+
+/// One convergence experiment: the model, the data and the optimizer.
+#[derive(Clone, Debug)]
+pub struct ConvergenceSetup {
+    /// Short name in reports (`mini-llama`).
+    pub name: String,
+    /// The mini model.
+    pub model: ModelConfig,
+    /// Seed of the initial parameters and of the token batches.
+    pub seed: u64,
+    /// Optimizer steps (one batch each).
+    pub steps: usize,
+    /// Distinct batches, cycled over the steps (a few, so the loss falls by memorization
+    /// within a few dozen steps and the test can see it fall).
+    pub batches: usize,
+    /// Sequences per batch.
+    pub batch_size: usize,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Share of labels set to -100 at random positions, besides each row's masked prompt.
+    pub ignored_share: f64,
+    /// Leading positions of each row whose labels are -100 (an SFT prompt).
+    pub prompt_len: usize,
+    /// AdamW learning rate (constant).
+    pub lr: f64,
+    /// AdamW decoupled weight decay.
+    pub weight_decay: f32,
+    /// Parameter and activation dtype.
+    pub dtype: DType,
+}
+
+impl ConvergenceSetup {
+    /// The mini model of `model_type` used by the tests and `liger converge`: hidden
+    /// 64, 2 layers, 4 query heads over 2 key/value heads (GQA), MLP 96, a vocabulary of
+    /// 1031 (prime: no power-of-two row width in the loss kernels), Qwen3's q/k norms and
+    /// head_dim 24; 32 AdamW steps (Liger-Kernel's count) at lr 2e-3 over 4 batches of
+    /// 2 × 48 tokens, with a 6-token masked prompt per row and 10% more labels at -100.
+    pub fn mini(model_type: ModelType, dtype: DType) -> Self {
+        let mut model = ModelConfig::tiny(model_type);
+        model.vocab_size = 1031;
+        ConvergenceSetup {
+            name: format!("mini-{}", model_type.name()),
+            model,
+            seed: 42,
+            steps: 32,
+            batches: 4,
+            batch_size: 2,
+            seq_len: 48,
+            ignored_share: 0.1,
+            prompt_len: 6,
+            lr: 2e-3,
+            weight_decay: 0.01,
+            dtype,
+        }
+    }
+
+    /// The batches of this setup: `(input_ids, labels)`, each `batch_size × seq_len`,
+    /// row-major. Labels are the input ids (the model shifts them) with the prompt and
+    /// the random share set to -100.
+    pub fn token_batches(&self) -> Vec<(Vec<i64>, Vec<i64>)> {
+        // Another stream than the parameters' (those are seeded by name).
+        let mut rng = SplitMix64::new(self.seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0xDA7A);
+        let n = self.batch_size * self.seq_len;
+        (0..self.batches)
+            .map(|_| {
+                let ids: Vec<i64> = (0..n)
+                    .map(|_| rng.below(self.model.vocab_size as u64) as i64)
+                    .collect();
+                let labels = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &id)| {
+                        let prompt = i % self.seq_len < self.prompt_len;
+                        if prompt || rng.uniform() < self.ignored_share {
+                            IGNORE_INDEX
+                        } else {
+                            id
+                        }
+                    })
+                    .collect();
+                (ids, labels)
+            })
+            .collect()
+    }
+}
+
+/// A parameter's final value, Hugging Face name and layout, read back as f32.
+#[derive(Clone, Debug)]
+pub struct NamedParam {
+    /// Hugging Face name (`model.layers.0.self_attn.q_proj.weight`).
+    pub name: String,
+    /// Hugging Face shape.
+    pub shape: Vec<usize>,
+    /// Values, row-major.
+    pub values: Vec<f32>,
+}
+
+/// What one training run produced.
+#[derive(Clone, Debug)]
+pub struct TrainRun {
+    /// `liger on` / `liger off` and the backend.
+    pub label: String,
+    /// The loss of each step, before that step's update.
+    pub losses: Vec<f64>,
+    /// Fingerprint of the parameters the run started from (FNV-1a of the f32 bits of
+    /// every parameter read back from the device, in name order).
+    pub initial_fingerprint: u64,
+    /// The parameters after the last step.
+    pub params: Vec<NamedParam>,
+    /// Wall time of the training loop, seconds.
+    pub seconds: f64,
+}
+
+impl TrainRun {
+    /// Mean loss of the first pass over the batches minus that of the last pass (positive
+    /// when training lowered the loss on the same batches).
+    pub fn loss_drop(&self, batches: usize) -> f64 {
+        let k = batches.clamp(1, self.losses.len().max(1));
+        let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len().max(1) as f64;
+        mean(&self.losses[..k]) - mean(&self.losses[self.losses.len() - k..])
+    }
+}
+
+/// Reads every parameter back in Hugging Face layout, as f32.
+fn read_params<B: FusedOps>(model: &CausalLm<B>) -> Vec<NamedParam> {
+    model
+        .hf_params()
+        .into_iter()
+        .map(|(name, p)| NamedParam {
+            name,
+            shape: p.hf_shape(),
+            values: p
+                .hf_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .expect("parameter data reads as f32"),
+        })
+        .collect()
+}
+
+fn fingerprint(params: &[NamedParam]) -> u64 {
+    params.iter().fold(FNV_OFFSET, |h, p| {
+        let h = fnv1a(h, p.name.as_bytes());
+        p.values
+            .iter()
+            .fold(h, |h, v| fnv1a(h, &v.to_bits().to_le_bytes()))
+    })
+}
+
+/// Trains `setup`'s model on autodiff backend `B` with the kernel switches `liger`.
+pub fn train<B>(
+    setup: &ConvergenceSetup,
+    liger: LigerConfig,
+    label: &str,
+    device: &B::Device,
+) -> TrainRun
+where
+    B: AutodiffBackend + FusedOps,
+    B::InnerBackend: FusedOps,
+    CausalLm<B>: AutodiffModule<B>,
+{
+    let mut src = SeededInit::<B> {
+        seed: setup.seed,
+        device: device.clone(),
+        dtype: setup.dtype,
+    };
+    let mut model = CausalLm::<B>::build(setup.model.clone(), liger, &mut src)
+        .unwrap_or_else(|e| panic!("{}: building the model: {e}", setup.name));
+    let initial_fingerprint = fingerprint(&read_params(&model));
+    let mut optim = AdamWConfig::new()
+        .with_weight_decay(setup.weight_decay)
+        .init::<B, CausalLm<B>>();
+    let batches: Vec<(Tensor<B, 2, Int>, Tensor<B, 2, Int>)> = setup
+        .token_batches()
+        .into_iter()
+        .map(|(ids, labels)| {
+            let shape = [setup.batch_size, setup.seq_len];
+            (
+                Tensor::from_data(TensorData::new(ids, shape), device),
+                Tensor::from_data(TensorData::new(labels, shape), device),
+            )
+        })
+        .collect();
+    let start = Instant::now();
+    let mut losses = Vec::with_capacity(setup.steps);
+    for step in 0..setup.steps {
+        let (ids, labels) = batches[step % batches.len()].clone();
+        let loss = model.loss(ids, labels);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(setup.lr, model, grads);
+        // Read after the update is queued: one synchronization per step either way.
+        let value = loss
+            .into_data()
+            .convert::<f64>()
+            .to_vec::<f64>()
+            .expect("loss reads as f64")[0];
+        losses.push(value);
+    }
+    let params = read_params(&model);
+    TrainRun {
+        label: label.to_string(),
+        losses,
+        initial_fingerprint,
+        params,
+        seconds: start.elapsed().as_secs_f64(),
+    }
+}
+
+/// The stock Burn run: `Autodiff<B>`, every kernel switch off.
+pub fn train_liger_off<B: FusedOps>(setup: &ConvergenceSetup, device: &B::Device) -> TrainRun {
+    train::<Autodiff<B>>(setup, LigerConfig::none(), "liger off", device)
+}
+
+/// The fused run: `Liger<Autodiff<B>>` (Burn's softmax/log-softmax primitives fused too),
+/// every kernel switch on.
+pub fn train_liger_on<B: FusedOps>(setup: &ConvergenceSetup, device: &B::Device) -> TrainRun {
+    train::<Liger<Autodiff<B>>>(setup, LigerConfig::all(), "liger on", device)
+}
+
+/// How close two runs must be: `|candidate - reference| <= atol + rtol * |reference|`,
+/// per step for the losses, per element for the final parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerances {
+    /// Loss, absolute.
+    pub loss_atol: f64,
+    /// Loss, relative.
+    pub loss_rtol: f64,
+    /// Final parameters, absolute.
+    pub param_atol: f64,
+    /// Final parameters, relative.
+    pub param_rtol: f64,
+}
+
+impl Tolerances {
+    /// f32: Liger-Kernel's f32 mini-model tolerances (`test/convergence`, e.g.
+    /// `mini_llama3`: loss atol 1e-8 rtol 2e-5, parameters atol 5e-3 rtol 1e-5). Our
+    /// runs take a 20× larger learning rate than Liger's (2e-3 against 1e-4, so the loss
+    /// visibly falls), which makes AdamW amplify rounding differences faster; on lavapipe
+    /// and NdArray the mini models still stay two orders of magnitude inside (see
+    /// `tests/convergence.rs`).
+    pub fn f32() -> Self {
+        Tolerances {
+            loss_atol: 1e-8,
+            loss_rtol: 2e-5,
+            param_atol: 5e-3,
+            param_rtol: 1e-5,
+        }
+    }
+
+    /// bf16 (and f16): Liger-Kernel's bf16 mini-model tolerances (loss atol 1e-3 rtol
+    /// 1e-2, parameters atol 1e-2 rtol 1e-2). With 8 mantissa bits every activation
+    /// carries ~4e-3 relative rounding, and the fused and stock paths round at different
+    /// points (the fused kernels keep f32 inside, the stock ops round every intermediate).
+    pub fn half() -> Self {
+        Tolerances {
+            loss_atol: 1e-3,
+            loss_rtol: 1e-2,
+            param_atol: 1e-2,
+            param_rtol: 1e-2,
+        }
+    }
+
+    /// The defaults for `dtype`.
+    pub fn for_dtype(dtype: DType) -> Self {
+        match dtype {
+            DType::F16 | DType::BF16 => Self::half(),
+            _ => Self::f32(),
+        }
+    }
+
+    fn loss_allowed(&self, reference: f64) -> f64 {
+        self.loss_atol + self.loss_rtol * reference.abs()
+    }
+
+    fn param_allowed(&self, reference: f64) -> f64 {
+        self.param_atol + self.param_rtol * reference.abs()
+    }
+}
+
+/// One step of a comparison.
+#[derive(Clone, Copy, Debug)]
+pub struct StepDiff {
+    /// Step index (0-based).
+    pub step: usize,
+    /// Loss of the reference run.
+    pub reference: f64,
+    /// Loss of the candidate run.
+    pub candidate: f64,
+    /// `|candidate - reference|`.
+    pub diff: f64,
+    /// What the tolerances allow at this step.
+    pub allowed: f64,
+}
+
+/// The parameter element farthest outside (or closest to) its tolerance.
+#[derive(Clone, Debug, Default)]
+pub struct ParamDiff {
+    /// Parameter name.
+    pub name: String,
+    /// Flat index of the element.
+    pub index: usize,
+    /// Reference value.
+    pub reference: f64,
+    /// Candidate value.
+    pub candidate: f64,
+    /// `|candidate - reference|`.
+    pub diff: f64,
+    /// What the tolerances allow for it.
+    pub allowed: f64,
+}
+
+/// The largest absolute difference within one parameter tensor.
+#[derive(Clone, Debug)]
+pub struct TensorDiff {
+    /// Parameter name.
+    pub name: String,
+    /// Largest `|candidate - reference|` over its elements.
+    pub max_abs: f64,
+    /// Elements outside the tolerance.
+    pub outside: usize,
+    /// Elements.
+    pub len: usize,
+}
+
+/// The outcome of [`compare`].
+#[derive(Clone, Debug)]
+pub struct ConvergenceReport {
+    /// The tolerances applied.
+    pub tolerances: Tolerances,
+    /// Every step's losses and difference.
+    pub steps: Vec<StepDiff>,
+    /// The step whose loss difference uses most of its tolerance.
+    pub worst_step: Option<StepDiff>,
+    /// The parameter element whose difference uses most of its tolerance.
+    pub worst_param: Option<ParamDiff>,
+    /// Per-tensor largest differences, in the models' parameter order.
+    pub tensors: Vec<TensorDiff>,
+    /// Both runs started from the same parameters (equal fingerprints).
+    pub same_start: bool,
+    /// What is out of tolerance (or does not match at all); empty when the runs agree.
+    pub failures: Vec<String>,
+}
+
+impl ConvergenceReport {
+    /// Whether the runs agree within the tolerances.
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+
+    /// Largest loss difference over the steps.
+    pub fn max_loss_diff(&self) -> f64 {
+        self.steps.iter().map(|s| s.diff).fold(0.0, f64::max)
+    }
+
+    /// Largest parameter difference over every tensor.
+    pub fn max_param_diff(&self) -> f64 {
+        self.tensors.iter().map(|t| t.max_abs).fold(0.0, f64::max)
+    }
+
+    /// The tensor holding the largest parameter difference.
+    pub fn max_param_tensor(&self) -> Option<&TensorDiff> {
+        self.tensors
+            .iter()
+            .max_by(|a, b| a.max_abs.total_cmp(&b.max_abs))
+    }
+}
+
+/// How much of the allowance a difference uses (NaN counts as infinitely far).
+fn usage(diff: f64, allowed: f64) -> f64 {
+    if diff.is_nan() {
+        f64::INFINITY
+    } else {
+        diff / allowed
+    }
+}
+
+/// Compares `candidate` (usually liger on) against `reference` (liger off).
+pub fn compare(reference: &TrainRun, candidate: &TrainRun, tol: &Tolerances) -> ConvergenceReport {
+    let mut failures = Vec::new();
+    let same_start = reference.initial_fingerprint == candidate.initial_fingerprint;
+    if !same_start {
+        failures.push(format!(
+            "the runs did not start from the same parameters (fingerprints {:016x} and {:016x})",
+            reference.initial_fingerprint, candidate.initial_fingerprint
+        ));
+    }
+    if reference.losses.len() != candidate.losses.len() {
+        failures.push(format!(
+            "different step counts: {} and {}",
+            reference.losses.len(),
+            candidate.losses.len()
+        ));
+    }
+
+    let steps: Vec<StepDiff> = reference
+        .losses
+        .iter()
+        .zip(&candidate.losses)
+        .enumerate()
+        .map(|(step, (&r, &c))| StepDiff {
+            step,
+            reference: r,
+            candidate: c,
+            diff: (c - r).abs(),
+            allowed: tol.loss_allowed(r),
+        })
+        .collect();
+    let worst_step = steps
+        .iter()
+        .copied()
+        .max_by(|a, b| usage(a.diff, a.allowed).total_cmp(&usage(b.diff, b.allowed)));
+    let outside: Vec<&StepDiff> = steps.iter().filter(|s| !(s.diff <= s.allowed)).collect();
+    if let Some(first) = outside.first() {
+        failures.push(format!(
+            "loss differs at {} of {} steps, first at step {}: {} vs {} (|diff| {:.3e} > {:.3e})",
+            outside.len(),
+            steps.len(),
+            first.step,
+            first.candidate,
+            first.reference,
+            first.diff,
+            first.allowed
+        ));
+    }
+
+    let mut worst_param: Option<ParamDiff> = None;
+    let mut tensors = Vec::new();
+    if reference.params.len() != candidate.params.len() {
+        failures.push(format!(
+            "different parameter counts: {} and {}",
+            reference.params.len(),
+            candidate.params.len()
+        ));
+    }
+    for (r, c) in reference.params.iter().zip(&candidate.params) {
+        if r.name != c.name || r.shape != c.shape {
+            failures.push(format!(
+                "parameter {} {:?} against {} {:?}",
+                r.name, r.shape, c.name, c.shape
+            ));
+            continue;
+        }
+        let mut t = TensorDiff {
+            name: r.name.clone(),
+            max_abs: 0.0,
+            outside: 0,
+            len: r.values.len(),
+        };
+        for (index, (&rv, &cv)) in r.values.iter().zip(&c.values).enumerate() {
+            let (rv, cv) = (rv as f64, cv as f64);
+            let diff = (cv - rv).abs();
+            let allowed = tol.param_allowed(rv);
+            if !(diff <= allowed) {
+                t.outside += 1;
+            }
+            if diff > t.max_abs || diff.is_nan() {
+                t.max_abs = diff;
+            }
+            let worse = worst_param
+                .as_ref()
+                .is_none_or(|w| usage(diff, allowed) > usage(w.diff, w.allowed));
+            if worse {
+                worst_param = Some(ParamDiff {
+                    name: r.name.clone(),
+                    index,
+                    reference: rv,
+                    candidate: cv,
+                    diff,
+                    allowed,
+                });
+            }
+        }
+        if t.outside > 0 {
+            failures.push(format!(
+                "{}: {} of {} elements outside tolerance (max |diff| {:.3e})",
+                t.name, t.outside, t.len, t.max_abs
+            ));
+        }
+        tensors.push(t);
+    }
+
+    ConvergenceReport {
+        tolerances: *tol,
+        steps,
+        worst_step,
+        worst_param,
+        tensors,
+        same_start,
+        failures,
+    }
+}
+
+impl std::fmt::Display for ConvergenceReport {
+    /// A short summary: verdict, worst step, worst parameter, failures.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = &self.tolerances;
+        writeln!(
+            f,
+            "{} ({} steps; loss atol {:.0e} rtol {:.0e}, params atol {:.0e} rtol {:.0e}; same start: {})",
+            if self.passed() { "AGREE" } else { "DIFFER" },
+            self.steps.len(),
+            t.loss_atol,
+            t.loss_rtol,
+            t.param_atol,
+            t.param_rtol,
+            if self.same_start { "yes" } else { "NO" }
+        )?;
+        if let Some(s) = self.worst_step {
+            writeln!(
+                f,
+                "  worst loss step {}: {:.7} vs {:.7}, |diff| {:.3e} (allowed {:.3e}); max over steps {:.3e}",
+                s.step,
+                s.candidate,
+                s.reference,
+                s.diff,
+                s.allowed,
+                self.max_loss_diff()
+            )?;
+        }
+        if let Some(p) = &self.worst_param {
+            writeln!(
+                f,
+                "  worst parameter {}[{}]: {:.6e} vs {:.6e}, |diff| {:.3e} (allowed {:.3e}); max over tensors {:.3e}{}",
+                p.name,
+                p.index,
+                p.candidate,
+                p.reference,
+                p.diff,
+                p.allowed,
+                self.max_param_diff(),
+                self.max_param_tensor()
+                    .map(|t| format!(" in {}", t.name))
+                    .unwrap_or_default()
+            )?;
+        }
+        for failure in &self.failures {
+            writeln!(f, "  FAIL {failure}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(losses: &[f64], values: &[f32], fp: u64) -> TrainRun {
+        TrainRun {
+            label: "t".into(),
+            losses: losses.to_vec(),
+            initial_fingerprint: fp,
+            params: vec![NamedParam {
+                name: "w".into(),
+                shape: vec![values.len()],
+                values: values.to_vec(),
+            }],
+            seconds: 0.0,
+        }
+    }
+
+    #[test]
+    fn generator_is_deterministic_and_normal() {
+        let mut a = SplitMix64::new(7);
+        let mut b = SplitMix64::new(7);
+        assert_eq!(a.next_u64(), b.next_u64());
+        let xs: Vec<f64> = (0..20_000).map(|_| a.normal()).collect();
+        let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / xs.len() as f64;
+        assert!(
+            mean.abs() < 0.03 && (var - 1.0).abs() < 0.05,
+            "{mean} {var}"
+        );
+    }
+
+    #[test]
+    fn batches_mask_prompt_and_stay_in_vocab() {
+        let setup = ConvergenceSetup::mini(ModelType::Llama, DType::F32);
+        let batches = setup.token_batches();
+        assert_eq!(batches.len(), setup.batches);
+        let (ids, labels) = &batches[0];
+        assert!(ids.iter().all(|&t| (0..1031).contains(&t)));
+        assert!(
+            labels[..setup.prompt_len]
+                .iter()
+                .all(|&l| l == IGNORE_INDEX)
+        );
+        let ignored = labels.iter().filter(|&&l| l == IGNORE_INDEX).count();
+        assert!(ignored > 2 * setup.prompt_len && ignored < labels.len() / 2);
+        assert_eq!(batches, setup.token_batches());
+    }
+
+    #[test]
+    fn compare_passes_within_and_fails_outside() {
+        let tol = Tolerances::f32();
+        let a = run(&[7.0, 6.0], &[0.1, -0.2], 1);
+        let b = run(&[7.0 + 1e-4, 6.0], &[0.1 + 1e-3, -0.2], 1);
+        let ok = compare(&a, &b, &tol);
+        assert!(ok.passed(), "{ok}");
+        let c = run(&[7.0, 6.01], &[0.1, -0.2], 1);
+        let bad = compare(&a, &c, &tol);
+        assert!(!bad.passed());
+        assert_eq!(bad.worst_step.unwrap().step, 1);
+        let d = run(&[7.0, 6.0], &[0.1, -0.21], 1);
+        let bad = compare(&a, &d, &tol);
+        assert_eq!(bad.worst_param.as_ref().unwrap().index, 1);
+        assert!(!bad.passed());
+        assert!(!compare(&a, &run(&[7.0, 6.0], &[0.1, -0.2], 2), &tol).passed());
+        assert!(!compare(&a, &run(&[7.0, f64::NAN], &[0.1, -0.2], 1), &tol).passed());
+    }
+}
