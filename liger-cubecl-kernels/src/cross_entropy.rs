@@ -23,7 +23,7 @@ use crate::counters::{self, Kernel};
 use crate::launch::{
     KernelError, RowLaunch, SOFTMAX_FORWARD_VECTORS_PER_UNIT, array, check_float_dtype,
 };
-use crate::reduce::{ReduceOp, cube_reduce, vector_max, vector_sum};
+use crate::reduce::{ReduceOp, cube_reduce, shifted_exp, vector_max, vector_sum};
 use cubecl::ir::{ElemType, IntKind};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -153,7 +153,7 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
                 let j = UNIT_POS as usize + c as usize * units as usize;
                 if j < limit {
                     local_sum +=
-                        vector_sum::<N>(Vector::exp(cache[c as usize] - Vector::new(local_max)));
+                        vector_sum::<N>(shifted_exp::<N>(cache[c as usize] - Vector::new(local_max)));
                 }
             }
         } else {
@@ -199,7 +199,7 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
                 }
                 #[unroll]
                 for u in 0..STREAM_UNROLL {
-                    local_sum += vector_sum::<N>(Vector::exp(block[u] - Vector::new(local_max)));
+                    local_sum += vector_sum::<N>(shifted_exp::<N>(block[u] - Vector::new(local_max)));
                 }
                 j0 += stride * STREAM_UNROLL;
             }
@@ -344,7 +344,7 @@ fn grad_value<F: Float, N: Size>(
     #[comptime] smoothed: bool,
     #[comptime] softcapped: bool,
 ) -> Vector<F, N> {
-    let p = Vector::exp(z - Vector::new(lse));
+    let p = shifted_exp::<N>(z - Vector::new(lse));
     let mut g = p * Vector::new(coef_p);
     if smoothed {
         if weighted {

@@ -90,3 +90,15 @@ pub fn vector_max<N: Size>(v: Vector<f32, N>) -> f32 {
     }
     m
 }
+
+/// `exp(x)` for the shifted exponents of softmax-style rows (`x = z - max ≤ 0`, or
+/// `z - lse ≤ 0`), through the hardware's `exp2` approximation (`__expf` on CUDA):
+/// relative error under 2⁻²¹ over that range, far below the f32 tolerances, where the
+/// precise `expf` costs about ten instructions per element and made the cross-entropy
+/// kernel issue-bound on the H200 (ncu: 0.79 issued warps per scheduler-cycle, DRAM at
+/// 52%). Liger-Kernel's Triton `tl.exp` compiles to the same instruction. No `NaN` or
+/// infinity reaches it: rows are finite, and padding uses `f32::MIN`, not `-∞`.
+#[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+pub fn shifted_exp<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
+    Vector::exp(x)
+}

@@ -10,7 +10,7 @@ use crate::launch::{
     FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, SOFTMAX_FORWARD_VECTORS_PER_UNIT, array,
     check_float_dtype,
 };
-use crate::reduce::{ReduceOp, cube_reduce, vector_max, vector_sum};
+use crate::reduce::{ReduceOp, cube_reduce, shifted_exp, vector_max, vector_sum};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -51,7 +51,7 @@ fn softmax_forward_kernel<F: Float, N: Size>(
             for c in 0..cached_chunks {
                 let j = UNIT_POS as usize + c as usize * units as usize;
                 if j < vectors {
-                    let e = Vector::exp(cache[c as usize] - Vector::new(local_max));
+                    let e = shifted_exp::<N>(cache[c as usize] - Vector::new(local_max));
                     local_sum += vector_sum::<N>(e);
                     if !log {
                         cache[c as usize] = e;
@@ -117,7 +117,7 @@ fn online_update<N: Size>(v: Vector<f32, N>, local_max: &mut f32, local_sum: &mu
         *local_sum *= f32::exp(*local_max - vmax);
         *local_max = vmax;
     }
-    *local_sum += vector_sum::<N>(Vector::exp(v - Vector::new(*local_max)));
+    *local_sum += vector_sum::<N>(shifted_exp::<N>(v - Vector::new(*local_max)));
 }
 
 #[cube]
@@ -130,7 +130,7 @@ fn softmax_value<F: Float, N: Size>(
     if log {
         Vector::<F, N>::cast_from(v - Vector::new(shift))
     } else {
-        Vector::<F, N>::cast_from(Vector::exp(v - Vector::new(shift)) * Vector::new(inv))
+        Vector::<F, N>::cast_from(shifted_exp::<N>(v - Vector::new(shift)) * Vector::new(inv))
     }
 }
 
