@@ -10,7 +10,7 @@
 //! gradient logits (each may be a flushed subnormal).
 //!
 //! At f32 on a device whose f32 matmul is TF32 (Burn's CUDA backend on tensor cores),
-//! detected from the backend's own `x·Wᵀ` at the case's shape, every result is compared
+//! detected from the backend's own products at the case's shapes, every result is compared
 //! norm-wise instead (`‖out − ref‖ / ‖ref‖ ≤ 1e-3`): the op is defined on the backend's
 //! matmul and inherits its precision.
 
@@ -198,25 +198,54 @@ const TF32_DETECT: f64 = 1e-5;
 /// product (near 3e-4) with room for the two products a gradient goes through.
 const TF32_NORMWISE: f64 = 1e-3;
 
-/// Norm-wise relative error of the backend's own `x·Wᵀ` (`x: [n, h]`, `w: [v, h]`)
-/// against the f64 product of the values the device holds.
+/// Largest norm-wise relative error of the backend's own products at the op's three
+/// shapes (`x·Wᵀ`, `G·W`, `Gᵀ·x`, as `compose::linear_cross_entropy` calls them; `G` a
+/// random `[n, v]` matrix) against f64 on the values the device holds. Burn picks the
+/// matmul kernel per shape (TF32 tensor cores or exact f32 units), so every shape is probed.
 fn matmul_error<B: FusedOps>(
     x: &Tensor<B, 2>,
     w: &Tensor<B, 2>,
     xr: &[f64],
     wr: &[f64],
     (n, h, v): (usize, usize, usize),
+    rng: &mut Rng,
 ) -> f64 {
-    let actual = to_f64(x.clone().matmul(w.clone().transpose()));
-    let (mut diff, mut norm) = (0.0, 0.0);
-    for i in 0..n {
-        for c in 0..v {
-            let e: f64 = (0..h).map(|k| xr[i * h + k] * wr[c * h + k]).sum();
-            diff += (actual[i * v + c] - e).powi(2);
-            norm += e * e;
+    let (g, gr) = input::<B>(
+        rng.vec(n * v, -1.0, 1.0, 0.0),
+        vec![n, v],
+        DType::F32,
+        &x.device(),
+    );
+    // a: [m, k] row-major, b_at(k_idx, col) reads the right operand.
+    let rel = |actual: Vec<f64>,
+               m: usize,
+               k: usize,
+               cols: usize,
+               a: &dyn Fn(usize, usize) -> f64,
+               b: &dyn Fn(usize, usize) -> f64| {
+        let (mut diff, mut norm) = (0.0, 0.0);
+        for i in 0..m {
+            for c in 0..cols {
+                let e: f64 = (0..k).map(|t| a(i, t) * b(t, c)).sum();
+                diff += (actual[i * cols + c] - e).powi(2);
+                norm += e * e;
+            }
         }
-    }
-    (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
+        (diff / f64::max(norm, f64::MIN_POSITIVE)).sqrt()
+    };
+    let logits = to_f64(x.clone().matmul(w.clone().transpose()));
+    let grad_x = to_f64(g.clone().matmul(w.clone()));
+    let grad_w = to_f64(g.transpose().matmul(x.clone()));
+    let e_logits = rel(logits, n, h, v, &|i, t| xr[i * h + t], &|t, c| {
+        wr[c * h + t]
+    });
+    let e_grad_x = rel(grad_x, n, v, h, &|i, t| gr[i * v + t], &|t, c| {
+        wr[t * h + c]
+    });
+    let e_grad_w = rel(grad_w, v, n, h, &|i, t| gr[t * v + i], &|t, c| {
+        xr[t * h + c]
+    });
+    e_logits.max(e_grad_x).max(e_grad_w)
 }
 
 /// Restores the automatic chunk size when dropped (also on panic).
@@ -292,9 +321,10 @@ pub(crate) fn run<B: FusedOps>(
     );
 
     // The op is defined on the backend's matmul. Where that runs at reduced precision
-    // at f32 (TF32 tensor cores), every result inherits its error: compare norm-wise.
+    // at f32 (TF32 tensor cores) at any of the op's shapes, every result inherits its
+    // error: compare norm-wise.
     let reduced_matmul = (dtype == DType::F32)
-        .then(|| matmul_error(&x, &w, &xr, &wr, (n, h, v)))
+        .then(|| matmul_error(&x, &w, &xr, &wr, (n, h, v), rng))
         .filter(|&err| err > TF32_DETECT)
         .is_some();
 

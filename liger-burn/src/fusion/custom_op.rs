@@ -1,0 +1,82 @@
+//! The one piece every fused primitive shares in the fusion stream: a custom operation
+//! (`CustomOpIr`) that, when the stream reaches it, runs `B`'s fused primitive on the
+//! handles of its declared inputs and registers the results as its declared outputs.
+
+use burn::tensor::{DType, Shape};
+use burn_fusion::stream::{Operation, OperationStreams};
+use burn_fusion::{FusionBackend, FusionRuntime, FusionTensor};
+use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
+use core::fmt::Debug;
+use core::marker::PhantomData;
+
+/// The handles of a running custom operation.
+pub(crate) type Handles<B> =
+    HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
+
+/// What a custom operation runs: `B`'s primitive on the inputs it declared (in order),
+/// returning its float outputs in declaration order.
+pub(crate) trait CustomKernel<B: FusionBackend>: Clone + Debug + Send + Sync + 'static {
+    fn run(&self, inputs: &[TensorIr], handles: &mut Handles<B>) -> Vec<B::FloatTensorPrimitive>;
+}
+
+/// The float tensors of `inputs`, in order (for kernels whose inputs are all float).
+pub(crate) fn float_inputs<B: FusionBackend>(
+    inputs: &[TensorIr],
+    handles: &mut Handles<B>,
+) -> std::vec::IntoIter<B::FloatTensorPrimitive> {
+    inputs
+        .iter()
+        .map(|t| handles.get_float_tensor::<B>(t))
+        .collect::<Vec<_>>()
+        .into_iter()
+}
+
+#[derive(Clone, Debug)]
+struct CustomOp<B, K> {
+    desc: CustomOpIr,
+    kernel: K,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend, K: CustomKernel<B>> Operation<B::FusionRuntime> for CustomOp<B, K> {
+    fn execute(&self, handles: &mut Handles<B>) {
+        let outputs = self.kernel.run(&self.desc.inputs, handles);
+        assert_eq!(
+            outputs.len(),
+            self.desc.outputs.len(),
+            "custom op {}: the kernel returned another number of outputs than declared",
+            self.desc.id
+        );
+        for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
+            handles.register_float_tensor::<B>(&ir.id, tensor);
+        }
+    }
+}
+
+/// Registers `kernel` as the custom operation `id` on `inputs` (validated by the caller,
+/// eagerly: the stream runs later); returns its outputs, of the given shapes and dtypes,
+/// in order.
+pub(crate) fn register<B: FusionBackend, K: CustomKernel<B>>(
+    id: &'static str,
+    inputs: Vec<FusionTensor<B::FusionRuntime>>,
+    outputs: &[(Shape, DType)],
+    kernel: K,
+) -> Vec<FusionTensor<B::FusionRuntime>> {
+    let client = inputs[0].client.clone();
+    let streams = OperationStreams::with_inputs(inputs.iter());
+    let outputs = outputs
+        .iter()
+        .map(|(shape, dtype)| TensorIr::uninit(client.create_empty_handle(), shape.clone(), *dtype))
+        .collect::<Vec<_>>();
+    let inputs = inputs.into_iter().map(|t| t.into_ir()).collect::<Vec<_>>();
+    let desc = CustomOpIr::new(id, &inputs, &outputs);
+    client.register(
+        streams,
+        OperationIr::Custom(desc.clone()),
+        CustomOp::<B, K> {
+            desc,
+            kernel,
+            _backend: PhantomData,
+        },
+    )
+}
