@@ -13,20 +13,10 @@ use liger_train::batching::{
 use liger_train::bundled;
 use liger_train::data::{self, BadLinePolicy, DataOptions, Row, TooLongPolicy, parse_jsonl};
 use liger_train::prompt::{Tokenized, tokenize_row};
-use liger_train::tokenizer::{SpecialIds, TextTokenizer};
 use liger_train::{LineError, TrainError};
 use std::str::FromStr;
 
 const FILE: &str = "data/train.jsonl";
-
-fn tokenizer() -> TextTokenizer {
-    TextTokenizer::from_json(
-        bundled::TOKENIZER.to_string(),
-        bundled::TOKENIZER_NAME,
-        SpecialIds::default(),
-    )
-    .unwrap()
-}
 
 const WORDS: [&str; 16] = [
     "apple",
@@ -192,7 +182,7 @@ fn every_bad_line_is_reported_with_file_and_line_under_both_policies() {
         assert_eq!(got, expected, "{ctx}: the valid rows, with their lines");
 
         // `prepare` applies the same policy before anything is tokenized.
-        let tok = tokenizer();
+        let tok = bundled::tokenizer();
         let opts = |on_bad_line| DataOptions {
             max_length: 4096,
             on_bad_line,
@@ -221,7 +211,7 @@ fn every_bad_line_is_reported_with_file_and_line_under_both_policies() {
 
 #[test]
 fn a_file_with_no_usable_row_is_an_error_naming_it() {
-    let tok = tokenizer();
+    let tok = bundled::tokenizer();
     let opts = DataOptions {
         max_length: 64,
         on_bad_line: BadLinePolicy::Skip,
@@ -256,7 +246,7 @@ fn expected_prompt(instruction: &str, input: Option<&str>) -> String {
 fn exactly_the_response_and_eos_are_trained() {
     let mut rng = Rng::from_env();
     let seed = rng.seed();
-    let tok = tokenizer();
+    let tok = bundled::tokenizer();
     // An independent tokenizer instance from the same JSON, used directly.
     let hf = tokenizers::Tokenizer::from_str(bundled::TOKENIZER).unwrap();
     let enc = |s: &str| -> Vec<u32> {
@@ -312,7 +302,7 @@ fn exactly_the_response_and_eos_are_trained() {
 fn too_long_examples_follow_the_policy_with_their_line() {
     let mut rng = Rng::from_env();
     let seed = rng.seed();
-    let tok = tokenizer();
+    let tok = bundled::tokenizer();
     let short = r#"{"instruction": "Add.", "input": "1 + 2", "output": "3"}"#;
     let long_output = format!(
         r#"{{"instruction": "Copy.", "output": "{}"}}"#,
@@ -638,7 +628,7 @@ fn the_order_depends_only_on_seed_and_epoch_and_resumes_mid_epoch() {
 
 #[test]
 fn the_bundled_data_prepares_cleanly() {
-    let tok = tokenizer();
+    let tok = bundled::tokenizer();
     let d = data::prepare(
         bundled::DATASET,
         bundled::DATASET_NAME,

@@ -24,7 +24,7 @@ use liger_train::clipping::{CLIP_EPS, clip_global_norm, global_grad_norm};
 use liger_train::data::{self, BadLinePolicy, DataOptions, Dataset, TooLongPolicy};
 use liger_train::metrics::TrainSummary;
 use liger_train::schedule::LrSchedule;
-use liger_train::tokenizer::{SpecialIds, TextTokenizer};
+use liger_train::tokenizer::TextTokenizer;
 use liger_train::trainer::{self, Resume, Run, TrainConfig};
 use liger_train::{TrainError, bundled};
 use std::path::{Path, PathBuf};
@@ -53,15 +53,6 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn tokenizer() -> TextTokenizer {
-    TextTokenizer::from_json(
-        bundled::TOKENIZER.to_string(),
-        bundled::TOKENIZER_NAME,
-        SpecialIds::default(),
-    )
-    .unwrap()
 }
 
 /// The first `rows` rows of the bundled dataset, tokenized.
@@ -195,7 +186,7 @@ fn resumed_training_repeats_the_uninterrupted_run() {
         fn visit<X: FusedOps>(&mut self, label: &str, device: &X::Device) {
             type B<X> = Liger<burn::backend::Autodiff<X>>;
             let seed = self.rng.next_u64() >> 1;
-            let tok = tokenizer();
+            let tok = bundled::tokenizer();
             let data = dataset(&tok, 60, 64);
             let mut config = train_config(seed, 6, 3);
             config.layout = if self.rng.below(2) == 0 {
@@ -301,7 +292,7 @@ fn a_checkpoint_round_trip_continues_identically() {
         fn visit<X: FusedOps>(&mut self, label: &str, device: &X::Device) {
             type B<X> = Liger<burn::backend::Autodiff<X>>;
             let seed = self.rng.next_u64() >> 1;
-            let tok = tokenizer();
+            let tok = bundled::tokenizer();
             let data = dataset(&tok, 40, 64);
             let config = train_config(seed, 10, 0);
             let batches = epoch_batches(&data.examples, seed, 0, Layout::Pad, 4, 64, 0);
@@ -424,7 +415,7 @@ fn the_loss_falls_in_a_short_run() {
         fn visit<X: FusedOps>(&mut self, label: &str, device: &X::Device) {
             type B<X> = Liger<burn::backend::Autodiff<X>>;
             let seed = self.rng.next_u64() >> 1;
-            let tok = tokenizer();
+            let tok = bundled::tokenizer();
             let data = dataset(&tok, 400, 64);
             let mut config = train_config(seed, 40, 0);
             config.batch_size = 8;
@@ -478,7 +469,7 @@ fn a_non_finite_loss_stops_and_keeps_the_last_good_state() {
     type B = Liger<burn::backend::Autodiff<burn::backend::NdArray>>;
     let mut rng = Rng::from_env();
     let seed = rng.next_u64() >> 1;
-    let tok = tokenizer();
+    let tok = bundled::tokenizer();
     let data = dataset(&tok, 40, 64);
     let mut config = train_config(seed, 20, 0);
     // An absurd learning rate overflows the weights within a few steps.

@@ -275,13 +275,7 @@ fn load_tokenizer(args: &TrainArgs) -> Result<TextTokenizer> {
             }
             p
         }
-        (None, None) => {
-            return Ok(TextTokenizer::from_json(
-                bundled::TOKENIZER.to_string(),
-                bundled::TOKENIZER_NAME,
-                ids,
-            )?);
-        }
+        (None, None) => return Ok(bundled::tokenizer()),
     };
     Ok(TextTokenizer::from_file(&path, ids)?)
 }

@@ -17,6 +17,8 @@
 //! The order is a function of `(seed, epoch)` only ([`shuffled_order`]), so a resumed run
 //! sees the same micro-batches as an uninterrupted one.
 
+// The order must never depend on a library's version: a fully specified generator.
+use crate::convergence::SplitMix64;
 use crate::prompt::Tokenized;
 use liger_models::IGNORE_INDEX;
 
@@ -60,38 +62,12 @@ impl Batch {
     }
 }
 
-/// SplitMix64: a small, fully specified generator (the order must never depend on a
-/// library's version).
-#[derive(Clone, Debug)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`; the modulo bias is below 2^-40 for any dataset size).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
-
 /// The example order of `epoch`: a Fisher-Yates shuffle of `0..n` seeded by `(seed, epoch)`.
 pub fn shuffled_order(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
     let mut rng = SplitMix64::new(seed ^ (epoch as u64).wrapping_mul(0xd1b5_4a32_d192_ed03));
     let mut order: Vec<usize> = (0..n).collect();
     for i in (1..n).rev() {
-        order.swap(i, rng.below(i + 1));
+        order.swap(i, rng.below(i as u64 + 1) as usize);
     }
     order
 }

@@ -3,6 +3,7 @@
 //! `train/data/make_bundled.py` (public domain by construction, see train/data/README.md),
 //! embedded so the command works from any directory.
 
+use crate::tokenizer::{SpecialIds, TextTokenizer};
 use liger_models::{ModelConfig, ModelType, RopeScaling};
 
 /// `train/data/dataset.jsonl`: 3000 rows of arithmetic, reversal, counting, copying,
@@ -14,6 +15,12 @@ pub const DATASET_NAME: &str = "bundled dataset.jsonl";
 pub const TOKENIZER: &str = include_str!("../data/tokenizer.json");
 /// The name the bundled tokenizer goes by in messages.
 pub const TOKENIZER_NAME: &str = "bundled tokenizer.json";
+
+/// The bundled tokenizer, parsed (`<bos>` 1, `<eos>` 2, `<pad>` 0).
+pub fn tokenizer() -> TextTokenizer {
+    TextTokenizer::from_json(TOKENIZER.to_string(), TOKENIZER_NAME, SpecialIds::default())
+        .expect("the bundled tokenizer.json parses and has <eos>")
+}
 
 /// The default model: Llama-style, hidden 128, 2 layers, 4 query heads of 32 with 2
 /// key/value heads (grouped-query attention), SwiGLU MLP of 384, tied embeddings,
