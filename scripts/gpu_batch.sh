@@ -5,7 +5,11 @@
 # binary (built with `--features cuda`) at .gpu/liger and the commit hash in .gpu/commit.
 # Writes logs and CSVs under $OUT.
 #
-#   usage: scripts/gpu_batch.sh [check] [bench] [ce] [flce] [vulkan]
+#   usage: scripts/gpu_batch.sh [check] [bench] [ce] [flce] [vulkan] [converge] [e2e-llama] [e2e-qwen]
+#
+# e2e-llama / e2e-qwen: `liger bench --e2e` for one model each (one device call each);
+# E2E_SEQ (default 1024,2048,4096,8192,16384), E2E_TIMEOUT (per case, default 240 s),
+# E2E_BATCH (default 1) and E2E_LAYERS (default: the preset's) override the flags.
 set -u
 OUT=${OUT:-/tmp/liger-out}
 mkdir -p "$OUT"
@@ -49,6 +53,27 @@ for step in $steps; do
         --shape 2048x4096x128256,4096x4096x128256,8192x4096x128256,16384x4096x128256,32768x4096x128256 \
         --csv "$OUT/bench_flce.csv" >"$OUT/bench_flce.log" 2>&1 || status=1
       tail -n 24 "$OUT/bench_flce.log"
+      ;;
+    converge)
+      # Liger on vs off trained from the same start (mini Llama, Qwen2, Qwen3, Mistral;
+      # 32 AdamW steps each), f32 then bf16; exit 1 when a model's runs disagree.
+      for dtype in f32 bf16; do
+        timeout 270 $BIN converge --device cuda --dtype "$dtype" --models llama,qwen2,qwen3,mistral \
+          >"$OUT/converge_cuda_$dtype.log" 2>&1 || status=1
+        grep -E "^mini-|AGREE|DIFFER|worst|FAIL|loss drop|converge:" "$OUT/converge_cuda_$dtype.log"
+      done
+      ;;
+    e2e-llama|e2e-qwen)
+      # Whole training steps, liger on vs off, over sequence lengths; each case in its
+      # own process. --e2e-budget stops starting cases in time for the table and summary
+      # to print inside one device call; rows are appended to the CSV as cases finish.
+      if [ "$step" = e2e-llama ]; then model=llama3.2-1b; else model=qwen2.5-1.5b; fi
+      layers=${E2E_LAYERS:+--e2e-layers $E2E_LAYERS}
+      timeout 585 $BIN bench --e2e --device cuda --dtype bf16 --e2e-models "$model" \
+        --e2e-seq "${E2E_SEQ:-1024,2048,4096,8192,16384}" --e2e-batch "${E2E_BATCH:-1}" \
+        --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget 550 $layers \
+        --csv "$OUT/bench_e2e.csv" >"$OUT/bench_e2e_$model.log" 2>&1 || status=1
+      tail -n 30 "$OUT/bench_e2e_$model.log"
       ;;
     vulkan)
       for f in .gl/*.deb; do dpkg -x "$f" /; done

@@ -51,7 +51,8 @@ pub fn field(s: &str) -> String {
     }
 }
 
-fn number(x: f64) -> String {
+/// A number field: up to 6 decimals, trailing zeros trimmed; empty when not finite.
+pub fn number(x: f64) -> String {
     if x.is_finite() {
         // Enough digits for sub-microsecond times in ms and for GB/s.
         let s = format!("{x:.6}");
@@ -89,21 +90,35 @@ impl Row {
 
 /// Appends `rows` to `path`, writing the header first when the file is new or empty.
 pub fn append(path: &Path, rows: &[Row], run: &RunInfo) -> Result<()> {
-    let new = std::fs::metadata(path)
-        .map(|m| m.len() == 0)
-        .unwrap_or(true);
+    let lines: Vec<String> = rows.iter().map(|row| row.line(run)).collect();
+    append_lines(path, HEADER, &lines)
+}
+
+/// Appends CSV `lines` to `path`, writing `header` first when the file is new or empty;
+/// refuses a file that starts with another header (rows of another layout).
+pub fn append_lines(path: &Path, header: &str, lines: &[String]) -> Result<()> {
+    let existing = std::fs::read_to_string(path).unwrap_or_default();
+    if let Some(first) = existing.lines().next()
+        && first != header
+    {
+        anyhow::bail!(
+            "{} holds CSV rows of another layout (header `{first}`, expected `{header}`); \
+             write to another file",
+            path.display()
+        );
+    }
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
         .with_context(|| format!("opening {}", path.display()))?;
     let mut out = String::new();
-    if new {
-        out.push_str(HEADER);
+    if existing.is_empty() {
+        out.push_str(header);
         out.push('\n');
     }
-    for row in rows {
-        out.push_str(&row.line(run));
+    for line in lines {
+        out.push_str(line);
         out.push('\n');
     }
     file.write_all(out.as_bytes())

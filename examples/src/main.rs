@@ -7,6 +7,10 @@
 //!   as a table and as CSV rows.
 //! - `liger eval`: per-token next-token losses of a Hugging Face checkpoint (Llama,
 //!   Qwen2, Qwen3, Mistral) through liger-models, as JSON.
+//! - `liger converge`: mini models trained with the fused kernels on and off from the
+//!   same start; per-step losses and final parameters compared.
+//! - `liger bench --e2e`: whole training steps of 1B-class models, liger on and off,
+//!   over sequence lengths (tokens/s, peak memory, longest sequence that fits).
 //!
 //! Exit codes: 0 success, 1 a conformance case failed, 2 the device or dtype is not
 //! available (or another error).
@@ -26,6 +30,7 @@
 mod bench;
 mod ceiling;
 mod check;
+mod converge;
 mod csv;
 mod device;
 mod dtype;
@@ -89,6 +94,22 @@ enum Command {
     ///          --dtype bf16 --batch-size 4 --grad-accum 8 --packing --max-length 2048
     #[command(verbatim_doc_comment)]
     Train(train::TrainArgs),
+    /// Convergence of training with the fused kernels against stock Burn (like
+    /// Liger-Kernel's mini-model convergence tests).
+    ///
+    /// Each mini model (vocabulary 1031, hidden 64, 2 layers, 4/2 GQA heads) is trained
+    /// twice from the same seeded parameters on the same random token batches (masked
+    /// prompts and random -100 labels) with AdamW: liger off (Autodiff<B>, every kernel
+    /// switch off) and liger on (Liger<Autodiff<B>>, every kernel on). Prints each step's
+    /// two losses and their difference, the worst parameter difference and its tensor.
+    ///
+    /// Exit 0 when every model's per-step losses and final parameters agree within the
+    /// tolerances (|on - off| <= atol + rtol*|off|) and its loss fell; 1 otherwise; 2 when
+    /// the device or dtype is not available.
+    ///
+    /// Example: liger converge --device cuda --dtype bf16 --models llama,qwen2,qwen3,mistral
+    #[command(verbatim_doc_comment)]
+    Converge(ConvergeArgs),
 }
 
 /// Which cross-unit reduction the kernels use (CubeCL devices only).
@@ -188,6 +209,65 @@ pub struct BenchArgs {
     /// Reduction path of the fused kernels.
     #[arg(long, value_enum, default_value_t = ReductionArg::Auto)]
     pub reduction: ReductionArg,
+    /// End-to-end training steps instead of single ops: for each --e2e-models model
+    /// (random weights), each --e2e-seq length and liger off / on, time
+    /// forward + loss + backward + AdamW step (synchronized) and read the peak pool memory;
+    /// print tokens/s, step time (p50), peak memory, the longest sequence each mode fits
+    /// and the on/off ratios. Each case runs in a child process of this binary, so an
+    /// out-of-memory abort or a hang is recorded (oom / error / timeout) and the run goes
+    /// on; once a mode fails at a length, its longer lengths are skipped. With --csv,
+    /// rows go to their own layout (model,seq,batch,liger,status,tokens_per_s,step_ms,
+    /// peak_mib,in_use_mib,config,gpu,commit,date): use another file than the op rows.
+    /// Uses --device, --dtype (bf16 by default; f32 on lavapipe), --reduction, --csv,
+    /// --gpu, --commit; ignores --op, --shape and the op timing flags.
+    #[arg(long)]
+    pub e2e: bool,
+    /// --e2e: models, comma list: llama3.2-1b, qwen2.5-1.5b (the 1B-class shapes),
+    /// tiny-llama, tiny-qwen3 (tiny models for a CPU check of the harness).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "llama3.2-1b,qwen2.5-1.5b",
+        value_name = "MODEL"
+    )]
+    pub e2e_models: Vec<bench::e2e::E2eModel>,
+    /// --e2e: sequence lengths (tokens per sequence), comma list, run in ascending order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1024,2048,4096,8192,16384",
+        value_name = "SEQ"
+    )]
+    pub e2e_seq: Vec<usize>,
+    /// --e2e: sequences per step (the same for every length).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub e2e_batch: usize,
+    /// --e2e: untimed steps first in each case (JIT compilation, autotune, pool growth).
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub e2e_warmup: usize,
+    /// --e2e: timed steps per case (tokens/s and step time from their median); one more
+    /// step after them reads the memory.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub e2e_steps: usize,
+    /// --e2e: seconds a case may take, model building and warmup included, before its
+    /// process is killed and the case recorded as `timeout`.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub e2e_timeout: u64,
+    /// --e2e: seconds for the whole run: no case starts once less than 30 s of it is
+    /// left (those cases are recorded as `skipped`), and a case's time limit is cut to
+    /// what is left, so the table and summary still print within an outer time limit.
+    /// Unlimited when absent.
+    #[arg(long, value_name = "SECONDS")]
+    pub e2e_budget: Option<u64>,
+    /// --e2e: decoder layers of every model instead of the preset's (e.g. to fit a time
+    /// limit; the per-layer shapes are kept).
+    #[arg(long, value_name = "N")]
+    pub e2e_layers: Option<usize>,
+    /// Internal: run one --e2e case (MODEL:SEQ:BATCH:on|off) in this process and print
+    /// its result line.
+    #[arg(long, hide = true, value_name = "CASE")]
+    pub e2e_case: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -216,6 +296,60 @@ pub struct EvalArgs {
     pub batch_size: usize,
 }
 
+#[derive(Args, Debug)]
+pub struct ConvergeArgs {
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Dtype of the parameters and activations. Default tolerances: f32 = Liger-Kernel's
+    /// f32 ones (loss atol 1e-8 rtol 2e-5, parameters atol 5e-3 rtol 1e-5); bf16 and f16 =
+    /// its bf16 ones (loss atol 1e-3 rtol 1e-2, parameters atol 1e-2 rtol 1e-2). Note: on
+    /// CUDA, Burn runs f32 matmuls in TF32, where the fused linear cross entropy's chunked
+    /// matmuls and the stock full one round differently; widen with the flags below if
+    /// f32 there differs by ~1e-3.
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+    /// Mini models to train (comma list): llama, qwen2, qwen3, mistral.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "llama,qwen3",
+        value_name = "MODEL"
+    )]
+    pub models: Vec<converge::MiniModel>,
+    /// AdamW steps per run (one batch each; 4 distinct batches, cycled). The loss must
+    /// fall by 0.5 from the first pass over the batches to the last (32 steps at the
+    /// default lr do, with a margin; 8 do not).
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub steps: usize,
+    /// AdamW learning rate (constant; weight decay 0.01).
+    #[arg(long, default_value_t = 2e-3, value_name = "LR")]
+    pub lr: f64,
+    /// Seed of the initial parameters (drawn on the host, the same on every device) and
+    /// of the token batches.
+    #[arg(long, default_value_t = 42, value_name = "N")]
+    pub seed: u64,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub batch_size: usize,
+    /// Tokens per sequence (the first 6 of each are a masked prompt).
+    #[arg(long, default_value_t = 48, value_name = "N")]
+    pub seq_len: usize,
+    /// Loss tolerance, absolute (default: the dtype's).
+    #[arg(long, value_name = "X")]
+    pub loss_atol: Option<f64>,
+    /// Loss tolerance, relative to the liger-off loss (default: the dtype's).
+    #[arg(long, value_name = "X")]
+    pub loss_rtol: Option<f64>,
+    /// Final-parameter tolerance per element, absolute (default: the dtype's).
+    #[arg(long, value_name = "X")]
+    pub param_atol: Option<f64>,
+    /// Final-parameter tolerance per element, relative (default: the dtype's).
+    #[arg(long, value_name = "X")]
+    pub param_rtol: Option<f64>,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -223,6 +357,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Eval(args) => eval::run(args),
         Command::Train(args) => train::run(args),
+        Command::Converge(args) => converge::run(args),
     };
     match result {
         Ok(code) => code,

@@ -20,7 +20,11 @@
 //! rotation is several times an L2 cache), so consecutive iterations never share an
 //! input: repeated runs would otherwise measure the cache, and Burn's fusion could fuse
 //! the shared reads of consecutive iterations into one kernel.
+//!
+//! `--e2e` benchmarks whole training steps of 1B-class models instead: see [`e2e`].
 
+pub mod e2e;
+mod e2e_case;
 mod ops;
 
 pub use ops::{BenchOp, Shape};
@@ -52,6 +56,9 @@ const HOLD_BYTES: usize = 4 << 30;
 
 /// Runs `liger bench`.
 pub fn run(args: BenchArgs) -> Result<ExitCode> {
+    if args.e2e || args.e2e_case.is_some() {
+        return e2e::run(args);
+    }
     if args.reduction == crate::ReductionArg::Both {
         bail!("--reduction both is for `liger check`; bench takes auto, plane or shared");
     }
