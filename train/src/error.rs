@@ -85,7 +85,7 @@ impl LineError {
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     /// A bad data line under `--on-bad-line fail` or `--on-too-long fail`.
-    #[error("{0}")]
+    #[error(transparent)]
     Data(#[from] LineError),
     /// Nothing to train on after the policies were applied.
     #[error("{source_name}: no usable example ({detail})")]

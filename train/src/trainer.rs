@@ -8,9 +8,10 @@
 //!
 //! Determinism: the data order is a function of the seed ([`crate::batching`]), the model
 //! is initialized from it ([`random_model`]), and every parameter is made contiguous
-//! before the first step ([`contiguous_params`]) so a model read back from a checkpoint
-//! has the same memory layout, hence the same matmul summation order, as the one that
-//! kept training. A resumed run therefore repeats the uninterrupted one's losses.
+//! before the first step and after each update ([`contiguous_params`]) so a model read
+//! back from a checkpoint has the same memory layout, hence the same matmul summation
+//! order, as the one that kept training. A resumed run therefore repeats the
+//! uninterrupted one's losses (bit for bit on NdArray and lavapipe).
 
 use crate::batching::{Batch, BatchStream, Cursor, Layout, epoch_batches};
 use crate::checkpoint::{self, DataInfo, STATE_FORMAT, TrainerState};
@@ -24,7 +25,7 @@ use burn::module::{AutodiffModule, Module, ModuleMapper, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::record::AdaptorRecord;
 use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 use hashbrown::HashMap;
 use liger_burn::ops::FusedOps;
@@ -143,19 +144,25 @@ pub fn random_model<B: FusedOps>(
     CausalLm::init(config, liger, dtype, device)
 }
 
-/// Every float parameter re-created contiguous from its values (same id, dtype, device).
-/// Parameters built as transposed views (linear weights in Hugging Face's `[out, in]`
-/// storage) and parameters produced by optimizer updates can have different layouts,
-/// and matmuls sum in a layout-dependent order; making both contiguous makes a model read
-/// from a checkpoint compute exactly as the one that was saved.
-pub fn contiguous_params<B: Backend, M: Module<B>>(module: M) -> M {
+/// Every float parameter copied on the device into a fresh contiguous buffer (same id,
+/// values, dtype). Parameters built as transposed views (linear weights keep Hugging
+/// Face's `[out, in]` storage) and parameters written in place by a fused optimizer update
+/// (which takes the layout of the buffer it reuses) have other strides than a parameter
+/// read back from a checkpoint, and matmuls sum in a layout-dependent order. Applied
+/// before the first step and after every update, so a resumed run computes exactly as the
+/// uninterrupted one (an extra copy of the parameters per step).
+pub fn contiguous_params<B: AutodiffBackend, M: Module<B>>(module: M) -> M {
     struct Contiguous;
-    impl<B: Backend> ModuleMapper<B> for Contiguous {
+    impl<B: AutodiffBackend> ModuleMapper<B> for Contiguous {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
             let (id, tensor, mapper) = param.consume();
-            let (device, dtype) = (tensor.device(), tensor.dtype());
             let grad = tensor.is_require_grad();
-            let mut t = Tensor::from_data(tensor.into_data(), (&device, dtype));
+            let inner = tensor.inner();
+            let dims = inner.dims();
+            let ranges: [std::ops::Range<usize>; D] = std::array::from_fn(|i| 0..dims[i]);
+            // `slice_assign` writes into the new zero buffer: its layout, the values copied.
+            let copy = inner.zeros_like().slice_assign(ranges, inner);
+            let mut t = Tensor::from_inner(copy);
             if grad {
                 t = t.require_grad();
             }
@@ -424,7 +431,13 @@ where
         }
         // Handles on the pre-step state (no copy) so a panicking update can still save it.
         let (backup_model, backup_optim) = (model.clone(), optim.to_record());
-        match catch_unwind(AssertUnwindSafe(|| optim.step(lr, model, grads))) {
+        // Contiguous parameters, materialized by the sync, are what a resumed run starts
+        // from: the next step then computes (and fuses) the same operations in both.
+        match catch_unwind(AssertUnwindSafe(|| {
+            let model = contiguous_params(optim.step(lr, model, grads));
+            B::sync(&device).expect("device synchronization after the optimizer step");
+            model
+        })) {
             Ok(m) => model = m,
             Err(p) => {
                 let message = panic_text(p.as_ref());
