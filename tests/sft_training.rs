@@ -510,6 +510,55 @@ fn a_non_finite_loss_stops_and_keeps_the_last_good_state() {
 }
 
 #[test]
+fn a_panicking_step_stops_and_keeps_the_last_good_state() {
+    use liger_train::batching::shuffled_order;
+    use liger_train::prompt::Tokenized;
+    type B = Liger<burn::backend::Autodiff<burn::backend::NdArray>>;
+    let mut rng = Rng::from_env();
+    let seed = rng.next_u64() >> 1;
+    let tok = bundled::tokenizer();
+    let mut data = dataset(&tok, 12, 64);
+    // The example of the third step gets a token id outside the vocabulary: the embedding
+    // lookup panics (NdArray checks its indices) in the middle of the run.
+    let bad_step = 2 + rng.below(3);
+    let order = shuffled_order(data.examples.len(), seed, 0);
+    let ex: &mut Tokenized = &mut data.examples[order[bad_step - 1]];
+    ex.input_ids[1] = 5000;
+    let mut config = train_config(seed, 8, 0);
+    config.batch_size = 1;
+    let out = TempDir::new("panic");
+    let device = Default::default();
+    let model = trainer::random_model::<B>(
+        &model_config(),
+        LigerConfig::all(),
+        DType::F32,
+        &device,
+        seed,
+    );
+    match run(model, &data, &tok, config, &out.0, None) {
+        Err(e @ TrainError::Panicked { step, .. }) => {
+            assert_eq!(step, bad_step, "{e}");
+            let good = checkpoint::checkpoint_dir(&out.0, step - 1);
+            assert!(e.to_string().contains(&good.display().to_string()), "{e}");
+            let state = checkpoint::read_state(&good).unwrap();
+            assert_eq!((state.step, state.history.len()), (step - 1, step - 1));
+            // The data cursor points at the failed step's micro-batch.
+            assert_eq!(
+                state.cursor,
+                Cursor {
+                    epoch: 0,
+                    batch: step - 1
+                }
+            );
+        }
+        other => panic!(
+            "expected a panic at step {bad_step} (seed {seed}), got {:?}",
+            other.map(|s| s.steps)
+        ),
+    }
+}
+
+#[test]
 fn the_schedule_matches_an_independent_formula() {
     let mut rng = Rng::from_env();
     let seed = rng.seed();
