@@ -402,32 +402,15 @@ fn run_child(
     );
     let out_path = dir.join(format!("{stem}.out"));
     let err_path = dir.join(format!("{stem}.err"));
-    let files =
-        std::fs::File::create(&out_path).and_then(|o| Ok((o, std::fs::File::create(&err_path)?)));
-    let (out_file, err_file) = match files {
-        Ok(f) => f,
-        Err(e) => {
-            return failed(
-                Status::Error,
-                format!("creating log files in {}: {e}", dir.display()),
-                start,
-            );
-        }
-    };
-    let child = Command::new(exe)
-        .args(child_args(args, case))
-        .stdin(Stdio::null())
-        .stdout(out_file)
-        .stderr(err_file)
-        .spawn();
-    let mut child = match child {
+    let mut child = match spawn(exe, child_args(args, case), &out_path, &err_path) {
         Ok(c) => c,
         Err(e) => {
-            return failed(
-                Status::Error,
-                format!("starting {}: {e}", exe.display()),
-                start,
+            let what = format!(
+                "starting {} (logs in {}): {e}",
+                exe.display(),
+                dir.display()
             );
+            return failed(Status::Error, what, start);
         }
     };
     let exit = loop {
@@ -500,6 +483,21 @@ fn run_child(
         Status::Error
     };
     failed(status, shorten(&detail, 400), start)
+}
+
+/// Starts `exe args` with stdout and stderr going to the two files.
+fn spawn(
+    exe: &std::path::Path,
+    args: Vec<String>,
+    out_path: &std::path::Path,
+    err_path: &std::path::Path,
+) -> std::io::Result<std::process::Child> {
+    Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(out_path)?)
+        .stderr(std::fs::File::create(err_path)?)
+        .spawn()
 }
 
 /// `exit code N` or `killed by signal N`.
