@@ -175,28 +175,54 @@ fn params_f32<B: FusedOps>(model: &CausalLm<B>) -> Vec<(String, Vec<f32>)> {
     v
 }
 
-#[test]
-fn resumed_training_repeats_the_uninterrupted_run() {
-    struct V {
+/// A test body run on every model backend of the test device.
+trait Case {
+    fn run<X: FusedOps>(&mut self, label: &str, device: &X::Device, rng: &mut Rng);
+}
+
+/// Runs `case` on the test device's fusion backend and NdArray (kernel lock held), with a
+/// fresh seed that failure messages name.
+fn on_model_backends(case: impl Case) {
+    struct Visit<C> {
+        case: C,
         rng: Rng,
-        failures: Vec<String>,
         ran: usize,
     }
-    impl BackendVisitor for V {
+    impl<C: Case> BackendVisitor for Visit<C> {
         fn visit<X: FusedOps>(&mut self, label: &str, device: &X::Device) {
+            let label = format!("{label} (seed {})", self.rng.seed());
+            self.case.run::<X>(&label, device, &mut self.rng);
+            self.ran += 1;
+        }
+    }
+    let _guard = lock();
+    let mut v = Visit {
+        case,
+        rng: Rng::from_env(),
+        ran: 0,
+    };
+    for_each_model_backend(&mut v);
+    assert!(v.ran > 0, "no backend ran");
+}
+
+#[test]
+fn resumed_training_repeats_the_uninterrupted_run() {
+    struct T;
+    impl Case for T {
+        fn run<X: FusedOps>(&mut self, label: &str, device: &X::Device, rng: &mut Rng) {
             type B<X> = Liger<burn::backend::Autodiff<X>>;
-            let seed = self.rng.next_u64() >> 1;
+            let seed = rng.next_u64() >> 1;
             let tok = bundled::tokenizer();
             let data = dataset(&tok, 60, 64);
             let mut config = train_config(seed, 6, 3);
-            config.layout = if self.rng.below(2) == 0 {
+            config.layout = if rng.below(2) == 0 {
                 Layout::Pad
             } else {
                 Layout::Pack
             };
-            config.grad_accum = 1 + self.rng.below(2);
-            config.batch_size = 2 + self.rng.below(3);
-            if self.rng.below(2) == 0 {
+            config.grad_accum = 1 + rng.below(2);
+            config.batch_size = 2 + rng.below(3);
+            if rng.below(2) == 0 {
                 config.max_grad_norm = None;
             }
             let ctx = format!("{label}: {config:?}");
@@ -257,45 +283,28 @@ fn resumed_training_repeats_the_uninterrupted_run() {
             let exact = label.starts_with("ndarray") || label.starts_with("wgpu-cpu");
             let tol = if exact { 0.0 } else { 1e-6 };
             if worst > tol || params > tol || (exact && !bit_equal) {
-                self.failures.push(format!(
+                panic!(
                     "{ctx}: losses/grad norms differ by {worst:e}, final parameters by {params:e}\n  \
                      uninterrupted {:?}\n  resumed       {:?}",
                     full.history[3..].iter().map(|m| m.loss).collect::<Vec<_>>(),
                     rest.history.iter().map(|m| m.loss).collect::<Vec<_>>()
-                ));
+                );
             }
             // The resumed run's log has every step, the earlier ones from the checkpoint.
             let log = std::fs::read_to_string(b.0.join("train_log.csv")).unwrap();
             assert_eq!(log.lines().count(), 7, "{ctx}: header + 6 steps\n{log}");
-            self.ran += 1;
         }
     }
-    let _guard = lock();
-    let mut v = V {
-        rng: Rng::from_env(),
-        failures: Vec::new(),
-        ran: 0,
-    };
-    let seed = v.rng.seed();
-    for_each_model_backend(&mut v);
-    assert!(v.ran > 0);
-    assert!(
-        v.failures.is_empty(),
-        "seed {seed}:\n{}",
-        v.failures.join("\n")
-    );
+    on_model_backends(T);
 }
 
 #[test]
 fn a_checkpoint_round_trip_continues_identically() {
-    struct V {
-        rng: Rng,
-        ran: usize,
-    }
-    impl BackendVisitor for V {
-        fn visit<X: FusedOps>(&mut self, label: &str, device: &X::Device) {
+    struct T;
+    impl Case for T {
+        fn run<X: FusedOps>(&mut self, label: &str, device: &X::Device, rng: &mut Rng) {
             type B<X> = Liger<burn::backend::Autodiff<X>>;
-            let seed = self.rng.next_u64() >> 1;
+            let seed = rng.next_u64() >> 1;
             let tok = bundled::tokenizer();
             let data = dataset(&tok, 40, 64);
             let config = train_config(seed, 10, 0);
@@ -397,28 +406,18 @@ fn a_checkpoint_round_trip_continues_identically() {
                 d <= 1e-6,
                 "{label}: step after the round trip differs by {d:e}"
             );
-            self.ran += 1;
         }
     }
-    let _guard = lock();
-    let mut v = V {
-        rng: Rng::from_env(),
-        ran: 0,
-    };
-    for_each_model_backend(&mut v);
-    assert!(v.ran > 0);
+    on_model_backends(T);
 }
 
 #[test]
 fn the_loss_falls_in_a_short_run() {
-    struct V {
-        rng: Rng,
-        ran: usize,
-    }
-    impl BackendVisitor for V {
-        fn visit<X: FusedOps>(&mut self, label: &str, device: &X::Device) {
+    struct T;
+    impl Case for T {
+        fn run<X: FusedOps>(&mut self, label: &str, device: &X::Device, rng: &mut Rng) {
             type B<X> = Liger<burn::backend::Autodiff<X>>;
-            let seed = self.rng.next_u64() >> 1;
+            let seed = rng.next_u64() >> 1;
             let tok = bundled::tokenizer();
             let data = dataset(&tok, 400, 64);
             let mut config = train_config(seed, 40, 0);
@@ -456,16 +455,9 @@ fn the_loss_falls_in_a_short_run() {
                 assert!(s.checkpoint.join(f).is_file(), "{label}: {f} missing");
             }
             assert_eq!(s.checkpoint, checkpoint::checkpoint_dir(&out.0, 40));
-            self.ran += 1;
         }
     }
-    let _guard = lock();
-    let mut v = V {
-        rng: Rng::from_env(),
-        ran: 0,
-    };
-    for_each_model_backend(&mut v);
-    assert!(v.ran > 0);
+    on_model_backends(T);
 }
 
 #[test]
@@ -630,14 +622,11 @@ fn global_norm_clipping_matches_a_hand_computation() {
         m.visit(&mut h);
         h.out
     }
-    struct V {
-        rng: Rng,
-        ran: usize,
-    }
-    impl BackendVisitor for V {
-        fn visit<X: FusedOps>(&mut self, label: &str, device: &X::Device) {
+    struct T;
+    impl Case for T {
+        fn run<X: FusedOps>(&mut self, label: &str, device: &X::Device, rng: &mut Rng) {
             type B<X> = Liger<burn::backend::Autodiff<X>>;
-            let seed = self.rng.next_u64() >> 1;
+            let seed = rng.next_u64() >> 1;
             let model = trainer::random_model::<B<X>>(
                 &model_config(),
                 LigerConfig::all(),
@@ -645,10 +634,8 @@ fn global_norm_clipping_matches_a_hand_computation() {
                 device,
                 seed,
             );
-            let (batch, seq) = (2 + self.rng.below(3), 4 + self.rng.below(12));
-            let ids: Vec<i64> = (0..batch * seq)
-                .map(|_| self.rng.below(1024) as i64)
-                .collect();
+            let (batch, seq) = (2 + rng.below(3), 4 + rng.below(12));
+            let ids: Vec<i64> = (0..batch * seq).map(|_| rng.below(1024) as i64).collect();
             let t = |v: Vec<i64>| {
                 Tensor::<B<X>, 2, Int>::from_data(TensorData::new(v, [batch, seq]), device)
             };
@@ -685,7 +672,7 @@ fn global_norm_clipping_matches_a_hand_computation() {
 
             // Below: every gradient times max / (norm + 1e-6), the same factor for all.
             let mut grads = grads;
-            let max = hand * (0.1 + 0.8 * self.rng.uniform());
+            let max = hand * (0.1 + 0.8 * rng.uniform());
             let out = clip_global_norm::<B<X>, _>(&model, &mut grads, Some(max));
             let factor = max / (hand + CLIP_EPS);
             assert!((out.norm - hand).abs() <= 1e-5 * hand, "{label}");
@@ -717,14 +704,7 @@ fn global_norm_clipping_matches_a_hand_computation() {
             eprintln!(
                 "{label}: norm {norm:.6} (hand {hand:.6}), clipped to {max:.6}, worst rel {worst:e}"
             );
-            self.ran += 1;
         }
     }
-    let _guard = lock();
-    let mut v = V {
-        rng: Rng::from_env(),
-        ran: 0,
-    };
-    for_each_model_backend(&mut v);
-    assert!(v.ran > 0);
+    on_model_backends(T);
 }

@@ -40,10 +40,10 @@ impl ConsoleProgress {
         }
     }
 
-    /// Removes the bar (before the summary is printed).
+    /// Removes the bar (the summary printed next says where it ended).
     pub fn finish(&mut self) {
         if let Some(bar) = self.bar.take() {
-            bar.finish();
+            bar.finish_and_clear();
         }
     }
 }
