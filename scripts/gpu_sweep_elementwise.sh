@@ -11,9 +11,9 @@ BIN=.gpu/liger
 b() { $BIN bench --device cuda --dtype bf16 --warmup 5 --iters 30 --repeats 5 --op swiglu,geglu "$@" 2>&1; }
 show() { grep -E "^[a-z_]+ [0-9]+x[0-9]+|^  (forward|backward|full)|^copy"; }
 {
-echo "== default (units 256, 4 vectors/unit, one block per cube)"
+echo "== default (units 128, 4 vectors/unit, one block per cube)"
 b --shape 8192x14336 --shape 32768x14336 | show
-for u in 128 512; do
+for u in 256 512; do
   echo "== LIGER_EW_UNITS=$u"
   LIGER_EW_UNITS=$u b | show
 done

@@ -52,9 +52,12 @@ impl Pass {
     }
 }
 
-/// Units per cube: 256 keeps eight cubes resident per multiprocessor on current GPUs and
-/// is a multiple of every plane width. Tunable with `LIGER_EW_UNITS`.
-pub const ELEMENTWISE_UNITS: usize = 256;
+/// Units per cube: 128 (a multiple of every plane width) measured fastest on the H200 in
+/// the `LIGER_EW_*` sweep (bf16 8192×14336: SwiGLU forward 0.268 ms against 0.360 with
+/// 256 units, forward + backward 0.830 against 0.940; GeGLU 0.895 against 1.018;
+/// benches/results/2026-11-22-h200-d3be6da/sweep_elementwise.log). Tunable with
+/// `LIGER_EW_UNITS`.
+pub const ELEMENTWISE_UNITS: usize = 128;
 /// Vectors each unit loads per step (16-byte vectors: 64 bytes per input in flight per
 /// unit). Tunable with `LIGER_EW_VPU`; `LIGER_EW_CUBES_PER_SM` caps the grid (persistent
 /// cubes grid-striding) instead of one block per cube.
