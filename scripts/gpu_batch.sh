@@ -11,11 +11,7 @@
 # E2E_SEQ (default 1024,2048,4096,8192,16384), E2E_TIMEOUT (per case, default 240 s),
 # E2E_BATCH (default 1) and E2E_LAYERS (default: the preset's) override the flags.
 set -u
-OUT=${OUT:-/tmp/liger-out}
-mkdir -p "$OUT"
-BIN=.gpu/liger
-export LIGER_COMMIT=$(cat .gpu/commit 2>/dev/null || echo unknown)
-export LIGER_GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+. "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >"$OUT/gpu.txt" 2>&1
 steps=${*:-check bench}
 status=0

@@ -10,11 +10,7 @@
 #            the forward's time outside the kernel goes
 # Expects the stripped release binary (--features cuda) at .gpu/liger.
 set -u
-OUT=${OUT:-/tmp/liger-out}
-mkdir -p "$OUT"
-BIN=.gpu/liger
-export LIGER_COMMIT=$(cat .gpu/commit 2>/dev/null || echo unknown)
-export LIGER_GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+. "$(dirname "$0")/gpu_env.sh"
 show() { grep -E "^[a-z_]+ [0-9]+x[0-9]+|^  (forward|backward|full)|^copy"; }
 for step in ${*:-probe ce rope}; do
   case $step in
