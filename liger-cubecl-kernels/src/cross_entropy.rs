@@ -152,8 +152,9 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
             for c in 0..cached_chunks {
                 let j = UNIT_POS as usize + c as usize * units as usize;
                 if j < limit {
-                    local_sum +=
-                        vector_sum::<N>(shifted_exp::<N>(cache[c as usize] - Vector::new(local_max)));
+                    local_sum += vector_sum::<N>(shifted_exp::<N>(
+                        cache[c as usize] - Vector::new(local_max),
+                    ));
                 }
             }
         } else {
@@ -199,7 +200,8 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
                 }
                 #[unroll]
                 for u in 0..STREAM_UNROLL {
-                    local_sum += vector_sum::<N>(shifted_exp::<N>(block[u] - Vector::new(local_max)));
+                    local_sum +=
+                        vector_sum::<N>(shifted_exp::<N>(block[u] - Vector::new(local_max)));
                 }
                 j0 += stride * STREAM_UNROLL;
             }

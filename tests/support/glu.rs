@@ -463,14 +463,16 @@ macro_rules! activation_tests {
                     let empty = Tensor::<Liger<B>, 2>::zeros([0, 8], device);
                     let y = $stock(empty);
                     assert_eq!((y.dims(), y.dtype()), ([0, 8], DType::F32), "{label}");
-                    let x =
-                        Tensor::<Liger<Autodiff<B>>, 2>::zeros([0, 8], device).require_grad();
+                    let x = Tensor::<Liger<Autodiff<B>>, 2>::zeros([0, 8], device).require_grad();
                     assert_eq!($stock(x).dims(), [0, 8], "{label}");
                     if B::supports_dtype(device, DType::F64) {
                         let values = [-1.0, 0.0, 2.5];
-                        let x = Tensor::<Liger<B>, 1>::from_floats(values, device)
-                            .cast(DType::F64);
-                        let y = $stock(x).cast(DType::F32).into_data().to_vec::<f32>().unwrap();
+                        let x = Tensor::<Liger<B>, 1>::from_floats(values, device).cast(DType::F64);
+                        let y = $stock(x)
+                            .cast(DType::F32)
+                            .into_data()
+                            .to_vec::<f32>()
+                            .unwrap();
                         let stock = Tensor::<B, 1>::from_floats(values, device).cast(DType::F64);
                         let s = $stock(stock)
                             .cast(DType::F32)

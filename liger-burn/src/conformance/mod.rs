@@ -235,9 +235,17 @@ pub fn compare_normwise(
             sum_rtol: 0.0,
         },
     );
-    let diff: f64 = actual.iter().zip(expected).map(|(a, e)| (a - e) * (a - e)).sum();
+    let diff: f64 = actual
+        .iter()
+        .zip(expected)
+        .map(|(a, e)| (a - e) * (a - e))
+        .sum();
     let norm: f64 = expected.iter().map(|e| e * e).sum();
-    let rel = if norm > 0.0 { (diff / norm).sqrt() } else { diff.sqrt() };
+    let rel = if norm > 0.0 {
+        (diff / norm).sqrt()
+    } else {
+        diff.sqrt()
+    };
     c.passed = c.passed && rel <= bound;
     c
 }

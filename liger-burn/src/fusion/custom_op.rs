@@ -15,7 +15,9 @@ pub(crate) type Handles<B> =
 
 /// What a custom operation runs: `B`'s primitive on the inputs it declared (in order),
 /// returning its float outputs in declaration order.
-pub(crate) trait CustomKernel<B: FusionBackend>: Clone + Debug + Send + Sync + 'static {
+pub(crate) trait CustomKernel<B: FusionBackend>:
+    Clone + Debug + Send + Sync + 'static
+{
     fn run(&self, inputs: &[TensorIr], handles: &mut Handles<B>) -> Vec<B::FloatTensorPrimitive>;
 }
 
