@@ -31,56 +31,21 @@ fn cross_entropy_sum_ignore_index_matches_reference() {
 
 use burn::backend::Autodiff;
 use burn::tensor::activation::softmax;
-use burn::tensor::{DType, Int, Shape, Tensor, TensorData, backend::Backend};
+use burn::tensor::{DType, Shape, Tensor};
 use liger_burn::conformance::cross_entropy::reference;
 use liger_burn::conformance::{Rng, Tolerance, compare};
 use liger_burn::functional;
 use liger_burn::ops::validate;
 use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction};
 use liger_tests::BackendVisitor;
+use liger_tests::tensors::{check, floats, ints, scaled, values};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 const N: usize = 23;
 const V: usize = 37;
 
-fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
-    t.cast(DType::F32)
-        .into_data()
-        .to_vec::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(f64::from)
-        .collect()
-}
-
-fn floats<B: Backend, const D: usize>(
-    v: &[f32],
-    shape: [usize; D],
-    device: &B::Device,
-) -> Tensor<B, D> {
-    Tensor::from_data(TensorData::new(v.to_vec(), shape), device)
-}
-
-fn ints<B: Backend>(v: &[i64], device: &B::Device) -> Tensor<B, 1, Int> {
-    Tensor::from_data(TensorData::new(v.to_vec(), [v.len()]), device)
-}
-
 fn f64s(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| f64::from(x)).collect()
-}
-
-/// Asserts a comparison passed, naming the backend and case.
-fn check(label: &str, case: &str, c: liger_burn::conformance::Comparison) {
-    assert!(
-        c.passed,
-        "{label} {case} {}: max abs {:.3e}, max rel {:.3e}",
-        c.tensor, c.max_abs, c.max_rel
-    );
-}
-
-/// Multiplies a gradient by `k` (to compare values of order 1, see conformance::cross_entropy).
-fn scaled(v: &[f64], k: f64) -> Vec<f64> {
-    v.iter().map(|x| x * k).collect()
 }
 
 /// `liger_burn::nn::CrossEntropyLoss` gives the same loss and logits gradient as

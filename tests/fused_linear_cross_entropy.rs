@@ -26,51 +26,18 @@ use burn::module::Param;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
+use burn::tensor::{DType, Tensor, backend::Backend};
 use liger_burn::conformance::{Rng, Tolerance, compare, compare_normwise};
 use liger_burn::functional;
 use liger_burn::ops::compose::linear_cross_entropy::set_chunk_rows_override;
 use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction};
 use liger_tests::BackendVisitor;
+use liger_tests::tensors::{check, floats, ints, scaled, values};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 const N: usize = 37;
 const V: usize = 100;
 const H: usize = 45;
-
-fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
-    t.cast(DType::F32)
-        .into_data()
-        .to_vec::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(f64::from)
-        .collect()
-}
-
-fn floats<B: Backend, const D: usize>(
-    v: &[f32],
-    shape: [usize; D],
-    device: &B::Device,
-) -> Tensor<B, D> {
-    Tensor::from_data(TensorData::new(v.to_vec(), shape), device)
-}
-
-fn ints<B: Backend>(v: &[i64], device: &B::Device) -> Tensor<B, 1, Int> {
-    Tensor::from_data(TensorData::new(v.to_vec(), [v.len()]), device)
-}
-
-fn scaled(v: &[f64], k: f64) -> Vec<f64> {
-    v.iter().map(|x| x * k).collect()
-}
-
-fn check(label: &str, case: &str, c: liger_burn::conformance::Comparison) {
-    assert!(
-        c.passed,
-        "{label} {case} {}: max abs {:.3e}, max rel {:.3e}",
-        c.tensor, c.max_abs, c.max_rel
-    );
-}
 
 /// Restores the automatic chunk size when dropped.
 struct Chunk;

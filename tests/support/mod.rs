@@ -94,6 +94,7 @@ pub fn check_op(op: Op) {
 }
 
 pub mod glu;
+pub mod tensors;
 
 /// Runs the full (non-quick) conformance sweep of every op `select` picks on every backend
 /// and dtype, failing with every failing comparison listed. For `#[ignore]`d tests run on

@@ -1,0 +1,44 @@
+//! Small tensor and comparison helpers shared by the suites that build inputs by hand
+//! (cross entropy, fused linear cross entropy).
+
+use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
+use liger_burn::conformance::Comparison;
+
+/// The values of `t` as f64 (through f32, exact for every dtype the suites use).
+pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
+    t.cast(DType::F32)
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f64::from)
+        .collect()
+}
+
+/// An f32 tensor of `shape` from `v`.
+pub fn floats<B: Backend, const D: usize>(
+    v: &[f32],
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(v.to_vec(), shape), device)
+}
+
+/// An int tensor `[v.len()]` from `v`.
+pub fn ints<B: Backend>(v: &[i64], device: &B::Device) -> Tensor<B, 1, Int> {
+    Tensor::from_data(TensorData::new(v.to_vec(), [v.len()]), device)
+}
+
+/// Multiplies a gradient by `k` (to compare values of order 1, see conformance::cross_entropy).
+pub fn scaled(v: &[f64], k: f64) -> Vec<f64> {
+    v.iter().map(|x| x * k).collect()
+}
+
+/// Asserts a comparison passed, naming the backend and case.
+pub fn check(label: &str, case: &str, c: Comparison) {
+    assert!(
+        c.passed,
+        "{label} {case} {}: max abs {:.3e}, max rel {:.3e}",
+        c.tensor, c.max_abs, c.max_rel
+    );
+}
