@@ -266,10 +266,10 @@ fn resumed_training_repeats_the_uninterrupted_run() {
                     "{ctx}"
                 );
                 assert_eq!(m.lr, r.lr, "{ctx}");
-                // Losses (and, below, the final parameters) bit for bit. The logged gradient
-                // norm is a sum of squares over every parameter: on lavapipe it was once seen
-                // 1.2e-7 apart between the two runs while losses and parameters were equal
-                // (cause not found yet), so it is held to 1e-6 relative instead.
+                // Losses and (below) the final parameters: see the bounds after the loop. The
+                // logged gradient norm, a sum of squares over every parameter, is held to 1e-6
+                // relative on every backend (lavapipe once gave 1.2e-7 apart, the same
+                // autotuned-reduction effect).
                 worst = worst.max((m.loss - r.loss).abs());
                 bit_equal &= m.loss.to_bits() == r.loss.to_bits();
                 let norm_diff = (m.grad_norm - r.grad_norm).abs();
@@ -288,11 +288,19 @@ fn resumed_training_repeats_the_uninterrupted_run() {
             eprintln!(
                 "{label}: resumed losses max diff {worst:e} (bit-equal: {bit_equal}), final params max diff {params:e}"
             );
-            // Bit for bit where the run is deterministic (CPU backends: no autotune picking
-            // kernels by timing); within 1e-6 elsewhere.
-            let exact = label.starts_with("ndarray") || label.starts_with("wgpu-cpu");
-            let tol = if exact { 0.0 } else { 1e-6 };
-            if worst > tol || params > tol || (exact && !bit_equal) {
+            // Bit for bit on NdArray, which runs one fixed kernel per op. CubeCL backends
+            // (lavapipe included) autotune fused reductions by timing, so a run may sum a loss
+            // in another order than the run before it: CI saw the first resumed loss 4.8e-7
+            // (1 ulp-scale) apart with bit-equal final parameters. There both are held to
+            // 1e-6 relative: a resume that lost the optimizer moments or shifted the
+            // schedule moves them by orders of magnitude more (lr 3e-3).
+            let exact = label.starts_with("ndarray");
+            let scale = full.history[3..]
+                .iter()
+                .map(|m| m.loss.abs())
+                .fold(1.0, f64::max);
+            let (loss_tol, param_tol) = if exact { (0.0, 0.0) } else { (1e-6 * scale, 1e-6) };
+            if worst > loss_tol || params > param_tol || (exact && !bit_equal) {
                 panic!(
                     "{ctx}: losses differ by {worst:e}, final parameters by {params:e}\n  \
                      uninterrupted {:?}\n  resumed       {:?}",
