@@ -5,11 +5,13 @@
 # binary (built with `--features cuda`) at .gpu/liger and the commit hash in .gpu/commit.
 # Writes logs and CSVs under $OUT.
 #
-#   usage: scripts/gpu_batch.sh [check] [bench] [ce] [flce] [vulkan] [converge] [e2e-llama] [e2e-qwen]
+#   usage: scripts/gpu_batch.sh [check] [bench] [ce] [flce] [vulkan] [converge] [train]
+#                               [e2e-llama] [e2e-qwen] [cache-out]
 #
 # e2e-llama / e2e-qwen: `liger bench --e2e` for one model each (one device call each);
 # E2E_SEQ (default 1024,2048,4096,8192,16384), E2E_TIMEOUT (per case, default 240 s),
-# E2E_BATCH (default 1) and E2E_LAYERS (default: the preset's) override the flags.
+# E2E_BATCH (default 1), E2E_LAYERS (default: the preset's), E2E_BUDGET (550 s) and
+# E2E_WALL (585 s) override the flags. e2e and train use $TRAIN_BIN (gpu_env.sh).
 set -u
 . "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >"$OUT/gpu.txt" 2>&1
@@ -52,9 +54,10 @@ for step in $steps; do
       ;;
     converge)
       # Liger on vs off trained from the same start (mini Llama, Qwen2, Qwen3, Mistral;
-      # 32 AdamW steps each), f32 then bf16; exit 1 when a model's runs disagree.
-      for dtype in f32 bf16; do
-        timeout 270 $BIN converge --device cuda --dtype "$dtype" --models llama,qwen2,qwen3,mistral \
+      # 32 AdamW steps each), f32 then bf16 (CONVERGE_DTYPES, CONVERGE_MODELS override);
+      # exit 1 when a model's runs disagree.
+      for dtype in ${CONVERGE_DTYPES:-f32 bf16}; do
+        timeout "${CONVERGE_TIMEOUT:-270}" $TRAIN_BIN converge --device cuda --dtype "$dtype" --models "${CONVERGE_MODELS:-llama,qwen2,qwen3,mistral}" \
           >"$OUT/converge_cuda_$dtype.log" 2>&1 || status=1
         grep -E "^mini-|AGREE|DIFFER|worst|FAIL|loss drop|converge:" "$OUT/converge_cuda_$dtype.log"
       done
@@ -65,11 +68,22 @@ for step in $steps; do
       # to print inside one device call; rows are appended to the CSV as cases finish.
       if [ "$step" = e2e-llama ]; then model=llama3.2-1b; else model=qwen2.5-1.5b; fi
       layers=${E2E_LAYERS:+--e2e-layers $E2E_LAYERS}
-      timeout 585 $BIN bench --e2e --device cuda --dtype bf16 --e2e-models "$model" \
+      timeout "${E2E_WALL:-585}" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 --e2e-models "$model" \
         --e2e-seq "${E2E_SEQ:-1024,2048,4096,8192,16384}" --e2e-batch "${E2E_BATCH:-1}" \
-        --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget 550 $layers \
+        --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget "${E2E_BUDGET:-550}" $layers \
         --csv "$OUT/bench_e2e.csv" >"$OUT/bench_e2e_$model.log" 2>&1 || status=1
       tail -n 30 "$OUT/bench_e2e_$model.log"
+      ;;
+    train)
+      # The README's training job on CUDA (bundled data, small random model), packed rows
+      # so every step has one shape; TRAIN_STEPS / TRAIN_TIMEOUT override.
+      timeout "${TRAIN_TIMEOUT:-150}" $TRAIN_BIN train --device cuda --packing \
+        --steps "${TRAIN_STEPS:-200}" --output "$OUT/train" >"$OUT/train_cuda.log" 2>&1 || status=1
+      tail -n 8 "$OUT/train_cuda.log"
+      ;;
+    cache-out)
+      # CubeCL's compiled-kernel and autotune caches, to carry into a later call.
+      tar -czf "$OUT/cubecl-cache.tgz" -C .gpu cubecl-cache && ls -l "$OUT/cubecl-cache.tgz"
       ;;
     vulkan)
       for f in .gl/*.deb; do dpkg -x "$f" /; done

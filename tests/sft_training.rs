@@ -299,7 +299,11 @@ fn resumed_training_repeats_the_uninterrupted_run() {
                 .iter()
                 .map(|m| m.loss.abs())
                 .fold(1.0, f64::max);
-            let (loss_tol, param_tol) = if exact { (0.0, 0.0) } else { (1e-6 * scale, 1e-6) };
+            let (loss_tol, param_tol) = if exact {
+                (0.0, 0.0)
+            } else {
+                (1e-6 * scale, 1e-6)
+            };
             if worst > loss_tol || params > param_tol || (exact && !bit_equal) {
                 panic!(
                     "{ctx}: losses differ by {worst:e}, final parameters by {params:e}\n  \

@@ -638,7 +638,16 @@ impl TrainJob {
 
 impl OnDevice for TrainJob {
     fn run<B: FusedOps>(self, ctx: Ctx<B>) -> Result<ExitCode> {
-        println!("device:    {} ({})", ctx.kind, B::name(&ctx.device));
+        println!(
+            "device:    {} ({}; Burn autotune {})",
+            ctx.kind,
+            B::name(&ctx.device),
+            if cfg!(feature = "autotune") {
+                "on"
+            } else {
+                "off"
+            }
+        );
         if let Some(code) = device::require_dtype::<B>(
             &ctx.device,
             self.args.dtype.dtype(),

@@ -248,6 +248,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         args.e2e_warmup, args.e2e_steps, args.e2e_batch, args.dtype, args.device, args.e2e_timeout
     );
     println!(
+        "autotune:  {} (Burn's kernel autotune in this build; both modes share it)",
+        if cfg!(feature = "autotune") {
+            "on: the first step of each new shape compiles and times every matmul candidate"
+        } else {
+            "off: one fixed matmul kernel per problem, as Burn without its `autotune` feature"
+        }
+    );
+    println!(
         "modes:     liger on = Liger<Autodiff<B>> + LigerConfig::all() (fused RMSNorm, RoPE, \
          SwiGLU, softmax, fused linear cross entropy); off = Autodiff<B> + LigerConfig::none()"
     );
@@ -549,8 +557,15 @@ fn print_progress(index: usize, total: usize, r: &CaseResult) {
 fn csv_line(r: &CaseResult, args: &BenchArgs, run: &RunInfo) -> String {
     let nan = f64::NAN;
     let mut config = format!(
-        "dtype={} warmup={} steps={} optimizer=adamw attention=eager",
-        args.dtype, args.e2e_warmup, args.e2e_steps
+        "dtype={} warmup={} steps={} optimizer=adamw attention=eager autotune={}",
+        args.dtype,
+        args.e2e_warmup,
+        args.e2e_steps,
+        if cfg!(feature = "autotune") {
+            "on"
+        } else {
+            "off"
+        }
     );
     if let Some(n) = args.e2e_layers {
         config.push_str(&format!(" layers={n}"));

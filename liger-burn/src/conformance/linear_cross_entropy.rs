@@ -248,6 +248,36 @@ fn matmul_error<B: FusedOps>(
     e_logits.max(e_grad_x).max(e_grad_w)
 }
 
+/// Largest norm-wise relative error of the backend's f32 products at the shapes of
+/// `x·Wᵀ` for `x: [n, h]`, `W: [v, h]` (and the two gradient products), on fresh random
+/// inputs against f64. Above [`TF32_DETECT`] the backend's f32 matmul is reduced
+/// precision (TF32 tensor cores): anything built on it inherits a ~1e-3 relative error,
+/// so callers comparing two f32 runs (as `liger converge`) must allow for it.
+pub fn f32_matmul_error<B: FusedOps>(
+    (n, h, v): (usize, usize, usize),
+    device: &B::Device,
+    rng: &mut Rng,
+) -> f64 {
+    let (x, xr) = input::<B>(
+        rng.vec(n * h, -1.0, 1.0, 0.0),
+        vec![n, h],
+        DType::F32,
+        device,
+    );
+    let (w, wr) = input::<B>(
+        rng.vec(v * h, -1.0, 1.0, 0.0),
+        vec![v, h],
+        DType::F32,
+        device,
+    );
+    matmul_error(&x, &w, &xr, &wr, (n, h, v), rng)
+}
+
+/// Whether [`f32_matmul_error`] says the backend's f32 matmul is reduced precision.
+pub fn is_reduced_precision(matmul_error: f64) -> bool {
+    matmul_error > TF32_DETECT
+}
+
 /// Restores the automatic chunk size when dropped (also on panic).
 struct ChunkOverride;
 
@@ -325,8 +355,7 @@ pub(crate) fn run<B: FusedOps>(
     // error: compare norm-wise.
     let reduced_matmul = (dtype == DType::F32)
         .then(|| matmul_error(&x, &w, &xr, &wr, (n, h, v), rng))
-        .filter(|&err| err > TF32_DETECT)
-        .is_some();
+        .is_some_and(is_reduced_precision);
 
     let x = Tensor::<A<B>, 2>::from_inner(x).require_grad();
     let w = Tensor::<A<B>, 2>::from_inner(w).require_grad();
