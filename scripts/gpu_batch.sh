@@ -44,6 +44,10 @@ for step in $steps; do
       $BIN bench --device cuda --dtype bf16 --op cross_entropy --shape 8192x128256,4096x151936 \
         --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_ce.log" 2>&1 || status=1
       tail -n 14 "$OUT/bench_ce.log"
+      # The same without the target check (one device-to-host read per call): its cost.
+      $BIN bench --device cuda --dtype bf16 --op cross_entropy --shape 8192x128256 --check-targets off \
+        --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_ce_unchecked.log" 2>&1 || status=1
+      tail -n 8 "$OUT/bench_ce_unchecked.log"
       ;;
     flce)
       # The memory curve over N (few iterations: each step is tens to hundreds of ms).

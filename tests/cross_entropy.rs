@@ -518,7 +518,7 @@ fn cube_primitive_rejects_float_targets() {
 /// and 65,536 rows. Too slow for CI on a software rasterizer; run it on a real device with
 /// `cargo test -p liger-tests --test cross_entropy -- --ignored`.
 #[test]
-#[ignore]
+#[ignore = "full sweep (vocabularies up to 262,144): too slow on a software rasterizer; run on a GPU with --ignored"]
 fn cross_entropy_full_sweep() {
     liger_tests::check_ops_full(Op::is_cross_entropy);
 }

@@ -428,7 +428,7 @@ fn bad_inputs_are_rejected_with_clear_errors() {
 /// 128,256, 4096 rows). Too slow for CI on a software rasterizer; run it on a real device
 /// with `cargo test --release -p liger-tests --test fused_linear_cross_entropy -- --ignored`.
 #[test]
-#[ignore]
+#[ignore = "full sweep (V up to 128,256, 4096 rows): too slow on a software rasterizer; run on a GPU with --ignored"]
 fn fused_linear_cross_entropy_full_sweep() {
     liger_tests::check_ops_full(Op::is_linear_cross_entropy);
 }

@@ -43,6 +43,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use device::DeviceKind;
 use dtype::DtypeArg;
 use std::process::ExitCode;
+use train::OnOff;
 
 /// Liger-Kernel-style fused kernels for Burn: conformance check and benchmarks.
 #[derive(Parser, Debug)]
@@ -209,6 +210,11 @@ pub struct BenchArgs {
     /// Reduction path of the fused kernels.
     #[arg(long, value_enum, default_value_t = ReductionArg::Auto)]
     pub reduction: ReductionArg,
+    /// cross_entropy / fused_linear_cross_entropy (liger): validate the targets before the
+    /// kernel (`CrossEntropyOptions::check_targets`, on by default: one device-to-host read
+    /// per call). `off` measures what that check costs; the CSV config says which ran.
+    #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
+    pub check_targets: OnOff,
     /// End-to-end training steps instead of single ops: for each --e2e-models model
     /// (random weights), each --e2e-seq length and liger off / on, time
     /// forward + loss + backward + AdamW step (synchronized) and read the peak pool memory;

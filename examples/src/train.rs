@@ -40,7 +40,7 @@ pub enum OnOff {
 }
 
 impl OnOff {
-    fn on(self) -> bool {
+    pub(crate) fn on(self) -> bool {
         self == OnOff::On
     }
 }

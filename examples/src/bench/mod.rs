@@ -62,6 +62,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     if args.reduction == crate::ReductionArg::Both {
         bail!("--reduction both is for `liger check`; bench takes auto, plane or shared");
     }
+    ops::set_check_targets(args.check_targets.on());
     if args.iters == 0 || args.repeats == 0 {
         bail!("--iters and --repeats must be at least 1");
     }
@@ -490,6 +491,13 @@ fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize 
             let mut config = format!("{} sets={} hold={}", notes.base(), g.sets, hold);
             if provider == Provider::Liger {
                 config.push_str(&format!(" reduction={}", notes.path));
+                if matches!(
+                    g.op,
+                    BenchOp::CrossEntropy | BenchOp::FusedLinearCrossEntropy
+                ) && !ops::check_targets()
+                {
+                    config.push_str(" check_targets=off");
+                }
             }
             let launches = match mode {
                 Mode::Forward => res.forward.as_ref().ok().map(|m| m.launches),

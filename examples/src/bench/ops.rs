@@ -400,6 +400,24 @@ fn flat<BB: Backend, const D: usize>(t: Tensor<BB, D>) -> Tensor<BB, 1> {
     t.reshape([n])
 }
 
+/// `--check-targets`: whether liger's cross-entropy ops validate the targets first.
+static CHECK_TARGETS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Sets what `--check-targets` asked for (read by [`apply`]).
+pub fn set_check_targets(on: bool) {
+    CHECK_TARGETS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether liger's cross-entropy ops validate the targets (`--check-targets`).
+pub fn check_targets() -> bool {
+    CHECK_TARGETS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The cross-entropy options the benchmark runs liger with.
+fn ce_options() -> CrossEntropyOptions {
+    CrossEntropyOptions::default().with_check_targets(check_targets())
+}
+
 /// One forward of `op` by `provider`: its outputs, flattened, the backward root first.
 pub fn apply<BB: FusedOps>(
     op: BenchOp,
@@ -467,15 +485,9 @@ pub fn apply<BB: FusedOps>(
         (BenchOp::GeGlu, Provider::Burn) => {
             one(activation::gelu_approximate(x()) * inp.residual.clone().unwrap())
         }
-        (BenchOp::CrossEntropy, Provider::Liger) => vec![
-            functional::cross_entropy(
-                x(),
-                inp.ints.clone().unwrap(),
-                None,
-                CrossEntropyOptions::default(),
-            )
-            .loss,
-        ],
+        (BenchOp::CrossEntropy, Provider::Liger) => {
+            vec![functional::cross_entropy(x(), inp.ints.clone().unwrap(), None, ce_options()).loss]
+        }
         (BenchOp::CrossEntropy, Provider::Burn) => vec![
             CrossEntropyLossConfig::new()
                 .init(&x().device())
@@ -488,7 +500,7 @@ pub fn apply<BB: FusedOps>(
                 None,
                 inp.ints.clone().unwrap(),
                 None,
-                CrossEntropyOptions::default(),
+                ce_options(),
             )
             .loss,
         ],
