@@ -5,15 +5,26 @@ model. Lengths where a mode did not run (oom, timeout, error, skipped) have no p
 the first failure of each mode is marked with an x on the axis and named in the legend.
 When the CSV holds several runs, the latest date and commit of each model is plotted.
 
-usage: scripts/plot_e2e.py RESULTS.csv OUT.png   (needs matplotlib)
+Rows whose eager attention holds more than 2^31 - 1 score elements in one tensor
+(batch x query heads x seq^2) are left out and named in the title: before the models
+took attention in head groups (commit after a53c3a4), CubeCL could not index such
+tensors and those steps did not compute their attention in full (H200, 2026-11-22).
+Pass --keep-unindexable to plot them anyway.
+
+usage: scripts/plot_e2e.py RESULTS.csv OUT.png [--keep-unindexable]   (needs matplotlib)
 """
 import csv
 import sys
+import textwrap
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+# Query heads of the e2e models (score elements = batch x heads x seq^2).
+QUERY_HEADS = {"llama3.2-1b": 32, "qwen2.5-1.5b": 12, "tiny-llama": 4, "tiny-qwen3": 4}
+MAX_SCORE_ELEMENTS = 2**31 - 1
 
 MODES = [("off", "#777777", "liger off (stock Burn)"), ("on", "#d95f02", "liger on (fused)")]
 
@@ -22,8 +33,18 @@ def label(n):
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
-def main(path, out):
+def indexable(r):
+    heads = QUERY_HEADS.get(r["model"])
+    if heads is None:
+        return True
+    return int(r["batch"]) * heads * int(r["seq"]) ** 2 <= MAX_SCORE_ELEMENTS
+
+
+def main(path, out, keep_unindexable=False):
     rows = list(csv.DictReader(open(path)))
+    dropped = sorted({(r["model"], int(r["seq"])) for r in rows if not indexable(r)})
+    if not keep_unindexable:
+        rows = [r for r in rows if indexable(r)]
     if not rows or "tokens_per_s" not in rows[0]:
         sys.exit(f"{path}: not a `liger bench --e2e` CSV (no tokens_per_s column)")
     # The latest run of each model (date, then commit as written).
@@ -61,10 +82,18 @@ def main(path, out):
     meta = rows[-1]
     batch = meta["batch"]
     dtype = meta["config"].split()[0]
-    fig.suptitle(f"liger bench --e2e, batch {batch}, {dtype}: {meta['gpu']}, commit {meta['commit']}, {meta['date']}")
+    title = f"liger bench --e2e, batch {batch}, {dtype}: {meta['gpu']}, commit {meta['commit']}, {meta['date']}"
+    if dropped and not keep_unindexable:
+        left = ", ".join(f"{m} {label(n)}" for m, n in dropped)
+        title += "\n" + textwrap.fill(
+            f"left out, attention scores beyond 32-bit indexing (results invalid): {left}", 110)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if len(args) != 2:
+        sys.exit(__doc__)
+    main(args[0], args[1], keep_unindexable="--keep-unindexable" in sys.argv)

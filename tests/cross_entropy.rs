@@ -38,8 +38,8 @@ use liger_burn::functional;
 use liger_burn::ops::validate;
 use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction};
 use liger_tests::BackendVisitor;
+use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::tensors::{check, floats, ints, scaled, values};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 const N: usize = 23;
 const V: usize = 37;
@@ -364,30 +364,6 @@ fn all_ignored_free_backward_in_place_and_unchecked_targets() {
     liger_tests::for_each_backend(&mut SpecialCases {
         rng: Rng::from_env(),
     });
-}
-
-fn panic_message(f: impl FnOnce()) -> String {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let result = catch_unwind(AssertUnwindSafe(f));
-    std::panic::set_hook(previous);
-    match result {
-        Ok(()) => panic!("expected a panic, the call succeeded"),
-        Err(payload) => payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default(),
-    }
-}
-
-fn assert_mentions(label: &str, msg: &str, parts: &[&str]) {
-    for p in parts {
-        assert!(
-            msg.contains(p),
-            "{label}: error message {msg:?} should mention {p:?}"
-        );
-    }
 }
 
 struct BadInputs;

@@ -32,8 +32,8 @@ use liger_burn::functional;
 use liger_burn::ops::compose::linear_cross_entropy::set_chunk_rows_override;
 use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction};
 use liger_tests::BackendVisitor;
+use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::tensors::{check, floats, ints, scaled, values};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 const N: usize = 37;
 const V: usize = 100;
@@ -343,30 +343,6 @@ fn all_ignored_and_primitive_without_autodiff() {
     liger_tests::for_each_backend(&mut SpecialCases {
         rng: Rng::from_env(),
     });
-}
-
-fn panic_message(f: impl FnOnce()) -> String {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let result = catch_unwind(AssertUnwindSafe(f));
-    std::panic::set_hook(previous);
-    match result {
-        Ok(()) => panic!("expected a panic, the call succeeded"),
-        Err(payload) => payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default(),
-    }
-}
-
-fn assert_mentions(label: &str, msg: &str, parts: &[&str]) {
-    for p in parts {
-        assert!(
-            msg.contains(p),
-            "{label}: error message {msg:?} should mention {p:?}"
-        );
-    }
 }
 
 struct BadInputs;

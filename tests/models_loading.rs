@@ -15,6 +15,7 @@ use liger_burn::ops::FusedOps;
 use liger_models::{
     CausalLm, Checkpoint, LigerConfig, ModelConfig, ModelError, ModelType, RopeScaling, evaluate,
 };
+use liger_tests::errors::assert_mentions;
 use liger_tests::{BackendVisitor, for_each_model_backend, lock};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -83,15 +84,6 @@ fn load_err(dir: &Path) -> String {
     }
 }
 
-fn assert_mentions(msg: &str, parts: &[&str]) {
-    for p in parts {
-        assert!(
-            msg.contains(p),
-            "error message {msg:?} should mention {p:?}"
-        );
-    }
-}
-
 fn ids<B: FusedOps>(rows: &[Vec<i64>], device: &B::Device) -> Tensor<B, 2, Int> {
     let seq = rows[0].len();
     let flat: Vec<i64> = rows.iter().flatten().copied().collect();
@@ -120,17 +112,23 @@ fn logits_of<B: FusedOps>(model: &CausalLm<B>, device: &B::Device) -> Vec<f32> {
 fn missing_files_are_named() {
     let nowhere = std::env::temp_dir().join("liger-models-no-such-dir");
     assert_mentions(
+        "models_loading",
         &load_err(&nowhere),
         &["liger-models-no-such-dir", "not found"],
     );
 
     let t = TempDir::copy_of("llama");
     std::fs::remove_file(t.path().join("config.json")).unwrap();
-    assert_mentions(&load_err(t.path()), &["config.json", "not found"]);
+    assert_mentions(
+        "models_loading",
+        &load_err(t.path()),
+        &["config.json", "not found"],
+    );
 
     let t = TempDir::copy_of("llama");
     std::fs::remove_file(t.path().join("model.safetensors")).unwrap();
     assert_mentions(
+        "models_loading",
         &load_err(t.path()),
         &[
             "model.safetensors",
@@ -143,6 +141,7 @@ fn missing_files_are_named() {
     let t = TempDir::copy_of("qwen3");
     std::fs::remove_file(t.path().join("model-00002-of-00002.safetensors")).unwrap();
     assert_mentions(
+        "models_loading",
         &load_err(t.path()),
         &["model-00002-of-00002.safetensors", "not found"],
     );
@@ -151,6 +150,7 @@ fn missing_files_are_named() {
     let t = TempDir::copy_of("llama");
     std::fs::write(t.path().join("model.safetensors"), b"not a checkpoint").unwrap();
     assert_mentions(
+        "models_loading",
         &load_err(t.path()),
         &["model.safetensors", "not a valid safetensors file"],
     );
@@ -168,6 +168,7 @@ fn unknown_model_type_and_rope_type_are_refused() {
         "{err:?}"
     );
     assert_mentions(
+        "models_loading",
         &err.to_string(),
         &[
             "config.json",
@@ -183,7 +184,11 @@ fn unknown_model_type_and_rope_type_are_refused() {
     t.edit_config(|c| {
         c.remove("model_type");
     });
-    assert_mentions(&load_err(t.path()), &["config.json", "model_type"]);
+    assert_mentions(
+        "models_loading",
+        &load_err(t.path()),
+        &["config.json", "model_type"],
+    );
 
     let t = TempDir::copy_of("llama");
     t.edit_config(|c| {
@@ -193,6 +198,7 @@ fn unknown_model_type_and_rope_type_are_refused() {
         );
     });
     assert_mentions(
+        "models_loading",
         &load_err(t.path()),
         &["config.json", "\"yarn\"", "not supported", "llama3"],
     );
@@ -201,13 +207,21 @@ fn unknown_model_type_and_rope_type_are_refused() {
     t.edit_config(|c| {
         c.insert("use_sliding_window".into(), json!(true));
     });
-    assert_mentions(&load_err(t.path()), &["use_sliding_window"]);
+    assert_mentions(
+        "models_loading",
+        &load_err(t.path()),
+        &["use_sliding_window"],
+    );
 
     let t = TempDir::copy_of("llama");
     t.edit_config(|c| {
         c.insert("hidden_act".into(), json!("gelu"));
     });
-    assert_mentions(&load_err(t.path()), &["hidden_act", "gelu"]);
+    assert_mentions(
+        "models_loading",
+        &load_err(t.path()),
+        &["hidden_act", "gelu"],
+    );
 }
 
 #[test]
@@ -219,6 +233,7 @@ fn wrong_shaped_tensor_is_named_with_both_shapes() {
     let err = load_cpu(t.path()).err().expect("shape mismatch");
     assert!(matches!(err, ModelError::ShapeMismatch { .. }), "{err:?}");
     assert_mentions(
+        "models_loading",
         &err.to_string(),
         &[
             "model.layers.0.mlp.gate_proj.weight",
@@ -234,6 +249,7 @@ fn wrong_shaped_tensor_is_named_with_both_shapes() {
         c.insert("head_dim".into(), json!(16));
     });
     assert_mentions(
+        "models_loading",
         &load_err(t.path()),
         &["q_proj.weight", "model-0000", "[64, 64]", "[96, 64]"],
     );
@@ -249,6 +265,7 @@ fn missing_tensor_is_named() {
     let err = load_cpu(t.path()).err().expect("missing lm_head");
     assert!(matches!(err, ModelError::MissingTensor { .. }), "{err:?}");
     assert_mentions(
+        "models_loading",
         &err.to_string(),
         &["lm_head.weight", "[128, 64]", "model.safetensors"],
     );
@@ -259,6 +276,7 @@ fn missing_tensor_is_named() {
         c.insert("model_type".into(), json!("qwen3"));
     });
     assert_mentions(
+        "models_loading",
         &load_err(t.path()),
         &["model.layers.0.self_attn.q_norm.weight", "[16]"],
     );
@@ -351,6 +369,7 @@ fn sharded_checkpoint_matches_single_file() {
         )
         .unwrap();
         assert_mentions(
+            "models_loading",
             &load_err(t.path()),
             &[
                 "model.norm.weight",
@@ -582,6 +601,7 @@ fn liger_config_switches() {
     };
     let err = both.validate().unwrap_err();
     assert_mentions(
+        "models_loading",
         &err,
         &["cross_entropy", "fused_linear_cross_entropy", "exclusive"],
     );
@@ -673,7 +693,11 @@ fn loss_ignores_masked_labels() {
     let err = evaluate(&model, vec![vec![1, 500, 2]])
         .unwrap_err()
         .to_string();
-    assert_mentions(&err, &["500", "position 1", "sequence 0", "vocab_size 128"]);
+    assert_mentions(
+        "models_loading",
+        &err,
+        &["500", "position 1", "sequence 0", "vocab_size 128"],
+    );
 }
 
 #[test]

@@ -16,7 +16,7 @@ use liger_burn::ops::validate::{self, RopeInputs};
 use liger_burn::ops::{FusedOps, Llama3RopeScaling, RopeLayout};
 use liger_cubecl_kernels::counters::{self, Kernel};
 use liger_tests::BackendVisitor;
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use liger_tests::errors::{assert_mentions, panic_message};
 
 #[test]
 fn rope_rotate_half_matches_reference() {
@@ -409,30 +409,6 @@ fn rope_tables_match_llama3_formula_and_burn() {
         assert!(
             (a - b).abs() <= 2e-5,
             "rope_tables {a} vs RotaryEncoding {b}"
-        );
-    }
-}
-
-fn panic_message(f: impl FnOnce()) -> String {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let result = catch_unwind(AssertUnwindSafe(f));
-    std::panic::set_hook(previous);
-    match result {
-        Ok(()) => panic!("expected a panic, the call succeeded"),
-        Err(payload) => payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default(),
-    }
-}
-
-fn assert_mentions(label: &str, msg: &str, parts: &[&str]) {
-    for p in parts {
-        assert!(
-            msg.contains(p),
-            "{label}: error message {msg:?} should mention {p:?}"
         );
     }
 }

@@ -482,9 +482,37 @@ fn the_loss_falls_in_a_short_run() {
     on_model_backends(T);
 }
 
+/// The failure-path tests run on NdArray: what they test is the trainer's, not a kernel's.
+type NdB = Liger<burn::backend::Autodiff<burn::backend::NdArray>>;
+
+/// A random tiny model on NdArray.
+fn ndarray_model(seed: u64) -> CausalLm<NdB> {
+    trainer::random_model::<NdB>(
+        &model_config(),
+        LigerConfig::all(),
+        DType::F32,
+        &Default::default(),
+        seed,
+    )
+}
+
+/// After a run stopped at `step`: the error names the checkpoint of step `step - 1`, which
+/// holds the state of the good steps. Returns that state.
+fn last_good_state(e: &TrainError, out: &Path, step: usize) -> TrainerState {
+    assert!(step >= 2, "the first step starts from finite weights: {e}");
+    let good = checkpoint::checkpoint_dir(out, step - 1);
+    assert!(e.to_string().contains(&good.display().to_string()), "{e}");
+    let state = checkpoint::read_state(&good).unwrap();
+    assert_eq!(
+        (state.step, state.history.len()),
+        (step - 1, step - 1),
+        "{e}"
+    );
+    state
+}
+
 #[test]
 fn a_non_finite_loss_stops_and_keeps_the_last_good_state() {
-    type B = Liger<burn::backend::Autodiff<burn::backend::NdArray>>;
     let mut rng = Rng::from_env();
     let seed = rng.next_u64() >> 1;
     let tok = bundled::tokenizer();
@@ -496,22 +524,9 @@ fn a_non_finite_loss_stops_and_keeps_the_last_good_state() {
     config.max_grad_norm = None;
     config.weight_decay = 0.0;
     let out = TempDir::new("nonfinite");
-    let device = Default::default();
-    let model = trainer::random_model::<B>(
-        &model_config(),
-        LigerConfig::all(),
-        DType::F32,
-        &device,
-        seed,
-    );
-    match run(model, &data, &tok, config, &out.0, None) {
+    match run(ndarray_model(seed), &data, &tok, config, &out.0, None) {
         Err(e @ TrainError::NonFinite { step, .. }) => {
-            assert!(step >= 2, "the first step starts from finite weights: {e}");
-            let good = checkpoint::checkpoint_dir(&out.0, step - 1);
-            assert!(e.to_string().contains(&good.display().to_string()), "{e}");
-            let state = checkpoint::read_state(&good).unwrap();
-            assert_eq!(state.step, step - 1);
-            assert_eq!(state.history.len(), step - 1);
+            let state = last_good_state(&e, &out.0, step);
             assert!(state.history.iter().all(|m| m.loss.is_finite()));
             let log = std::fs::read_to_string(out.0.join("train_log.csv")).unwrap();
             assert_eq!(log.lines().count(), step, "header + the good steps");
@@ -527,7 +542,6 @@ fn a_non_finite_loss_stops_and_keeps_the_last_good_state() {
 fn a_panicking_step_stops_and_keeps_the_last_good_state() {
     use liger_train::batching::shuffled_order;
     use liger_train::prompt::Tokenized;
-    type B = Liger<burn::backend::Autodiff<burn::backend::NdArray>>;
     let mut rng = Rng::from_env();
     let seed = rng.next_u64() >> 1;
     let tok = bundled::tokenizer();
@@ -541,21 +555,10 @@ fn a_panicking_step_stops_and_keeps_the_last_good_state() {
     let mut config = train_config(seed, 8, 0);
     config.batch_size = 1;
     let out = TempDir::new("panic");
-    let device = Default::default();
-    let model = trainer::random_model::<B>(
-        &model_config(),
-        LigerConfig::all(),
-        DType::F32,
-        &device,
-        seed,
-    );
-    match run(model, &data, &tok, config, &out.0, None) {
+    match run(ndarray_model(seed), &data, &tok, config, &out.0, None) {
         Err(e @ TrainError::Panicked { step, .. }) => {
             assert_eq!(step, bad_step, "{e}");
-            let good = checkpoint::checkpoint_dir(&out.0, step - 1);
-            assert!(e.to_string().contains(&good.display().to_string()), "{e}");
-            let state = checkpoint::read_state(&good).unwrap();
-            assert_eq!((state.step, state.history.len()), (step - 1, step - 1));
+            let state = last_good_state(&e, &out.0, step);
             // The data cursor points at the failed step's micro-batch.
             assert_eq!(
                 state.cursor,

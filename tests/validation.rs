@@ -6,31 +6,7 @@ use liger_burn::functional;
 use liger_burn::ops::validate;
 use liger_burn::ops::{FusedOps, RmsNormOptions};
 use liger_tests::BackendVisitor;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
-fn panic_message(f: impl FnOnce()) -> String {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let result = catch_unwind(AssertUnwindSafe(f));
-    std::panic::set_hook(previous);
-    match result {
-        Ok(()) => panic!("expected a panic, the call succeeded"),
-        Err(payload) => payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default(),
-    }
-}
-
-fn assert_mentions(msg: &str, parts: &[&str]) {
-    for p in parts {
-        assert!(
-            msg.contains(p),
-            "error message {msg:?} should mention {p:?}"
-        );
-    }
-}
+use liger_tests::errors::{assert_mentions, panic_message};
 
 fn t<B: Backend, const D: usize>(shape: [usize; D], device: &B::Device) -> Tensor<B, D> {
     let n = shape.iter().product();
@@ -46,7 +22,7 @@ impl BackendVisitor for BadInputs {
         let msg = panic_message(|| {
             functional::rms_norm(t::<B, 2>([4, 8], device), t::<B, 1>([7], device), opts);
         });
-        assert_mentions(&msg, &["rms_norm", "[7]", "[4, 8]"]);
+        assert_mentions("validation", &msg, &["rms_norm", "[7]", "[4, 8]"]);
         // Mismatched residual.
         let msg = panic_message(|| {
             functional::fused_add_rms_norm(
@@ -57,6 +33,7 @@ impl BackendVisitor for BadInputs {
             );
         });
         assert_mentions(
+            "validation",
             &msg,
             &["fused_add_rms_norm", "residual", "[4, 9]", "[4, 8]"],
         );
@@ -69,17 +46,21 @@ impl BackendVisitor for BadInputs {
                 1e-5,
             );
         });
-        assert_mentions(&msg, &["layer_norm", "bias", "[4]", "[2, 3, 5]"]);
+        assert_mentions(
+            "validation",
+            &msg,
+            &["layer_norm", "bias", "[4]", "[2, 3, 5]"],
+        );
         // Empty input.
         let msg = panic_message(|| {
             functional::softmax(t::<B, 2>([0, 8], device), 1);
         });
-        assert_mentions(&msg, &["softmax", "empty", "[0, 8]"]);
+        assert_mentions("validation", &msg, &["softmax", "empty", "[0, 8]"]);
         // Out-of-range dim.
         let msg = panic_message(|| {
             functional::log_softmax(t::<B, 2>([3, 8], device), 2);
         });
-        assert_mentions(&msg, &["log_softmax", "dim 2", "rank 2"]);
+        assert_mentions("validation", &msg, &["log_softmax", "dim 2", "rank 2"]);
         // Weight dtype differs from x (where the device has f16).
         if B::supports_dtype(device, DType::F16) {
             let msg = panic_message(|| {
@@ -89,7 +70,7 @@ impl BackendVisitor for BadInputs {
                     opts,
                 );
             });
-            assert_mentions(&msg, &["rms_norm", "F16", "F32"]);
+            assert_mentions("validation", &msg, &["rms_norm", "F16", "F32"]);
         }
         // The backward primitive checks its inputs too (grad_output vs x).
         let msg = panic_message(|| {
@@ -116,9 +97,13 @@ fn bad_inputs_are_rejected_with_clear_errors() {
 #[test]
 fn kernel_dtype_check_names_op_shape_and_dtype() {
     let err = validate::rows("softmax", (&Shape::new([2, 3]), DType::F64), true).unwrap_err();
-    assert_mentions(&err.0, &["softmax", "unsupported dtype F64", "[2, 3]"]);
+    assert_mentions(
+        "validation",
+        &err.0,
+        &["softmax", "unsupported dtype F64", "[2, 3]"],
+    );
     let err = validate::rows("softmax", (&Shape::new([2, 3]), DType::I32), false).unwrap_err();
-    assert_mentions(&err.0, &["softmax", "float", "I32"]);
+    assert_mentions("validation", &err.0, &["softmax", "float", "I32"]);
     // The fallback composes stock ops, so f64 is fine there.
     assert!(validate::rows("softmax", (&Shape::new([2, 3]), DType::F64), false).is_ok());
 }

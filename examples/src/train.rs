@@ -5,7 +5,7 @@
 //! (so a data error stops the job before step 1), then the device, the model and the loop.
 //! The header and the summary go to stdout; progress (bar or log lines) to stderr.
 
-use crate::device::{self, Ctx, OnDevice};
+use crate::device::{self, Ctx, DeviceKind, OnDevice};
 use crate::dtype::DtypeArg;
 use crate::eval::LigerSwitch;
 use anyhow::{Context, Result, bail};
@@ -656,6 +656,16 @@ impl OnDevice for TrainJob {
             " (try --dtype f32)",
         ) {
             return Ok(code);
+        }
+        // CubeCL compiles kernels per shape: padded batches (each rounded to its own
+        // longest row) bring new shapes, so new compilations, for many steps on a GPU.
+        if matches!(ctx.kind, DeviceKind::Cuda | DeviceKind::Rocm)
+            && self.config.layout == Layout::Pad
+        {
+            println!(
+                "hint:      --packing gives every step one shape ([batch, --max-length]), so \
+                 kernels compile once; padded batches of new lengths compile new ones"
+            );
         }
         let memory: Option<Box<dyn Fn() -> u64 + '_>> = ctx
             .cube

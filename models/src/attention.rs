@@ -119,17 +119,87 @@ impl<B: FusedOps> Attention<B> {
         let k = repeat_kv(k, hq / hk);
         let v = repeat_kv(v, hq / hk);
 
-        // Eager attention as transformers: scores in the activation dtype, the masked
-        // softmax in f32, the probabilities cast back.
-        let scale = (d as f64).powf(-0.5);
-        let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
-        let mask = inputs.mask.clone().unsqueeze::<4>().expand([b, hq, s, s]);
-        let scores = scores.cast(DType::F32).mask_fill(mask, f32::NEG_INFINITY);
-        let probs = softmax(scores, 3).cast(dtype);
-        let out = probs.matmul(v); // [batch, q_heads, seq, head_dim]
+        // Heads are independent: attend in groups whose scores stay indexable.
+        let group = heads_per_group(b, hq, s);
+        let out = if group >= hq {
+            eager_attention(q, k, v, &inputs.mask, dtype)
+        } else {
+            let groups = (0..hq)
+                .step_by(group)
+                .map(|start| {
+                    let n = group.min(hq - start);
+                    eager_attention(
+                        q.clone().narrow(1, start, n),
+                        k.clone().narrow(1, start, n),
+                        v.clone().narrow(1, start, n),
+                        &inputs.mask,
+                        dtype,
+                    )
+                })
+                .collect();
+            Tensor::cat(groups, 1)
+        }; // [batch, q_heads, seq, head_dim]
         let out = out.swap_dims(1, 2).reshape([b, s, hq * d]);
         self.o_proj.forward(out)
     }
+}
+
+/// Eager attention as transformers: scores in the activation dtype, the masked softmax in
+/// f32, the probabilities cast back. `q`, `k`, `v`: `[batch, heads, seq, head_dim]`;
+/// `mask`: `[seq, seq]`; returns `[batch, heads, seq, head_dim]`.
+fn eager_attention<B: FusedOps>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: &Tensor<B, 2, Bool>,
+    dtype: DType,
+) -> Tensor<B, 4> {
+    let [b, h, s, d] = q.dims();
+    let scale = (d as f64).powf(-0.5);
+    let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+    let mask = mask.clone().unsqueeze::<4>().expand([b, h, s, s]);
+    let scores = scores.cast(DType::F32).mask_fill(mask, f32::NEG_INFINITY);
+    softmax(scores, 3).cast(dtype).matmul(v)
+}
+
+/// Most elements one `[batch, heads, seq, seq]` score tensor may have: CubeCL kernels
+/// index with 32-bit integers. On the H200, Llama-3.2-1B's eager attention at 8K tokens
+/// and more (32·S² ≥ 2³¹ elements per layer, in one tensor) ran in a fraction of the
+/// time its FLOPs take and held less memory than its saved probabilities alone need, so
+/// it cannot have computed them all; the heads are therefore taken in groups below this.
+pub const MAX_SCORE_ELEMENTS: usize = (1 << 31) - 1;
+
+/// Test override of [`MAX_SCORE_ELEMENTS`] (0: none).
+static SCORE_LIMIT_OVERRIDE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// Overrides [`MAX_SCORE_ELEMENTS`] process-wide (`None` restores it): lets tests reach
+/// the grouped path at small shapes.
+pub fn set_max_score_elements(limit: Option<usize>) {
+    SCORE_LIMIT_OVERRIDE.store(limit.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Query heads per group so that `[batch, group, seq, seq]` stays within the limit: the
+/// fewest groups that fit, their sizes balanced (32 heads at 8K: two groups of 16, not
+/// 31 + 1).
+///
+/// # Panics
+/// When even one head's scores (`batch · seq²` elements) exceed it, naming the shapes.
+pub fn heads_per_group(batch: usize, heads: usize, seq: usize) -> usize {
+    let limit = match SCORE_LIMIT_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => MAX_SCORE_ELEMENTS,
+        n => n,
+    };
+    let per_head = batch.saturating_mul(seq).saturating_mul(seq);
+    assert!(
+        per_head <= limit,
+        "attention: the scores of one head, [batch {batch}, 1, seq {seq}, seq {seq}] = \
+         {per_head} elements, exceed the {limit} a CubeCL kernel can index; use a shorter \
+         sequence or a smaller batch"
+    );
+    let heads = heads.max(1);
+    let most = (limit / per_head.max(1)).clamp(1, heads);
+    heads.div_ceil(heads.div_ceil(most))
 }
 
 /// `[batch, kv_heads, seq, d]` → `[batch, kv_heads · n_rep, seq, d]`, each key/value head

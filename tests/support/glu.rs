@@ -1,6 +1,7 @@
 //! Shared checks of the elementwise ops (SwiGLU, GeGLU, GELU, sigmoid): forced launch
 //! limits, bad input, partial gradient tracking, any rank.
 
+use crate::errors::{assert_mentions, panic_message, quiet_panic};
 use crate::{BackendVisitor, dtypes, for_each_backend, lock};
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
@@ -9,7 +10,6 @@ use liger_burn::conformance::{Op, Rng, Tolerance, compare, run_case};
 use liger_burn::functional;
 use liger_burn::ops::{FusedOps, GluActivation};
 use liger_cubecl_kernels::set_elementwise_limits;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// `op`'s conformance at a few shapes with the elementwise launches limited to one cube
 /// (which then grid-strides over every block of a launch) and split every 4096 vectors
@@ -52,36 +52,6 @@ pub fn check_op_with_elementwise_limits(op: Op) {
         op.name(),
         run.2.join("\n")
     );
-}
-
-/// Runs `f`; returns the message of its panic, if any, without printing it.
-pub fn quiet_panic(f: impl FnOnce()) -> Option<String> {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let result = catch_unwind(AssertUnwindSafe(f));
-    std::panic::set_hook(previous);
-    result.err().map(|payload| {
-        payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default()
-    })
-}
-
-/// Runs `f`, expecting a panic; returns its message.
-pub fn panic_message(f: impl FnOnce()) -> String {
-    quiet_panic(f).expect("expected a panic, the call succeeded")
-}
-
-/// Asserts that `msg` contains every one of `parts`.
-pub fn assert_mentions(label: &str, msg: &str, parts: &[&str]) {
-    for p in parts {
-        assert!(
-            msg.contains(p),
-            "{label}: error message {msg:?} should mention {p:?}"
-        );
-    }
 }
 
 fn filled<B: Backend, const D: usize>(shape: [usize; D], device: &B::Device) -> Tensor<B, D> {
