@@ -459,10 +459,12 @@ fn the_loss_falls_in_a_short_run() {
             let last = losses[losses.len() - 5..].iter().sum::<f64>() / 5.0;
             eprintln!("{label}: mean loss of the first 5 steps {first:.4}, last 5 {last:.4}");
             assert!(losses.iter().all(|l| l.is_finite()), "{label}: {losses:?}");
-            // ln(1024) = 6.93 at random init; a model that learns nothing stays near it.
+            // ln(1024) = 6.93 at random init; a model that learns nothing stays near it
+            // (batch-to-batch noise here is about ±0.3). Over random seeds the drop was
+            // 1.44 at the least seen (CI-like run, lavapipe), so 1.0 is the bar.
             assert!(first > 6.0, "{label}: {losses:?}");
             assert!(
-                last < first - 1.5,
+                last < first - 1.0,
                 "{label} (seed {seed}): the loss did not fall: {losses:?}"
             );
             let log = std::fs::read_to_string(out.0.join("train_log.csv")).unwrap();
