@@ -2,7 +2,7 @@
 //! limits, bad input, partial gradient tracking, any rank.
 
 use crate::errors::{assert_mentions, panic_message, quiet_panic};
-use crate::{BackendVisitor, dtypes, for_each_backend, lock};
+use crate::{BackendVisitor, dtypes, for_each_backend, lock, tensors};
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use liger_burn::conformance::glu::reference;
@@ -196,16 +196,7 @@ pub fn check_partial_tracking(op: Op) {
                     make(&mut self.1, -2.0, 2.0),
                     make(&mut self.1, -1.5, 1.5),
                 );
-                let values = |t: &Tensor<B, 3>| -> Vec<f64> {
-                    t.clone()
-                        .cast(DType::F32)
-                        .into_data()
-                        .to_vec::<f32>()
-                        .unwrap()
-                        .into_iter()
-                        .map(f64::from)
-                        .collect()
-                };
+                let values = |t: &Tensor<B, 3>| tensors::values(t.clone());
                 let act = if op == Op::SwiGlu {
                     reference::silu
                 } else {
