@@ -1,12 +1,14 @@
 //! The models' eager attention taken in groups of heads (so that no `[batch, heads, seq,
 //! seq]` score tensor outgrows 32-bit indexing) against the attention over all heads at
 //! once: logits and parameter gradients, with Liger on and off, on every model backend of
-//! the test device; and the group size and its error against independent arithmetic.
+//! the test device; liger-burn's attention (switch on, one block and several) against the
+//! same reference; and the group size and its error against independent arithmetic.
 
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::conformance::Rng;
 use liger_burn::ops::FusedOps;
+use liger_burn::ops::compose::attention::set_block_score_elements;
 use liger_models::attention::{MAX_SCORE_ELEMENTS, heads_per_group, set_max_score_elements};
 use liger_models::{CausalLm, LigerConfig, ModelConfig, ModelType};
 use liger_tests::errors::{assert_mentions, panic_message};
@@ -98,7 +100,11 @@ fn attention_in_head_groups_matches_all_heads_at_once() {
                 .collect();
             let g = self.0.vec(batch * seq * config.vocab_size, 0.5, 1.5, 0.0);
             let seed = self.0.next_u64() >> 1;
-            for liger in [LigerConfig::none(), LigerConfig::all()] {
+            let eager_kernels = LigerConfig {
+                attention: false,
+                ..LigerConfig::all()
+            };
+            for liger in [LigerConfig::none(), eager_kernels] {
                 let model =
                     trainer::random_model::<Autodiff<B>>(&config, liger, DType::F32, device, seed);
                 let (ref_logits, ref_grads) = {
@@ -111,6 +117,32 @@ fn attention_in_head_groups_matches_all_heads_at_once() {
                     let (logits, grads) =
                         logits_and_grads::<B>(&model, &ids, [batch, seq], &g, device);
                     let ctx = format!("{label} liger {liger:?}, groups of {group} heads");
+                    let e = max_rel(&logits, &ref_logits);
+                    assert!(e <= 1e-5, "{ctx}: logits differ by {e:e} (relative to max)");
+                    for ((name, a), (_, b)) in grads.iter().zip(&ref_grads) {
+                        let e = max_rel(a, b);
+                        assert!(e <= 1e-5, "{ctx}: {name} gradient differs by {e:e}");
+                    }
+                }
+                // The same model with liger-burn's attention (switch on), one block and
+                // blocks of 2 query rows, against the eager reference.
+                let recompute = LigerConfig {
+                    attention: true,
+                    ..liger
+                };
+                let model = trainer::random_model::<Autodiff<B>>(
+                    &config,
+                    recompute,
+                    DType::F32,
+                    device,
+                    seed,
+                );
+                for block in [None, Some(2 * batch * 5 * seq)] {
+                    set_block_score_elements(block);
+                    let (logits, grads) =
+                        logits_and_grads::<B>(&model, &ids, [batch, seq], &g, device);
+                    set_block_score_elements(None);
+                    let ctx = format!("{label} liger {recompute:?}, blocks of {block:?} scores");
                     let e = max_rel(&logits, &ref_logits);
                     assert!(e <= 1e-5, "{ctx}: logits differ by {e:e} (relative to max)");
                     for ((name, a), (_, b)) in grads.iter().zip(&ref_grads) {

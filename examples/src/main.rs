@@ -270,6 +270,12 @@ pub struct BenchArgs {
     /// limit; the per-layer shapes are kept).
     #[arg(long, value_name = "N")]
     pub e2e_layers: Option<usize>,
+    /// --e2e: the attention of the liger-on mode: `on` = liger-burn's attention, which
+    /// recomputes its probabilities in the backward (memory linear in the sequence); `off`
+    /// = eager attention as in the off mode, so that the two modes differ only in the fused
+    /// kernels. The off mode is always eager (stock Burn).
+    #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
+    pub e2e_liger_attention: crate::train::OnOff,
     /// Internal: run one --e2e case (MODEL:SEQ:BATCH:on|off) in this process and print
     /// its result line.
     #[arg(long, hide = true, value_name = "CASE")]

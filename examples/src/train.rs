@@ -132,6 +132,11 @@ pub struct TrainArgs {
     /// Fused LM head + cross entropy, logits never whole (default: as --liger).
     #[arg(long, value_enum, value_name = "on|off")]
     pub fused_linear_cross_entropy: Option<OnOff>,
+    /// Attention that recomputes its probabilities in the backward instead of keeping them
+    /// (memory linear in the sequence instead of quadratic; same math as eager attention)
+    /// (default: as --liger).
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub attention: Option<OnOff>,
     /// Longest example in tokens (bos + prompt + response + eos); with --packing, the
     /// length of every packed row. [default: 256]
     #[arg(long, value_name = "TOKENS")]
@@ -414,6 +419,7 @@ fn liger_config(args: &TrainArgs) -> Result<LigerConfig> {
     set(args.rope, &mut c.rope);
     set(args.rms_norm, &mut c.rms_norm);
     set(args.swiglu, &mut c.swiglu);
+    set(args.attention, &mut c.attention);
     set(
         args.fused_linear_cross_entropy,
         &mut c.fused_linear_cross_entropy,
@@ -437,6 +443,7 @@ fn kernels_text(args: &TrainArgs, c: &LigerConfig) -> String {
         (c.swiglu, "swiglu"),
         (c.cross_entropy, "cross_entropy"),
         (c.fused_linear_cross_entropy, "fused_linear_cross_entropy"),
+        (c.attention, "attention"),
     ]
     .into_iter()
     .filter_map(|(b, n)| b.then_some(n))

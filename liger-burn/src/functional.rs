@@ -200,6 +200,44 @@ pub fn rope<B: FusedOps>(
     (wrap(out.q), wrap(out.k))
 }
 
+/// Causal softmax attention that keeps nothing `[seq, seq]`-sized for the backward:
+/// transformers' eager attention (`softmax(mask(q·kᵀ·scale))·v`, scores in the input dtype,
+/// the masked softmax in f32), computed in blocks of query rows; the backward recomputes
+/// each block's probabilities. Exact: no approximation beyond eager attention's own
+/// rounding. See [`compose::attention`](crate::ops::compose::attention) for the blocks.
+///
+/// - `q`: `[batch, q_heads, seq, head_dim]`
+/// - `k`, `v`: `[batch, kv_heads, seq, head_dim]`, `q_heads` a multiple of `kv_heads`
+///   (grouped-query attention: each k/v head serves `q_heads / kv_heads` query heads)
+/// - `mask`: `[seq, seq]`, `true` where query `i` must not see key `j` (with
+///   `options.causal`, it must hide every `j > i`)
+/// - returns `[batch, q_heads, seq, head_dim]`, q's dtype
+///
+/// # Panics
+/// On mismatched shapes or dtypes, naming them.
+pub fn attention<B: FusedOps>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: Tensor<B, 2, burn::tensor::Bool>,
+    options: crate::ops::AttentionOptions,
+) -> Tensor<B, 4> {
+    validate::check(validate::attention(&validate::AttentionInputs {
+        op: "attention",
+        q: (q.shape(), q.dtype()),
+        k: (k.shape(), k.dtype()),
+        v: (v.shape(), v.dtype()),
+        mask: mask.shape(),
+    }));
+    wrap(B::fused_attention(
+        prim(q),
+        prim(k),
+        prim(v),
+        mask.into_primitive(),
+        options,
+    ))
+}
+
 /// cos/sin tables for [`rope`], as Hugging Face builds them: inverse frequencies
 /// `1 / theta^(2i / head_dim)` for `i < head_dim / 2` (optionally with Llama 3.1
 /// scaling), angles `position · inv_freq[i]`.

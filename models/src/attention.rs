@@ -116,32 +116,46 @@ impl<B: FusedOps> Attention<B> {
             liger.rope,
         );
         let v = v.swap_dims(1, 2);
-        let k = repeat_kv(k, hq / hk);
-        let v = repeat_kv(v, hq / hk);
-
-        // Heads are independent: attend in groups whose scores stay indexable.
-        let group = heads_per_group(b, hq, s);
-        let out = if group >= hq {
-            eager_attention(q, k, v, &inputs.mask, dtype)
-        } else {
-            let groups = (0..hq)
-                .step_by(group)
-                .map(|start| {
-                    let n = group.min(hq - start);
-                    eager_attention(
-                        q.clone().narrow(1, start, n),
-                        k.clone().narrow(1, start, n),
-                        v.clone().narrow(1, start, n),
-                        &inputs.mask,
-                        dtype,
-                    )
-                })
-                .collect();
-            Tensor::cat(groups, 1)
-        }; // [batch, q_heads, seq, head_dim]
+        // [batch, q_heads, seq, head_dim]
+        let out = kernels::attention(q, k, v, inputs.mask.clone(), dtype, liger.attention);
         let out = out.swap_dims(1, 2).reshape([b, s, hq * d]);
         self.o_proj.forward(out)
     }
+}
+
+/// Eager attention as transformers (the stock path): k and v repeated for their query
+/// heads, then the heads in groups whose scores stay indexable (see [`heads_per_group`]).
+/// `q`: `[batch, q_heads, seq, head_dim]`, `k`, `v`: `[batch, kv_heads, seq, head_dim]`,
+/// `mask`: `[seq, seq]`; returns `[batch, q_heads, seq, head_dim]`.
+pub(crate) fn eager_attention_grouped<B: FusedOps>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: &Tensor<B, 2, Bool>,
+    dtype: DType,
+) -> Tensor<B, 4> {
+    let [b, hq, s, _] = q.dims();
+    let hk = k.dims()[1];
+    let k = repeat_kv(k, hq / hk);
+    let v = repeat_kv(v, hq / hk);
+    let group = heads_per_group(b, hq, s);
+    if group >= hq {
+        return eager_attention(q, k, v, mask, dtype);
+    }
+    let groups = (0..hq)
+        .step_by(group)
+        .map(|start| {
+            let n = group.min(hq - start);
+            eager_attention(
+                q.clone().narrow(1, start, n),
+                k.clone().narrow(1, start, n),
+                v.clone().narrow(1, start, n),
+                mask,
+                dtype,
+            )
+        })
+        .collect();
+    Tensor::cat(groups, 1)
 }
 
 /// Eager attention as transformers: scores in the activation dtype, the masked softmax in

@@ -4,7 +4,8 @@
 //! Hugging Face transformers) either way.
 //!
 //! The `on` branches call `liger_burn::functional::{rms_norm, rope, swiglu, cross_entropy,
-//! fused_linear_cross_entropy}`; the `off` branches are the stock compositions in [`stock`].
+//! fused_linear_cross_entropy, attention}`; the `off` branches are the stock compositions in
+//! [`stock`] (eager attention in [`crate::attention`]).
 
 use burn::tensor::activation::{log_softmax, silu};
 use burn::tensor::{DType, Int, Tensor};
@@ -71,6 +72,37 @@ pub fn rope<B: FusedOps>(
         liger_burn::functional::rope(q, k, cos, sin, liger_burn::ops::RopeLayout::RotateHalf)
     } else {
         stock::rope(q, k, cos, sin)
+    }
+}
+
+/// Causal self-attention with grouped-query heads, as transformers' eager attention
+/// computes it (scores in the activation dtype, masked softmax in f32, probabilities cast
+/// back). `on`: liger-burn's [`attention`](liger_burn::functional::attention), which keeps
+/// nothing `[seq, seq]`-sized for the backward; `off`: eager attention, which keeps the
+/// probabilities of every layer.
+///
+/// - `q`: `[batch, q_heads, seq, head_dim]`, `k`, `v`: `[batch, kv_heads, seq, head_dim]`
+/// - `mask`: `[seq, seq]`, `true` where query `i` must not see key `j` (hides every `j > i`)
+/// - returns `[batch, q_heads, seq, head_dim]`
+pub fn attention<B: FusedOps>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: Tensor<B, 2, burn::tensor::Bool>,
+    dtype: DType,
+    on: bool,
+) -> Tensor<B, 4> {
+    if on {
+        let head_dim = q.dims()[3];
+        liger_burn::functional::attention(
+            q,
+            k,
+            v,
+            mask,
+            liger_burn::ops::AttentionOptions::causal(head_dim),
+        )
+    } else {
+        crate::attention::eager_attention_grouped(q, k, v, &mask, dtype)
     }
 }
 

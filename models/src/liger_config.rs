@@ -19,6 +19,13 @@ pub struct LigerConfig {
     /// LM head + cross entropy fused, chunked: the `[tokens, vocab]` logits never exist
     /// whole. Used by the loss (and per-token evaluation), not by `forward`.
     pub fused_linear_cross_entropy: bool,
+    /// Attention that keeps nothing `[seq, seq]`-sized for the backward
+    /// (`liger_burn::functional::attention`: the same math as eager attention, the
+    /// probabilities recomputed block by block in the backward). Off: eager attention,
+    /// whose saved probabilities grow with the square of the sequence. Liger-Kernel has no
+    /// attention kernel (its models use PyTorch's SDPA in both modes); Burn's autodiff has
+    /// only eager attention, so this switch is what lets long sequences train here.
+    pub attention: bool,
 }
 
 impl Default for LigerConfig {
@@ -38,6 +45,7 @@ impl LigerConfig {
             swiglu: true,
             cross_entropy: false,
             fused_linear_cross_entropy: true,
+            attention: true,
         }
     }
 
@@ -49,6 +57,7 @@ impl LigerConfig {
             swiglu: false,
             cross_entropy: false,
             fused_linear_cross_entropy: false,
+            attention: false,
         }
     }
 
@@ -67,6 +76,7 @@ impl LigerConfig {
             || self.swiglu
             || self.cross_entropy
             || self.fused_linear_cross_entropy
+            || self.attention
     }
 
     /// Refuses inconsistent switches (cross entropy and fused linear cross entropy both on).

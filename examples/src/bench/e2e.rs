@@ -15,11 +15,14 @@
 //!   pool cleanup (what the step needed from the device, CUDA context excluded); the
 //!   `in_use_mib` column is the peak of bytes in live allocations over the same step.
 //!
-//! The models' attention is eager in both modes (as transformers' `eager`; Burn 0.21's
-//! autodiff `attention` falls back to the same composition): the `[batch, heads, seq,
-//! seq]` scores, their f32 softmax and the probabilities are materialized per layer and
-//! kept for the backward. That quadratic term bounds the longest sequence of *both*
-//! modes; liger's kernels cut the linear terms (logits, norms, MLP activations).
+//! Attention: the off mode's is eager (as transformers' `eager`; Burn 0.21's autodiff
+//! `attention` falls back to the same composition), so each layer keeps its `[batch,
+//! heads, seq, seq]` f32 softmax and probabilities for the backward, a term quadratic in
+//! the sequence. The on mode's is liger-burn's
+//! [`attention`](liger_burn::functional::attention): the same math, the probabilities
+//! recomputed block by block in the backward, nothing quadratic kept.
+//! `--e2e-liger-attention off` gives the on mode eager attention too, so the two modes
+//! differ only in the fused kernels (RMSNorm, RoPE, SwiGLU, softmax, the loss).
 //!
 //! CSV (`--csv`, appended per case as it finishes, header written when the file is new):
 //! `model,seq,batch,liger,status,tokens_per_s,step_ms,peak_mib,in_use_mib,config,gpu,commit,date`.
@@ -257,15 +260,26 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     );
     println!(
         "modes:     liger on = Liger<Autodiff<B>> + LigerConfig::all() (fused RMSNorm, RoPE, \
-         SwiGLU, softmax, fused linear cross entropy); off = Autodiff<B> + LigerConfig::none()"
+         SwiGLU, softmax, fused linear cross entropy{}); off = Autodiff<B> + LigerConfig::none()",
+        if args.e2e_liger_attention.on() {
+            ", attention"
+        } else {
+            "; --e2e-liger-attention off: eager attention"
+        }
     );
     println!(
         "memory:    peak = CubeCL pool bytes reserved over one synchronized step after a pool \
          cleanup (sampled after forward+loss, after backward, after the optimizer step)"
     );
     println!(
-        "attention: eager in both modes ([batch, heads, seq, seq] scores and f32 softmax kept \
-         per layer for the backward): it bounds the longest sequence of both modes"
+        "attention: off = eager ([batch, heads, seq, seq] f32 softmax and probabilities kept per \
+         layer for the backward: quadratic in the sequence); on = {}",
+        if args.e2e_liger_attention.on() {
+            "liger-burn's attention (same math, probabilities recomputed block by block in the \
+             backward: linear in the sequence)"
+        } else {
+            "eager too (--e2e-liger-attention off): it bounds the longest sequence of both modes"
+        }
     );
     for &m in &models {
         let c = m.config(args.e2e_layers);
@@ -382,7 +396,19 @@ fn child_args(args: &BenchArgs, case: E2eCase) -> Vec<String> {
     if let Some(n) = args.e2e_layers {
         a.extend(["--e2e-layers".into(), n.to_string()]);
     }
+    if !args.e2e_liger_attention.on() {
+        a.extend(["--e2e-liger-attention".into(), "off".into()]);
+    }
     a
+}
+
+/// The attention a mode runs: `recompute` (liger-burn's, nothing `[seq, seq]` kept) or
+/// `eager` (probabilities kept for the backward).
+pub(crate) fn attention_name(args: &BenchArgs, liger: LigerMode) -> &'static str {
+    match liger {
+        LigerMode::On if args.e2e_liger_attention.on() => "recompute",
+        _ => "eager",
+    }
 }
 
 /// Runs `case` in a child process with a time limit and classifies how it ended.
@@ -535,10 +561,11 @@ fn print_progress(index: usize, total: usize, r: &CaseResult) {
     let c = &r.case;
     let what = match r.status {
         Status::Ok => format!(
-            "ok: {} tokens/s, step {} ms, peak {} MiB",
+            "ok: {} tokens/s, step {} ms, peak {} MiB, loss {}",
             num(r.tokens_per_s(), 0),
             num(r.step_ms(), 1),
-            num(r.peak_mib(), 0)
+            num(r.peak_mib(), 0),
+            num(r.output.as_ref().and_then(|o| o.loss), 4)
         ),
         other => format!("{}: {}", other.name(), r.detail),
     };
@@ -557,10 +584,11 @@ fn print_progress(index: usize, total: usize, r: &CaseResult) {
 fn csv_line(r: &CaseResult, args: &BenchArgs, run: &RunInfo) -> String {
     let nan = f64::NAN;
     let mut config = format!(
-        "dtype={} warmup={} steps={} optimizer=adamw attention=eager autotune={}",
+        "dtype={} warmup={} steps={} optimizer=adamw attention={} autotune={}",
         args.dtype,
         args.e2e_warmup,
         args.e2e_steps,
+        attention_name(args, r.case.liger),
         if cfg!(feature = "autotune") {
             "on"
         } else {
@@ -569,6 +597,9 @@ fn csv_line(r: &CaseResult, args: &BenchArgs, run: &RunInfo) -> String {
     );
     if let Some(n) = args.e2e_layers {
         config.push_str(&format!(" layers={n}"));
+    }
+    if let Some(loss) = r.output.as_ref().and_then(|o| o.loss) {
+        config.push_str(&format!(" loss={loss:.4}"));
     }
     if !r.detail.is_empty() {
         config.push_str(&format!(" detail={}", shorten(&r.detail, 200)));

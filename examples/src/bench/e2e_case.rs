@@ -115,7 +115,11 @@ impl OnDevice for CaseRun {
             // The panic hook still prints to stderr, which the parent keeps for the log.
             let result = catch_unwind(AssertUnwindSafe(|| match self.case.liger {
                 LigerMode::On => {
-                    measure::<Liger<Autodiff<B>>, B>(&ctx, args, &self.case, LigerConfig::all())
+                    let liger = LigerConfig {
+                        attention: args.e2e_liger_attention.on(),
+                        ..LigerConfig::all()
+                    };
+                    measure::<Liger<Autodiff<B>>, B>(&ctx, args, &self.case, liger)
                 }
                 LigerMode::Off => {
                     measure::<Autodiff<B>, B>(&ctx, args, &self.case, LigerConfig::none())

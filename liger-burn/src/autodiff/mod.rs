@@ -3,6 +3,7 @@
 //! backward kernels too. Nodes keep exactly what the backward kernel needs (the inputs
 //! and the per-row statistics, or the softmax output), never a recomputed graph.
 
+mod attention;
 mod cross_entropy;
 mod glu;
 mod linear_cross_entropy;
@@ -374,6 +375,27 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             compute_grad,
             options,
         )
+    }
+
+    fn fused_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: burn::tensor::ops::BoolTensor<Self>,
+        options: crate::ops::AttentionOptions,
+    ) -> FloatTensor<Self> {
+        attention::forward::<B, C>(q, k, v, mask, options)
+    }
+
+    fn fused_attention_backward(
+        grad_output: FloatTensor<Self>,
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: burn::tensor::ops::BoolTensor<Self>,
+        options: crate::ops::AttentionOptions,
+    ) -> crate::ops::AttentionGrads<Self> {
+        attention::backward::<B, C>(grad_output, q, k, v, mask, options)
     }
 }
 

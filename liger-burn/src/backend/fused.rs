@@ -213,6 +213,37 @@ impl<B: FusedOps> FusedOps for Liger<B> {
             grad_bias,
         }
     }
+
+    fn fused_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: burn::tensor::ops::BoolTensor<Self>,
+        options: crate::ops::AttentionOptions,
+    ) -> FloatTensor<Self> {
+        // B's, so that `Liger<Autodiff<_>>` reaches Autodiff's recomputing node.
+        B::fused_attention(q, k, v, mask, options)
+    }
+
+    fn fused_attention_backward(
+        grad_output: FloatTensor<Self>,
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: burn::tensor::ops::BoolTensor<Self>,
+        options: crate::ops::AttentionOptions,
+    ) -> crate::ops::AttentionGrads<Self> {
+        let crate::ops::AttentionGrads {
+            grad_q,
+            grad_k,
+            grad_v,
+        } = B::fused_attention_backward(grad_output, q, k, v, mask, options);
+        crate::ops::AttentionGrads {
+            grad_q,
+            grad_k,
+            grad_v,
+        }
+    }
 }
 
 fn lift_grads<B: FusedOps>(grads: NormGrads<B>) -> NormGrads<Liger<B>> {

@@ -18,7 +18,7 @@ pub use options::*;
 use burn::tensor::{
     Shape,
     backend::Backend,
-    ops::{FloatTensor, IntTensor},
+    ops::{BoolTensor, FloatTensor, IntTensor},
 };
 
 /// Output of the fused RMSNorm forward.
@@ -73,6 +73,17 @@ pub struct CrossEntropyRows<B: Backend> {
     /// `∂(Σ_i s_i loss_i)/∂logits` for the given `grad_scale` `s` (`[1]` or `[N]`),
     /// `[N, V]`, dtype of the logits, when a `grad_scale` was given.
     pub grad_logits: Option<FloatTensor<B>>,
+}
+
+/// Gradients of [`FusedOps::fused_attention`], shaped and typed like its inputs.
+#[derive(Debug, Clone)]
+pub struct AttentionGrads<B: Backend> {
+    /// `[batch, q_heads, seq, head_dim]`.
+    pub grad_q: FloatTensor<B>,
+    /// `[batch, kv_heads, seq, head_dim]` (summed over the query heads sharing each).
+    pub grad_k: FloatTensor<B>,
+    /// `[batch, kv_heads, seq, head_dim]`.
+    pub grad_v: FloatTensor<B>,
 }
 
 /// Output of the fused linear cross entropy.
@@ -322,6 +333,42 @@ pub trait FusedOps: Backend {
             compute_grad,
             options,
         )
+    }
+
+    /// Causal softmax attention without the `[batch, heads, seq, seq]` probabilities kept:
+    /// transformers' eager attention (`softmax(mask(q·kᵀ·scale))·v`, scores in the input
+    /// dtype, the masked softmax in f32, the probabilities cast back before `·v`),
+    /// computed in blocks of query rows so that no block's scores exceed
+    /// [`compose::attention::BLOCK_SCORE_ELEMENTS`]. On `Autodiff<B>` only q, k, v and the
+    /// mask are kept; the backward recomputes each block's probabilities.
+    ///
+    /// `q: [batch, q_heads, seq, head_dim]`, `k, v: [batch, kv_heads, seq, head_dim]`
+    /// (`q_heads` a multiple of `kv_heads`: grouped-query attention), one float dtype;
+    /// `mask: [seq, seq]`, `true` where query `i` must not see key `j`. Returns
+    /// `[batch, q_heads, seq, head_dim]` in q's dtype.
+    fn fused_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        options: AttentionOptions,
+    ) -> FloatTensor<Self> {
+        compose::attention::forward::<Self>(q, k, v, mask, options)
+    }
+
+    /// Backward of [`fused_attention`](FusedOps::fused_attention) for the gradient of its
+    /// output `grad_output: [batch, q_heads, seq, head_dim]`: recomputes each block's
+    /// probabilities, then the gradients of q, k and v (k's and v's accumulated over the
+    /// blocks in f32).
+    fn fused_attention_backward(
+        grad_output: FloatTensor<Self>,
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        options: AttentionOptions,
+    ) -> AttentionGrads<Self> {
+        compose::attention::backward::<Self>(grad_output, q, k, v, mask, options)
     }
 }
 

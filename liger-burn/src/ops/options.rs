@@ -251,3 +251,24 @@ impl CrossEntropyOptions {
         self
     }
 }
+
+/// Options of [`attention`](crate::functional::attention).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AttentionOptions {
+    /// Factor of the scores `q·kᵀ` (transformers: `head_dim^-0.5`).
+    pub scale: f64,
+    /// The mask hides every key after its query (`j > i`, as every causal language model's
+    /// does): a block of queries then skips the keys after its last row, which it could
+    /// not see anyway (about half the work at long sequences). The mask is still applied.
+    pub causal: bool,
+}
+
+impl AttentionOptions {
+    /// Causal attention of `head_dim`-wide heads, scaled by `head_dim^-0.5`.
+    pub fn causal(head_dim: usize) -> Self {
+        Self {
+            scale: (head_dim as f64).powf(-0.5),
+            causal: true,
+        }
+    }
+}

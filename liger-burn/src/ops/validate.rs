@@ -157,7 +157,9 @@ pub fn elementwise_tensors<T: TensorMetadata>(
     let refs: Vec<(&str, &Shape, DType)> = meta.iter().map(|(n, s, d)| (*n, s, *d)).collect();
     elementwise(op, &refs, kernel_dtypes)
 }
+mod attention;
 mod rope;
+pub use attention::{AttentionInputs, attention};
 pub use rope::{RopeInputs, rope, rope_tensors};
 /// A cross-entropy call's inputs: `logits: [N, V]`, `targets: [N]` (integers),
 /// `class_weight: [V]`, `grad_scale: [1]`.

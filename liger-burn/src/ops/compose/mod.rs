@@ -5,6 +5,7 @@
 //! serve as the fallback on backends without CubeCL (NdArray, LibTorch, ...).
 
 pub mod activation;
+pub mod attention;
 pub mod cross_entropy;
 pub mod glu;
 pub mod layer_norm;

@@ -1,0 +1,253 @@
+//! Exact causal attention in blocks of query rows, keeping nothing `[seq, seq]`-sized for
+//! the backward: the default bodies of
+//! [`FusedOps::fused_attention`](crate::ops::FusedOps::fused_attention) and its backward,
+//! built from `matmul`, slicing and [`FusedOps::fused_softmax`] (so every backend runs
+//! them, with its fused softmax kernel where it has one).
+//!
+//! # Why
+//!
+//! Eager attention keeps each layer's probabilities for the backward (`[batch, heads, seq,
+//! seq]`, in f32 and in the input dtype: 6 bytes per score in bf16). That is quadratic in
+//! the sequence and dominates training memory from a few thousand tokens on: 48 GiB of the
+//! 99 GB in use when Llama-3.2-1B trains on 4K tokens on the H200. Here the forward keeps
+//! only its inputs, and the backward recomputes one block of probabilities at a time
+//! (one more `q·kᵀ` product and softmax per block: about a sixth more attention FLOPs).
+//!
+//! # Blocks
+//!
+//! A block is `rows` queries of every head against the keys they can see: all of them,
+//! or under [`AttentionOptions::causal`] only those up to the block's last query. `rows`
+//! is the most that keeps a block's scores within [`BLOCK_SCORE_ELEMENTS`], a multiple of
+//! 64 when above it (matmul tiles), the last block partial. Below that size the whole
+//! sequence is one block, computed exactly as eager attention computes it.
+//!
+//! # Numerics
+//!
+//! The same operations as transformers' eager attention, in the same dtypes: scores
+//! `(q·kᵀ)·scale` in the input dtype, mask and softmax in f32, probabilities cast to the
+//! input dtype, `p·v`. The backward follows the chain rule of those same steps (softmax's
+//! backward in f32); gradients of k and v are summed over the blocks (and over the query
+//! heads sharing a key/value head) in f32, cast once at the end.
+
+use crate::ops::{AttentionGrads, AttentionOptions, FusedOps};
+use burn::tensor::{
+    Bool, DType, Tensor, TensorPrimitive,
+    ops::{BoolTensor, FloatTensor},
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Most score elements one block may hold (`[batch, heads, rows, keys]`): 2²⁷, 0.5 GiB in
+/// f32. A block's transients are a few times that (scores in two dtypes, probabilities,
+/// their gradient), so the attention of one layer needs a few GiB at any length, while
+/// blocks stay large enough for the matmuls to fill the GPU.
+pub const BLOCK_SCORE_ELEMENTS: usize = 1 << 27;
+
+static BLOCK_OVERRIDE: AtomicUsize = AtomicUsize::new(0);
+
+/// Forces the score elements of every later block (`None`: [`BLOCK_SCORE_ELEMENTS`]), so
+/// tests reach several blocks and a partial last one at small shapes. Not part of the
+/// stable API.
+#[doc(hidden)]
+pub fn set_block_score_elements(elements: Option<usize>) {
+    BLOCK_OVERRIDE.store(elements.unwrap_or(0), Ordering::Relaxed);
+}
+
+/// Query rows per block for `[batch, heads, seq, ·]` (see the module docs).
+pub fn block_rows(batch: usize, heads: usize, seq: usize) -> usize {
+    let budget = match BLOCK_OVERRIDE.load(Ordering::Relaxed) {
+        0 => BLOCK_SCORE_ELEMENTS,
+        n => n,
+    };
+    let per_row = batch.saturating_mul(heads).saturating_mul(seq).max(1);
+    let rows = (budget / per_row).max(1);
+    if rows >= seq {
+        seq.max(1)
+    } else if rows >= 64 {
+        rows / 64 * 64
+    } else {
+        rows
+    }
+}
+
+fn float<B: FusedOps, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(x))
+}
+
+fn prim<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
+    x.into_primitive().tensor()
+}
+
+/// The inputs as tensors, k and v repeated for every query head of their group.
+struct Inputs<B: FusedOps> {
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: Tensor<B, 2, Bool>,
+    kv_heads: usize,
+    dtype: DType,
+}
+
+impl<B: FusedOps> Inputs<B> {
+    fn new(q: FloatTensor<B>, k: FloatTensor<B>, v: FloatTensor<B>, mask: BoolTensor<B>) -> Self {
+        let q: Tensor<B, 4> = float(q);
+        let (k, v): (Tensor<B, 4>, Tensor<B, 4>) = (float(k), float(v));
+        let kv_heads = k.dims()[1];
+        let repeats = q.dims()[1] / kv_heads.max(1);
+        let dtype = q.dtype();
+        Self {
+            q,
+            k: repeat_kv(k, repeats),
+            v: repeat_kv(v, repeats),
+            mask: Tensor::from_primitive(mask),
+            kv_heads,
+            dtype,
+        }
+    }
+
+    /// `(start, end, keys)` of every block: queries `start..end` against keys `0..keys`.
+    fn blocks(&self, options: &AttentionOptions) -> Vec<(usize, usize, usize)> {
+        let [b, h, s, _] = self.q.dims();
+        let rows = block_rows(b, h, s);
+        (0..s)
+            .step_by(rows)
+            .map(|start| {
+                let end = (start + rows).min(s);
+                (start, end, if options.causal { end } else { s })
+            })
+            .collect()
+    }
+
+    /// The block's probabilities in f32 and in the input dtype, `[b, h, end - start, keys]`.
+    fn probabilities(
+        &self,
+        (start, end, keys): (usize, usize, usize),
+        scale: f64,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let [b, h, _, _] = self.q.dims();
+        let q = self.q.clone().narrow(2, start, end - start);
+        let k = self.k.clone().narrow(2, 0, keys);
+        let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+        let mask = self
+            .mask
+            .clone()
+            .slice([start..end, 0..keys])
+            .unsqueeze::<4>()
+            .expand([b, h, end - start, keys]);
+        let scores = scores.cast(DType::F32).mask_fill(mask, f32::NEG_INFINITY);
+        let p32: Tensor<B, 4> = float(B::fused_softmax(prim(scores)));
+        let p = p32.clone().cast(self.dtype);
+        (p32, p)
+    }
+}
+
+/// See [`FusedOps::fused_attention`](crate::ops::FusedOps::fused_attention).
+pub fn forward<B: FusedOps>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    mask: BoolTensor<B>,
+    options: AttentionOptions,
+) -> FloatTensor<B> {
+    let inputs = Inputs::<B>::new(q, k, v, mask);
+    let outputs: Vec<Tensor<B, 4>> = inputs
+        .blocks(&options)
+        .into_iter()
+        .map(|block| {
+            let (_, p) = inputs.probabilities(block, options.scale);
+            p.matmul(inputs.v.clone().narrow(2, 0, block.2))
+        })
+        .collect();
+    prim(if outputs.len() == 1 {
+        outputs.into_iter().next().unwrap()
+    } else {
+        Tensor::cat(outputs, 2)
+    })
+}
+
+/// See [`FusedOps::fused_attention_backward`](crate::ops::FusedOps::fused_attention_backward).
+pub fn backward<B: FusedOps>(
+    grad_output: FloatTensor<B>,
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    mask: BoolTensor<B>,
+    options: AttentionOptions,
+) -> AttentionGrads<B> {
+    let inputs = Inputs::<B>::new(q, k, v, mask);
+    let grad: Tensor<B, 4> = float(grad_output);
+    let [b, h, s, d] = inputs.q.dims();
+    let blocks = inputs.blocks(&options);
+    let device = inputs.q.device();
+    // Key/value gradients: the block's own when there is one block (as eager attention's
+    // matmuls give them), else summed over the blocks in f32.
+    let mut grad_k: Option<Tensor<B, 4>> = None;
+    let mut grad_v: Option<Tensor<B, 4>> = None;
+    let accumulate = |acc: &mut Option<Tensor<B, 4>>, part: Tensor<B, 4>| {
+        let keys = part.dims()[2];
+        if blocks.len() == 1 {
+            *acc = Some(part);
+            return;
+        }
+        let total = acc
+            .take()
+            .unwrap_or_else(|| Tensor::zeros([b, h, s, d], (&device, DType::F32)));
+        let range = [0..b, 0..h, 0..keys, 0..d];
+        let sum = total.clone().slice(range.clone()) + part.cast(DType::F32);
+        *acc = Some(total.slice_assign(range, sum));
+    };
+    let mut grad_q = Vec::with_capacity(blocks.len());
+    for &(start, end, keys) in &blocks {
+        let (p32, p) = inputs.probabilities((start, end, keys), options.scale);
+        let g = grad.clone().narrow(2, start, end - start);
+        let v = inputs.v.clone().narrow(2, 0, keys);
+        let k = inputs.k.clone().narrow(2, 0, keys);
+        let q = inputs.q.clone().narrow(2, start, end - start);
+        // out = p·v
+        accumulate(&mut grad_v, p.swap_dims(2, 3).matmul(g.clone()));
+        let grad_p = g.matmul(v.swap_dims(2, 3)).cast(DType::F32);
+        // softmax (f32) ← mask_fill (p is 0 where masked, so is this) ← cast ← ·scale
+        let grad_scores: Tensor<B, 4> = float(B::fused_softmax_backward(prim(grad_p), prim(p32)));
+        let grad_scores = grad_scores.cast(inputs.dtype).mul_scalar(options.scale);
+        // scores = q·kᵀ
+        grad_q.push(grad_scores.clone().matmul(k));
+        accumulate(&mut grad_k, grad_scores.swap_dims(2, 3).matmul(q));
+    }
+    let grad_q = if grad_q.len() == 1 {
+        grad_q.pop().unwrap()
+    } else {
+        Tensor::cat(grad_q, 2)
+    };
+    let fold = |g: Option<Tensor<B, 4>>| {
+        let g = g.expect("attention: at least one block");
+        prim(sum_kv_groups(g, inputs.kv_heads).cast(inputs.dtype))
+    };
+    AttentionGrads {
+        grad_q: prim(grad_q),
+        grad_k: fold(grad_k),
+        grad_v: fold(grad_v),
+    }
+}
+
+/// `[batch, kv_heads, seq, d]` → `[batch, kv_heads · repeats, seq, d]`, each key/value head
+/// repeated for the query heads of its group (transformers' `repeat_kv`).
+fn repeat_kv<B: FusedOps>(x: Tensor<B, 4>, repeats: usize) -> Tensor<B, 4> {
+    if repeats <= 1 {
+        return x;
+    }
+    let [b, h, s, d] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .expand([b, h, repeats, s, d])
+        .reshape([b, h * repeats, s, d])
+}
+
+/// The transpose of [`repeat_kv`]: `[batch, kv_heads · repeats, seq, d]` →
+/// `[batch, kv_heads, seq, d]`, summing each group.
+fn sum_kv_groups<B: FusedOps>(x: Tensor<B, 4>, kv_heads: usize) -> Tensor<B, 4> {
+    let [b, h, s, d] = x.dims();
+    if h == kv_heads {
+        return x;
+    }
+    x.reshape([b, kv_heads, h / kv_heads, s, d])
+        .sum_dim(2)
+        .reshape([b, kv_heads, s, d])
+}
