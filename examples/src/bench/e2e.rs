@@ -40,6 +40,8 @@ use std::process::{Command, ExitCode, Stdio};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+const GIB: f64 = (1u64 << 30) as f64;
+
 /// The header of the end-to-end CSV.
 pub const HEADER: &str =
     "model,seq,batch,liger,status,tokens_per_s,step_ms,peak_mib,in_use_mib,config,gpu,commit,date";
@@ -173,6 +175,10 @@ pub enum Status {
     Timeout,
     /// Not run: the same mode failed at a shorter sequence.
     Skipped,
+    /// Finished, but with less memory in use than eager attention must keep for the
+    /// backward (see [`eager_attention_floor`]): the step cannot have computed what it
+    /// claims. Counted as a failure of the mode.
+    Invalid,
 }
 
 impl Status {
@@ -183,6 +189,7 @@ impl Status {
             Status::Error => "error",
             Status::Timeout => "timeout",
             Status::Skipped => "skipped",
+            Status::Invalid => "invalid",
         }
     }
 }
@@ -332,7 +339,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
                         output: None,
                         wall_s: 0.0,
                     },
-                    None => run_child(&exe, &args, case, left.map_or(timeout, |l| l.min(timeout))),
+                    None => check_floor(
+                        run_child(&exe, &args, case, left.map_or(timeout, |l| l.min(timeout))),
+                        &args,
+                    ),
                 };
                 if result.status != Status::Ok && result.status != Status::Skipped {
                     failed[slot] = Some((seq, result.status));
@@ -653,6 +663,42 @@ fn render(results: &[CaseResult]) -> String {
     table.render()
 }
 
+/// Bytes eager attention must keep for the backward, at least: every layer's f32 softmax
+/// output and its probabilities in the activation dtype, `[batch, q_heads, seq, seq]` each
+/// (Burn's autodiff keeps more: the softmax's input too). `None` for a mode whose attention
+/// keeps nothing quadratic.
+pub(crate) fn eager_attention_floor(args: &BenchArgs, case: &E2eCase) -> Option<u64> {
+    if attention_name(args, case.liger) != "eager" {
+        return None;
+    }
+    let c = case.model.config(args.e2e_layers);
+    let scores = (c.num_hidden_layers * case.batch * c.num_attention_heads) as u64
+        * (case.seq as u64).pow(2);
+    Some(scores * (4 + args.dtype.dtype().size() as u64))
+}
+
+/// Marks an `ok` case whose peak memory in use is below [`eager_attention_floor`] as
+/// `invalid`. On the H200 with Burn 0.21, Llama-3.2-1B's stock step at 8K and 16K tokens
+/// finished with 130 and 117 GB in use where its probabilities alone need 192 and 768 GiB.
+fn check_floor(mut r: CaseResult, args: &BenchArgs) -> CaseResult {
+    let (Some(floor), Some(in_use)) = (
+        eager_attention_floor(args, &r.case),
+        r.output.as_ref().and_then(|o| o.peak_in_use),
+    ) else {
+        return r;
+    };
+    if r.status == Status::Ok && in_use < floor {
+        r.status = Status::Invalid;
+        r.detail = format!(
+            "{:.1} GiB in use, less than the {:.1} GiB eager attention keeps for the backward \
+             (f32 softmax + probabilities of every layer): the step cannot have computed them",
+            in_use as f64 / GIB,
+            floor as f64 / GIB
+        );
+    }
+    r
+}
+
 /// The result of `model` at `seq` in `mode`.
 fn find(
     results: &[CaseResult],
@@ -679,7 +725,12 @@ fn summary(model: E2eModel, results: &[CaseResult], seqs: &[usize]) -> String {
     let failure = |mode| {
         seqs.iter().find_map(|&s| {
             find(results, model, s, mode)
-                .filter(|r| matches!(r.status, Status::Oom | Status::Timeout | Status::Error))
+                .filter(|r| {
+                    matches!(
+                        r.status,
+                        Status::Oom | Status::Timeout | Status::Error | Status::Invalid
+                    )
+                })
                 .map(|r| (s, r.status))
         })
     };
@@ -770,5 +821,52 @@ mod tests {
         ));
         assert!(e2e_case::is_oom("memory allocation of 1024 bytes failed"));
         assert!(!e2e_case::is_oom("device synchronization failed"));
+    }
+
+    fn bench_args(extra: &[&str]) -> BenchArgs {
+        use clap::Parser;
+        let mut argv = vec!["liger", "bench", "--e2e", "--dtype", "bf16"];
+        argv.extend_from_slice(extra);
+        match crate::Cli::try_parse_from(argv).unwrap().command {
+            crate::Command::Bench(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    fn ok_case(spec: &str, in_use_gib: f64) -> CaseResult {
+        CaseResult {
+            case: spec.parse().unwrap(),
+            status: Status::Ok,
+            detail: String::new(),
+            output: Some(CaseOutput {
+                peak_in_use: Some((in_use_gib * GIB) as u64),
+                ..Default::default()
+            }),
+            wall_s: 1.0,
+        }
+    }
+
+    #[test]
+    fn eager_steps_below_the_attention_floor_are_invalid() {
+        let args = bench_args(&[]);
+        // Llama-3.2-1B at 8K: 16 layers x 32 heads x 8192^2 scores x (4 + 2) bytes = 192 GiB.
+        let case: E2eCase = "llama3.2-1b:8192:1:off".parse().unwrap();
+        assert_eq!(
+            eager_attention_floor(&args, &case),
+            Some(16 * 32 * 8192 * 8192 * 6)
+        );
+        // The H200's stock step at 8K: 127 GiB in use.
+        let r = check_floor(ok_case("llama3.2-1b:8192:1:off", 127.4), &args);
+        assert_eq!(r.status, Status::Invalid);
+        assert!(r.detail.contains("192.0 GiB"), "{}", r.detail);
+        // At 4K (48 GiB needed) 97 GiB in use is plausible.
+        let r = check_floor(ok_case("llama3.2-1b:4096:1:off", 97.0), &args);
+        assert_eq!(r.status, Status::Ok);
+        // liger-burn's attention keeps nothing quadratic; with it off, the on mode is eager.
+        let r = check_floor(ok_case("llama3.2-1b:8192:1:on", 20.0), &args);
+        assert_eq!(r.status, Status::Ok);
+        let eager_on = bench_args(&["--e2e-liger-attention", "off"]);
+        let r = check_floor(ok_case("llama3.2-1b:8192:1:on", 20.0), &eager_on);
+        assert_eq!(r.status, Status::Invalid);
     }
 }
