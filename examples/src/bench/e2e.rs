@@ -371,7 +371,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     println!();
     print!("{}", render(&results));
     for &model in &models {
-        print!("{}", summary(model, &results, &seqs));
+        print!("{}", summary(model, &results, &seqs, args.e2e_warmup));
     }
     if let Some(path) = &args.csv {
         println!("csv: {} rows appended to {}", results.len(), path.display());
@@ -712,7 +712,7 @@ fn find(
 }
 
 /// Longest sequence each mode fits, on/off ratios per length, and the goals.
-fn summary(model: E2eModel, results: &[CaseResult], seqs: &[usize]) -> String {
+fn summary(model: E2eModel, results: &[CaseResult], seqs: &[usize], warmup: usize) -> String {
     let ok = |seq: usize, mode| find(results, model, seq, mode).filter(|r| r.status == Status::Ok);
     let longest = |mode| {
         seqs.iter()
@@ -754,10 +754,14 @@ fn summary(model: E2eModel, results: &[CaseResult], seqs: &[usize]) -> String {
                 .zip(off.tokens_per_s())
                 .map(|(a, b)| a / b);
             let mem = on.peak_mib().zip(off.peak_mib()).map(|(a, b)| a / b);
+            let loss = |r: &CaseResult| r.output.as_ref().and_then(|o| o.loss);
             out.push_str(&format!(
-                "  seq {seq}: on/off tokens/s {}x, peak memory {}x\n",
+                "  seq {seq}: on/off tokens/s {}x, peak memory {}x; loss after {} AdamW steps: on {} / off {}\n",
                 num(tps, 2),
-                num(mem, 2)
+                num(mem, 2),
+                on.output.as_ref().map_or(0, |o| o.step_ms.len()) + warmup,
+                num(loss(on), 4),
+                num(loss(off), 4)
             ));
             common = Some((seq, tps, mem));
         }

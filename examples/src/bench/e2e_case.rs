@@ -170,6 +170,9 @@ where
 {
     let config = case.model.config(args.e2e_layers);
     let device = &ctx.device;
+    // The same weights in both modes (and every run): the memory step's losses of liger
+    // on and off can then be compared (see `super::e2e::summary`).
+    A::seed(device, 0xE2E);
     let mut model = CausalLm::<A>::init(&config, liger, args.dtype.dtype(), device);
     let params = config.num_params();
     let mut optim = AdamWConfig::new().init::<A, CausalLm<A>>();
