@@ -5,11 +5,13 @@ model. Lengths where a mode did not run (oom, timeout, error, skipped) have no p
 the first failure of each mode is marked with an x on the axis and named in the legend.
 When the CSV holds several runs, the latest date and commit of each model is plotted.
 
-Rows whose eager attention holds more than 2^31 - 1 score elements in one tensor
-(batch x query heads x seq^2) are left out and named in the title: before the models
-took attention in head groups (commit after a53c3a4), CubeCL could not index such
+Rows of the runs before the models took attention in head groups (UNGROUPED_COMMITS)
+whose eager attention held more than 2^31 - 1 score elements in one tensor (batch x
+query heads x seq^2) are left out and named in the title: CubeCL could not index such
 tensors and those steps did not compute their attention in full (H200, 2026-11-22).
-Pass --keep-unindexable to plot them anyway.
+Pass --keep-unindexable to plot them anyway. Later runs mark such steps themselves
+(status `invalid`: less memory in use than eager attention must keep), and those rows
+get no point, like failures.
 
 usage: scripts/plot_e2e.py RESULTS.csv OUT.png [--keep-unindexable]   (needs matplotlib)
 """
@@ -25,6 +27,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 # Query heads of the e2e models (score elements = batch x heads x seq^2).
 QUERY_HEADS = {"llama3.2-1b": 32, "qwen2.5-1.5b": 12, "tiny-llama": 4, "tiny-qwen3": 4}
 MAX_SCORE_ELEMENTS = 2**31 - 1
+# Commits whose e2e runs took each layer's attention in one [batch, heads, seq, seq] tensor.
+UNGROUPED_COMMITS = {"a53c3a4"}
 
 MODES = [("off", "#777777", "liger off (stock Burn)"), ("on", "#d95f02", "liger on (fused)")]
 
@@ -35,7 +39,7 @@ def label(n):
 
 def indexable(r):
     heads = QUERY_HEADS.get(r["model"])
-    if heads is None:
+    if heads is None or r["commit"] not in UNGROUPED_COMMITS:
         return True
     return int(r["batch"]) * heads * int(r["seq"]) ** 2 <= MAX_SCORE_ELEMENTS
 
@@ -63,6 +67,8 @@ def main(path, out, keep_unindexable=False):
             (row_axes[1], "peak_mib", "peak pool memory over a step (MiB reserved)"),
         ]:
             for mode, color, name in MODES:
+                if mode == "on" and any("attention=recompute" in r["config"] for r in sel):
+                    name = "liger on (fused kernels + attention)"
                 pts = {int(r["seq"]): r for r in sel if r["liger"] == mode}
                 ok = [n for n in seqs if n in pts and pts[n]["status"] == "ok" and pts[n][column]]
                 ax.plot(ok, [float(pts[n][column]) for n in ok], "o-", color=color, label=name)

@@ -611,6 +611,17 @@ fn csv_line(r: &CaseResult, args: &BenchArgs, run: &RunInfo) -> String {
     if let Some(loss) = r.output.as_ref().and_then(|o| o.loss) {
         config.push_str(&format!(" loss={loss:.4}"));
     }
+    if let Some(p) = r
+        .output
+        .as_ref()
+        .map(|o| &o.phase_ms)
+        .filter(|p| p.len() == 3)
+    {
+        config.push_str(&format!(
+            " phases_ms=fwd:{:.1}/bwd:{:.1}/opt:{:.1}",
+            p[0], p[1], p[2]
+        ));
+    }
     if !r.detail.is_empty() {
         config.push_str(&format!(" detail={}", shorten(&r.detail, 200)));
     }
@@ -755,6 +766,15 @@ fn summary(model: E2eModel, results: &[CaseResult], seqs: &[usize], warmup: usiz
                 .map(|(a, b)| a / b);
             let mem = on.peak_mib().zip(off.peak_mib()).map(|(a, b)| a / b);
             let loss = |r: &CaseResult| r.output.as_ref().and_then(|o| o.loss);
+            let phases = |r: &CaseResult| match r.output.as_ref().map(|o| &o.phase_ms) {
+                Some(p) if p.len() == 3 => format!("{:.0}/{:.0}/{:.0}", p[0], p[1], p[2]),
+                _ => "-".into(),
+            };
+            out.push_str(&format!(
+                "  seq {seq}: memory step forward/backward/optimizer ms: on {} / off {}\n",
+                phases(on),
+                phases(off)
+            ));
             out.push_str(&format!(
                 "  seq {seq}: on/off tokens/s {}x, peak memory {}x; loss after {} AdamW steps: on {} / off {}\n",
                 num(tps, 2),

@@ -64,6 +64,10 @@ pub struct CaseOutput {
     pub peak_in_use: Option<u64>,
     /// Loss of the memory step (a finite number shows the step computed something).
     pub loss: Option<f64>,
+    /// Wall time of the memory step's phases, ms: forward + loss, backward, optimizer
+    /// step (each ended by a device synchronization, so each is the phase's whole cost).
+    #[serde(default)]
+    pub phase_ms: Vec<f64>,
     /// Why the case failed, first lines.
     pub detail: String,
 }
@@ -213,22 +217,28 @@ where
         step_ms.push(ms);
     }
 
-    // The memory step.
+    // The memory step, also timed phase by phase (a synchronization ends each phase).
     let mut peak = Peak::default();
+    ctx.sync();
     if let Some(cube) = &ctx.cube {
-        ctx.sync();
         cube.cleanup();
         ctx.sync();
         peak.add(cube.usage());
     }
+    let mut marks = vec![Instant::now()];
     let mut sample = || {
+        ctx.sync();
+        marks.push(Instant::now());
         if let Some(cube) = &ctx.cube {
-            ctx.sync();
             peak.add(cube.usage());
         }
     };
     let (model, loss) = step(model, &mut sample);
     sample();
+    let phase_ms = marks
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+        .collect();
     let loss = loss
         .into_data()
         .convert::<f64>()
@@ -243,6 +253,7 @@ where
         peak_reserved: has_pool.then_some(peak.reserved),
         peak_in_use: has_pool.then_some(peak.in_use),
         loss,
+        phase_ms,
         ..Default::default()
     }
 }
