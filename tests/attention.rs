@@ -323,83 +323,40 @@ fn bad_attention_input_names_the_op_and_the_shapes() {
             let t = |dims: [usize; 4]| Tensor::<B, 4>::ones(dims, device);
             let mask = |s: usize| Tensor::<B, 2, Bool>::empty([s, s], device);
             let options = AttentionOptions::causal(8);
+            // q, k, v dims, the mask's side, k's dtype.
+            let attend = |q: [usize; 4], k: [usize; 4], v: [usize; 4], s: usize, k_dtype: DType| {
+                attention(t(q), t(k).cast(k_dtype), t(v), mask(s), options);
+            };
+            let f32 = DType::F32;
             let cases: Vec<(&str, Box<dyn Fn()>, Vec<&str>)> = vec![
                 (
                     "heads not a multiple",
-                    Box::new(|| {
-                        attention(
-                            t([1, 3, 4, 8]),
-                            t([1, 2, 4, 8]),
-                            t([1, 2, 4, 8]),
-                            mask(4),
-                            options,
-                        );
-                    }),
+                    Box::new(|| attend([1, 3, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 4, f32)),
                     vec!["attention", "multiple", "[1, 3, 4, 8]", "[1, 2, 4, 8]"],
                 ),
                 (
                     "head_dim mismatch",
-                    Box::new(|| {
-                        attention(
-                            t([1, 2, 4, 8]),
-                            t([1, 2, 4, 6]),
-                            t([1, 2, 4, 6]),
-                            mask(4),
-                            options,
-                        );
-                    }),
+                    Box::new(|| attend([1, 2, 4, 8], [1, 2, 4, 6], [1, 2, 4, 6], 4, f32)),
                     vec!["attention", "head_dim", "[1, 2, 4, 6]"],
                 ),
                 (
                     "k and v differ",
-                    Box::new(|| {
-                        attention(
-                            t([1, 2, 4, 8]),
-                            t([1, 2, 4, 8]),
-                            t([1, 1, 4, 8]),
-                            mask(4),
-                            options,
-                        );
-                    }),
+                    Box::new(|| attend([1, 2, 4, 8], [1, 2, 4, 8], [1, 1, 4, 8], 4, f32)),
                     vec!["attention", "k and v", "[1, 1, 4, 8]"],
                 ),
                 (
                     "mask shape",
-                    Box::new(|| {
-                        attention(
-                            t([1, 2, 4, 8]),
-                            t([1, 2, 4, 8]),
-                            t([1, 2, 4, 8]),
-                            mask(5),
-                            options,
-                        );
-                    }),
+                    Box::new(|| attend([1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 5, f32)),
                     vec!["attention", "mask", "[5, 5]", "[4, 4]"],
                 ),
                 (
                     "dtype mismatch",
-                    Box::new(|| {
-                        attention(
-                            t([1, 2, 4, 8]),
-                            t([1, 2, 4, 8]).cast(DType::F16),
-                            t([1, 2, 4, 8]),
-                            mask(4),
-                            options,
-                        );
-                    }),
+                    Box::new(|| attend([1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 4, DType::F16)),
                     vec!["attention", "dtype", "F16", "F32"],
                 ),
                 (
                     "empty",
-                    Box::new(|| {
-                        attention(
-                            t([1, 2, 0, 8]),
-                            t([1, 2, 0, 8]),
-                            t([1, 2, 0, 8]),
-                            mask(0),
-                            options,
-                        );
-                    }),
+                    Box::new(|| attend([1, 2, 0, 8], [1, 2, 0, 8], [1, 2, 0, 8], 0, f32)),
                     vec!["attention", "empty", "[1, 2, 0, 8]"],
                 ),
             ];

@@ -82,6 +82,22 @@ fn max_rel(a: &[f32], b: &[f32]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+type LogitsAndGrads<'a> = (&'a [f32], &'a [(String, Vec<f32>)]);
+
+/// Logits and every gradient within 1e-5 of the reference (relative to its largest value).
+fn assert_same(
+    ctx: &str,
+    (logits, grads): LogitsAndGrads,
+    (ref_logits, ref_grads): LogitsAndGrads,
+) {
+    let e = max_rel(logits, ref_logits);
+    assert!(e <= 1e-5, "{ctx}: logits differ by {e:e} (relative to max)");
+    for ((name, a), (_, b)) in grads.iter().zip(ref_grads) {
+        let e = max_rel(a, b);
+        assert!(e <= 1e-5, "{ctx}: {name} gradient differs by {e:e}");
+    }
+}
+
 #[test]
 fn attention_in_head_groups_matches_all_heads_at_once() {
     struct T(Rng);
@@ -117,12 +133,7 @@ fn attention_in_head_groups_matches_all_heads_at_once() {
                     let (logits, grads) =
                         logits_and_grads::<B>(&model, &ids, [batch, seq], &g, device);
                     let ctx = format!("{label} liger {liger:?}, groups of {group} heads");
-                    let e = max_rel(&logits, &ref_logits);
-                    assert!(e <= 1e-5, "{ctx}: logits differ by {e:e} (relative to max)");
-                    for ((name, a), (_, b)) in grads.iter().zip(&ref_grads) {
-                        let e = max_rel(a, b);
-                        assert!(e <= 1e-5, "{ctx}: {name} gradient differs by {e:e}");
-                    }
+                    assert_same(&ctx, (&logits, &grads), (&ref_logits, &ref_grads));
                 }
                 // The same model with liger-burn's attention (switch on), one block and
                 // blocks of 2 query rows, against the eager reference.
@@ -143,12 +154,7 @@ fn attention_in_head_groups_matches_all_heads_at_once() {
                         logits_and_grads::<B>(&model, &ids, [batch, seq], &g, device);
                     set_block_score_elements(None);
                     let ctx = format!("{label} liger {recompute:?}, blocks of {block:?} scores");
-                    let e = max_rel(&logits, &ref_logits);
-                    assert!(e <= 1e-5, "{ctx}: logits differ by {e:e} (relative to max)");
-                    for ((name, a), (_, b)) in grads.iter().zip(&ref_grads) {
-                        let e = max_rel(a, b);
-                        assert!(e <= 1e-5, "{ctx}: {name} gradient differs by {e:e}");
-                    }
+                    assert_same(&ctx, (&logits, &grads), (&ref_logits, &ref_grads));
                 }
             }
         }

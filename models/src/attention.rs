@@ -12,6 +12,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, DType, Tensor};
 use liger_burn::nn::RmsNorm;
 use liger_burn::ops::FusedOps;
+use liger_burn::ops::compose::attention::repeat_kv;
 
 /// Self-attention of one decoder layer. Record names follow transformers
 /// (`q_proj`, `k_proj`, `v_proj`, `o_proj`, Qwen3's `q_norm`, `k_norm`).
@@ -214,16 +215,4 @@ pub fn heads_per_group(batch: usize, heads: usize, seq: usize) -> usize {
     let heads = heads.max(1);
     let most = (limit / per_head.max(1)).clamp(1, heads);
     heads.div_ceil(heads.div_ceil(most))
-}
-
-/// `[batch, kv_heads, seq, d]` → `[batch, kv_heads · n_rep, seq, d]`, each key/value head
-/// repeated for the `n_rep` query heads of its group (transformers' `repeat_kv`).
-fn repeat_kv<B: FusedOps>(x: Tensor<B, 4>, n_rep: usize) -> Tensor<B, 4> {
-    if n_rep == 1 {
-        return x;
-    }
-    let [b, h, s, d] = x.dims();
-    x.unsqueeze_dim::<5>(2)
-        .expand([b, h, n_rep, s, d])
-        .reshape([b, h * n_rep, s, d])
 }

@@ -230,7 +230,7 @@ pub fn backward<B: FusedOps>(
 
 /// `[batch, kv_heads, seq, d]` → `[batch, kv_heads · repeats, seq, d]`, each key/value head
 /// repeated for the query heads of its group (transformers' `repeat_kv`).
-fn repeat_kv<B: FusedOps>(x: Tensor<B, 4>, repeats: usize) -> Tensor<B, 4> {
+pub fn repeat_kv<B: FusedOps>(x: Tensor<B, 4>, repeats: usize) -> Tensor<B, 4> {
     if repeats <= 1 {
         return x;
     }
