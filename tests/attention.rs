@@ -2,7 +2,8 @@
 //! backward): the output and the gradients of q, k and v against a naive f64 reference and
 //! against eager attention composed of stock Burn ops under Burn's own autodiff, on every
 //! backend of the test device and every dtype it has, for grouped-query heads, odd
-//! lengths, one row, causal and sliding-window masks, a non-causal mask, one block and
+//! lengths, one row, causal and sliding-window masks (given as a tensor, and built per block
+//! from positions), a non-causal mask, one block and
 //! many blocks (a partial last one), with an upstream gradient that is not 1; and bad
 //! input.
 
@@ -257,9 +258,16 @@ fn attention_matches_the_f64_reference_and_stock_eager_attention() {
                     let options = AttentionOptions {
                         scale: (d as f64).powf(-0.5),
                         causal: !c.bidirectional,
+                        window: c.window,
                     };
-                    let ours = run::<B>([&q, &k, &v], &mask, &g, |q, k, v, m| {
-                        attention(q, k, v, m, options)
+                    // The mask given as a tensor, and (causal cases) built from positions.
+                    let given = run::<B>([&q, &k, &v], &mask, &g, |q, k, v, m| {
+                        attention(q, k, v, Some(m), options)
+                    });
+                    let built = (!c.bidirectional).then(|| {
+                        run::<B>([&q, &k, &v], &mask, &g, |q, k, v, _| {
+                            attention(q, k, v, None, options)
+                        })
                     });
                     let stock = run::<B>([&q, &k, &v], &mask, &g, eager);
                     let expected = reference(
@@ -273,20 +281,24 @@ fn attention_matches_the_f64_reference_and_stock_eager_attention() {
                     let expected = [expected.0, expected.1, expected.2, expected.3];
                     let blocks = s.div_ceil(block_rows(b, hq, s));
                     let what = format!("{c:?} {dtype:?} ({blocks} blocks)");
-                    for (i, name) in ["output", "grad_q", "grad_k", "grad_v"]
-                        .into_iter()
-                        .enumerate()
-                    {
-                        check(
-                            label,
-                            &format!("{what} vs f64"),
-                            compare_normwise(name, &ours[i], &expected[i], to_reference),
-                        );
-                        check(
-                            label,
-                            &format!("{what} vs eager"),
-                            compare_normwise(name, &ours[i], &stock[i], to_eager),
-                        );
+                    for (mask_kind, ours) in [("mask given", Some(given)), ("mask built", built)] {
+                        let Some(ours) = ours else { continue };
+                        let what = format!("{what} {mask_kind}");
+                        for (i, name) in ["output", "grad_q", "grad_k", "grad_v"]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            check(
+                                label,
+                                &format!("{what} vs f64"),
+                                compare_normwise(name, &ours[i], &expected[i], to_reference),
+                            );
+                            check(
+                                label,
+                                &format!("{what} vs eager"),
+                                compare_normwise(name, &ours[i], &stock[i], to_eager),
+                            );
+                        }
                     }
                 }
             }
@@ -325,7 +337,7 @@ fn bad_attention_input_names_the_op_and_the_shapes() {
             let options = AttentionOptions::causal(8);
             // q, k, v dims, the mask's side, k's dtype.
             let attend = |q: [usize; 4], k: [usize; 4], v: [usize; 4], s: usize, k_dtype: DType| {
-                attention(t(q), t(k).cast(k_dtype), t(v), mask(s), options);
+                attention(t(q), t(k).cast(k_dtype), t(v), Some(mask(s)), options);
             };
             let f32 = DType::F32;
             let cases: Vec<(&str, Box<dyn Fn()>, Vec<&str>)> = vec![

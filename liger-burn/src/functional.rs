@@ -210,7 +210,9 @@ pub fn rope<B: FusedOps>(
 /// - `k`, `v`: `[batch, kv_heads, seq, head_dim]`, `q_heads` a multiple of `kv_heads`
 ///   (grouped-query attention: each k/v head serves `q_heads / kv_heads` query heads)
 /// - `mask`: `[seq, seq]`, `true` where query `i` must not see key `j` (with
-///   `options.causal`, it must hide every `j > i`)
+///   `options.causal`, it must hide every `j > i`); or `None`: the mask of `options`
+///   (`causal`: `j > i`; `window`: `i - j >= window`), built per block from positions, so
+///   no `[seq, seq]` tensor exists (it would pass 32-bit indexing at 46K tokens)
 /// - returns `[batch, q_heads, seq, head_dim]`, q's dtype
 ///
 /// # Panics
@@ -219,7 +221,7 @@ pub fn attention<B: FusedOps>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-    mask: Tensor<B, 2, burn::tensor::Bool>,
+    mask: Option<Tensor<B, 2, burn::tensor::Bool>>,
     options: crate::ops::AttentionOptions,
 ) -> Tensor<B, 4> {
     validate::check(validate::attention(&validate::AttentionInputs {
@@ -227,13 +229,13 @@ pub fn attention<B: FusedOps>(
         q: (q.shape(), q.dtype()),
         k: (k.shape(), k.dtype()),
         v: (v.shape(), v.dtype()),
-        mask: mask.shape(),
+        mask: mask.as_ref().map(|m| m.shape()),
     }));
     wrap(B::fused_attention(
         prim(q),
         prim(k),
         prim(v),
-        mask.into_primitive(),
+        mask.map(|m| m.into_primitive()),
         options,
     ))
 }

@@ -49,8 +49,11 @@ pub struct AttentionInputs<B: FusedOps> {
     /// RoPE sines, `[1, seq, head_dim]`, activation dtype.
     pub sin: Tensor<B, 3>,
     /// `true` where query `i` must not see key `j` (`j > i`, or outside the sliding
-    /// window), `[seq, seq]`.
-    pub mask: Tensor<B, 2, Bool>,
+    /// window), `[seq, seq]`: eager attention's (liger-burn's attention builds each
+    /// block's part from positions instead, so this is `None` when it is on).
+    pub mask: Option<Tensor<B, 2, Bool>>,
+    /// The sliding window (Mistral), for the mask built from positions.
+    pub window: Option<usize>,
 }
 
 impl<B: FusedOps> Attention<B> {
@@ -118,7 +121,15 @@ impl<B: FusedOps> Attention<B> {
         );
         let v = v.swap_dims(1, 2);
         // [batch, q_heads, seq, head_dim]
-        let out = kernels::attention(q, k, v, inputs.mask.clone(), dtype, liger.attention);
+        let out = kernels::attention(
+            q,
+            k,
+            v,
+            inputs.mask.clone(),
+            inputs.window,
+            dtype,
+            liger.attention,
+        );
         let out = out.swap_dims(1, 2).reshape([b, s, hq * d]);
         self.o_proj.forward(out)
     }

@@ -82,26 +82,28 @@ pub fn rope<B: FusedOps>(
 /// probabilities of every layer.
 ///
 /// - `q`: `[batch, q_heads, seq, head_dim]`, `k`, `v`: `[batch, kv_heads, seq, head_dim]`
-/// - `mask`: `[seq, seq]`, `true` where query `i` must not see key `j` (hides every `j > i`)
+/// - `mask`: `[seq, seq]`, `true` where query `i` must not see key `j` (hides every
+///   `j > i`, and keys outside `window`); eager attention needs it, liger-burn's builds the
+///   same mask per block from positions and `window` when it is `None`
 /// - returns `[batch, q_heads, seq, head_dim]`
+///
+/// # Panics
+/// When `on` is false and no mask is given.
 pub fn attention<B: FusedOps>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-    mask: Tensor<B, 2, burn::tensor::Bool>,
+    mask: Option<Tensor<B, 2, burn::tensor::Bool>>,
+    window: Option<usize>,
     dtype: DType,
     on: bool,
 ) -> Tensor<B, 4> {
     if on {
         let head_dim = q.dims()[3];
-        liger_burn::functional::attention(
-            q,
-            k,
-            v,
-            mask,
-            liger_burn::ops::AttentionOptions::causal(head_dim),
-        )
+        let options = liger_burn::ops::AttentionOptions::causal(head_dim).with_window(window);
+        liger_burn::functional::attention(q, k, v, mask, options)
     } else {
+        let mask = mask.expect("eager attention needs the [seq, seq] mask");
         crate::attention::eager_attention_grouped(q, k, v, &mask, dtype)
     }
 }

@@ -163,7 +163,10 @@ impl<B: FusedOps> CausalLm<B> {
         let inputs = AttentionInputs {
             cos,
             sin,
-            mask: causal_mask::<B>(seq, self.config.sliding_window, &device),
+            // Only eager attention reads a whole `[seq, seq]` mask.
+            mask: (!self.liger.attention)
+                .then(|| causal_mask::<B>(seq, self.config.sliding_window, &device)),
+            window: self.config.sliding_window,
         };
         for layer in &self.model.layers {
             x = layer.forward(x, &inputs, &self.liger);

@@ -1,4 +1,4 @@
-//! Attention for `Autodiff<B>`: the node keeps q, k, v and the mask (all linear in the
+//! Attention for `Autodiff<B>`: the node keeps q, k, v and the mask if one was given (q, k, v linear in the
 //! sequence), never the probabilities; its backward recomputes them block by block
 //! (see [`compose::attention`](crate::ops::compose::attention)).
 
@@ -22,7 +22,7 @@ impl<B: FusedOps> Backward<B, 3> for AttentionBackward {
         FloatTensor<B>,
         FloatTensor<B>,
         FloatTensor<B>,
-        BoolTensor<B>,
+        Option<BoolTensor<B>>,
     );
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -46,7 +46,7 @@ pub(crate) fn forward<B: FusedOps, C: CheckpointStrategy>(
     q: FloatTensor<Autodiff<B, C>>,
     k: FloatTensor<Autodiff<B, C>>,
     v: FloatTensor<Autodiff<B, C>>,
-    mask: BoolTensor<Autodiff<B, C>>,
+    mask: Option<BoolTensor<Autodiff<B, C>>>,
     options: AttentionOptions,
 ) -> FloatTensor<Autodiff<B, C>> {
     let output = B::fused_attention(
@@ -75,7 +75,7 @@ pub(crate) fn backward<B: FusedOps, C: CheckpointStrategy>(
     q: FloatTensor<Autodiff<B, C>>,
     k: FloatTensor<Autodiff<B, C>>,
     v: FloatTensor<Autodiff<B, C>>,
-    mask: BoolTensor<Autodiff<B, C>>,
+    mask: Option<BoolTensor<Autodiff<B, C>>>,
     options: AttentionOptions,
 ) -> AttentionGrads<Autodiff<B, C>> {
     let g = B::fused_attention_backward(

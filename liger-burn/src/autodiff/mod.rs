@@ -381,7 +381,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        mask: burn::tensor::ops::BoolTensor<Self>,
+        mask: Option<burn::tensor::ops::BoolTensor<Self>>,
         options: crate::ops::AttentionOptions,
     ) -> FloatTensor<Self> {
         attention::forward::<B, C>(q, k, v, mask, options)
@@ -392,7 +392,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        mask: burn::tensor::ops::BoolTensor<Self>,
+        mask: Option<burn::tensor::ops::BoolTensor<Self>>,
         options: crate::ops::AttentionOptions,
     ) -> crate::ops::AttentionGrads<Self> {
         attention::backward::<B, C>(grad_output, q, k, v, mask, options)

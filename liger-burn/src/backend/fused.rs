@@ -218,7 +218,7 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        mask: burn::tensor::ops::BoolTensor<Self>,
+        mask: Option<burn::tensor::ops::BoolTensor<Self>>,
         options: crate::ops::AttentionOptions,
     ) -> FloatTensor<Self> {
         // B's, so that `Liger<Autodiff<_>>` reaches Autodiff's recomputing node.
@@ -230,7 +230,7 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        mask: burn::tensor::ops::BoolTensor<Self>,
+        mask: Option<burn::tensor::ops::BoolTensor<Self>>,
         options: crate::ops::AttentionOptions,
     ) -> crate::ops::AttentionGrads<Self> {
         let crate::ops::AttentionGrads {

@@ -344,13 +344,14 @@ pub trait FusedOps: Backend {
     ///
     /// `q: [batch, q_heads, seq, head_dim]`, `k, v: [batch, kv_heads, seq, head_dim]`
     /// (`q_heads` a multiple of `kv_heads`: grouped-query attention), one float dtype;
-    /// `mask: [seq, seq]`, `true` where query `i` must not see key `j`. Returns
+    /// `mask: [seq, seq]`, `true` where query `i` must not see key `j`, or `None` for the
+    /// mask `options` describes (causal, sliding window), built block by block. Returns
     /// `[batch, q_heads, seq, head_dim]` in q's dtype.
     fn fused_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        mask: BoolTensor<Self>,
+        mask: Option<BoolTensor<Self>>,
         options: AttentionOptions,
     ) -> FloatTensor<Self> {
         compose::attention::forward::<Self>(q, k, v, mask, options)
@@ -365,7 +366,7 @@ pub trait FusedOps: Backend {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        mask: BoolTensor<Self>,
+        mask: Option<BoolTensor<Self>>,
         options: AttentionOptions,
     ) -> AttentionGrads<Self> {
         compose::attention::backward::<Self>(grad_output, q, k, v, mask, options)

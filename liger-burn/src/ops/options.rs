@@ -261,6 +261,9 @@ pub struct AttentionOptions {
     /// does): a block of queries then skips the keys after its last row, which it could
     /// not see anyway (about half the work at long sequences). The mask is still applied.
     pub causal: bool,
+    /// Sliding window (Mistral): query `i` also does not see keys `j <= i - window`.
+    /// Applied with the mask built from positions (no `mask` tensor given).
+    pub window: Option<usize>,
 }
 
 impl AttentionOptions {
@@ -269,6 +272,12 @@ impl AttentionOptions {
         Self {
             scale: (head_dim as f64).powf(-0.5),
             causal: true,
+            window: None,
         }
+    }
+
+    /// With a sliding window of `window` keys (`None`: none).
+    pub fn with_window(self, window: Option<usize>) -> Self {
+        Self { window, ..self }
     }
 }

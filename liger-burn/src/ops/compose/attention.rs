@@ -15,6 +15,10 @@
 //!
 //! # Blocks
 //!
+//! The mask is a `[seq, seq]` tensor when one is given; otherwise each block builds its own
+//! `[rows, keys]` slice from positions (causal, and the sliding window of
+//! [`AttentionOptions::window`]), so nothing `[seq, seq]`-sized exists at all.
+//!
 //! A block is `rows` queries of every head against the keys they can see: all of them,
 //! or under [`AttentionOptions::causal`] only those up to the block's last query. `rows`
 //! is the most that keeps a block's scores within [`BLOCK_SCORE_ELEMENTS`], a multiple of
@@ -31,7 +35,7 @@
 
 use crate::ops::{AttentionGrads, AttentionOptions, FusedOps};
 use burn::tensor::{
-    Bool, DType, Tensor, TensorPrimitive,
+    Bool, DType, Int, Tensor, TensorPrimitive,
     ops::{BoolTensor, FloatTensor},
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -82,13 +86,18 @@ struct Inputs<B: FusedOps> {
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-    mask: Tensor<B, 2, Bool>,
+    mask: Option<Tensor<B, 2, Bool>>,
     kv_heads: usize,
     dtype: DType,
 }
 
 impl<B: FusedOps> Inputs<B> {
-    fn new(q: FloatTensor<B>, k: FloatTensor<B>, v: FloatTensor<B>, mask: BoolTensor<B>) -> Self {
+    fn new(
+        q: FloatTensor<B>,
+        k: FloatTensor<B>,
+        v: FloatTensor<B>,
+        mask: Option<BoolTensor<B>>,
+    ) -> Self {
         let q: Tensor<B, 4> = float(q);
         let (k, v): (Tensor<B, 4>, Tensor<B, 4>) = (float(k), float(v));
         let kv_heads = k.dims()[1];
@@ -98,7 +107,7 @@ impl<B: FusedOps> Inputs<B> {
             q,
             k: repeat_kv(k, repeats),
             v: repeat_kv(v, repeats),
-            mask: Tensor::from_primitive(mask),
+            mask: mask.map(Tensor::from_primitive),
             kv_heads,
             dtype,
         }
@@ -117,23 +126,56 @@ impl<B: FusedOps> Inputs<B> {
             .collect()
     }
 
+    /// The block's `[rows, keys]` mask: the given one's slice, or one built from positions
+    /// (`j > i` when causal, `i - j >= window` with a window), or none at all.
+    fn block_mask(
+        &self,
+        (start, end, keys): (usize, usize, usize),
+        options: &AttentionOptions,
+    ) -> Option<Tensor<B, 2, Bool>> {
+        if let Some(mask) = &self.mask {
+            return Some(mask.clone().slice([start..end, 0..keys]));
+        }
+        if !options.causal && options.window.is_none() {
+            return None;
+        }
+        let rows = end - start;
+        let device = self.q.device();
+        // i - j for every (query i, key j) of the block.
+        let i = Tensor::<B, 1, Int>::arange(start as i64..end as i64, &device)
+            .reshape([rows, 1])
+            .expand([rows, keys]);
+        let j = Tensor::<B, 1, Int>::arange(0..keys as i64, &device)
+            .reshape([1, keys])
+            .expand([rows, keys]);
+        let offset = i - j;
+        let causal = options.causal.then(|| offset.clone().lower_elem(0));
+        let window = options.window.map(|w| offset.greater_equal_elem(w as i64));
+        match (causal, window) {
+            (Some(c), Some(w)) => Some(c.bool_or(w)),
+            (c, w) => c.or(w),
+        }
+    }
+
     /// The block's probabilities in f32 and in the input dtype, `[b, h, end - start, keys]`.
     fn probabilities(
         &self,
         (start, end, keys): (usize, usize, usize),
-        scale: f64,
+        options: &AttentionOptions,
     ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let scale = options.scale;
         let [b, h, _, _] = self.q.dims();
         let q = self.q.clone().narrow(2, start, end - start);
         let k = self.k.clone().narrow(2, 0, keys);
         let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
-        let mask = self
-            .mask
-            .clone()
-            .slice([start..end, 0..keys])
-            .unsqueeze::<4>()
-            .expand([b, h, end - start, keys]);
-        let scores = scores.cast(DType::F32).mask_fill(mask, f32::NEG_INFINITY);
+        let scores = scores.cast(DType::F32);
+        let scores = match self.block_mask((start, end, keys), options) {
+            Some(mask) => {
+                let mask = mask.unsqueeze::<4>().expand([b, h, end - start, keys]);
+                scores.mask_fill(mask, f32::NEG_INFINITY)
+            }
+            None => scores,
+        };
         let p32: Tensor<B, 4> = float(B::fused_softmax(prim(scores)));
         let p = p32.clone().cast(self.dtype);
         (p32, p)
@@ -145,7 +187,7 @@ pub fn forward<B: FusedOps>(
     q: FloatTensor<B>,
     k: FloatTensor<B>,
     v: FloatTensor<B>,
-    mask: BoolTensor<B>,
+    mask: Option<BoolTensor<B>>,
     options: AttentionOptions,
 ) -> FloatTensor<B> {
     let inputs = Inputs::<B>::new(q, k, v, mask);
@@ -153,7 +195,7 @@ pub fn forward<B: FusedOps>(
         .blocks(&options)
         .into_iter()
         .map(|block| {
-            let (_, p) = inputs.probabilities(block, options.scale);
+            let (_, p) = inputs.probabilities(block, &options);
             p.matmul(inputs.v.clone().narrow(2, 0, block.2))
         })
         .collect();
@@ -170,7 +212,7 @@ pub fn backward<B: FusedOps>(
     q: FloatTensor<B>,
     k: FloatTensor<B>,
     v: FloatTensor<B>,
-    mask: BoolTensor<B>,
+    mask: Option<BoolTensor<B>>,
     options: AttentionOptions,
 ) -> AttentionGrads<B> {
     let inputs = Inputs::<B>::new(q, k, v, mask);
@@ -197,7 +239,7 @@ pub fn backward<B: FusedOps>(
     };
     let mut grad_q = Vec::with_capacity(blocks.len());
     for &(start, end, keys) in &blocks {
-        let (p32, p) = inputs.probabilities((start, end, keys), options.scale);
+        let (p32, p) = inputs.probabilities((start, end, keys), &options);
         let g = grad.clone().narrow(2, start, end - start);
         let v = inputs.v.clone().narrow(2, 0, keys);
         let k = inputs.k.clone().narrow(2, 0, keys);

@@ -15,8 +15,8 @@ pub struct AttentionInputs {
     pub k: (Shape, DType),
     /// v.
     pub v: (Shape, DType),
-    /// Shape of the boolean mask.
-    pub mask: Shape,
+    /// Shape of the boolean mask, when one is given.
+    pub mask: Option<Shape>,
 }
 
 /// Validates attention's inputs.
@@ -73,7 +73,11 @@ pub fn attention(inputs: &AttentionInputs) -> Result<(), LigerError> {
             describe()
         ));
     }
-    if inputs.mask.to_vec() != [qd[2], qd[2]] {
+    if inputs
+        .mask
+        .as_ref()
+        .is_some_and(|m| m.to_vec() != [qd[2], qd[2]])
+    {
         return fail(format!(
             "{op}: mask must be [seq, seq] = [{0}, {0}]; got {1}",
             qd[2],
