@@ -117,8 +117,10 @@ impl OnDevice for Converge {
         ) {
             return Ok(code);
         }
+        let path = a.reduction.paths()[0];
+        liger_cubecl_kernels::set_reduction_path(path);
         println!(
-            "runs:      liger off = Autodiff<B> + LigerConfig::none(); liger on = Liger<Autodiff<B>> + LigerConfig::all()"
+            "runs:      liger off = Autodiff<B> + LigerConfig::none(); liger on = Liger<Autodiff<B>> + LigerConfig::all() (reduction path {path:?})"
         );
         let mut models = a.models.clone();
         models.dedup();

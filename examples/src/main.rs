@@ -342,6 +342,10 @@ pub struct ConvergeArgs {
     /// of the token batches.
     #[arg(long, default_value_t = 42, value_name = "N")]
     pub seed: u64,
+    /// Reduction path of liger's kernels in the `on` run (`both`: plane). Running the same
+    /// comparison on both paths shows how much of the on/off difference is summation order.
+    #[arg(long, value_enum, default_value_t = ReductionArg::Auto)]
+    pub reduction: ReductionArg,
     /// Sequences per batch.
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub batch_size: usize,
