@@ -412,12 +412,19 @@ fn child_args(args: &BenchArgs, case: E2eCase) -> Vec<String> {
     a
 }
 
-/// The attention a mode runs: `recompute` (liger-burn's, nothing `[seq, seq]` kept) or
-/// `eager` (probabilities kept for the backward).
-pub(crate) fn attention_name(args: &BenchArgs, liger: LigerMode) -> &'static str {
-    match liger {
-        LigerMode::On if args.e2e_liger_attention.on() => "recompute",
-        _ => "eager",
+/// Whether a mode runs eager attention (probabilities kept for the backward) rather than
+/// liger-burn's (nothing `[seq, seq]` kept): the off mode always, the on mode with
+/// `--e2e-liger-attention off`.
+fn eager_attention(args: &BenchArgs, liger: LigerMode) -> bool {
+    liger == LigerMode::Off || !args.e2e_liger_attention.on()
+}
+
+/// The attention a mode runs, as the CSV names it: `eager` or `recompute`.
+fn attention_name(args: &BenchArgs, liger: LigerMode) -> &'static str {
+    if eager_attention(args, liger) {
+        "eager"
+    } else {
+        "recompute"
     }
 }
 
@@ -679,7 +686,7 @@ fn render(results: &[CaseResult]) -> String {
 /// (Burn's autodiff keeps more: the softmax's input too). `None` for a mode whose attention
 /// keeps nothing quadratic.
 pub(crate) fn eager_attention_floor(args: &BenchArgs, case: &E2eCase) -> Option<u64> {
-    if attention_name(args, case.liger) != "eager" {
+    if !eager_attention(args, case.liger) {
         return None;
     }
     let c = case.model.config(args.e2e_layers);

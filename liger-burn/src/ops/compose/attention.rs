@@ -30,8 +30,8 @@
 //! The same operations as transformers' eager attention, in the same dtypes: scores
 //! `(q·kᵀ)·scale` in the input dtype, mask and softmax in f32, probabilities cast to the
 //! input dtype, `p·v`. The backward follows the chain rule of those same steps (softmax's
-//! backward in f32); gradients of k and v are summed over the blocks (and over the query
-//! heads sharing a key/value head) in f32, cast once at the end.
+//! backward in f32); with several blocks, the gradients of k and v are summed over the
+//! query heads sharing a key/value head and over the blocks in f32, cast once at the end.
 
 use crate::ops::{AttentionGrads, AttentionOptions, FusedOps};
 use burn::tensor::{
@@ -217,24 +217,29 @@ pub fn backward<B: FusedOps>(
 ) -> AttentionGrads<B> {
     let inputs = Inputs::<B>::new(q, k, v, mask);
     let grad: Tensor<B, 4> = float(grad_output);
-    let [b, h, s, d] = inputs.q.dims();
+    let [b, _, s, d] = inputs.q.dims();
     let blocks = inputs.blocks(&options);
     let device = inputs.q.device();
-    // Key/value gradients: the block's own when there is one block (as eager attention's
-    // matmuls give them), else summed over the blocks in f32.
+    // Key/value gradients, summed over the query heads sharing each k/v head: the block's
+    // own when there is one block (in the input dtype, as eager attention's matmuls and
+    // `repeat_kv` backward give them); else each block's sum in f32 is added into an f32
+    // `[batch, kv_heads, seq, d]` accumulator (folding the head groups first keeps the
+    // accumulator `q_heads / kv_heads` times smaller than the repeated heads).
+    let kv_heads = inputs.kv_heads;
     let mut grad_k: Option<Tensor<B, 4>> = None;
     let mut grad_v: Option<Tensor<B, 4>> = None;
     let accumulate = |acc: &mut Option<Tensor<B, 4>>, part: Tensor<B, 4>| {
-        let keys = part.dims()[2];
         if blocks.len() == 1 {
-            *acc = Some(part);
+            *acc = Some(sum_kv_groups(part, kv_heads));
             return;
         }
+        let part = sum_kv_groups(part.cast(DType::F32), kv_heads);
+        let keys = part.dims()[2];
         let total = acc
             .take()
-            .unwrap_or_else(|| Tensor::zeros([b, h, s, d], (&device, DType::F32)));
-        let range = [0..b, 0..h, 0..keys, 0..d];
-        let sum = total.clone().slice(range.clone()) + part.cast(DType::F32);
+            .unwrap_or_else(|| Tensor::zeros([b, kv_heads, s, d], (&device, DType::F32)));
+        let range = [0..b, 0..kv_heads, 0..keys, 0..d];
+        let sum = total.clone().slice(range.clone()) + part;
         *acc = Some(total.slice_assign(range, sum));
     };
     let mut grad_q = Vec::with_capacity(blocks.len());
@@ -260,8 +265,7 @@ pub fn backward<B: FusedOps>(
         Tensor::cat(grad_q, 2)
     };
     let fold = |g: Option<Tensor<B, 4>>| {
-        let g = g.expect("attention: at least one block");
-        prim(sum_kv_groups(g, inputs.kv_heads).cast(inputs.dtype))
+        prim(g.expect("attention: at least one block").cast(inputs.dtype))
     };
     AttentionGrads {
         grad_q: prim(grad_q),
