@@ -11,18 +11,13 @@ BIN=.gpu/liger
 b() { $BIN bench --device cuda --dtype bf16 --warmup 5 --iters 30 --repeats 5 --op swiglu,geglu "$@" 2>&1; }
 show() { grep -E "^[a-z_]+ [0-9]+x[0-9]+|^  (forward|backward|full)|^copy"; }
 {
-echo "== default (units 128, 4 vectors/unit, one block per cube)"
-b --shape 8192x14336 --shape 32768x14336 | show
-for u in 256 512; do
-  echo "== LIGER_EW_UNITS=$u"
-  LIGER_EW_UNITS=$u b | show
-done
-for v in 1 2 8; do
-  echo "== LIGER_EW_VPU=$v"
-  LIGER_EW_VPU=$v b | show
-done
-for c in 4 8 16; do
-  echo "== LIGER_EW_CUBES_PER_SM=$c"
-  LIGER_EW_CUBES_PER_SM=$c b | show
+echo "== default (as built)"
+b --shape 8192x14336 | show
+# Units per cube x vectors per unit, both together (the first sweep varied one at a time).
+for u in ${UNITS:-64 128 256 512}; do
+  for v in ${VPUS:-1 2 4}; do
+    echo "== LIGER_EW_UNITS=$u LIGER_EW_VPU=$v"
+    LIGER_EW_UNITS=$u LIGER_EW_VPU=$v b | show
+  done
 done
 } | tee "$OUT/sweep_elementwise.log"

@@ -6,7 +6,9 @@
 //!
 //! Prints one table per model (each step's losses, difference and allowance) and the
 //! worst entries; exits 1 when a model's runs disagree, its loss did not fall, or a run
-//! panicked.
+//! panicked. With `--control`, a third run (stock again, each batch's sequences
+//! reversed) measures the stock path's own rounding noise, and parameter differences no
+//! larger than that noise are not counted against liger.
 
 use crate::ConvergeArgs;
 use crate::device::{self, Ctx, OnDevice, payload_text};
@@ -60,6 +62,9 @@ pub fn run(args: ConvergeArgs) -> Result<ExitCode> {
     }
     if !(args.lr > 0.0) {
         bail!("--lr must be positive");
+    }
+    if args.control && args.batch_size < 2 {
+        bail!("--control reverses each batch's sequences: it needs --batch-size 2 or more");
     }
     device::dispatch(args.device, Converge(args))
 }
@@ -185,6 +190,13 @@ impl OnDevice for Converge {
                 }
             };
             let report = compare(&off, &on, &tol);
+            // The control: stock again, summing over each batch in another order.
+            let control = a.control.then(|| {
+                let mut reordered = setup.clone();
+                reordered.reverse_rows = true;
+                guarded(|| train_liger_off::<B>(&reordered, &ctx.device))
+                    .map(|off2| compare(&off, &off2, &tol))
+            });
             print!("{}", step_table(&report));
             // Not a speed comparison: the first run of the process compiles the kernels.
             println!(
@@ -197,7 +209,35 @@ impl OnDevice for Converge {
                 "loss drop (first pass over the batches - last): off {:.4}, on {:.4}",
                 drops.0, drops.1
             );
-            if !report.passed() {
+            let passed = match &control {
+                None => report.passed(),
+                Some(Err(msg)) => {
+                    println!("control FAILED: {}", msg.lines().next().unwrap_or(""));
+                    failed.push(format!("{}: the control run failed", setup.name));
+                    report.passed()
+                }
+                Some(Ok(control)) => {
+                    println!(
+                        "control (stock vs stock with each batch's sequences reversed): {}",
+                        control.to_string().trim_end()
+                    );
+                    print!("{}", noise_table(&report, control));
+                    let beyond = report.failures_beyond_noise(control);
+                    for f in &beyond {
+                        println!("  BEYOND NOISE {f}");
+                    }
+                    println!(
+                        "verdict with the control: {}",
+                        if beyond.is_empty() {
+                            "AGREE (every difference within tolerance or within the stock path's own noise)"
+                        } else {
+                            "DIFFER"
+                        }
+                    );
+                    beyond.is_empty()
+                }
+            };
+            if !passed {
                 failed.push(format!("{}: liger on differs from liger off", setup.name));
             }
             if !(drops.0 > MIN_LOSS_DROP && drops.1 > MIN_LOSS_DROP) {
@@ -217,6 +257,47 @@ impl OnDevice for Converge {
             }
             Ok(ExitCode::from(1))
         }
+    }
+}
+
+/// The parameter tensors with elements outside tolerance in either comparison: liger on
+/// vs off beside stock vs reordered stock.
+fn noise_table(report: &ConvergenceReport, control: &ConvergenceReport) -> String {
+    let mut table = Table::new(&[
+        ("tensor", Align::Left),
+        ("on vs off: outside", Align::Right),
+        ("max |diff|", Align::Right),
+        ("stock vs stock: outside", Align::Right),
+        ("max |diff|", Align::Right),
+        ("", Align::Left),
+    ]);
+    let mut any = false;
+    for t in &report.tensors {
+        let c = control.tensors.iter().find(|c| c.name == t.name);
+        let c_outside = c.map_or(0, |c| c.outside);
+        if t.outside == 0 && c_outside == 0 {
+            continue;
+        }
+        any = true;
+        let c_max = c.map_or(f64::NAN, |c| c.max_abs);
+        table.row(vec![
+            t.name.clone(),
+            format!("{} of {}", t.outside, t.len),
+            sci(t.max_abs),
+            format!("{c_outside} of {}", t.len),
+            sci(c_max),
+            if t.outside > 0 && !(t.max_abs <= c_max) {
+                "beyond noise"
+            } else {
+                ""
+            }
+            .into(),
+        ]);
+    }
+    if any {
+        table.render()
+    } else {
+        "  no parameter element outside tolerance in either comparison\n".into()
     }
 }
 

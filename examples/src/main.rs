@@ -346,6 +346,15 @@ pub struct ConvergeArgs {
     /// comparison on both paths shows how much of the on/off difference is summation order.
     #[arg(long, value_enum, default_value_t = ReductionArg::Auto)]
     pub reduction: ReductionArg,
+    /// Also train the stock path a second time with each batch's sequences in reverse
+    /// order: the same loss and gradients mathematically, summed in another order. Its
+    /// differences from the first stock run are the stock path's own rounding noise,
+    /// printed beside liger's. A parameter tensor with elements outside tolerance then
+    /// still agrees when liger's largest difference there is no larger than the control's
+    /// (the stock path differs from itself by as much); losses are never excused. Needs
+    /// --batch-size 2 or more.
+    #[arg(long)]
+    pub control: bool,
     /// Sequences per batch.
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub batch_size: usize,

@@ -52,16 +52,19 @@ impl Pass {
     }
 }
 
-/// Units per cube: 128 (a multiple of every plane width) measured fastest on the H200 in
-/// the `LIGER_EW_*` sweep (bf16 8192×14336: SwiGLU forward 0.268 ms against 0.360 with
-/// 256 units, forward + backward 0.830 against 0.940; GeGLU 0.895 against 1.018;
-/// benches/results/2026-11-22-h200-d3be6da/sweep_elementwise.log). Tunable with
-/// `LIGER_EW_UNITS`.
-pub const ELEMENTWISE_UNITS: usize = 128;
-/// Vectors each unit loads per step (16-byte vectors: 64 bytes per input in flight per
-/// unit). Tunable with `LIGER_EW_VPU`; `LIGER_EW_CUBES_PER_SM` caps the grid (persistent
-/// cubes grid-striding) instead of one block per cube.
-pub const ELEMENTWISE_VECTORS_PER_UNIT: usize = 4;
+/// Units per cube: 64 (a multiple of every plane width). Chosen from the H200 sweep of
+/// units × vectors per unit together (bf16 8192×14336, `scripts/gpu_sweep_elementwise.sh`,
+/// benches/results/2026-11-22-h200-c24f920/kernels-2026-11-22b/sweep_elementwise.log):
+/// 64 units with one vector each ran SwiGLU forward in 0.226 ms and forward + backward in
+/// 0.714 ms, against 0.281 and 0.881 ms for the previous 128 × 4 (GeGLU 0.245 / 0.760
+/// against 0.288 / 0.911). 128 × 1 and 256 × 1 were within 7% of it; every 4-vector
+/// setting was slower. Tunable with `LIGER_EW_UNITS`.
+pub const ELEMENTWISE_UNITS: usize = 64;
+/// Vectors each unit loads per step (16-byte vectors). One, with many small cubes, kept
+/// more loads in flight across the GPU than several per unit (see
+/// [`ELEMENTWISE_UNITS`]). Tunable with `LIGER_EW_VPU`; `LIGER_EW_CUBES_PER_SM` caps the
+/// grid (persistent cubes grid-striding) instead of one block per cube.
+pub const ELEMENTWISE_VECTORS_PER_UNIT: usize = 1;
 /// Most vectors one launch addresses: indices stay below 2³¹ in the kernel's 32-bit
 /// arithmetic (grid striding adds at most one grid to an index below this bound); larger
 /// buffers are covered by several launches over offset handles.

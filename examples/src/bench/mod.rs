@@ -228,10 +228,21 @@ impl OnDevice for Bench {
             dtype,
             elem_size: e,
             bytes: args.copy_mib << 20,
+            inputs: 1,
             max_alloc: ctx.cube.as_ref().map(|c| c.max_alloc),
             timing,
         };
         let copy = catch_unwind(AssertUnwindSafe(|| (ctx.copy)(&copy_spec))).map_err(panic_message);
+        if let Some(cube) = &ctx.cube {
+            cube.cleanup();
+        }
+        // The two-input ceiling (`x + y`), for the gated units' forward, which reads two
+        // tensors per one it writes.
+        let add_spec = CopySpec {
+            inputs: 2,
+            ..copy_spec
+        };
+        let add = catch_unwind(AssertUnwindSafe(|| (ctx.copy)(&add_spec))).map_err(panic_message);
         pb.inc(1);
         if let Some(cube) = &ctx.cube {
             cube.cleanup();
@@ -255,6 +266,7 @@ impl OnDevice for Bench {
         // process down (an allocation the driver refuses) keeps the earlier ones.
         let mut rows = Vec::new();
         let ceiling = copy_rows(&copy, &copy_spec, &notes, &mut rows);
+        let add_ceiling = copy_rows(&add, &add_spec, &notes, &mut rows);
         let mut csv_rows = 0;
         let mut flush = |rows: &mut Vec<Row>| -> Result<()> {
             if let Some(path) = &args.csv {
@@ -346,6 +358,13 @@ impl OnDevice for Bench {
         set_reduction_path(liger_cubecl_kernels::ReductionPath::Auto);
         pb.finish_and_clear();
 
+        if let Ok(c) = &add {
+            println!(
+                "add ceiling:  {:.1} GB/s  (x+y: two reads and one write, the gated units' forward pattern; {:.3} ms p50)",
+                add_ceiling.unwrap_or(f64::NAN),
+                c.samples.quantile(0.5) * 1e3
+            );
+        }
         print!("{}", render(&groups, ctx.cube.is_some(), e, ceiling, &copy));
         if let Some(path) = &args.csv {
             println!("csv: {csv_rows} rows appended to {}", path.display());
@@ -427,14 +446,18 @@ fn copy_rows(
 ) -> Option<f64> {
     let c = copy.as_ref().ok()?;
     let x = format!("{}MiB", (c.elems * spec.elem_size) as f64 / MIB);
+    let (kernel, op) = match spec.inputs {
+        1 => ("copy", "op=x+1 bytes=read+write"),
+        _ => ("add", "op=x+y bytes=2*read+write"),
+    };
     let config = format!(
-        "{} op=x+1 bytes=read+write backend=plain-cube(no fusion) elems={}",
+        "{} {op} backend=plain-cube(no fusion) elems={}",
         notes.base(),
         c.elems
     );
     let t = c.samples.p50_20_80();
     let key = Key {
-        kernel: "copy",
+        kernel,
         provider: "burn",
         mode: Mode::Forward,
         x: &x,
