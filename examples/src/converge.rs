@@ -20,8 +20,8 @@ use liger_burn::conformance::linear_cross_entropy::{f32_matmul_error, is_reduced
 use liger_burn::ops::FusedOps;
 use liger_models::ModelType;
 use liger_train::convergence::{
-    ConvergenceReport, ConvergenceSetup, Tolerances, TrainRun, compare, train_liger_off,
-    train_liger_on,
+    ConvergenceReport, ConvergenceSetup, ReferenceCheck, Tolerances, TrainRun,
+    check_against_precise, compare, train_liger_off, train_liger_on,
 };
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
@@ -62,6 +62,9 @@ pub fn run(args: ConvergeArgs) -> Result<ExitCode> {
     }
     if !(args.lr > 0.0) {
         bail!("--lr must be positive");
+    }
+    if args.f32_reference && args.dtype.dtype() == burn::tensor::DType::F32 {
+        bail!("--f32-reference checks a bf16 or f16 run: add --dtype bf16");
     }
     if args.control && args.batch_size < 2 {
         bail!("--control reverses each batch's sequences: it needs --batch-size 2 or more");
@@ -197,6 +200,14 @@ impl OnDevice for Converge {
                 guarded(|| train_liger_off::<B>(&reordered, &ctx.device))
                     .map(|off2| compare(&off, &off2, &tol))
             });
+            // The f32 run: stock, from the low-precision run's exact start.
+            let precise = a.f32_reference.then(|| {
+                let mut f32_setup = setup.clone();
+                f32_setup.init_rounding = Some(setup.dtype);
+                f32_setup.dtype = burn::tensor::DType::F32;
+                guarded(|| train_liger_off::<B>(&f32_setup, &ctx.device))
+                    .map(|precise| check_against_precise(&off, &on, &precise, &tol))
+            });
             print!("{}", step_table(&report));
             // Not a speed comparison: the first run of the process compiles the kernels.
             println!(
@@ -209,7 +220,7 @@ impl OnDevice for Converge {
                 "loss drop (first pass over the batches - last): off {:.4}, on {:.4}",
                 drops.0, drops.1
             );
-            let passed = match &control {
+            let control_passed = match &control {
                 None => report.passed(),
                 Some(Err(msg)) => {
                     println!("control FAILED: {}", msg.lines().next().unwrap_or(""));
@@ -230,6 +241,30 @@ impl OnDevice for Converge {
                         "verdict with the control: {}",
                         if beyond.is_empty() {
                             "AGREE (every difference within tolerance or within the stock path's own noise)"
+                        } else {
+                            "DIFFER"
+                        }
+                    );
+                    beyond.is_empty()
+                }
+            };
+            let passed = match &precise {
+                None => control_passed,
+                Some(Err(msg)) => {
+                    println!("f32 run FAILED: {}", msg.lines().next().unwrap_or(""));
+                    failed.push(format!("{}: the f32 reference run failed", setup.name));
+                    report.passed()
+                }
+                Some(Ok(checks)) => {
+                    print!("{}", precise_table(checks));
+                    let beyond = report.failures_beyond_reference(checks);
+                    for f in &beyond {
+                        println!("  FARTHER FROM F32 {f}");
+                    }
+                    println!(
+                        "verdict with the f32 run: {}",
+                        if beyond.is_empty() {
+                            "AGREE (every difference within tolerance, or liger the closer run to f32 there)"
                         } else {
                             "DIFFER"
                         }
@@ -299,6 +334,55 @@ fn noise_table(report: &ConvergenceReport, control: &ConvergenceReport) -> Strin
     } else {
         "  no parameter element outside tolerance in either comparison\n".into()
     }
+}
+
+/// Where liger on and off disagree beyond tolerance: each element's values in both runs
+/// and in the f32 run, and each tensor's largest distance to the f32 run.
+fn precise_table(checks: &[ReferenceCheck]) -> String {
+    if checks.is_empty() {
+        return "f32 run: no parameter element outside tolerance to decide\n".into();
+    }
+    let mut table = Table::new(&[
+        ("element outside tolerance", Align::Left),
+        ("liger off", Align::Right),
+        ("liger on", Align::Right),
+        ("f32 run", Align::Right),
+        ("|off - f32|", Align::Right),
+        ("|on - f32|", Align::Right),
+        ("closer", Align::Left),
+    ]);
+    for c in checks {
+        for &(i, off, on, f32_value) in c.elements.iter().take(8) {
+            let (d_off, d_on) = ((off - f32_value).abs(), (on - f32_value).abs());
+            table.row(vec![
+                format!("{}[{i}]", c.name),
+                sci(off),
+                sci(on),
+                sci(f32_value),
+                sci(d_off),
+                sci(d_on),
+                if d_on <= d_off { "on" } else { "off" }.into(),
+            ]);
+        }
+        table.row(vec![
+            format!("{} (max over {} elements)", c.name, c.elements.len()),
+            String::new(),
+            String::new(),
+            String::new(),
+            sci(c.reference_error),
+            sci(c.candidate_error),
+            if c.candidate_error <= c.reference_error {
+                "on"
+            } else {
+                "off"
+            }
+            .into(),
+        ]);
+    }
+    format!(
+        "f32 run (stock, f32, same start) where liger on and off disagree:\n{}",
+        table.render()
+    )
 }
 
 /// One row per step: both losses, their difference, the allowance.

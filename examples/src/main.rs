@@ -355,6 +355,14 @@ pub struct ConvergeArgs {
     /// --batch-size 2 or more.
     #[arg(long)]
     pub control: bool,
+    /// bf16/f16: also train the stock path in f32 from exactly the same (rounded) start,
+    /// and set both low-precision runs against it where they disagree. A parameter tensor
+    /// with elements outside tolerance then still agrees when, at those elements, liger's
+    /// run is no farther from the f32 run than the stock run is (the stock path's own
+    /// rounding is the larger error there); losses are never excused. Decides the verdict
+    /// when given (over --control).
+    #[arg(long)]
+    pub f32_reference: bool,
     /// Sequences per batch.
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub batch_size: usize,
