@@ -233,19 +233,12 @@ impl OnDevice for Converge {
                         control.to_string().trim_end()
                     );
                     print!("{}", noise_table(&report, control));
-                    let beyond = report.failures_beyond_noise(control);
-                    for f in &beyond {
-                        println!("  BEYOND NOISE {f}");
-                    }
-                    println!(
-                        "verdict with the control: {}",
-                        if beyond.is_empty() {
-                            "AGREE (every difference within tolerance or within the stock path's own noise)"
-                        } else {
-                            "DIFFER"
-                        }
-                    );
-                    beyond.is_empty()
+                    verdict(
+                        "the control",
+                        "BEYOND NOISE",
+                        "every difference within tolerance or within the stock path's own noise",
+                        &report.failures_beyond_noise(control),
+                    )
                 }
             };
             let passed = match &precise {
@@ -257,19 +250,12 @@ impl OnDevice for Converge {
                 }
                 Some(Ok(checks)) => {
                     print!("{}", precise_table(checks));
-                    let beyond = report.failures_beyond_reference(checks);
-                    for f in &beyond {
-                        println!("  FARTHER FROM F32 {f}");
-                    }
-                    println!(
-                        "verdict with the f32 run: {}",
-                        if beyond.is_empty() {
-                            "AGREE (every difference within tolerance, or liger the closer run to f32 there)"
-                        } else {
-                            "DIFFER"
-                        }
-                    );
-                    beyond.is_empty()
+                    verdict(
+                        "the f32 run",
+                        "FARTHER FROM F32",
+                        "every difference within tolerance, or liger the closer run to f32 there",
+                        &report.failures_beyond_reference(checks),
+                    )
                 }
             };
             if !passed {
@@ -293,6 +279,20 @@ impl OnDevice for Converge {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// Prints what still fails after an extra run (`marker` before each) and the verdict
+/// with it; returns whether nothing is left.
+fn verdict(with: &str, marker: &str, agree_because: &str, left: &[String]) -> bool {
+    for f in left {
+        println!("  {marker} {f}");
+    }
+    if left.is_empty() {
+        println!("verdict with {with}: AGREE ({agree_because})");
+    } else {
+        println!("verdict with {with}: DIFFER");
+    }
+    left.is_empty()
 }
 
 /// The parameter tensors with elements outside tolerance in either comparison: liger on

@@ -517,22 +517,28 @@ impl ConvergenceReport {
     /// low-precision runs disagree, the candidate is the closer one to the f32 result.
     /// Losses, the start and the run shapes are never excused.
     pub fn failures_beyond_reference(&self, checks: &[ReferenceCheck]) -> Vec<String> {
+        self.failures_unless(|t| match checks.iter().find(|c| c.name == t.name) {
+            Some(c) if c.candidate_error <= c.reference_error => None,
+            c => Some(format!(
+                "farther from the f32 run than the reference there ({})",
+                c.map_or("no f32 run".to_string(), |c| format!(
+                    "{:.3e} against {:.3e}",
+                    c.candidate_error, c.reference_error
+                ))
+            )),
+        })
+    }
+
+    /// The general failures, plus every parameter tensor with elements outside tolerance
+    /// that `unexcused` gives a reason for (`None`: excused).
+    fn failures_unless(&self, unexcused: impl Fn(&TensorDiff) -> Option<String>) -> Vec<String> {
         let mut out = self.general_failures.clone();
         for t in self.tensors.iter().filter(|t| t.outside > 0) {
-            match checks.iter().find(|c| c.name == t.name) {
-                Some(c) if c.candidate_error <= c.reference_error => {}
-                c => out.push(format!(
-                    "{}: {} of {} elements outside tolerance (max |diff| {:.3e}), and farther \
-                     from the f32 run than the reference there ({})",
-                    t.name,
-                    t.outside,
-                    t.len,
-                    t.max_abs,
-                    c.map_or("no f32 run".to_string(), |c| format!(
-                        "{:.3e} against {:.3e}",
-                        c.candidate_error, c.reference_error
-                    ))
-                )),
+            if let Some(why) = unexcused(t) {
+                out.push(format!(
+                    "{}: {} of {} elements outside tolerance (max |diff| {:.3e}), {why}",
+                    t.name, t.outside, t.len, t.max_abs
+                ));
             }
         }
         out
@@ -545,26 +551,18 @@ impl ConvergenceReport {
     /// than the control's on the same tensor (the stock path disagrees with itself by as
     /// much); losses, the start and the run shapes are never excused.
     pub fn failures_beyond_noise(&self, control: &ConvergenceReport) -> Vec<String> {
-        let mut out = self.general_failures.clone();
-        for t in self.tensors.iter().filter(|t| t.outside > 0) {
-            let noise = control.tensors.iter().find(|c| c.name == t.name);
-            match noise {
-                Some(c) if t.max_abs <= c.max_abs => {}
-                _ => out.push(format!(
-                    "{}: {} of {} elements outside tolerance (max |diff| {:.3e}), more than \
-                     the stock path's own noise there ({})",
-                    t.name,
-                    t.outside,
-                    t.len,
-                    t.max_abs,
-                    noise.map_or("no control".to_string(), |c| format!(
+        self.failures_unless(
+            |t| match control.tensors.iter().find(|c| c.name == t.name) {
+                Some(c) if t.max_abs <= c.max_abs => None,
+                c => Some(format!(
+                    "more than the stock path's own noise there ({})",
+                    c.map_or("no control".to_string(), |c| format!(
                         "max |diff| {:.3e}, {} outside",
                         c.max_abs, c.outside
                     ))
                 )),
-            }
-        }
-        out
+            },
+        )
     }
 }
 
