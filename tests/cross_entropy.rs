@@ -37,6 +37,7 @@ use liger_burn::conformance::{Rng, Tolerance, compare};
 use liger_burn::functional;
 use liger_burn::ops::validate;
 use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction};
+use liger_cubecl_kernels::counters::{self, Kernel};
 use liger_tests::BackendVisitor;
 use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::tensors::{check, floats, ints, scaled, values};
@@ -462,6 +463,113 @@ fn dtype_checks_name_op_shape_and_dtype() {
     let err =
         liger_cubecl_kernels::cross_entropy::check_target_dtype("cross_entropy", i16).unwrap_err();
     assert!(err.to_string().contains("cross_entropy"), "{err}");
+}
+
+/// `fused_cross_entropy_backward` on its own, against `G · r / s` in f64: a random stored
+/// gradient (never zero), incoming per-row gradients of which every third equals the scale
+/// (those rows must come back bit for bit) and the others do not, a zero scale on one row,
+/// and a scalar scale. A gradient the caller still holds must stay as it was in the
+/// caller's copy (the kernel writes in place only over a buffer nobody else holds); on
+/// CubeCL backends the unshared one goes through the kernel.
+struct BackwardRescale {
+    rng: Rng,
+}
+
+impl BackendVisitor for BackwardRescale {
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        let fused = !label.starts_with("ndarray");
+        let prim2 = |t: Tensor<B, 2>| t.into_primitive().tensor();
+        let prim1 = |t: Tensor<B, 1>| t.into_primitive().tensor();
+        let wrap = |t| Tensor::<B, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(t));
+        for dtype in liger_tests::dtypes::<B>(device) {
+            for (per_row, held) in [(true, false), (false, false), (true, true)] {
+                let rng = &mut self.rng;
+                let stored = floats::<B, 2>(&rng.vec(N * V, 0.1, 1.0, 0.0), [N, V], device)
+                    .mul_scalar(-1.0)
+                    .cast(dtype);
+                let stored_values = values(stored.clone());
+                let s: Vec<f32> = if per_row {
+                    (0..N)
+                        .map(|i| {
+                            if i == 4 {
+                                0.0
+                            } else {
+                                0.25 + rng.uniform() as f32
+                            }
+                        })
+                        .collect()
+                } else {
+                    vec![0.37]
+                };
+                let s_of = |i: usize| s[if per_row { i } else { 0 }];
+                let r: Vec<f32> = (0..N)
+                    .map(|i| {
+                        if i % 3 == 0 {
+                            s_of(i)
+                        } else {
+                            0.5 + rng.uniform() as f32
+                        }
+                    })
+                    .collect();
+                let expected: Vec<f64> = (0..N * V)
+                    .map(|k| {
+                        let (i, c) = (k / V, k % V);
+                        let (ri, si) = (f64::from(r[i]), f64::from(s_of(i)));
+                        let factor = if r[i] == s_of(i) {
+                            1.0
+                        } else if si == 0.0 {
+                            0.0
+                        } else {
+                            ri / si
+                        };
+                        stored_values[i * V + c] * factor
+                    })
+                    .collect();
+                let before = counters::get(Kernel::cross_entropy_backward);
+                let keep = held.then(|| stored.clone());
+                let out = values(wrap(B::fused_cross_entropy_backward(
+                    prim2(stored),
+                    prim1(floats::<B, 1>(&r, [N], device)),
+                    prim1(floats::<B, 1>(&s, [s.len()], device)),
+                )));
+                let case = format!("{dtype:?} per_row {per_row} held {held}");
+                check(
+                    label,
+                    &case,
+                    compare("grad_logits", &out, &expected, Tolerance::for_dtype(dtype)),
+                );
+                for i in (0..N).step_by(3) {
+                    assert_eq!(
+                        out[i * V..(i + 1) * V],
+                        stored_values[i * V..(i + 1) * V],
+                        "{label} {case}: row {i} (incoming gradient = scale) changed"
+                    );
+                }
+                if let Some(keep) = keep {
+                    assert_eq!(
+                        values(keep),
+                        stored_values,
+                        "{label} {case}: the caller's copy of the gradient changed"
+                    );
+                }
+                let ran = counters::get(Kernel::cross_entropy_backward) > before;
+                assert_eq!(
+                    ran,
+                    fused && !held,
+                    "{label} {case}: the backward kernel ran: {ran}"
+                );
+            }
+        }
+        eprintln!("{label}: backward rescale ok");
+    }
+}
+
+#[test]
+fn backward_rescales_rows_on_the_device() {
+    let _guard = liger_tests::lock();
+    liger_tests::for_each_backend(&mut BackwardRescale {
+        rng: Rng::from_env(),
+    });
 }
 
 /// Non-integer targets handed to the CubeCL primitive directly (its int and float tensors

@@ -65,6 +65,7 @@ pub mod counters {
         rope_forward,
         rope_backward,
         cross_entropy,
+        cross_entropy_backward,
     );
 
     /// Records one launch.

@@ -1,11 +1,11 @@
 //! Cross entropy on `Autodiff<B>`: the forward computes the logits gradient (scaled by the
 //! caller's device-side `grad_scale`), and the backward node only rescales it by the
-//! incoming gradient, skipping even that when it is a no-op.
+//! incoming gradient ([`FusedOps::fused_cross_entropy_backward`]), skipping even that
+//! where it is a no-op.
 
 use crate::ops::{CrossEntropyOptions, CrossEntropyRows, FusedOps};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{DType, ElementConversion, Tensor, TensorMetadata, TensorPrimitive};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -17,7 +17,7 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind};
 #[derive(Debug)]
 struct CrossEntropyBackward;
 
-impl<B: Backend> Backward<B, 1> for CrossEntropyBackward {
+impl<B: FusedOps> Backward<B, 1> for CrossEntropyBackward {
     /// The scaled logits gradient `[N, V]` and its scale `s` (`[1]`, f32).
     type State = (FloatTensor<B>, FloatTensor<B>);
 
@@ -25,51 +25,12 @@ impl<B: Backend> Backward<B, 1> for CrossEntropyBackward {
         let rows_grad = grads.consume::<B>(&ops.node);
         let (grad, scale) = ops.state;
         if let Some(parent) = &ops.parents[0] {
-            grads.register::<B>(parent.id, rescale_rows::<B>(grad, rows_grad, scale));
+            grads.register::<B>(
+                parent.id,
+                B::fused_cross_entropy_backward(grad, rows_grad, scale),
+            );
         }
     }
-}
-
-fn float<B: Backend, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(x))
-}
-
-/// `grad_i · r_i / s_i` per row (`s` is `[1]` or per row; `0` where `s_i = 0`: that row's
-/// stored gradient is zero). When `r_i = s` on every row — a mean or sum reduction followed by
-/// `backward()` — `grad` is returned untouched: reading one flag back is far cheaper
-/// than a pass over `[N, V]` (Liger skips the multiply the same way).
-pub(crate) fn rescale_rows<B: Backend>(
-    grad: FloatTensor<B>,
-    rows_grad: FloatTensor<B>,
-    scale: FloatTensor<B>,
-) -> FloatTensor<B> {
-    let dtype = grad.dtype();
-    let r: Tensor<B, 1> = float::<B, 1>(rows_grad).cast(DType::F32);
-    let n = r.dims()[0];
-    // `[1]` (every row) or `[n]` (per row).
-    let s: Tensor<B, 1> = float::<B, 1>(scale).cast(DType::F32);
-    let s = if s.dims()[0] == n {
-        s
-    } else {
-        s.reshape([1]).expand([n])
-    };
-    let unchanged = r
-        .clone()
-        .equal(s.clone())
-        .all()
-        .int()
-        .into_scalar()
-        .elem::<i64>()
-        != 0;
-    if unchanged {
-        return grad;
-    }
-    let factor = (r / s.clone()).mask_fill(s.equal_elem(0.0), 0.0);
-    let g: Tensor<B, 2> = float::<B, 2>(grad).cast(DType::F32);
-    (g * factor.reshape([n, 1]))
-        .cast(dtype)
-        .into_primitive()
-        .tensor()
 }
 
 pub(crate) fn forward<B: FusedOps, C: CheckpointStrategy>(

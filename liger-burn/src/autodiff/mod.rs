@@ -357,6 +357,19 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         cross_entropy::forward::<B, C>(logits, targets, class_weight, grad_scale, options)
     }
 
+    /// Not tracked (nothing differentiates a backward): `B`'s on the inner tensors.
+    fn fused_cross_entropy_backward(
+        grad: FloatTensor<Self>,
+        grad_rows: FloatTensor<Self>,
+        grad_scale: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::fused_cross_entropy_backward(
+            grad.primitive,
+            grad_rows.primitive,
+            grad_scale.primitive,
+        ))
+    }
+
     fn fused_linear_cross_entropy(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,

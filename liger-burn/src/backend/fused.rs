@@ -181,6 +181,14 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         }
     }
 
+    fn fused_cross_entropy_backward(
+        grad: FloatTensor<Self>,
+        grad_rows: FloatTensor<Self>,
+        grad_scale: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        B::fused_cross_entropy_backward(grad, grad_rows, grad_scale)
+    }
+
     fn fused_linear_cross_entropy(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,

@@ -240,7 +240,12 @@ pub(crate) fn run<B: FusedOps>(
     let x = Tensor::<A<B>, 2>::from_inner(x).require_grad();
     // Random upstream gradient: a scalar away from 1 for mean/sum, one per row for none.
     let per_row = options.reduction == Reduction::None;
-    let g: Vec<f32> = rng.vec(if per_row { rows } else { 1 }, 0.5, 1.5, 0.0);
+    // Under none every third row gets exactly 1 (the scale the forward applied): the
+    // backward leaves those rows as they are and rescales the others.
+    let mut g: Vec<f32> = rng.vec(if per_row { rows } else { 1 }, 0.5, 1.5, 0.0);
+    if per_row {
+        g.iter_mut().step_by(3).for_each(|gi| *gi = 1.0);
+    }
     let g_t = Tensor::<A<B>, 1>::from_data(TensorData::new(g.clone(), [g.len()]), device);
     poison::<B>(&[n], dtype, device);
     poison::<B>(&[rows, rows], DType::F32, device);

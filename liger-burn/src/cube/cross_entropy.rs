@@ -7,7 +7,8 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use liger_cubecl_kernels::cross_entropy::{
-    CrossEntropyBuffers, CrossEntropyKernelOptions, GradTarget, cross_entropy,
+    BackwardTarget, CrossEntropyBuffers, CrossEntropyKernelOptions, GradTarget, cross_entropy,
+    cross_entropy_backward,
 };
 
 fn to_f32<B, R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R>
@@ -103,4 +104,44 @@ where
         z_loss,
         grad_logits,
     }
+}
+
+/// See [`FusedOps::fused_cross_entropy_backward`](crate::ops::FusedOps::fused_cross_entropy_backward):
+/// in place, with no host read, when nothing else holds `grad`'s buffer; otherwise the
+/// composed default (one flag read back), so a shared gradient is never copied for nothing.
+pub(crate) fn backward<B, R: CubeRuntime>(
+    grad: CubeTensor<R>,
+    grad_rows: CubeTensor<R>,
+    grad_scale: CubeTensor<R>,
+) -> CubeTensor<R>
+where
+    B: Backend<FloatTensorPrimitive = CubeTensor<R>>,
+{
+    const OP: &str = "cross_entropy_backward";
+    validate::check(validate::cross_entropy_backward_tensors(
+        OP,
+        &grad,
+        &grad_rows,
+        &grad_scale,
+        true,
+    ));
+    if !(grad.can_mut() && grad.is_contiguous()) {
+        return crate::ops::compose::cross_entropy::backward::<B>(grad, grad_rows, grad_scale);
+    }
+    let shape = grad.shape();
+    let (rows, vocab) = (shape[0], shape[1]);
+    let per_row_scale = grad_scale.shape().num_elements() != 1;
+    let grad_rows = to_f32::<B, R>(grad_rows);
+    let grad_scale = to_f32::<B, R>(grad_scale);
+    launched(cross_entropy_backward::<R>(
+        &grad.client,
+        &grad.handle,
+        BackwardTarget::InPlace,
+        &grad_rows.handle,
+        (&grad_scale.handle, per_row_scale),
+        rows,
+        vocab,
+        grad.dtype.into(),
+    ));
+    grad
 }

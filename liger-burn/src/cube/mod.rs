@@ -167,6 +167,14 @@ where
     ) -> crate::ops::CrossEntropyRows<Self> {
         cross_entropy::forward::<Self, R>(logits, targets, class_weight, grad_scale, options)
     }
+
+    fn fused_cross_entropy_backward(
+        grad: CubeTensor<R>,
+        grad_rows: CubeTensor<R>,
+        grad_scale: CubeTensor<R>,
+    ) -> CubeTensor<R> {
+        cross_entropy::backward::<Self, R>(grad, grad_rows, grad_scale)
+    }
 }
 
 /// `[..., d]` → `(rows, d)`.

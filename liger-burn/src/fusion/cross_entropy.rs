@@ -84,3 +84,44 @@ pub(crate) fn forward<B: FusionBackend + FusedOps>(
         grad_logits,
     }
 }
+
+#[derive(Clone, Debug)]
+struct CrossEntropyBackwardKernel;
+
+impl<B: FusionBackend + FusedOps> CustomKernel<B> for CrossEntropyBackwardKernel {
+    fn run(&self, inputs: &[TensorIr], handles: &mut Handles<B>) -> Vec<B::FloatTensorPrimitive> {
+        // Inputs: grad, grad_rows, grad_scale (a gradient the stream holds nowhere else
+        // arrives as the only handle to its buffer, so the kernel works in place).
+        let mut floats = custom_op::float_inputs::<B>(inputs, handles);
+        let (grad, grad_rows, grad_scale) = (
+            floats.next().expect("grad"),
+            floats.next().expect("grad_rows"),
+            floats.next().expect("grad_scale"),
+        );
+        vec![B::fused_cross_entropy_backward(grad, grad_rows, grad_scale)]
+    }
+}
+
+/// See [`FusedOps::fused_cross_entropy_backward`].
+pub(crate) fn backward<B: FusionBackend + FusedOps>(
+    grad: FusionTensor<B::FusionRuntime>,
+    grad_rows: FusionTensor<B::FusionRuntime>,
+    grad_scale: FusionTensor<B::FusionRuntime>,
+) -> FusionTensor<B::FusionRuntime> {
+    validate::check(validate::cross_entropy_backward_tensors(
+        "cross_entropy_backward",
+        &grad,
+        &grad_rows,
+        &grad_scale,
+        true,
+    ));
+    let spec = (grad.shape(), grad.dtype());
+    custom_op::register::<B, _>(
+        "liger_cross_entropy_backward",
+        vec![grad, grad_rows, grad_scale],
+        &[spec],
+        CrossEntropyBackwardKernel,
+    )
+    .pop()
+    .expect("one output")
+}

@@ -334,6 +334,14 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
     ) -> crate::ops::CrossEntropyRows<Self> {
         cross_entropy::forward::<B>(logits, targets, class_weight, grad_scale, options)
     }
+
+    fn fused_cross_entropy_backward(
+        grad: FusionTensor<B::FusionRuntime>,
+        grad_rows: FusionTensor<B::FusionRuntime>,
+        grad_scale: FusionTensor<B::FusionRuntime>,
+    ) -> FusionTensor<B::FusionRuntime> {
+        cross_entropy::backward::<B>(grad, grad_rows, grad_scale)
+    }
 }
 
 fn softmax<B: FusionBackend + FusedOps>(

@@ -303,6 +303,24 @@ pub trait FusedOps: Backend {
         compose::cross_entropy::forward::<Self>(logits, targets, class_weight, grad_scale, options)
     }
 
+    /// Backward of [`fused_cross_entropy`](FusedOps::fused_cross_entropy)'s per-row loss
+    /// from the gradient its forward stored: `grad: [N, V]` (computed with the scale
+    /// `grad_scale: [1]` or `[N]` f32, `s`), `grad_rows: [N]` the incoming gradient `r` of
+    /// each row's loss. Returns `grad_i · r_i / s_i` per row (`0` where `s_i = 0`, whose row
+    /// is zero); a row with `r_i = s_i` is returned as it was.
+    ///
+    /// The default (any backend) reads one flag back to return `grad` untouched when
+    /// every row is unchanged, and otherwise multiplies in f32. The fused kernel decides
+    /// on the device, row by row, with no host read, and writes over `grad` when nothing
+    /// else holds its buffer (then unchanged rows are not even read).
+    fn fused_cross_entropy_backward(
+        grad: FloatTensor<Self>,
+        grad_rows: FloatTensor<Self>,
+        grad_scale: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        compose::cross_entropy::backward::<Self>(grad, grad_rows, grad_scale)
+    }
+
     /// Linear layer then cross entropy without the `[N, V]` logits: `x: [N, H]`,
     /// `weight: [V, H]` (PyTorch's layout), `bias: [V]`, integer `targets: [N]`,
     /// `class_weight: [V]`; see [`CrossEntropyOptions`] for the math, here applied to

@@ -269,6 +269,39 @@ pub fn cross_entropy_tensors<F: TensorMetadata, I: TensorMetadata>(
     )
 }
 
+/// Validates the backward of a cross entropy's per-row loss: `grad: [N, V]` float (a dtype
+/// the kernels read when `kernel_dtypes`), `grad_rows: [N]` and `grad_scale: [1]` or `[N]`,
+/// both float.
+pub fn cross_entropy_backward_tensors<F: TensorMetadata>(
+    op: &'static str,
+    grad: &F,
+    grad_rows: &F,
+    grad_scale: &F,
+    kernel_dtypes: bool,
+) -> Result<(), LigerError> {
+    let (shape, dtype) = (grad.shape(), grad.dtype());
+    if shape.num_dims() != 2 {
+        return fail(format!(
+            "{op}: the logits gradient must be [N, V], got shape {shape:?} (dtype {dtype:?})"
+        ));
+    }
+    rows(op, (&shape, dtype), kernel_dtypes)?;
+    let n = shape[0];
+    let (r_shape, r_dtype) = (grad_rows.shape(), grad_rows.dtype());
+    if r_shape.num_dims() != 1 || r_shape[0] != n || !r_dtype.is_float() {
+        return fail(format!(
+            "{op}: the incoming gradient must be a float tensor of shape [{n}] (logits gradient {shape:?}), got shape {r_shape:?} and dtype {r_dtype:?}"
+        ));
+    }
+    let (s_shape, s_dtype) = (grad_scale.shape(), grad_scale.dtype());
+    if !(s_shape.num_dims() == 1 && (s_shape[0] == 1 || s_shape[0] == n)) || !s_dtype.is_float() {
+        return fail(format!(
+            "{op}: grad_scale must be a float tensor of shape [1] or [{n}] (logits gradient {shape:?}), got shape {s_shape:?} and dtype {s_dtype:?}"
+        ));
+    }
+    Ok(())
+}
+
 /// Validates a linear cross entropy's inputs: `x: [N, H]`, `weight: [V, H]` and
 /// `bias: [V]` of one float dtype, integer `targets: [N]`, `class_weight: [V]`.
 pub fn linear_cross_entropy_tensors<F: TensorMetadata, I: TensorMetadata>(

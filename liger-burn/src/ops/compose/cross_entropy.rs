@@ -138,3 +138,48 @@ pub fn forward<B: Backend>(
         grad_logits,
     }
 }
+
+/// See [`FusedOps::fused_cross_entropy_backward`](crate::ops::FusedOps::fused_cross_entropy_backward).
+pub fn backward<B: Backend>(
+    grad: FloatTensor<B>,
+    grad_rows: FloatTensor<B>,
+    grad_scale: FloatTensor<B>,
+) -> FloatTensor<B> {
+    use burn::tensor::ElementConversion;
+    validate::check(validate::cross_entropy_backward_tensors(
+        "cross_entropy_backward",
+        &grad,
+        &grad_rows,
+        &grad_scale,
+        false,
+    ));
+    let dtype = grad.dtype();
+    let r: Tensor<B, 1> = float::<B, 1>(grad_rows).cast(DType::F32);
+    let n = r.dims()[0];
+    let s: Tensor<B, 1> = float::<B, 1>(grad_scale).cast(DType::F32);
+    let s = if s.dims()[0] == n {
+        s
+    } else {
+        s.reshape([1]).expand([n])
+    };
+    // One flag read back: far cheaper than a pass over `[N, V]` when nothing changes (a
+    // mean or sum followed by `backward()`; Liger skips the multiply the same way).
+    let unchanged = r
+        .clone()
+        .equal(s.clone())
+        .all()
+        .int()
+        .into_scalar()
+        .elem::<i64>()
+        != 0;
+    if unchanged {
+        return grad;
+    }
+    // Rows with `r_i = s_i` get the factor 1 (exactly `r_i / s_i`, also when both are 0).
+    let same = r.clone().equal(s.clone());
+    let factor = (r / s.clone())
+        .mask_fill(s.equal_elem(0.0), 0.0)
+        .mask_fill(same, 1.0);
+    let g: Tensor<B, 2> = float::<B, 2>(grad).cast(DType::F32);
+    prim((g * factor.reshape([n, 1])).cast(dtype))
+}
