@@ -49,6 +49,13 @@ for step in $steps; do
       $BIN bench --device cuda --dtype bf16 --op cross_entropy --shape 8192x128256 --check-targets off \
         --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_ce_unchecked.log" 2>&1 || status=1
       tail -n 8 "$OUT/bench_ce_unchecked.log"
+      # The same with the host allowed to run ahead (24 GiB of pending iterations: about
+      # five steps at this shape instead of one), checked and unchecked.
+      for check in on off; do
+        $BIN bench --device cuda --dtype bf16 --op cross_entropy --shape 8192x128256 --check-targets $check \
+          --hold-gib 24 --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_ce_hold24_$check.log" 2>&1 || status=1
+        tail -n 5 "$OUT/bench_ce_hold24_$check.log"
+      done
       ;;
     flce)
       # The memory curve over N (few iterations: each step is tens to hundreds of ms).

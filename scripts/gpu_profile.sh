@@ -4,7 +4,11 @@
 # bytes, clocks left alone), so each step's kernels can be summed and set against the
 # bench's own wall time of the same step (the difference is host-side or launch gaps).
 #
-#   usage: scripts/gpu_profile.sh [ce] [flce] [swiglu]
+#   usage: scripts/gpu_profile.sh [ce] [flce] [swiglu] [swiglu-detail]
+#
+# swiglu-detail: ncu's speed-of-light, occupancy, launch, warp-state and memory sections
+# for every kernel of one SwiGLU bench iteration (the copy and x+y ceilings included), to
+# set the fused kernel's stalls and achieved bandwidth beside Burn's add kernel's.
 #
 # Writes $OUT/ncu_<step>.csv (one row per kernel and metric) and $OUT/ncu_<step>.log.
 # Summarize here with scripts/ncu_summary.py.
@@ -19,6 +23,13 @@ for step in ${*:-ce flce swiglu}; do
     ce) args="--op cross_entropy --shape 8192x128256"; metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum ;;
     flce) args="--op fused_linear_cross_entropy --shape 8192x4096x128256"; metrics=gpu__time_duration.sum ;;
     swiglu) args="--op swiglu --shape 8192x14336"; metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum ;;
+    swiglu-detail)
+      timeout 280 "$NCU" --clock-control none --csv --page details --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+        --log-file "$OUT/ncu_$step.csv" $BIN bench --device cuda --dtype bf16 --op swiglu --shape 8192x14336 \
+        --copy-mib 1024 $one_iteration >"$OUT/ncu_$step.log" 2>&1 || status=1
+      echo "$step: $(wc -l <"$OUT/ncu_$step.csv") rows"; tail -n 3 "$OUT/ncu_$step.log"
+      continue ;;
     *) echo "unknown step $step"; status=1; continue ;;
   esac
   timeout 280 "$NCU" --clock-control none --csv --metrics "$metrics" --log-file "$OUT/ncu_$step.csv" \

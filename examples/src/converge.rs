@@ -20,8 +20,11 @@ use liger_burn::conformance::linear_cross_entropy::{f32_matmul_error, is_reduced
 use liger_burn::ops::FusedOps;
 use liger_models::ModelType;
 use liger_train::convergence::{
-    ConvergenceReport, ConvergenceSetup, ReferenceCheck, Tolerances, TrainRun,
-    check_against_precise, compare, train_liger_off, train_liger_on,
+    ConvergenceReport, ConvergenceSetup, NamedParam, ReferenceCheck, Tolerances, TrainRun,
+    check_against_precise, compare, initial_params, train_liger_off, train_liger_on,
+};
+use liger_train::gradient_check::{
+    GradientCheck, GradientTriple, gradient_triple, liger_gradients, single_switches, unseen_tokens,
 };
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
@@ -66,6 +69,9 @@ pub fn run(args: ConvergeArgs) -> Result<ExitCode> {
     if args.f32_reference && args.dtype.dtype() == burn::tensor::DType::F32 {
         bail!("--f32-reference checks a bf16 or f16 run: add --dtype bf16");
     }
+    if args.gradient_check && args.dtype.dtype() == burn::tensor::DType::F32 {
+        bail!("--gradient-check compares a bf16 or f16 run's gradients with f32: add --dtype bf16");
+    }
     if args.control && args.batch_size < 2 {
         bail!("--control reverses each batch's sequences: it needs --batch-size 2 or more");
     }
@@ -107,9 +113,9 @@ impl Converge {
     }
 }
 
-/// Runs `f`, turning a panic into its message.
+/// Runs a training run, turning a panic into its message.
 fn guarded(f: impl FnOnce() -> TrainRun) -> Result<TrainRun, String> {
-    catch_unwind(AssertUnwindSafe(f)).map_err(|p| payload_text(p.as_ref()))
+    guarded_value(f)
 }
 
 impl OnDevice for Converge {
@@ -261,6 +267,81 @@ impl OnDevice for Converge {
             if !passed {
                 failed.push(format!("{}: liger on differs from liger off", setup.name));
             }
+            if a.gradient_check {
+                let start = guarded_value(|| initial_params::<B>(&setup, &ctx.device));
+                let states: [(&str, Result<Vec<NamedParam>, String>); 2] = [
+                    ("at the start", start),
+                    ("at liger off's final parameters", Ok(off.params.clone())),
+                ];
+                for (when, params) in states {
+                    let unseen = unseen_tokens(&setup);
+                    let check = params.and_then(|params| {
+                        guarded_value(|| {
+                            let triple = gradient_triple::<B>(&setup, &params, &ctx.device);
+                            let check = GradientCheck::new(&triple, &unseen, setup.dtype);
+                            // Which kernel a less accurate gradient comes from: each switch
+                            // alone against the same stock and f32 gradients.
+                            let attribution = (!check.failures().is_empty()).then(|| {
+                                single_switches()
+                                    .into_iter()
+                                    .map(|(name, switches)| {
+                                        let one = GradientTriple {
+                                            liger: liger_gradients::<B>(
+                                                &setup,
+                                                switches,
+                                                &params,
+                                                &ctx.device,
+                                            ),
+                                            stock: triple.stock.clone(),
+                                            precise: triple.precise.clone(),
+                                        };
+                                        (name, GradientCheck::new(&one, &unseen, setup.dtype))
+                                    })
+                                    .collect::<Vec<_>>()
+                            });
+                            (check, attribution)
+                        })
+                    });
+                    match check {
+                        Err(msg) => {
+                            println!(
+                                "gradient check {when} FAILED: {}",
+                                msg.lines().next().unwrap_or("")
+                            );
+                            failed.push(format!(
+                                "{}: the gradient check {when} failed to run",
+                                setup.name
+                            ));
+                        }
+                        Ok((check, attribution)) => {
+                            print!("{}", gradient_table(when, &check));
+                            if let Some(attribution) = &attribution {
+                                print!("{}", attribution_table(attribution));
+                            }
+                            let worse = check.failures();
+                            for e in &worse {
+                                println!(
+                                    "  LESS ACCURATE {}: liger {:.3e} > allowed {:.3e} (stock {:.3e})",
+                                    e.name, e.liger, e.allowed, e.stock
+                                );
+                            }
+                            if worse.is_empty() {
+                                println!(
+                                    "gradient check {when}: liger's gradients as accurate as stock's \
+                                     ({} entries within max(1.5x stock, 2u))",
+                                    check.errors.len()
+                                );
+                            } else {
+                                failed.push(format!(
+                                    "{}: {} gradient(s) {when} less accurate than stock's",
+                                    setup.name,
+                                    worse.len()
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
             if !(drops.0 > MIN_LOSS_DROP && drops.1 > MIN_LOSS_DROP) {
                 failed.push(format!(
                     "{}: the loss did not fall by {MIN_LOSS_DROP} (off {:.4}, on {:.4})",
@@ -279,6 +360,64 @@ impl OnDevice for Converge {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// Runs `f`, turning a panic into its message.
+fn guarded_value<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|p| payload_text(p.as_ref()))
+}
+
+/// Each parameter's normwise gradient error against the f32 gradient, stock and liger.
+fn gradient_table(when: &str, check: &GradientCheck) -> String {
+    let mut table = Table::new(&[
+        ("gradient", Align::Left),
+        ("|g f32|", Align::Right),
+        ("stock err", Align::Right),
+        ("liger err", Align::Right),
+        ("allowed", Align::Right),
+        ("", Align::Left),
+    ]);
+    for e in &check.errors {
+        table.row(vec![
+            e.name.clone(),
+            sci(e.norm),
+            sci(e.stock),
+            sci(e.liger),
+            sci(e.allowed),
+            if e.passed() { "" } else { "WORSE" }.into(),
+        ]);
+    }
+    format!(
+        "gradients of every batch {when} (normwise error against stock f32 at the same parameters, pooled over the batches):\n{}",
+        table.render()
+    )
+}
+
+/// One row per single switch: how many gradients are less accurate than allowed with
+/// only that kernel fused, and the worst ratio of its error to stock's.
+fn attribution_table(rows: &[(&str, GradientCheck)]) -> String {
+    let mut table = Table::new(&[
+        ("fused alone", Align::Left),
+        ("less accurate", Align::Right),
+        ("max liger/stock", Align::Right),
+        ("at", Align::Left),
+    ]);
+    for (name, check) in rows {
+        let worst = check
+            .errors
+            .iter()
+            .max_by(|a, b| (a.liger / a.stock).total_cmp(&(b.liger / b.stock)));
+        table.row(vec![
+            name.to_string(),
+            format!("{} of {}", check.failures().len(), check.errors.len()),
+            worst.map_or("-".into(), |w| format!("{:.2}", w.liger / w.stock)),
+            worst.map_or(String::new(), |w| w.name.clone()),
+        ]);
+    }
+    format!(
+        "the same gradients with one switch at a time:\n{}",
+        table.render()
+    )
 }
 
 /// Prints what still fails after an extra run (`marker` before each) and the verdict

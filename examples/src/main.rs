@@ -207,6 +207,13 @@ pub struct BenchArgs {
     /// many MiB: reads and writes it once). Capped at the device's largest allocation.
     #[arg(long, default_value_t = 1024, value_name = "MIB")]
     pub copy_mib: u64,
+    /// Outputs and gradients of up to this many GiB stay pending before the timing loop
+    /// synchronizes (at least one iteration's). One iteration per synchronization puts the
+    /// host's work for the next iteration (autodiff graph, fusion stream, launches) on the
+    /// clock with the GPU idle; more lets the host run ahead, as in a training loop that
+    /// does not read a value back every step. The `hold` CSV column records the count.
+    #[arg(long, default_value_t = 4, value_name = "GIB")]
+    pub hold_gib: usize,
     /// Reduction path of the fused kernels.
     #[arg(long, value_enum, default_value_t = ReductionArg::Auto)]
     pub reduction: ReductionArg,
@@ -363,6 +370,17 @@ pub struct ConvergeArgs {
     /// when given (over --control).
     #[arg(long)]
     pub f32_reference: bool,
+    /// bf16/f16: compute every batch's gradients with liger on and off in the run's dtype
+    /// and with the stock path in f32, at the start and at liger off's final parameters,
+    /// and print each parameter's normwise gradient error against f32, pooled over the
+    /// batches (the output
+    /// projection's rows of tokens the batch never shows, whose gradient is made of
+    /// near-zero probabilities, apart). Fails the model when liger's error exceeds
+    /// max(1.5 x stock's, 2u), u the dtype's unit roundoff: a bias in a fused gradient
+    /// shows here before any optimizer step. Where one does, the same gradients with one
+    /// kernel switch at a time say which kernel it comes from. Never excuses anything.
+    #[arg(long)]
+    pub gradient_check: bool,
     /// Sequences per batch.
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub batch_size: usize,

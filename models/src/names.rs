@@ -46,6 +46,19 @@ impl<B: FusedOps> HfParam<'_, B> {
         }
     }
 
+    /// Its gradient in `grads`, in Hugging Face layout, on the host (`None` when the
+    /// backward did not reach it).
+    pub fn hf_grad(&self, grads: &B::Gradients) -> Option<TensorData>
+    where
+        B: burn::tensor::backend::AutodiffBackend,
+    {
+        match self {
+            HfParam::LinearWeight(p) => p.val().grad(grads).map(|g| g.transpose().into_data()),
+            HfParam::Matrix(p) => p.val().grad(grads).map(|g| g.into_data()),
+            HfParam::Vector(p) => p.val().grad(grads).map(|g| g.into_data()),
+        }
+    }
+
     /// Whether it is a vector (bias or norm weight: the parameters AdamW recipes usually
     /// exempt from weight decay).
     pub fn is_vector(&self) -> bool {

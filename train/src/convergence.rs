@@ -289,6 +289,23 @@ fn fingerprint(params: &[NamedParam]) -> u64 {
     })
 }
 
+/// The parameters `setup`'s runs start from (Hugging Face names and layout, as f32: the
+/// values of `setup.dtype`, exactly).
+pub fn initial_params<B: FusedOps>(
+    setup: &ConvergenceSetup,
+    device: &B::Device,
+) -> Vec<NamedParam> {
+    let mut src = SeededInit::<B> {
+        seed: setup.seed,
+        device: device.clone(),
+        dtype: setup.dtype,
+        round_through: setup.init_rounding,
+    };
+    let model = CausalLm::<B>::build(setup.model.clone(), LigerConfig::none(), &mut src)
+        .unwrap_or_else(|e| panic!("{}: building the model: {e}", setup.name));
+    read_params(&model)
+}
+
 /// Trains `setup`'s model on autodiff backend `B` with the kernel switches `liger`.
 pub fn train<B>(
     setup: &ConvergenceSetup,

@@ -5,6 +5,7 @@
 //! comparison of the fused kernels against the stock Burn computation.
 
 pub mod convergence;
+pub mod gradient_check;
 
 // The `liger train` SFT job, one concept per module.
 pub mod batching;

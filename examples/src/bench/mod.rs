@@ -51,8 +51,6 @@ use std::process::ExitCode;
 const ROTATION_BYTES: usize = 256 << 20;
 /// At most this many input sets.
 const MAX_SETS: usize = 16;
-/// Outputs held before a synchronization (see [`crate::measure`]).
-const HOLD_BYTES: usize = 4 << 30;
 
 /// Runs `liger bench`.
 pub fn run(args: BenchArgs) -> Result<ExitCode> {
@@ -287,9 +285,11 @@ impl OnDevice for Bench {
                 .div_ceil((in_elems * e).max(1))
                 .clamp(2, MAX_SETS);
             let max_hold = args.iters.max(args.warmup).max(1);
-            let hold_fwd = (HOLD_BYTES / (out_elems * e).max(1)).clamp(1, max_hold);
+            // Outputs held before a synchronization (see [`crate::measure`]).
+            let hold_bytes = args.hold_gib << 30;
+            let hold_fwd = (hold_bytes / (out_elems * e).max(1)).clamp(1, max_hold);
             let hold_full =
-                (HOLD_BYTES / ((out_elems + 2 * in_elems) * e).max(1)).clamp(1, max_hold);
+                (hold_bytes / ((out_elems + 2 * in_elems) * e).max(1)).clamp(1, max_hold);
 
             let inner: Vec<Inputs<B>> = (0..sets)
                 .map(|_| Inputs::random(op, shape, dtype, &ctx.device))
