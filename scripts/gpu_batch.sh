@@ -5,7 +5,7 @@
 # binary (built with `--features cuda`) at .gpu/liger and the commit hash in .gpu/commit.
 # Writes logs and CSVs under $OUT.
 #
-#   usage: scripts/gpu_batch.sh [check] [bench] [ce] [flce] [vulkan] [converge] [train]
+#   usage: scripts/gpu_batch.sh [check] [bench] [ce] [ce-hold] [flce] [vulkan] [converge] [train]
 #                               [e2e-llama] [e2e-qwen] [cache-out]
 #
 # e2e-llama / e2e-qwen: `liger bench --e2e` for one model each (one device call each);
@@ -49,8 +49,10 @@ for step in $steps; do
       $BIN bench --device cuda --dtype bf16 --op cross_entropy --shape 8192x128256 --check-targets off \
         --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_ce_unchecked.log" 2>&1 || status=1
       tail -n 8 "$OUT/bench_ce_unchecked.log"
-      # The same with the host allowed to run ahead (24 GiB of pending iterations: about
-      # five steps at this shape instead of one), checked and unchecked.
+      ;;
+    ce-hold)
+      # The 8192x128256 step with the host allowed to run ahead (24 GiB of pending
+      # iterations: about five steps at this shape instead of one), checked and unchecked.
       for check in on off; do
         $BIN bench --device cuda --dtype bf16 --op cross_entropy --shape 8192x128256 --check-targets $check \
           --hold-gib 24 --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_ce_hold24_$check.log" 2>&1 || status=1
