@@ -8,7 +8,9 @@
 //! worst entries; exits 1 when a model's runs disagree, its loss did not fall, or a run
 //! panicked. With `--control`, a third run (stock again, each batch's sequences
 //! reversed) measures the stock path's own rounding noise, and parameter differences no
-//! larger than that noise are not counted against liger.
+//! larger than that noise are not counted against liger. With `--gradient-check`, every
+//! batch's gradients (liger on and off in the run's dtype, stock in f32) are compared at
+//! the start and at the end; that check then decides the verdict.
 
 use crate::ConvergeArgs;
 use crate::device::{self, Ctx, OnDevice, payload_text};
@@ -226,48 +228,9 @@ impl OnDevice for Converge {
                 "loss drop (first pass over the batches - last): off {:.4}, on {:.4}",
                 drops.0, drops.1
             );
-            let control_passed = match &control {
-                None => report.passed(),
-                Some(Err(msg)) => {
-                    println!("control FAILED: {}", msg.lines().next().unwrap_or(""));
-                    failed.push(format!("{}: the control run failed", setup.name));
-                    report.passed()
-                }
-                Some(Ok(control)) => {
-                    println!(
-                        "control (stock vs stock with each batch's sequences reversed): {}",
-                        control.to_string().trim_end()
-                    );
-                    print!("{}", noise_table(&report, control));
-                    verdict(
-                        "the control",
-                        "BEYOND NOISE",
-                        "every difference within tolerance or within the stock path's own noise",
-                        &report.failures_beyond_noise(control),
-                    )
-                }
-            };
-            let passed = match &precise {
-                None => control_passed,
-                Some(Err(msg)) => {
-                    println!("f32 run FAILED: {}", msg.lines().next().unwrap_or(""));
-                    failed.push(format!("{}: the f32 reference run failed", setup.name));
-                    report.passed()
-                }
-                Some(Ok(checks)) => {
-                    print!("{}", precise_table(checks));
-                    verdict(
-                        "the f32 run",
-                        "FARTHER FROM F32",
-                        "every difference within tolerance, or liger the closer run to f32 there",
-                        &report.failures_beyond_reference(checks),
-                    )
-                }
-            };
-            if !passed {
-                failed.push(format!("{}: liger on differs from liger off", setup.name));
-            }
-            if a.gradient_check {
+            // Some(whether liger's gradients were as accurate as stock's at both states).
+            let gradients_ok = a.gradient_check.then(|| {
+                let mut ok = true;
                 let start = guarded_value(|| initial_params::<B>(&setup, &ctx.device));
                 let states: [(&str, Result<Vec<NamedParam>, String>); 2] = [
                     ("at the start", start),
@@ -337,10 +300,64 @@ impl OnDevice for Converge {
                                     setup.name,
                                     worse.len()
                                 ));
+                                ok = false;
                             }
                         }
                     }
                 }
+                ok
+            });
+            let control_passed = match &control {
+                None => report.passed(),
+                Some(Err(msg)) => {
+                    println!("control FAILED: {}", msg.lines().next().unwrap_or(""));
+                    failed.push(format!("{}: the control run failed", setup.name));
+                    report.passed()
+                }
+                Some(Ok(control)) => {
+                    println!(
+                        "control (stock vs stock with each batch's sequences reversed): {}",
+                        control.to_string().trim_end()
+                    );
+                    print!("{}", noise_table(&report, control));
+                    verdict(
+                        "the control",
+                        "BEYOND NOISE",
+                        "every difference within tolerance or within the stock path's own noise",
+                        &report.failures_beyond_noise(control),
+                    )
+                }
+            };
+            let passed = match &precise {
+                None => control_passed,
+                Some(Err(msg)) => {
+                    println!("f32 run FAILED: {}", msg.lines().next().unwrap_or(""));
+                    failed.push(format!("{}: the f32 reference run failed", setup.name));
+                    report.passed()
+                }
+                Some(Ok(checks)) => {
+                    print!("{}", precise_table(checks));
+                    verdict(
+                        "the f32 run",
+                        "FARTHER FROM F32",
+                        "every difference within tolerance, or liger the closer run to f32 there",
+                        &report.failures_beyond_reference(checks),
+                    )
+                }
+            };
+            // The gradient check, when asked, decides (see `failures_beyond_gradients`).
+            let passed = match gradients_ok {
+                None => passed,
+                Some(ok) => verdict(
+                    "the gradient check",
+                    "NOT EXCUSED",
+                    "every difference within tolerance, or within AdamW's rounding noise \
+                     with liger's gradients as accurate as stock's",
+                    &report.failures_beyond_gradients(ok, 2.0 * setup.lr * setup.steps as f64),
+                ),
+            };
+            if !passed {
+                failed.push(format!("{}: liger on differs from liger off", setup.name));
             }
             if !(drops.0 > MIN_LOSS_DROP && drops.1 > MIN_LOSS_DROP) {
                 failed.push(format!(
