@@ -71,12 +71,15 @@ for step in $steps; do
       # 32 AdamW steps each), f32 then bf16 (CONVERGE_DTYPES, CONVERGE_MODELS override);
       # exit 1 when a model's runs disagree.
       # CONVERGE_SEEDS (default 42) runs each seed; CONVERGE_ARGS adds flags (e.g.
-      # --control: a second stock run summing in another order, the noise floor).
+      # --control: a second stock run summing in another order, the noise floor). Without
+      # CONVERGE_ARGS, bf16 runs get --gradient-check (the verdict of the README).
       for dtype in ${CONVERGE_DTYPES:-f32 bf16}; do
+        extra=${CONVERGE_ARGS-}
+        if [ -z "${CONVERGE_ARGS+set}" ] && [ "$dtype" != f32 ]; then extra=--gradient-check; fi
         for seed in ${CONVERGE_SEEDS:-42}; do
           log="$OUT/converge_cuda_$dtype$([ "$seed" = 42 ] || echo _seed$seed).log"
           timeout "${CONVERGE_TIMEOUT:-270}" $TRAIN_BIN converge --device cuda --dtype "$dtype" --seed "$seed" \
-            --models "${CONVERGE_MODELS:-llama,qwen2,qwen3,mistral}" ${CONVERGE_ARGS:-} >"$log" 2>&1 || status=1
+            --models "${CONVERGE_MODELS:-llama,qwen2,qwen3,mistral}" $extra >"$log" 2>&1 || status=1
           echo "== $dtype seed $seed"
           grep -E "^mini-|^AGREE|^DIFFER|^control|verdict|BEYOND|FAILED|converge:" "$log"
         done

@@ -418,6 +418,32 @@ impl BackendVisitor for BadInputs {
             );
         });
         assert_mentions(label, &msg, &["cross_entropy", "[2]", "[4, 10]"]);
+        // The backward primitive: an incoming gradient or a scale of the wrong length.
+        let backward = |rows: usize, scale: usize| {
+            panic_message(|| {
+                let _ = B::fused_cross_entropy_backward(
+                    logits().into_primitive().tensor(),
+                    floats::<B, 1>(&vec![1.0; rows], [rows], device)
+                        .into_primitive()
+                        .tensor(),
+                    floats::<B, 1>(&vec![1.0; scale], [scale], device)
+                        .into_primitive()
+                        .tensor(),
+                );
+            })
+        };
+        let msg = backward(3, 1);
+        assert_mentions(
+            label,
+            &msg,
+            &["cross_entropy_backward", "[4]", "[3]", "[4, 10]"],
+        );
+        let msg = backward(4, 2);
+        assert_mentions(
+            label,
+            &msg,
+            &["cross_entropy_backward", "grad_scale", "[2]"],
+        );
         eprintln!("{label}: bad inputs rejected");
     }
 }

@@ -425,6 +425,24 @@ pub fn check_target_dtype(op: &'static str, dtype: StorageType) -> Result<(), Ke
     }
 }
 
+/// One cube per row (grid-strided), the forward softmax geometry: shared by the loss and
+/// its backward, which walk the same `[rows, vocab]` buffers.
+fn row_launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    rows: usize,
+    vocab: usize,
+    dtype: StorageType,
+) -> RowLaunch {
+    RowLaunch::new(
+        client,
+        rows,
+        vocab,
+        dtype.size(),
+        usize::MAX,
+        SOFTMAX_FORWARD_VECTORS_PER_UNIT,
+    )
+}
+
 /// Cross entropy over `rows` rows of `vocab` logits: writes the per-row loss (and z-loss),
 /// and the gradient when asked (see the module docs for the math).
 ///
@@ -442,14 +460,7 @@ pub fn cross_entropy<R: Runtime>(
     const OP: &str = "cross_entropy";
     check_float_dtype(OP, dtype)?;
     check_target_dtype(OP, target_dtype)?;
-    let launch = RowLaunch::new(
-        client,
-        rows,
-        vocab,
-        dtype.size(),
-        usize::MAX,
-        SOFTMAX_FORWARD_VECTORS_PER_UNIT,
-    );
+    let launch = row_launch(client, rows, vocab, dtype);
     let vectors = launch.vectors(vocab);
     let n = rows * vectors;
     let compute_grad = !matches!(buffers.grad, GradTarget::None);
@@ -620,14 +631,7 @@ pub fn cross_entropy_backward<R: Runtime>(
 ) -> Result<(), KernelError> {
     const OP: &str = "cross_entropy_backward";
     check_float_dtype(OP, dtype)?;
-    let launch = RowLaunch::new(
-        client,
-        rows,
-        vocab,
-        dtype.size(),
-        usize::MAX,
-        SOFTMAX_FORWARD_VECTORS_PER_UNIT,
-    );
+    let launch = row_launch(client, rows, vocab, dtype);
     let vectors = launch.vectors(vocab);
     let n = rows * vectors;
     let in_place = matches!(target, BackwardTarget::InPlace);
