@@ -26,7 +26,8 @@ use liger_train::convergence::{
     check_against_precise, compare, initial_params, train_liger_off, train_liger_on,
 };
 use liger_train::gradient_check::{
-    GradientCheck, GradientTriple, gradient_triple, liger_gradients, single_switches, unseen_tokens,
+    GradientCheck, GradientTriple, OutlierGradient, gradient_triple, liger_gradients,
+    outlier_gradients, single_switches, unseen_tokens,
 };
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
@@ -262,7 +263,12 @@ impl OnDevice for Converge {
                                     })
                                     .collect::<Vec<_>>()
                             });
-                            (check, attribution)
+                            // At the end: the gradients where the runs' parameters differ
+                            // beyond tolerance.
+                            let outliers = (when != "at the start").then(|| {
+                                outlier_gradients(&off.params, &on.params, &tol, &triple, 12)
+                            });
+                            (check, attribution, outliers)
                         })
                     });
                     match check {
@@ -275,9 +281,13 @@ impl OnDevice for Converge {
                                 "{}: the gradient check {when} failed to run",
                                 setup.name
                             ));
+                            ok = false;
                         }
-                        Ok((check, attribution)) => {
+                        Ok((check, attribution, outliers)) => {
                             print!("{}", gradient_table(when, &check));
+                            if let Some(outliers) = outliers.filter(|o| !o.is_empty()) {
+                                print!("{}", outlier_table(&outliers));
+                            }
                             if let Some(attribution) = &attribution {
                                 print!("{}", attribution_table(attribution));
                             }
@@ -406,6 +416,34 @@ fn gradient_table(when: &str, check: &GradientCheck) -> String {
     }
     format!(
         "gradients of every batch {when} (normwise error against stock f32 at the same parameters, pooled over the batches):\n{}",
+        table.render()
+    )
+}
+
+/// The elements whose final parameters differ beyond tolerance, with their gradient (one
+/// pass over the batches) at liger off's final parameters: f32, its size against the
+/// tensor's, and both half-precision errors.
+fn outlier_table(outliers: &[OutlierGradient]) -> String {
+    let mut table = Table::new(&[
+        ("element out of tolerance", Align::Left),
+        ("|param diff|", Align::Right),
+        ("g f32", Align::Right),
+        ("|g f32| / rms", Align::Right),
+        ("stock err", Align::Right),
+        ("liger err", Align::Right),
+    ]);
+    for o in outliers {
+        table.row(vec![
+            format!("{}[{}]", o.name, o.index),
+            sci(o.param_diff),
+            sci(o.precise),
+            format!("{:.3}", o.precise.abs() / o.tensor_rms),
+            sci(o.stock_error),
+            sci(o.liger_error),
+        ]);
+    }
+    format!(
+        "their gradients there (summed over the batches; rms = the tensor's f32 gradient rms):\n{}",
         table.render()
     )
 }

@@ -432,7 +432,7 @@ impl Tolerances {
         self.loss_atol + self.loss_rtol * reference.abs()
     }
 
-    fn param_allowed(&self, reference: f64) -> f64 {
+    pub(crate) fn param_allowed(&self, reference: f64) -> f64 {
         self.param_atol + self.param_rtol * reference.abs()
     }
 }

@@ -12,7 +12,7 @@
 //! an input of the batch (their gradient is `Σ_t p_t,v h_t`, made only of near-zero
 //! probabilities) are measured on their own, since those rows hold the outliers.
 
-use crate::convergence::{ConvergenceSetup, NamedParam};
+use crate::convergence::{ConvergenceSetup, NamedParam, Tolerances};
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
@@ -358,6 +358,76 @@ impl GradientCheck {
     }
 }
 
+/// A parameter element where two runs ended out of tolerance, with its gradient at the
+/// point of a [`GradientTriple`] (summed over the batches: one pass's gradient).
+#[derive(Clone, Debug)]
+pub struct OutlierGradient {
+    /// Parameter name and flat index (Hugging Face layout).
+    pub name: String,
+    /// Flat index in the parameter.
+    pub index: usize,
+    /// `|candidate - reference|` of the final parameters.
+    pub param_diff: f64,
+    /// The f32 gradient there.
+    pub precise: f64,
+    /// Root mean square of the tensor's f32 gradient (the scale `precise` compares to).
+    pub tensor_rms: f64,
+    /// `|stock - f32|` there.
+    pub stock_error: f64,
+    /// `|liger - f32|` there.
+    pub liger_error: f64,
+}
+
+/// Every element where `candidate`'s and `reference`'s final parameters differ beyond
+/// `tol` (at most `limit`), with the gradients of `triple` there: when the f32 gradient of
+/// such an element is no larger than the half-precision gradients' errors, rounding
+/// decides the sign of its AdamW steps.
+pub fn outlier_gradients(
+    reference: &[NamedParam],
+    candidate: &[NamedParam],
+    tol: &Tolerances,
+    triple: &GradientTriple,
+    limit: usize,
+) -> Vec<OutlierGradient> {
+    let mut out = Vec::new();
+    for (r, c) in reference.iter().zip(candidate) {
+        let Some(k) = triple.precise.iter().position(|p| p.name == r.name) else {
+            continue;
+        };
+        let len = r.values.len();
+        // One pass's gradient: the batches' gradients summed, per element.
+        let summed = |g: &NamedParam| -> Vec<f64> {
+            let mut acc = vec![0.0f64; len];
+            for (i, &v) in g.values.iter().enumerate() {
+                acc[i % len] += f64::from(v);
+            }
+            acc
+        };
+        let (precise, stock, liger) = (
+            summed(&triple.precise[k]),
+            summed(&triple.stock[k]),
+            summed(&triple.liger[k]),
+        );
+        let rms = (precise.iter().map(|g| g * g).sum::<f64>() / len as f64).sqrt();
+        for (i, (&rv, &cv)) in r.values.iter().zip(&c.values).enumerate() {
+            let (rv, cv) = (f64::from(rv), f64::from(cv));
+            if (cv - rv).abs() <= tol.param_allowed(rv) || out.len() >= limit {
+                continue;
+            }
+            out.push(OutlierGradient {
+                name: r.name.clone(),
+                index: i,
+                param_diff: (cv - rv).abs(),
+                precise: precise[i],
+                tensor_rms: rms,
+                stock_error: (stock[i] - precise[i]).abs(),
+                liger_error: (liger[i] - precise[i]).abs(),
+            });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -414,6 +484,26 @@ mod tests {
                 .failures()
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn outliers_are_the_elements_out_of_tolerance_with_their_summed_gradients() {
+        let reference = vec![param("w", vec![3], vec![0.0, 1.0, 2.0])];
+        let candidate = vec![param("w", vec![3], vec![0.0, 1.5, 2.001])];
+        // Two batches' gradients, one after the other.
+        let triple = GradientTriple {
+            stock: vec![param("w", vec![3], vec![1.0, 0.01, 1.0, 1.0, 0.02, 1.0])],
+            liger: vec![param("w", vec![3], vec![1.0, -0.01, 1.0, 1.0, 0.0, 1.0])],
+            precise: vec![param("w", vec![3], vec![1.0, 0.0, 1.0, 1.0, 0.005, 1.0])],
+        };
+        let out = outlier_gradients(&reference, &candidate, &Tolerances::half(), &triple, 8);
+        assert_eq!(out.len(), 1);
+        let o = &out[0];
+        assert_eq!((o.name.as_str(), o.index), ("w", 1));
+        assert!((o.param_diff - 0.5).abs() < 1e-6);
+        assert!((o.precise - 0.005).abs() < 1e-6);
+        assert!((o.stock_error - 0.025).abs() < 1e-6);
+        assert!((o.liger_error - 0.015).abs() < 1e-6);
     }
 
     #[test]
