@@ -329,7 +329,8 @@ pub struct CrossEntropyOutput<B: burn::tensor::backend::Backend> {
 ///
 /// The math, the mean's denominator, the all-ignored case and the target check are
 /// documented on [`CrossEntropyOptions`](crate::ops::CrossEntropyOptions). With
-/// `check_targets` (default) this reads 2 integers back from the device.
+/// `check_targets` (default) this reads 2 integers back from the device, once the
+/// kernel is queued (the device computes while the host waits).
 ///
 /// The backward costs nothing when the loss is reduced (mean or sum) and the upstream
 /// gradient is exactly 1 (plain `loss.backward()`): the gradient was computed in the
@@ -366,9 +367,10 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
         &options,
     ));
     let vocab = logits.dims()[1];
-    if options.check_targets {
-        check_targets(OP, &targets, vocab, options.ignore_index, &logits.shape());
-    }
+    let logits_shape = logits.shape();
+    let bounds = options
+        .check_targets
+        .then(|| target_bounds(&targets, options.ignore_index));
     // Class weights are constants of the loss.
     let class_weight = class_weight.map(|w| w.detach());
     let scale = match options.reduction {
@@ -395,10 +397,14 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
         (None, Reduction::Sum) => t.sum(),
         (None, _) => t,
     };
-    CrossEntropyOutput {
+    let out = CrossEntropyOutput {
         loss: reduce(wrap(rows.loss)),
         z_loss: rows.z_loss.map(|z| reduce(wrap(z))),
+    };
+    if let Some(bounds) = bounds {
+        check_target_bounds(OP, bounds, vocab, options.ignore_index, &logits_shape);
     }
+    out
 }
 
 /// `1 / d`, and `0` where `d = 0` (an all-ignored batch has loss 0 and zero gradients).
@@ -427,19 +433,30 @@ pub(crate) fn non_ignored_weight<B: FusedOps>(
     }
 }
 
-/// Panics naming `op`, the value and `V` when a target is outside `[0, V)` and is not
-/// `ignore_index`. One device-to-host read of two integers.
-pub(crate) fn check_targets<B: FusedOps>(
-    op: &str,
+/// The smallest and largest target that is not `ignore_index` (`[2]`, on the device, 0
+/// for an all-ignored batch): queued now, read by [`check_target_bounds`] once the loss's
+/// kernels are queued too, so the device works while the host waits for the two integers.
+pub(crate) fn target_bounds<B: FusedOps>(
     targets: &Tensor<B, 1, burn::tensor::Int>,
+    ignore_index: i64,
+) -> Tensor<B, 1, burn::tensor::Int> {
+    let ignored = targets.clone().equal_elem(ignore_index);
+    let kept = targets.clone().mask_fill(ignored, 0);
+    Tensor::cat(vec![kept.clone().min(), kept.max()], 0)
+}
+
+/// Panics naming `op`, the value and `V` when a target is outside `[0, V)` and is not
+/// `ignore_index`, from [`target_bounds`]. One device-to-host read of two integers. The
+/// kernels already queued treat such a row as ignored (its target is never an index), so
+/// nothing has read out of bounds before the panic.
+pub(crate) fn check_target_bounds<B: FusedOps>(
+    op: &str,
+    bounds: Tensor<B, 1, burn::tensor::Int>,
     vocab: usize,
     ignore_index: i64,
     logits_shape: &burn::tensor::Shape,
 ) {
-    let ignored = targets.clone().equal_elem(ignore_index);
-    let kept = targets.clone().mask_fill(ignored, 0);
-    let bounds = Tensor::cat(vec![kept.clone().min(), kept.max()], 0).into_data();
-    let bounds: Vec<i64> = bounds.iter::<i64>().collect();
+    let bounds: Vec<i64> = bounds.into_data().iter::<i64>().collect();
     let (min, max) = (bounds[0], bounds[1]);
     let bad = if min < 0 { min } else { max };
     if min < 0 || max >= vocab as i64 {
@@ -485,10 +502,10 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
         &options,
     ));
     let vocab = weight.dims()[0];
-    if options.check_targets {
-        let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
-        check_targets(OP, &targets, vocab, options.ignore_index, &logits_shape);
-    }
+    let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
+    let bounds = options
+        .check_targets
+        .then(|| target_bounds(&targets, options.ignore_index));
     let compute_grad = x.is_require_grad()
         || weight.is_require_grad()
         || bias.as_ref().is_some_and(|b| b.is_require_grad());
@@ -501,6 +518,9 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
         compute_grad,
         options,
     );
+    if let Some(bounds) = bounds {
+        check_target_bounds(OP, bounds, vocab, options.ignore_index, &logits_shape);
+    }
     CrossEntropyOutput {
         loss: wrap(out.loss),
         z_loss: out.z_loss.map(wrap),
