@@ -75,6 +75,9 @@ pub fn run(args: ConvergeArgs) -> Result<ExitCode> {
     if args.gradient_check && args.dtype.dtype() == burn::tensor::DType::F32 {
         bail!("--gradient-check compares a bf16 or f16 run's gradients with f32: add --dtype bf16");
     }
+    if args.control && args.control_jitter {
+        bail!("--control and --control-jitter each pick the control run: give one");
+    }
     if args.control && args.batch_size < 2 {
         bail!("--control reverses each batch's sequences: it needs --batch-size 2 or more");
     }
@@ -203,9 +206,11 @@ impl OnDevice for Converge {
             };
             let report = compare(&off, &on, &tol);
             // The control: stock again, summing over each batch in another order.
-            let control = a.control.then(|| {
+            // Or stock again from a start one rounding away (`--control-jitter`).
+            let control = (a.control || a.control_jitter).then(|| {
                 let mut reordered = setup.clone();
-                reordered.reverse_rows = true;
+                reordered.reverse_rows = a.control;
+                reordered.jitter_start = a.control_jitter;
                 guarded(|| train_liger_off::<B>(&reordered, &ctx.device))
                     .map(|off2| compare(&off, &off2, &tol))
             });
@@ -326,7 +331,12 @@ impl OnDevice for Converge {
                 }
                 Some(Ok(control)) => {
                     println!(
-                        "control (stock vs stock with each batch's sequences reversed): {}",
+                        "control (stock vs stock {}): {}",
+                        if a.control {
+                            "with each batch's sequences reversed"
+                        } else {
+                            "from a start one bf16/f16 ulp away"
+                        },
                         control.to_string().trim_end()
                     );
                     print!("{}", noise_table(&report, control));

@@ -362,6 +362,12 @@ pub struct ConvergeArgs {
     /// --batch-size 2 or more.
     #[arg(long)]
     pub control: bool,
+    /// Like --control, but the second stock run starts with every parameter one unit in
+    /// the last place (of --dtype) away from the usual start, up or down at random, and
+    /// sums in the usual order: how far a rounding-sized difference alone carries two
+    /// stock runs apart over the steps.
+    #[arg(long)]
+    pub control_jitter: bool,
     /// bf16/f16: also train the stock path in f32 from exactly the same (rounded) start,
     /// and set both low-precision runs against it where they disagree. A parameter tensor
     /// with elements outside tolerance then still agrees when, at those elements, liger's

@@ -91,6 +91,30 @@ pub struct SeededInit<B: burn::tensor::backend::Backend> {
     /// Round the drawn values through this dtype first (an f32 run starting from exactly
     /// the parameters of a bf16 run).
     pub round_through: Option<DType>,
+    /// Move every drawn value by one unit in the last place of `dtype`, up or down at
+    /// random (seeded): a start that differs from the usual one by one rounding only.
+    pub jitter: bool,
+}
+
+/// `v` moved by one unit in the last place of `dtype` (bf16, f16 or f32), `up` or down.
+fn one_ulp(v: f32, dtype: DType, up: bool) -> f32 {
+    use burn::tensor::{bf16, f16};
+    let step = |bits: u32| -> u32 {
+        // Towards +inf when `up` for a positive value, i.e. a larger magnitude; the sign
+        // bit stays, so the value moves away from or towards zero by one step.
+        if up {
+            bits + 1
+        } else {
+            bits.saturating_sub(1).max(1)
+        }
+    };
+    match dtype {
+        DType::BF16 => {
+            bf16::from_bits(step(u32::from(bf16::from_f32(v).to_bits())) as u16).to_f32()
+        }
+        DType::F16 => f16::from_bits(step(u32::from(f16::from_f32(v).to_bits())) as u16).to_f32(),
+        _ => f32::from_bits(step(v.to_bits())),
+    }
 }
 
 impl<B: burn::tensor::backend::Backend> ParamSource<B> for SeededInit<B> {
@@ -113,6 +137,20 @@ impl<B: burn::tensor::backend::Backend> ParamSource<B> for SeededInit<B> {
             Tensor::<B, D>::from_data(TensorData::new(values, shape), (&self.device, DType::F32));
         if let Some(dtype) = self.round_through {
             t = t.cast(dtype).cast(DType::F32);
+        }
+        if self.jitter {
+            let mut rng = SplitMix64::new(fnv1a(self.seed ^ 0x0717_7E5D, name.as_bytes()));
+            let values: Vec<f32> = t
+                .into_data()
+                .to_vec::<f32>()
+                .expect("f32 parameters")
+                .into_iter()
+                .map(|v| one_ulp(v, self.dtype, rng.below(2) == 1))
+                .collect();
+            t = Tensor::<B, D>::from_data(
+                TensorData::new(values, shape),
+                (&self.device, DType::F32),
+            );
         }
         Ok(t.cast(self.dtype))
     }
@@ -155,6 +193,11 @@ pub struct ConvergenceSetup {
     /// Round the initial parameters through this dtype (see [`SeededInit::round_through`]):
     /// an f32 reference run of a bf16 experiment starts from the bf16 run's parameters.
     pub init_rounding: Option<DType>,
+    /// Start every parameter one unit in the last place (of `dtype`) away from the usual
+    /// start, up or down at random (see [`SeededInit::jitter`]): a second stock run with
+    /// this set measures how far rounding-sized differences alone carry two runs apart
+    /// (`liger converge --control-jitter`).
+    pub jitter_start: bool,
 }
 
 impl ConvergenceSetup {
@@ -181,6 +224,7 @@ impl ConvergenceSetup {
             dtype,
             reverse_rows: false,
             init_rounding: None,
+            jitter_start: false,
         }
     }
 
@@ -300,6 +344,7 @@ pub fn initial_params<B: FusedOps>(
         device: device.clone(),
         dtype: setup.dtype,
         round_through: setup.init_rounding,
+        jitter: setup.jitter_start,
     };
     let model = CausalLm::<B>::build(setup.model.clone(), LigerConfig::none(), &mut src)
         .unwrap_or_else(|e| panic!("{}: building the model: {e}", setup.name));
@@ -323,6 +368,7 @@ where
         device: device.clone(),
         dtype: setup.dtype,
         round_through: setup.init_rounding,
+        jitter: setup.jitter_start,
     };
     let mut model = CausalLm::<B>::build(setup.model.clone(), liger, &mut src)
         .unwrap_or_else(|e| panic!("{}: building the model: {e}", setup.name));
@@ -916,6 +962,24 @@ mod tests {
         assert!(!bad.passed());
         assert!(!compare(&a, &run(&[7.0, 6.0], &[0.1, -0.2], 2), &tol).passed());
         assert!(!compare(&a, &run(&[7.0, f64::NAN], &[0.1, -0.2], 1), &tol).passed());
+    }
+
+    #[test]
+    fn one_ulp_moves_by_exactly_one_step_of_the_dtype() {
+        use burn::tensor::bf16;
+        for v in [0.0123f32, -0.5, 1.0, -3.75e-3] {
+            let b = bf16::from_f32(v).to_f32();
+            for up in [true, false] {
+                let w = one_ulp(b, DType::BF16, up);
+                assert_ne!(w, b);
+                let bits = |x: f32| i32::from(bf16::from_f32(x).to_bits());
+                assert_eq!((bits(w) - bits(b)).abs(), 1, "{v} {up}");
+            }
+        }
+        assert_eq!(
+            one_ulp(1.0, DType::F32, true),
+            f32::from_bits(1.0f32.to_bits() + 1)
+        );
     }
 
     #[test]
