@@ -335,7 +335,7 @@ impl OnDevice for Converge {
                         if a.control {
                             "with each batch's sequences reversed"
                         } else {
-                            "from a start one bf16/f16 ulp away"
+                            "from a start one ulp (of the dtype) away"
                         },
                         control.to_string().trim_end()
                     );
@@ -371,7 +371,7 @@ impl OnDevice for Converge {
                 Some(ok) => verdict(
                     "the gradient check",
                     "NOT EXCUSED",
-                    "every difference within tolerance, or within AdamW's rounding noise \
+                    "every difference within tolerance, or within AdamW's reach (2 lr steps) \
                      with liger's gradients as accurate as stock's",
                     &report.failures_beyond_gradients(ok, 2.0 * setup.lr * setup.steps as f64),
                 ),

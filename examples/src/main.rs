@@ -386,8 +386,8 @@ pub struct ConvergeArgs {
     /// kernel switch at a time then say which kernel it comes from. Decides the verdict
     /// when given (over --f32-reference and --control): parameter tensors out of tolerance
     /// are excused only when every gradient passed at both points and their difference is
-    /// within 2 x lr x steps (how far AdamW, which turns any gradient into a step of about
-    /// lr, can move an element on rounding alone); losses are never excused.
+    /// within 2 x lr x steps (AdamW's steps are about lr each: as far as two runs can drift
+    /// apart); losses are never excused.
     #[arg(long)]
     pub gradient_check: bool,
     /// Sequences per batch.

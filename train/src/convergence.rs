@@ -596,19 +596,19 @@ impl ConvergenceReport {
     /// ([`crate::gradient_check`]): when the candidate's gradients were no less accurate
     /// than the reference's against f32 at the start and at the end (`gradients_ok`), a
     /// parameter tensor with elements out of tolerance is excused as long as its largest
-    /// difference stays within `adamw_ceiling` (`2 · lr · steps`: the most two AdamW runs
-    /// can move one element apart when rounding flips the sign of its near-zero
-    /// gradient). AdamW turns any gradient, however small, into a step of about `lr`, so an
-    /// element whose gradient is at rounding level drifts by rounding alone; a kernel bias
-    /// would have shown in the gradient check. Losses, the start and the run shapes are
-    /// never excused.
+    /// difference stays within `adamw_ceiling` (`2 · lr · steps`: AdamW's steps are about
+    /// `lr` each, so that is as far as two runs can move one element apart). A kernel that
+    /// computes a biased gradient shows in the gradient check; what it cannot see is two
+    /// equally accurate runs whose rounding differs at every step and whose trajectories
+    /// drift apart over the steps (measured by `liger converge --control-jitter`). Losses,
+    /// the start and the run shapes are never excused.
     pub fn failures_beyond_gradients(&self, gradients_ok: bool, adamw_ceiling: f64) -> Vec<String> {
         self.failures_unless(|t| {
             if !gradients_ok {
                 Some("and liger's gradients were less accurate than stock's somewhere".into())
             } else if !(t.max_abs <= adamw_ceiling) {
                 Some(format!(
-                    "beyond what AdamW rounding noise can reach ({adamw_ceiling:.3e})"
+                    "beyond what AdamW can move two runs apart ({adamw_ceiling:.3e})"
                 ))
             } else {
                 None
