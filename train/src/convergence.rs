@@ -339,6 +339,15 @@ pub fn initial_params<B: FusedOps>(
     setup: &ConvergenceSetup,
     device: &B::Device,
 ) -> Vec<NamedParam> {
+    read_params(&build_seeded::<B>(setup, LigerConfig::none(), device))
+}
+
+/// `setup`'s model with the kernel switches `liger`, from its seeded start.
+fn build_seeded<B: FusedOps>(
+    setup: &ConvergenceSetup,
+    liger: LigerConfig,
+    device: &B::Device,
+) -> CausalLm<B> {
     let mut src = SeededInit::<B> {
         seed: setup.seed,
         device: device.clone(),
@@ -346,9 +355,8 @@ pub fn initial_params<B: FusedOps>(
         round_through: setup.init_rounding,
         jitter: setup.jitter_start,
     };
-    let model = CausalLm::<B>::build(setup.model.clone(), LigerConfig::none(), &mut src)
-        .unwrap_or_else(|e| panic!("{}: building the model: {e}", setup.name));
-    read_params(&model)
+    CausalLm::<B>::build(setup.model.clone(), liger, &mut src)
+        .unwrap_or_else(|e| panic!("{}: building the model: {e}", setup.name))
 }
 
 /// Trains `setup`'s model on autodiff backend `B` with the kernel switches `liger`.
@@ -363,15 +371,7 @@ where
     B::InnerBackend: FusedOps,
     CausalLm<B>: AutodiffModule<B>,
 {
-    let mut src = SeededInit::<B> {
-        seed: setup.seed,
-        device: device.clone(),
-        dtype: setup.dtype,
-        round_through: setup.init_rounding,
-        jitter: setup.jitter_start,
-    };
-    let mut model = CausalLm::<B>::build(setup.model.clone(), liger, &mut src)
-        .unwrap_or_else(|e| panic!("{}: building the model: {e}", setup.name));
+    let mut model = build_seeded::<B>(setup, liger, device);
     let initial_fingerprint = fingerprint(&read_params(&model));
     let mut optim = AdamWConfig::new()
         .with_weight_decay(setup.weight_decay)
