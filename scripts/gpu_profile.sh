@@ -19,20 +19,19 @@ echo "ncu: $NCU"
 status=0
 one_iteration="--warmup 1 --iters 1 --repeats 1"
 for step in ${*:-ce flce swiglu}; do
+  # What ncu collects: a few metrics, or (swiglu-detail) whole sections.
+  collect="--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum"
   case $step in
-    ce) args="--op cross_entropy --shape 8192x128256"; metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum ;;
-    flce) args="--op fused_linear_cross_entropy --shape 8192x4096x128256"; metrics=gpu__time_duration.sum ;;
-    swiglu) args="--op swiglu --shape 8192x14336"; metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum ;;
+    ce) args="--op cross_entropy --shape 8192x128256" ;;
+    flce) args="--op fused_linear_cross_entropy --shape 8192x4096x128256"; collect="--metrics gpu__time_duration.sum" ;;
+    swiglu) args="--op swiglu --shape 8192x14336" ;;
     swiglu-detail)
-      timeout 280 "$NCU" --clock-control none --csv --page details --section SpeedOfLight --section Occupancy \
-        --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
-        --log-file "$OUT/ncu_$step.csv" $BIN bench --device cuda --dtype bf16 --op swiglu --shape 8192x14336 \
-        --copy-mib 1024 $one_iteration >"$OUT/ncu_$step.log" 2>&1 || status=1
-      echo "$step: $(wc -l <"$OUT/ncu_$step.csv") rows"; tail -n 3 "$OUT/ncu_$step.log"
-      continue ;;
+      args="--op swiglu --shape 8192x14336 --copy-mib 1024"
+      collect="--page details --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats" ;;
     *) echo "unknown step $step"; status=1; continue ;;
   esac
-  timeout 280 "$NCU" --clock-control none --csv --metrics "$metrics" --log-file "$OUT/ncu_$step.csv" \
+  timeout 280 "$NCU" --clock-control none --csv $collect --log-file "$OUT/ncu_$step.csv" \
     $BIN bench --device cuda --dtype bf16 $args $one_iteration >"$OUT/ncu_$step.log" 2>&1 || status=1
   echo "$step: $(wc -l <"$OUT/ncu_$step.csv") rows"; tail -n 3 "$OUT/ncu_$step.log"
 done

@@ -119,11 +119,6 @@ impl Converge {
     }
 }
 
-/// Runs a training run, turning a panic into its message.
-fn guarded(f: impl FnOnce() -> TrainRun) -> Result<TrainRun, String> {
-    guarded_value(f)
-}
-
 impl OnDevice for Converge {
     fn run<B: FusedOps>(self, ctx: Ctx<B>) -> Result<ExitCode> {
         ctx.describe(None);
@@ -190,8 +185,8 @@ impl OnDevice for Converge {
                  params atol {:.0e} rtol {:.0e}",
                 tol.loss_atol, tol.loss_rtol, tol.param_atol, tol.param_rtol
             );
-            let off = guarded(|| train_liger_off::<B>(&setup, &ctx.device));
-            let on = guarded(|| train_liger_on::<B>(&setup, &ctx.device));
+            let off = guarded_value(|| train_liger_off::<B>(&setup, &ctx.device));
+            let on = guarded_value(|| train_liger_on::<B>(&setup, &ctx.device));
             let (off, on) = match (off, on) {
                 (Ok(off), Ok(on)) => (off, on),
                 (off, on) => {
@@ -211,7 +206,7 @@ impl OnDevice for Converge {
                 let mut reordered = setup.clone();
                 reordered.reverse_rows = a.control;
                 reordered.jitter_start = a.control_jitter;
-                guarded(|| train_liger_off::<B>(&reordered, &ctx.device))
+                guarded_value(|| train_liger_off::<B>(&reordered, &ctx.device))
                     .map(|off2| compare(&off, &off2, &tol))
             });
             // The f32 run: stock, from the low-precision run's exact start.
@@ -219,7 +214,7 @@ impl OnDevice for Converge {
                 let mut f32_setup = setup.clone();
                 f32_setup.init_rounding = Some(setup.dtype);
                 f32_setup.dtype = burn::tensor::DType::F32;
-                guarded(|| train_liger_off::<B>(&f32_setup, &ctx.device))
+                guarded_value(|| train_liger_off::<B>(&f32_setup, &ctx.device))
                     .map(|precise| check_against_precise(&off, &on, &precise, &tol))
             });
             print!("{}", step_table(&report));
@@ -234,94 +229,10 @@ impl OnDevice for Converge {
                 "loss drop (first pass over the batches - last): off {:.4}, on {:.4}",
                 drops.0, drops.1
             );
-            // Some(whether liger's gradients were as accurate as stock's at both states).
-            let gradients_ok = a.gradient_check.then(|| {
-                let mut ok = true;
-                let start = guarded_value(|| initial_params::<B>(&setup, &ctx.device));
-                let states: [(&str, Result<Vec<NamedParam>, String>); 2] = [
-                    ("at the start", start),
-                    ("at liger off's final parameters", Ok(off.params.clone())),
-                ];
-                for (when, params) in states {
-                    let unseen = unseen_tokens(&setup);
-                    let check = params.and_then(|params| {
-                        guarded_value(|| {
-                            let triple = gradient_triple::<B>(&setup, &params, &ctx.device);
-                            let check = GradientCheck::new(&triple, &unseen, setup.dtype);
-                            // Which kernel a less accurate gradient comes from: each switch
-                            // alone against the same stock and f32 gradients.
-                            let attribution = (!check.failures().is_empty()).then(|| {
-                                single_switches()
-                                    .into_iter()
-                                    .map(|(name, switches)| {
-                                        let one = GradientTriple {
-                                            liger: liger_gradients::<B>(
-                                                &setup,
-                                                switches,
-                                                &params,
-                                                &ctx.device,
-                                            ),
-                                            stock: triple.stock.clone(),
-                                            precise: triple.precise.clone(),
-                                        };
-                                        (name, GradientCheck::new(&one, &unseen, setup.dtype))
-                                    })
-                                    .collect::<Vec<_>>()
-                            });
-                            // At the end: the gradients where the runs' parameters differ
-                            // beyond tolerance.
-                            let outliers = (when != "at the start").then(|| {
-                                outlier_gradients(&off.params, &on.params, &tol, &triple, 12)
-                            });
-                            (check, attribution, outliers)
-                        })
-                    });
-                    match check {
-                        Err(msg) => {
-                            println!(
-                                "gradient check {when} FAILED: {}",
-                                msg.lines().next().unwrap_or("")
-                            );
-                            failed.push(format!(
-                                "{}: the gradient check {when} failed to run",
-                                setup.name
-                            ));
-                            ok = false;
-                        }
-                        Ok((check, attribution, outliers)) => {
-                            print!("{}", gradient_table(when, &check));
-                            if let Some(outliers) = outliers.filter(|o| !o.is_empty()) {
-                                print!("{}", outlier_table(&outliers));
-                            }
-                            if let Some(attribution) = &attribution {
-                                print!("{}", attribution_table(attribution));
-                            }
-                            let worse = check.failures();
-                            for e in &worse {
-                                println!(
-                                    "  LESS ACCURATE {}: liger {:.3e} > allowed {:.3e} (stock {:.3e})",
-                                    e.name, e.liger, e.allowed, e.stock
-                                );
-                            }
-                            if worse.is_empty() {
-                                println!(
-                                    "gradient check {when}: liger's gradients as accurate as stock's \
-                                     ({} entries within max(1.5x stock, 2u))",
-                                    check.errors.len()
-                                );
-                            } else {
-                                failed.push(format!(
-                                    "{}: {} gradient(s) {when} less accurate than stock's",
-                                    setup.name,
-                                    worse.len()
-                                ));
-                                ok = false;
-                            }
-                        }
-                    }
-                }
-                ok
-            });
+            // Some(whether liger's gradients were as accurate as stock's at both points).
+            let gradients_ok = a
+                .gradient_check
+                .then(|| check_gradients::<B>(&setup, &off, &on, &tol, &ctx.device, &mut failed));
             let control_passed = match &control {
                 None => report.passed(),
                 Some(Err(msg)) => {
@@ -397,6 +308,106 @@ impl OnDevice for Converge {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// `--gradient-check` for one model: prints each point's gradient table (and where a
+/// gradient is less accurate, the one-switch attribution; at the end, the elements out of
+/// tolerance with their gradients), pushes what failed to `failed`, and returns whether
+/// liger's gradients were as accurate as stock's at the start and at the end.
+fn check_gradients<B: FusedOps>(
+    setup: &ConvergenceSetup,
+    off: &TrainRun,
+    on: &TrainRun,
+    tol: &Tolerances,
+    device: &B::Device,
+    failed: &mut Vec<String>,
+) -> bool {
+    let mut ok = true;
+    let unseen = unseen_tokens(setup);
+    let points: [(&str, bool, Result<Vec<NamedParam>, String>); 2] = [
+        (
+            "at the start",
+            false,
+            guarded_value(|| initial_params::<B>(setup, device)),
+        ),
+        (
+            "at liger off's final parameters",
+            true,
+            Ok(off.params.clone()),
+        ),
+    ];
+    for (when, at_end, params) in points {
+        let result = params.and_then(|params| {
+            guarded_value(|| {
+                let triple = gradient_triple::<B>(setup, &params, device);
+                let check = GradientCheck::new(&triple, &unseen, setup.dtype);
+                // Which kernel a less accurate gradient comes from: each switch alone
+                // against the same stock and f32 gradients.
+                let attribution = (!check.failures().is_empty()).then(|| {
+                    single_switches()
+                        .into_iter()
+                        .map(|(name, switches)| {
+                            let one = GradientTriple {
+                                liger: liger_gradients::<B>(setup, switches, &params, device),
+                                stock: triple.stock.clone(),
+                                precise: triple.precise.clone(),
+                            };
+                            (name, GradientCheck::new(&one, &unseen, setup.dtype))
+                        })
+                        .collect::<Vec<_>>()
+                });
+                // At the end: the gradients where the runs' parameters differ beyond
+                // tolerance.
+                let outliers =
+                    at_end.then(|| outlier_gradients(&off.params, &on.params, tol, &triple, 12));
+                (check, attribution, outliers)
+            })
+        });
+        let (check, attribution, outliers) = match result {
+            Ok(r) => r,
+            Err(msg) => {
+                println!(
+                    "gradient check {when} FAILED: {}",
+                    msg.lines().next().unwrap_or("")
+                );
+                failed.push(format!(
+                    "{}: the gradient check {when} failed to run",
+                    setup.name
+                ));
+                ok = false;
+                continue;
+            }
+        };
+        print!("{}", gradient_table(when, &check));
+        if let Some(outliers) = outliers.filter(|o| !o.is_empty()) {
+            print!("{}", outlier_table(&outliers));
+        }
+        if let Some(attribution) = &attribution {
+            print!("{}", attribution_table(attribution));
+        }
+        let worse = check.failures();
+        for e in &worse {
+            println!(
+                "  LESS ACCURATE {}: liger {:.3e} > allowed {:.3e} (stock {:.3e})",
+                e.name, e.liger, e.allowed, e.stock
+            );
+        }
+        if worse.is_empty() {
+            println!(
+                "gradient check {when}: liger's gradients as accurate as stock's \
+                 ({} entries within max(1.5x stock, 2u))",
+                check.errors.len()
+            );
+        } else {
+            failed.push(format!(
+                "{}: {} gradient(s) {when} less accurate than stock's",
+                setup.name,
+                worse.len()
+            ));
+            ok = false;
+        }
+    }
+    ok
 }
 
 /// Runs `f`, turning a panic into its message.

@@ -548,26 +548,21 @@ pub fn cross_entropy<R: Runtime>(
     Ok(())
 }
 
-/// Backward of the per-row loss, on the gradient the forward stored: row `i` of `grad`
-/// becomes `grad_i · r_i / s_i` (`r` the incoming per-row gradient, `s` the scale the
-/// forward applied; `0` where `s_i = 0`, whose stored row is zero).
+/// Backward of the per-row loss, on the gradient the forward stored, in place: row `i` of
+/// `grad` becomes `grad_i · r_i / s_i` (`r` the incoming per-row gradient, `s` the scale
+/// the forward applied; `0` where `s_i = 0`, whose stored row is zero).
 ///
-/// A row with `r_i = s_i` is left as it is (`x · 1` rounds to `x`): in place that row is
-/// never read or written, so a mean or sum followed by `backward()` costs one read of `r`
-/// and `s` per row instead of a pass over `[N, V]`, and the host never has to look at `r`
-/// to decide. Out of place every row is written (copied or scaled).
-// `v` gets a placeholder before the comptime choice of where to read it from.
-#[allow(unused_assignments)]
+/// A row with `r_i = s_i` is left as it is (`x · 1` rounds to `x`) and is never read or
+/// written, so a mean or sum followed by `backward()` costs one read of `r` and `s` per
+/// row instead of a pass over `[N, V]`, and the host never has to look at `r` to decide.
 #[cube(launch_unchecked)]
 fn cross_entropy_backward_kernel<F: Float, N: Size>(
-    stored: &Array<Vector<F, N>>,
     grad: &mut Array<Vector<F, N>>,
     grad_rows: &Array<f32>,
     grad_scale: &Array<f32>,
     rows: u32,
     vectors: u32,
     #[comptime] per_row_scale: bool,
-    #[comptime] in_place: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let vectors = vectors as usize;
@@ -579,26 +574,16 @@ fn cross_entropy_backward_kernel<F: Float, N: Size>(
             s = grad_scale[row];
         }
         // Uniform over the cube (every unit reads the same two values).
-        let unchanged = r == s;
-        if !(in_place && unchanged) {
+        if r != s {
             let mut factor = 0.0f32;
             if s != 0.0 {
                 factor = r / s;
             }
-            if unchanged {
-                factor = 1.0;
-            }
             let base = row * vectors;
             let mut j = UNIT_POS as usize;
             while j < vectors {
-                let mut v = Vector::<F, N>::new(F::new(0.0));
-                if in_place {
-                    v = grad[base + j];
-                } else {
-                    v = stored[base + j];
-                }
-                grad[base + j] =
-                    Vector::<F, N>::cast_from(Vector::<f32, N>::cast_from(v) * Vector::new(factor));
+                let v = Vector::<f32, N>::cast_from(grad[base + j]);
+                grad[base + j] = Vector::<F, N>::cast_from(v * Vector::new(factor));
                 j += CUBE_DIM as usize;
             }
         }
@@ -606,23 +591,13 @@ fn cross_entropy_backward_kernel<F: Float, N: Size>(
     }
 }
 
-/// Where [`cross_entropy_backward`] reads the stored gradient and writes the result.
-#[derive(Clone, Copy, Debug)]
-pub enum BackwardTarget<'a> {
-    /// Over the stored gradient itself (it must not be shared with anything else).
-    InPlace,
-    /// Into this `[rows, vocab]` buffer of the same dtype.
-    Into(&'a Handle),
-}
-
-/// Scales the `[rows, vocab]` gradient `stored` (of `dtype`) row by row by
-/// `grad_rows[i] / grad_scale[i]` (see [`cross_entropy_backward_kernel`]'s docs):
-/// `grad_rows` is `[rows]` f32, `grad_scale` `[1]` or `[rows]` f32 (`per_row_scale`).
-#[allow(clippy::too_many_arguments)]
+/// Scales the `[rows, vocab]` gradient `grad` (of `dtype`, not shared with anything else)
+/// in place, row by row, by `grad_rows[i] / grad_scale[i]` (see
+/// [`cross_entropy_backward_kernel`]'s docs): `grad_rows` is `[rows]` f32, `grad_scale`
+/// `[1]` or `[rows]` f32 (`per_row_scale`).
 pub fn cross_entropy_backward<R: Runtime>(
     client: &ComputeClient<R>,
-    stored: &Handle,
-    target: BackwardTarget<'_>,
+    grad: &Handle,
     grad_rows: &Handle,
     grad_scale: (&Handle, bool),
     rows: usize,
@@ -633,32 +608,21 @@ pub fn cross_entropy_backward<R: Runtime>(
     check_float_dtype(OP, dtype)?;
     let launch = row_launch(client, rows, vocab, dtype);
     let vectors = launch.vectors(vocab);
-    let n = rows * vectors;
-    let in_place = matches!(target, BackwardTarget::InPlace);
-    // In place the `stored` binding is never read: it points at a scratch buffer, so no
-    // buffer is bound twice.
-    let scratch = client.empty(dtype.size() * launch.vector_size);
-    let (stored_arg, grad_arg) = match target {
-        BackwardTarget::InPlace => (array::<R>(&scratch, 1), array::<R>(stored, n)),
-        BackwardTarget::Into(out) => (array::<R>(stored, n), array::<R>(out, n)),
-    };
     let (scale, per_row_scale) = grad_scale;
-    // Safety: `stored`/`out` hold `rows × vocab` elements, `grad_rows` `rows` and
-    // `grad_scale` `rows` or one (validated by the callers); indices stay below them.
+    // Safety: `grad` holds `rows × vocab` elements, `grad_rows` `rows` and `grad_scale`
+    // `rows` or one (validated by the callers); indices stay below them.
     unsafe {
         cross_entropy_backward_kernel::launch_unchecked::<R>(
             client,
             launch.count(),
             launch.dim(),
             launch.vector_size,
-            stored_arg,
-            grad_arg,
+            array::<R>(grad, rows * vectors),
             array::<R>(grad_rows, rows),
             array::<R>(scale, if per_row_scale { rows } else { 1 }),
             rows as u32,
             vectors as u32,
             per_row_scale,
-            in_place,
             dtype,
         );
     }

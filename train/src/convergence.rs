@@ -100,8 +100,8 @@ pub struct SeededInit<B: burn::tensor::backend::Backend> {
 fn one_ulp(v: f32, dtype: DType, up: bool) -> f32 {
     use burn::tensor::{bf16, f16};
     let step = |bits: u32| -> u32 {
-        // Towards +inf when `up` for a positive value, i.e. a larger magnitude; the sign
-        // bit stays, so the value moves away from or towards zero by one step.
+        // On the magnitude bits (the sign bit stays): `up` one step away from zero, else
+        // one step towards it (zero itself goes to the smallest subnormal).
         if up {
             bits + 1
         } else {

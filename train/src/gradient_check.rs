@@ -183,45 +183,22 @@ pub fn liger_gradients<B: FusedOps>(
 /// One switch at a time, for [`liger_gradients`]: the decorator alone (every switch off),
 /// then each kernel switch alone. Names and configurations.
 pub fn single_switches() -> Vec<(&'static str, LigerConfig)> {
-    let none = LigerConfig::none();
+    let only = |set: fn(&mut LigerConfig)| {
+        let mut c = LigerConfig::none();
+        set(&mut c);
+        c
+    };
     vec![
-        ("decorator only", none),
-        ("rope", LigerConfig { rope: true, ..none }),
-        (
-            "rms_norm",
-            LigerConfig {
-                rms_norm: true,
-                ..none
-            },
-        ),
-        (
-            "swiglu",
-            LigerConfig {
-                swiglu: true,
-                ..none
-            },
-        ),
-        (
-            "cross_entropy",
-            LigerConfig {
-                cross_entropy: true,
-                ..none
-            },
-        ),
+        ("decorator only", LigerConfig::none()),
+        ("rope", only(|c| c.rope = true)),
+        ("rms_norm", only(|c| c.rms_norm = true)),
+        ("swiglu", only(|c| c.swiglu = true)),
+        ("cross_entropy", only(|c| c.cross_entropy = true)),
         (
             "fused_linear_cross_entropy",
-            LigerConfig {
-                fused_linear_cross_entropy: true,
-                ..none
-            },
+            only(|c| c.fused_linear_cross_entropy = true),
         ),
-        (
-            "attention",
-            LigerConfig {
-                attention: true,
-                ..none
-            },
-        ),
+        ("attention", only(|c| c.attention = true)),
     ]
 }
 

@@ -7,7 +7,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use liger_cubecl_kernels::cross_entropy::{
-    BackwardTarget, CrossEntropyBuffers, CrossEntropyKernelOptions, GradTarget, cross_entropy,
+    CrossEntropyBuffers, CrossEntropyKernelOptions, GradTarget, cross_entropy,
     cross_entropy_backward,
 };
 
@@ -136,7 +136,6 @@ where
     launched(cross_entropy_backward::<R>(
         &grad.client,
         &grad.handle,
-        BackwardTarget::InPlace,
         &grad_rows.handle,
         (&grad_scale.handle, per_row_scale),
         rows,

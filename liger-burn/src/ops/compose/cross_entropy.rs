@@ -162,21 +162,13 @@ pub fn backward<B: Backend>(
     } else {
         s.reshape([1]).expand([n])
     };
+    let same = r.clone().equal(s.clone());
     // One flag read back: far cheaper than a pass over `[N, V]` when nothing changes (a
     // mean or sum followed by `backward()`; Liger skips the multiply the same way).
-    let unchanged = r
-        .clone()
-        .equal(s.clone())
-        .all()
-        .int()
-        .into_scalar()
-        .elem::<i64>()
-        != 0;
-    if unchanged {
+    if same.clone().all().int().into_scalar().elem::<i64>() != 0 {
         return grad;
     }
     // Rows with `r_i = s_i` get the factor 1 (exactly `r_i / s_i`, also when both are 0).
-    let same = r.clone().equal(s.clone());
     let factor = (r / s.clone())
         .mask_fill(s.equal_elem(0.0), 0.0)
         .mask_fill(same, 1.0);
