@@ -5,8 +5,13 @@
 # binary (built with `--features cuda`) at .gpu/liger and the commit hash in .gpu/commit.
 # Writes logs and CSVs under $OUT.
 #
-#   usage: scripts/gpu_batch.sh [check] [bench] [ce] [ce-hold] [flce] [vulkan] [converge] [train]
-#                               [e2e-llama] [e2e-qwen] [cache-out]
+#   usage: scripts/gpu_batch.sh [check] [bench] [elementwise] [ce] [ce-hold] [flce] [vulkan]
+#                               [converge] [train] [e2e-llama] [e2e-qwen] [cache-out]
+#
+# elementwise: after a change to the shared elementwise kernel, the quick CUDA checks of its
+# ops (f32, bf16) and the gated units' bench with the default reciprocal, then with the IEEE
+# division (LIGER_EW_IEEE_DIV=1), same binary, then ncu's registers and occupancy of one
+# SwiGLU iteration for each.
 #
 # e2e-llama / e2e-qwen: `liger bench --e2e` for one model each (one device call each);
 # E2E_SEQ (default 1024,2048,4096,8192,16384), E2E_TIMEOUT (per case, default 240 s),
@@ -39,6 +44,30 @@ for step in $steps; do
       $BIN bench --device cuda --dtype bf16 --op rms_norm,layer_norm,softmax,log_softmax,fused_add_rms_norm,rope,swiglu,geglu \
         --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_cuda_bf16.log" 2>&1 || status=1
       tail -n 40 "$OUT/bench_cuda_bf16.log"
+      ;;
+    elementwise)
+      for op in swiglu geglu gelu sigmoid; do
+        for dtype in f32 bf16; do
+          echo "== $op $dtype" >>"$OUT/check_elementwise.log"
+          timeout 120 $BIN check --device cuda --dtype "$dtype" --reduction both --quick --op "$op" \
+            >>"$OUT/check_elementwise.log" 2>&1 || status=1
+          echo "$op $dtype: $(tail -n 1 "$OUT/check_elementwise.log")"
+        done
+      done
+      for div in newton ieee; do
+        echo "== reciprocal: $div" >>"$OUT/bench_elementwise.log"
+        LIGER_EW_IEEE_DIV=$([ $div = ieee ] && echo 1 || echo 0) $BIN bench --device cuda --dtype bf16 \
+          --op swiglu,geglu --csv "$OUT/bench_elementwise.csv" >>"$OUT/bench_elementwise.log" 2>&1 || status=1
+        tail -n 12 "$OUT/bench_elementwise.log"
+      done
+      NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}
+      for div in newton ieee; do
+        LIGER_EW_IEEE_DIV=$([ $div = ieee ] && echo 1 || echo 0) timeout 150 "$NCU" --clock-control none \
+          --kernel-name regex:elementwise --csv --log-file "$OUT/ncu_elementwise_$div.csv" \
+          --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active \
+          $BIN bench --device cuda --dtype bf16 --op swiglu --warmup 1 --iters 1 --repeats 1 \
+          >>"$OUT/bench_elementwise.log" 2>&1 || status=1
+      done
       ;;
     ce)
       # Both shapes in one process: the second is where stock Burn ran out of memory.

@@ -12,7 +12,7 @@
 //! math is a comptime choice (`Pass` and [`Activation`]), so each op compiles to its own
 //! kernel without copies of this code.
 
-use crate::activation::{self, Activation};
+use crate::activation::{self, Activation, Reciprocal};
 use crate::glu;
 use crate::launch::{KernelError, array, check_float_dtype, tuning};
 use cubecl::prelude::*;
@@ -168,6 +168,7 @@ fn elementwise_kernel<F: Float, N: Size>(
     len: u32,
     #[comptime] pass: Pass,
     #[comptime] act: Activation,
+    #[comptime] recip: Reciprocal,
     #[comptime] units: u32,
     #[comptime] vectors_per_unit: u32,
     #[define(F)] _dtype: StorageType,
@@ -188,6 +189,7 @@ fn elementwise_kernel<F: Float, N: Size>(
                 len,
                 pass,
                 act,
+                recip,
                 units,
                 vectors_per_unit,
                 false,
@@ -203,6 +205,7 @@ fn elementwise_kernel<F: Float, N: Size>(
                 len,
                 pass,
                 act,
+                recip,
                 units,
                 vectors_per_unit,
                 true,
@@ -225,6 +228,7 @@ fn elementwise_block<F: Float, N: Size>(
     len: usize,
     #[comptime] pass: Pass,
     #[comptime] act: Activation,
+    #[comptime] recip: Reciprocal,
     #[comptime] units: u32,
     #[comptime] vectors_per_unit: u32,
     #[comptime] checked: bool,
@@ -258,24 +262,25 @@ fn elementwise_block<F: Float, N: Size>(
             match pass {
                 Pass::Glu => {
                     let u = Vector::<f32, N>::cast_from(r1[k as usize]);
-                    out0[i] = Vector::<F, N>::cast_from(glu::forward::<N>(a, u, act));
+                    out0[i] = Vector::<F, N>::cast_from(glu::forward::<N>(a, u, act, recip));
                 }
                 Pass::GluBackward => {
                     let gate = Vector::<f32, N>::cast_from(r1[k as usize]);
                     let up = Vector::<f32, N>::cast_from(r2[k as usize]);
                     let mut grad_gate = Vector::<f32, N>::new(0.0);
                     let mut grad_up = Vector::<f32, N>::new(0.0);
-                    glu::backward::<N>(a, gate, up, &mut grad_gate, &mut grad_up, act);
+                    glu::backward::<N>(a, gate, up, &mut grad_gate, &mut grad_up, act, recip);
                     out0[i] = Vector::<F, N>::cast_from(grad_gate);
                     out1[i] = Vector::<F, N>::cast_from(grad_up);
                 }
                 Pass::Unary => {
-                    out0[i] = Vector::<F, N>::cast_from(activation::value::<N>(a, act));
+                    out0[i] = Vector::<F, N>::cast_from(activation::value::<N>(a, act, recip));
                 }
                 Pass::UnaryBackward => {
                     let saved = Vector::<f32, N>::cast_from(r1[k as usize]);
-                    out0[i] =
-                        Vector::<F, N>::cast_from(a * activation::grad_from_saved::<N>(saved, act));
+                    out0[i] = Vector::<F, N>::cast_from(
+                        a * activation::grad_from_saved::<N>(saved, act, recip),
+                    );
                 }
             }
         }
@@ -352,6 +357,7 @@ pub(crate) fn launch<R: Runtime>(
                 count as u32,
                 pass,
                 act,
+                Reciprocal::from_env(),
                 geometry.units,
                 geometry.vectors_per_unit,
                 dtype,

@@ -127,6 +127,7 @@ pub(crate) fn tuning(name: &str, default: usize) -> usize {
             "LIGER_ROPE_HEADS",
             "LIGER_ROPE_CUBES_PER_SM",
             "LIGER_EW_CUBES_PER_SM",
+            "LIGER_EW_IEEE_DIV",
         ]
         .iter()
         .filter_map(|k| {
