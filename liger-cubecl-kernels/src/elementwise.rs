@@ -108,9 +108,12 @@ impl ElementwiseLaunch {
     /// only makes zero-copy slice views at offsets that are multiples of the memory
     /// alignment), so `[rows, 7]` still gets full-width loads when `rows · 7` allows.
     pub fn new<R: Runtime>(client: &ComputeClient<R>, len: usize, elem_size: usize) -> Self {
+        // `LIGER_EW_MAX_VECTOR` caps the elements per load (a sweep knob: narrower
+        // vectors keep fewer values live per unit, so fewer registers).
+        let max_vector = tuning("LIGER_EW_MAX_VECTOR", usize::MAX);
         let vector_size = client
             .io_optimized_vector_sizes(elem_size)
-            .find(|v| len.is_multiple_of(*v))
+            .find(|v| *v <= max_vector && len.is_multiple_of(*v))
             .unwrap_or(1);
         let props = client.properties();
         let hw_units = props

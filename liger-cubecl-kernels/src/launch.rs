@@ -128,6 +128,7 @@ pub(crate) fn tuning(name: &str, default: usize) -> usize {
             "LIGER_ROPE_CUBES_PER_SM",
             "LIGER_EW_CUBES_PER_SM",
             "LIGER_EW_IEEE_DIV",
+            "LIGER_EW_MAX_VECTOR",
         ]
         .iter()
         .filter_map(|k| {
