@@ -4,13 +4,7 @@
 # bytes, clocks left alone), so each step's kernels can be summed and set against the
 # bench's own wall time of the same step (the difference is host-side or launch gaps).
 #
-#   usage: scripts/gpu_profile.sh [ce] [flce] [swiglu] [swiglu-detail] [swiglu-nsys]
-#
-# swiglu-nsys: the SwiGLU bench (liger and stock, forward and full) under Nsight Systems:
-# every kernel's start and duration on the GPU timeline and the CUDA driver calls, so the
-# time between kernels (launch gaps, allocations, synchronizations) can be set against the
-# kernels' own. Writes $OUT/nsys_swiglu_trace.csv.gz (cuda_gpu_trace), $OUT/nsys_swiglu.log
-# (the api/kernel/memory summaries and the bench's output).
+#   usage: scripts/gpu_profile.sh [ce] [flce] [swiglu] [swiglu-detail]
 #
 # swiglu-detail: ncu's speed-of-light, occupancy, launch, warp-state and memory sections
 # for every kernel of one SwiGLU bench iteration (the copy and x+y ceilings included), to
@@ -27,19 +21,6 @@ one_iteration="--warmup 1 --iters 1 --repeats 1"
 for step in ${*:-ce flce swiglu}; do
   # What ncu collects: a few metrics, or (swiglu-detail) whole sections.
   collect="--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum"
-  if [ "$step" = swiglu-nsys ]; then
-    NSYS=${NSYS:-$(command -v nsys || ls /opt/nvidia/nsight-systems*/*/bin/nsys /usr/local/cuda*/bin/nsys 2>/dev/null | head -1)}
-    echo "nsys: $NSYS"
-    timeout 200 "$NSYS" profile -t cuda --force-overwrite true -o /tmp/nsys_swiglu \
-      $BIN bench --device cuda --dtype bf16 --op swiglu --shape 8192x14336 --warmup 3 --iters 20 --repeats 3 \
-      >"$OUT/nsys_swiglu.log" 2>&1 || status=1
-    "$NSYS" stats --report cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum /tmp/nsys_swiglu.nsys-rep \
-      >>"$OUT/nsys_swiglu.log" 2>&1 || status=1
-    "$NSYS" stats --report cuda_gpu_trace --format csv --output /tmp/nsys_swiglu /tmp/nsys_swiglu.nsys-rep \
-      >/dev/null 2>&1 && gzip -c /tmp/nsys_swiglu_cuda_gpu_trace.csv >"$OUT/nsys_swiglu_trace.csv.gz" || status=1
-    tail -n 5 "$OUT/nsys_swiglu.log"
-    continue
-  fi
   case $step in
     ce) args="--op cross_entropy --shape 8192x128256" ;;
     flce) args="--op fused_linear_cross_entropy --shape 8192x4096x128256"; collect="--metrics gpu__time_duration.sum" ;;

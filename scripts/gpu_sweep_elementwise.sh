@@ -16,7 +16,7 @@ show() { grep -E "^[a-z_]+ [0-9]+x[0-9]+|^  (forward|backward|full)|^copy"; }
 echo "== default (as built)"
 b --shape 8192x14336 | show
 # Units per cube x vectors per unit, both together (the first sweep varied one at a time).
-# VECS: elements per vector at most (LIGER_EW_MAX_VECTOR; 0 = the widest the device loads).
+# VECS: elements per vector at most (LIGER_EW_MAX_VECTOR; 0 = the default).
 for w in ${VECS:-0}; do
   for u in ${UNITS:-64 128 256 512}; do
     for v in ${VPUS:-1 2 4}; do

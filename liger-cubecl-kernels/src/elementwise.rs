@@ -58,13 +58,23 @@ impl Pass {
 /// 64 units with one vector each ran SwiGLU forward in 0.226 ms and forward + backward in
 /// 0.714 ms, against 0.281 and 0.881 ms for the previous 128 × 4 (GeGLU 0.245 / 0.760
 /// against 0.288 / 0.911). 128 × 1 and 256 × 1 were within 7% of it; every 4-vector
-/// setting was slower. Tunable with `LIGER_EW_UNITS`.
+/// setting was slower. Still the best with the 4-element loads of
+/// [`ELEMENTWISE_MAX_VECTOR`] (SwiGLU forward 0.181 ms at 64 × 1 and 128 × 1, 0.187 at
+/// 256 × 1, 0.187–0.202 with 2 vectors per unit). Tunable with `LIGER_EW_UNITS`.
 pub const ELEMENTWISE_UNITS: usize = 64;
 /// Vectors each unit loads per step (16-byte vectors). One, with many small cubes, kept
 /// more loads in flight across the GPU than several per unit (see
 /// [`ELEMENTWISE_UNITS`]). Tunable with `LIGER_EW_VPU`; `LIGER_EW_CUBES_PER_SM` caps the
 /// grid (persistent cubes grid-striding) instead of one block per cube.
 pub const ELEMENTWISE_VECTORS_PER_UNIT: usize = 1;
+/// Most elements per vectorized load. Four (8-byte loads of f16/bf16, 16-byte of f32): with
+/// eight bf16 per load each unit kept 48 registers of f32 temporaries live (58% of the
+/// warps a multiprocessor holds), with four it keeps 32 (93%). H200, bf16 8192×14336
+/// (`scripts/gpu_sweep_elementwise.sh`, benches/results/2026-11-22-h200-712cd8c/): the
+/// SwiGLU forward kernel went from 185 to 164 µs (4.30 TB/s, the speed of Burn's `x+y`),
+/// and GeGLU's and the backward passes were as fast or faster. Tunable with
+/// `LIGER_EW_MAX_VECTOR`.
+pub const ELEMENTWISE_MAX_VECTOR: usize = 4;
 /// Most vectors one launch addresses: indices stay below 2³¹ in the kernel's 32-bit
 /// arithmetic (grid striding adds at most one grid to an index below this bound); larger
 /// buffers are covered by several launches over offset handles.
@@ -90,7 +100,8 @@ fn forced(limit: &AtomicUsize) -> Option<usize> {
 /// Launch geometry of the elementwise kernel over a contiguous buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct ElementwiseLaunch {
-    /// Elements per vectorized load: the widest the device loads that divides the length.
+    /// Elements per vectorized load: the widest the device loads that divides the length,
+    /// at most [`ELEMENTWISE_MAX_VECTOR`].
     pub vector_size: usize,
     /// Units per cube.
     pub units: u32,
@@ -108,9 +119,7 @@ impl ElementwiseLaunch {
     /// only makes zero-copy slice views at offsets that are multiples of the memory
     /// alignment), so `[rows, 7]` still gets full-width loads when `rows · 7` allows.
     pub fn new<R: Runtime>(client: &ComputeClient<R>, len: usize, elem_size: usize) -> Self {
-        // `LIGER_EW_MAX_VECTOR` caps the elements per load (a sweep knob: narrower
-        // vectors keep fewer values live per unit, so fewer registers).
-        let max_vector = tuning("LIGER_EW_MAX_VECTOR", usize::MAX);
+        let max_vector = tuning("LIGER_EW_MAX_VECTOR", ELEMENTWISE_MAX_VECTOR);
         let vector_size = client
             .io_optimized_vector_sizes(elem_size)
             .find(|v| *v <= max_vector && len.is_multiple_of(*v))
