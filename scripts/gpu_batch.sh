@@ -9,9 +9,8 @@
 #                               [converge] [train] [e2e-llama] [e2e-qwen] [cache-out]
 #
 # elementwise: after a change to the shared elementwise kernel, the quick CUDA checks of its
-# ops (f32, bf16) and the gated units' bench with the default reciprocal, then with the IEEE
-# division (LIGER_EW_IEEE_DIV=1), same binary, then ncu's registers and occupancy of one
-# SwiGLU iteration for each.
+# ops (f32, bf16), the gated units' bench at the default --hold-gib and at 24, and ncu's
+# time, registers and occupancy of one iteration's kernels.
 #
 # e2e-llama / e2e-qwen: `liger bench --e2e` for one model each (one device call each);
 # E2E_SEQ (default 1024,2048,4096,8192,16384), E2E_TIMEOUT (per case, default 240 s),
@@ -54,20 +53,21 @@ for step in $steps; do
           echo "$op $dtype: $(tail -n 1 "$OUT/check_elementwise.log")"
         done
       done
-      for div in newton ieee; do
-        echo "== reciprocal: $div" >>"$OUT/bench_elementwise.log"
-        LIGER_EW_IEEE_DIV=$([ $div = ieee ] && echo 1 || echo 0) $BIN bench --device cuda --dtype bf16 \
-          --op swiglu,geglu --csv "$OUT/bench_elementwise.csv" >>"$OUT/bench_elementwise.log" 2>&1 || status=1
+      # The bench as published (default hold), then with the host 24 GiB ahead (fewer
+      # synchronizations in the timed loop), then ncu's view of one iteration's kernels.
+      for hold in 4 24; do
+        echo "== --hold-gib $hold" >>"$OUT/bench_elementwise.log"
+        $BIN bench --device cuda --dtype bf16 --op swiglu,geglu --hold-gib $hold \
+          $([ $hold = 24 ] && echo --iters 200 --repeats 5) \
+          --csv "$OUT/bench_elementwise.csv" >>"$OUT/bench_elementwise.log" 2>&1 || status=1
         tail -n 12 "$OUT/bench_elementwise.log"
       done
       NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}
-      for div in newton ieee; do
-        LIGER_EW_IEEE_DIV=$([ $div = ieee ] && echo 1 || echo 0) timeout 150 "$NCU" --clock-control none \
-          --kernel-name regex:elementwise --csv --log-file "$OUT/ncu_elementwise_$div.csv" \
-          --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active \
-          $BIN bench --device cuda --dtype bf16 --op swiglu --warmup 1 --iters 1 --repeats 1 \
-          >>"$OUT/bench_elementwise.log" 2>&1 || status=1
-      done
+      timeout 150 "$NCU" --clock-control none --kernel-name regex:elementwise --csv \
+        --log-file "$OUT/ncu_elementwise.csv" \
+        --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active \
+        $BIN bench --device cuda --dtype bf16 --op swiglu,geglu --warmup 1 --iters 1 --repeats 1 \
+        >>"$OUT/bench_elementwise.log" 2>&1 || status=1
       ;;
     ce)
       # Both shapes in one process: the second is where stock Burn ran out of memory.
