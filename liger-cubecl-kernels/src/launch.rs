@@ -107,11 +107,12 @@ pub const MAX_CACHED_CHUNKS: usize = 8;
 /// Launch-geometry overrides for tuning sweeps on a device, read once from the
 /// environment: `LIGER_FWD_VPU`, `LIGER_BWD_VPU` (vectors per unit), `LIGER_PARTIALS_PER_SM`
 /// (backward cubes per multiprocessor), `LIGER_MAX_CACHED` (register-cached chunks),
-/// `LIGER_EW_UNITS`, `LIGER_EW_VPU`, `LIGER_EW_CUBES_PER_SM` (elementwise kernels' units per
-/// cube, vectors per unit, grid cap).
+/// `LIGER_EW_UNITS`, `LIGER_EW_VPU`, `LIGER_EW_CUBES_PER_SM`, `LIGER_EW_MAX_VECTOR`
+/// (elementwise kernels' units per cube, vectors per unit, grid cap, elements per load),
+/// `LIGER_EW_IEEE_DIV=1` (the sigmoid's IEEE division instead of the refined reciprocal),
 /// `LIGER_ROPE_HEADS` (heads per RoPE unit), `LIGER_ROPE_CUBES_PER_SM` (RoPE cube cap).
-/// Unset means the constants above. Results do not depend on them (tests cover the
-/// geometries they produce); only speed does.
+/// Unset means the constants above. Results do not depend on them beyond f32 rounding
+/// (tests cover the geometries they produce); only speed does.
 pub(crate) fn tuning(name: &str, default: usize) -> usize {
     use std::collections::HashMap;
     use std::sync::OnceLock;
