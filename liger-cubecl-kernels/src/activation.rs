@@ -40,29 +40,6 @@ const FRAC_1_SQRT_2: f32 = core::f32::consts::FRAC_1_SQRT_2;
 /// `1/√(2π)`.
 const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
 
-/// How the kernels divide by `1 + exp(-|x|)` (a value in `[1, 2]`), a comptime choice.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reciprocal {
-    /// The hardware's approximate reciprocal refined by one Newton step (the default):
-    /// within one f32 ulp of `1/d`, in a few instructions. On an H200 the IEEE division
-    /// was a multi-instruction sequence with a slow path that made the SwiGLU forward
-    /// issue-bound (63% of issue slots) and held it at 63 registers (50% occupancy).
-    Newton,
-    /// The IEEE-rounded division (`LIGER_EW_IEEE_DIV=1`), kept to compare against.
-    Ieee,
-}
-
-impl Reciprocal {
-    /// The default, or [`Reciprocal::Ieee`] when `LIGER_EW_IEEE_DIV` is set to 1.
-    pub fn from_env() -> Self {
-        if crate::launch::tuning("LIGER_EW_IEEE_DIV", 0) == 1 {
-            Reciprocal::Ieee
-        } else {
-            Reciprocal::Newton
-        }
-    }
-}
-
 /// `1/d` with the division relaxed to the hardware's approximate reciprocal (CUDA's
 /// `__fdividef`, about 2 ulp; SPIR-V's `AllowRecip`). Only called with `d` in `[1, 2]`,
 /// so the flags' no-infinity and unsigned-zero assumptions hold.
@@ -74,18 +51,16 @@ fn approximate_reciprocal<N: Size>(d: Vector<f32, N>) -> Vector<f32, N> {
     Vector::new(1.0f32) / d
 }
 
-/// `1/d` for `d` in `[1, 2]`, as [`Reciprocal`] says.
+/// `1/d` for `d` in `[1, 2]`, within one f32 ulp: the approximate reciprocal refined by one
+/// Newton step. On an H200 the IEEE division was a multi-instruction sequence with a slow
+/// path that made the SwiGLU forward issue-bound and held it at 63 registers; this takes
+/// it to 48 with the same f32 errors against f64 (benches/results/2026-11-22-h200-712cd8c/).
 #[cube]
-fn reciprocal<N: Size>(d: Vector<f32, N>, #[comptime] recip: Reciprocal) -> Vector<f32, N> {
-    match recip {
-        Reciprocal::Newton => {
-            // One Newton step squares the approximation's relative error (2⁻²² → 2⁻⁴⁴);
-            // the residual `1 - d·r` is formed by one fused multiply-add, exactly.
-            let r = approximate_reciprocal::<N>(d);
-            r + r * (Vector::new(1.0f32) - d * r)
-        }
-        Reciprocal::Ieee => Vector::new(1.0f32) / d,
-    }
+fn reciprocal_in_one_to_two<N: Size>(d: Vector<f32, N>) -> Vector<f32, N> {
+    // One Newton step squares the approximation's relative error (2⁻²² → 2⁻⁴⁴); the
+    // residual `1 - d·r` is formed by one fused multiply-add, exactly.
+    let r = approximate_reciprocal::<N>(d);
+    r + r * (Vector::new(1.0f32) - d * r)
 }
 
 /// `σ(x)` and `1 - σ(x)`, both without cancellation.
@@ -94,11 +69,10 @@ fn sigmoid_pair<N: Size>(
     x: Vector<f32, N>,
     sig: &mut Vector<f32, N>,
     complement: &mut Vector<f32, N>,
-    #[comptime] recip: Reciprocal,
 ) {
     // `0 - v`, not `-v`: CubeCL's CUDA target has no unary minus on vector types.
     let e = Vector::exp(Vector::new(0.0f32) - Vector::abs(x));
-    let large = reciprocal::<N>(Vector::new(1.0) + e, recip);
+    let large = reciprocal_in_one_to_two::<N>(Vector::new(1.0) + e);
     let small = e * large;
     let negative = x.less_than(Vector::new(0.0));
     *sig = select_many(negative, small, large);
@@ -148,26 +122,22 @@ fn normal_cdf<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
 
 /// `act(x)`.
 #[cube]
-pub(crate) fn value<N: Size>(
-    x: Vector<f32, N>,
-    #[comptime] act: Activation,
-    #[comptime] recip: Reciprocal,
-) -> Vector<f32, N> {
+pub(crate) fn value<N: Size>(x: Vector<f32, N>, #[comptime] act: Activation) -> Vector<f32, N> {
     let mut sig = Vector::<f32, N>::new(0.0);
     let mut complement = Vector::<f32, N>::new(0.0);
     match act {
         Activation::Silu => {
-            sigmoid_pair::<N>(x, &mut sig, &mut complement, recip);
+            sigmoid_pair::<N>(x, &mut sig, &mut complement);
             x * sig
         }
         Activation::GeluTanh => {
             let u = gelu_tanh_arg::<N>(x);
-            sigmoid_pair::<N>(u + u, &mut sig, &mut complement, recip);
+            sigmoid_pair::<N>(u + u, &mut sig, &mut complement);
             x * sig
         }
         Activation::Gelu => x * normal_cdf::<N>(x),
         Activation::Sigmoid => {
-            sigmoid_pair::<N>(x, &mut sig, &mut complement, recip);
+            sigmoid_pair::<N>(x, &mut sig, &mut complement);
             sig
         }
     }
@@ -180,7 +150,6 @@ pub(crate) fn value_and_grad<N: Size>(
     value: &mut Vector<f32, N>,
     grad: &mut Vector<f32, N>,
     #[comptime] act: Activation,
-    #[comptime] recip: Reciprocal,
 ) {
     let one = Vector::<f32, N>::new(1.0);
     let mut sig = Vector::<f32, N>::new(0.0);
@@ -188,14 +157,14 @@ pub(crate) fn value_and_grad<N: Size>(
     match act {
         Activation::Silu => {
             // (x σ)' = σ + x σ (1 - σ)
-            sigmoid_pair::<N>(x, &mut sig, &mut complement, recip);
+            sigmoid_pair::<N>(x, &mut sig, &mut complement);
             *value = x * sig;
             *grad = sig * (one + x * complement);
         }
         Activation::GeluTanh => {
             // g = x σ(2u): g' = σ + 2 x σ (1 - σ) u', u' = √(2/π) (1 + 3 · 0.044715 x²)
             let u = gelu_tanh_arg::<N>(x);
-            sigmoid_pair::<N>(u + u, &mut sig, &mut complement, recip);
+            sigmoid_pair::<N>(u + u, &mut sig, &mut complement);
             let du =
                 Vector::new(SQRT_2_OVER_PI) * (one + Vector::new(3.0 * GELU_TANH_COEFF) * x * x);
             *value = x * sig;
@@ -209,7 +178,7 @@ pub(crate) fn value_and_grad<N: Size>(
             *grad = cdf + x * pdf;
         }
         Activation::Sigmoid => {
-            sigmoid_pair::<N>(x, &mut sig, &mut complement, recip);
+            sigmoid_pair::<N>(x, &mut sig, &mut complement);
             *value = sig;
             *grad = sig * complement;
         }
@@ -222,7 +191,6 @@ pub(crate) fn value_and_grad<N: Size>(
 pub(crate) fn grad_from_saved<N: Size>(
     saved: Vector<f32, N>,
     #[comptime] act: Activation,
-    #[comptime] recip: Reciprocal,
 ) -> Vector<f32, N> {
     let mut value = Vector::<f32, N>::new(0.0);
     let mut grad = Vector::<f32, N>::new(0.0);
@@ -231,7 +199,7 @@ pub(crate) fn grad_from_saved<N: Size>(
             grad = saved * (Vector::new(1.0) - saved);
         }
         _ => {
-            value_and_grad::<N>(saved, &mut value, &mut grad, act, recip);
+            value_and_grad::<N>(saved, &mut value, &mut grad, act);
         }
     }
     grad

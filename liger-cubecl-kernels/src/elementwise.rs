@@ -12,7 +12,7 @@
 //! math is a comptime choice (`Pass` and [`Activation`]), so each op compiles to its own
 //! kernel without copies of this code.
 
-use crate::activation::{self, Activation, Reciprocal};
+use crate::activation::{self, Activation};
 use crate::glu;
 use crate::launch::{KernelError, array, check_float_dtype, tuning};
 use cubecl::prelude::*;
@@ -180,7 +180,6 @@ fn elementwise_kernel<F: Float, N: Size>(
     len: u32,
     #[comptime] pass: Pass,
     #[comptime] act: Activation,
-    #[comptime] recip: Reciprocal,
     #[comptime] units: u32,
     #[comptime] vectors_per_unit: u32,
     #[define(F)] _dtype: StorageType,
@@ -201,7 +200,6 @@ fn elementwise_kernel<F: Float, N: Size>(
                 len,
                 pass,
                 act,
-                recip,
                 units,
                 vectors_per_unit,
                 false,
@@ -217,7 +215,6 @@ fn elementwise_kernel<F: Float, N: Size>(
                 len,
                 pass,
                 act,
-                recip,
                 units,
                 vectors_per_unit,
                 true,
@@ -240,7 +237,6 @@ fn elementwise_block<F: Float, N: Size>(
     len: usize,
     #[comptime] pass: Pass,
     #[comptime] act: Activation,
-    #[comptime] recip: Reciprocal,
     #[comptime] units: u32,
     #[comptime] vectors_per_unit: u32,
     #[comptime] checked: bool,
@@ -274,25 +270,24 @@ fn elementwise_block<F: Float, N: Size>(
             match pass {
                 Pass::Glu => {
                     let u = Vector::<f32, N>::cast_from(r1[k as usize]);
-                    out0[i] = Vector::<F, N>::cast_from(glu::forward::<N>(a, u, act, recip));
+                    out0[i] = Vector::<F, N>::cast_from(glu::forward::<N>(a, u, act));
                 }
                 Pass::GluBackward => {
                     let gate = Vector::<f32, N>::cast_from(r1[k as usize]);
                     let up = Vector::<f32, N>::cast_from(r2[k as usize]);
                     let mut grad_gate = Vector::<f32, N>::new(0.0);
                     let mut grad_up = Vector::<f32, N>::new(0.0);
-                    glu::backward::<N>(a, gate, up, &mut grad_gate, &mut grad_up, act, recip);
+                    glu::backward::<N>(a, gate, up, &mut grad_gate, &mut grad_up, act);
                     out0[i] = Vector::<F, N>::cast_from(grad_gate);
                     out1[i] = Vector::<F, N>::cast_from(grad_up);
                 }
                 Pass::Unary => {
-                    out0[i] = Vector::<F, N>::cast_from(activation::value::<N>(a, act, recip));
+                    out0[i] = Vector::<F, N>::cast_from(activation::value::<N>(a, act));
                 }
                 Pass::UnaryBackward => {
                     let saved = Vector::<f32, N>::cast_from(r1[k as usize]);
-                    out0[i] = Vector::<F, N>::cast_from(
-                        a * activation::grad_from_saved::<N>(saved, act, recip),
-                    );
+                    out0[i] =
+                        Vector::<F, N>::cast_from(a * activation::grad_from_saved::<N>(saved, act));
                 }
             }
         }
@@ -369,7 +364,6 @@ pub(crate) fn launch<R: Runtime>(
                 count as u32,
                 pass,
                 act,
-                Reciprocal::from_env(),
                 geometry.units,
                 geometry.vectors_per_unit,
                 dtype,

@@ -7,7 +7,7 @@
 //! `grad_gate = grad · up · act'(gate)`, `grad_up = grad · act(gate)`. Inputs of any
 //! float dtype are widened to f32, computed in f32 and rounded once on the store.
 
-use crate::activation::{self, Activation, Reciprocal};
+use crate::activation::{self, Activation};
 use crate::counters::{self, Kernel};
 use crate::elementwise::{Pass, launch};
 use crate::launch::KernelError;
@@ -47,9 +47,8 @@ pub(crate) fn forward<N: Size>(
     gate: Vector<f32, N>,
     up: Vector<f32, N>,
     #[comptime] act: Activation,
-    #[comptime] recip: Reciprocal,
 ) -> Vector<f32, N> {
-    activation::value::<N>(gate, act, recip) * up
+    activation::value::<N>(gate, act) * up
 }
 
 /// `grad_gate = grad · up · act'(gate)`, `grad_up = grad · act(gate)` for one vector.
@@ -61,11 +60,10 @@ pub(crate) fn backward<N: Size>(
     grad_gate: &mut Vector<f32, N>,
     grad_up: &mut Vector<f32, N>,
     #[comptime] act: Activation,
-    #[comptime] recip: Reciprocal,
 ) {
     let mut value = Vector::<f32, N>::new(0.0);
     let mut derivative = Vector::<f32, N>::new(0.0);
-    activation::value_and_grad::<N>(gate, &mut value, &mut derivative, act, recip);
+    activation::value_and_grad::<N>(gate, &mut value, &mut derivative, act);
     *grad_gate = grad * up * derivative;
     *grad_up = grad * value;
 }

@@ -109,7 +109,6 @@ pub const MAX_CACHED_CHUNKS: usize = 8;
 /// (backward cubes per multiprocessor), `LIGER_MAX_CACHED` (register-cached chunks),
 /// `LIGER_EW_UNITS`, `LIGER_EW_VPU`, `LIGER_EW_CUBES_PER_SM`, `LIGER_EW_MAX_VECTOR`
 /// (elementwise kernels' units per cube, vectors per unit, grid cap, elements per load),
-/// `LIGER_EW_IEEE_DIV=1` (the sigmoid's IEEE division instead of the refined reciprocal),
 /// `LIGER_ROPE_HEADS` (heads per RoPE unit), `LIGER_ROPE_CUBES_PER_SM` (RoPE cube cap).
 /// Unset means the constants above. Results do not depend on them beyond f32 rounding
 /// (tests cover the geometries they produce); only speed does.
@@ -128,7 +127,6 @@ pub(crate) fn tuning(name: &str, default: usize) -> usize {
             "LIGER_ROPE_HEADS",
             "LIGER_ROPE_CUBES_PER_SM",
             "LIGER_EW_CUBES_PER_SM",
-            "LIGER_EW_IEEE_DIV",
             "LIGER_EW_MAX_VECTOR",
         ]
         .iter()
