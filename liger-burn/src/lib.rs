@@ -10,7 +10,6 @@
 
 pub mod autodiff;
 pub mod backend;
-pub mod conformance;
 pub mod cube;
 mod fallback;
 pub mod functional;

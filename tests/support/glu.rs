@@ -5,11 +5,11 @@ use crate::errors::{assert_mentions, panic_message, quiet_panic};
 use crate::{BackendVisitor, dtypes, for_each_backend, lock, tensors};
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
-use liger_burn::conformance::glu::reference;
-use liger_burn::conformance::{Op, Rng, Tolerance, compare, run_case};
 use liger_burn::functional;
 use liger_burn::ops::{FusedOps, GluActivation};
 use liger_cubecl_kernels::set_elementwise_limits;
+use liger_verify::conformance::glu::reference;
+use liger_verify::conformance::{Op, Rng, Tolerance, compare, run_case};
 
 /// `op`'s conformance at a few shapes with the elementwise launches limited to one cube
 /// (which then grid-strides over every block of a launch) and split every 4096 vectors
@@ -297,7 +297,7 @@ macro_rules! glu_mlp_tests {
         fn $record_test() {
             type B = burn::backend::NdArray;
             let device = Default::default();
-            let mut rng = liger_burn::conformance::Rng::from_env();
+            let mut rng = liger_verify::conformance::Rng::from_env();
             let seed = rng.seed();
             for bias in [false, true] {
                 let (d_model, d_ff) = (12, 40);

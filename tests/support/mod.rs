@@ -6,9 +6,9 @@
 //! fallback only).
 
 use burn::tensor::DType;
-use liger_burn::conformance::{self, CaseResult, Op, Rng};
 use liger_burn::ops::FusedOps;
 use liger_cubecl_kernels::ReductionPath;
+use liger_verify::conformance::{self, CaseResult, Op, Rng};
 use std::sync::{Mutex, MutexGuard};
 
 static LOCK: Mutex<()> = Mutex::new(());

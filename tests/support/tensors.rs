@@ -2,7 +2,7 @@
 //! (cross entropy, fused linear cross entropy).
 
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
-use liger_burn::conformance::Comparison;
+use liger_verify::conformance::Comparison;
 
 /// The values of `t` as f64 (through f32, exact for every dtype the suites use).
 pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {

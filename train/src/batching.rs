@@ -18,8 +18,8 @@
 //! sees the same micro-batches as an uninterrupted one.
 
 // The order must never depend on a library's version: a fully specified generator.
-use crate::convergence::SplitMix64;
 use crate::prompt::Tokenized;
+use crate::rng::SplitMix64;
 use liger_models::IGNORE_INDEX;
 
 /// Padded sequence lengths are multiples of this (or `max_length`).

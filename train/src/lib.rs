@@ -1,11 +1,7 @@
 //! # liger-train
 //!
 //! Training of [`liger_models`] causal LMs on any backend with liger-burn's fused ops:
-//! supervised fine-tuning from JSONL (the `liger train` job) and the convergence
-//! comparison of the fused kernels against the stock Burn computation.
-
-pub mod convergence;
-pub mod gradient_check;
+//! supervised fine-tuning from JSONL (the `liger train` job).
 
 // The `liger train` SFT job, one concept per module.
 pub mod batching;
@@ -17,6 +13,7 @@ pub mod error;
 pub mod metrics;
 pub mod progress;
 pub mod prompt;
+pub mod rng;
 pub mod schedule;
 pub mod tokenizer;
 pub mod trainer;

@@ -1,0 +1,671 @@
+//! `liger train`: supervised fine-tuning (liger-train) of a random small model or a
+//! Hugging Face checkpoint, on the best device of this build.
+//!
+//! Order of work: settings and tokenizer, then the whole data file parsed and tokenized
+//! (so a data error stops the job before step 1), then the device, the model and the loop.
+//! The header and the summary go to stdout; progress (bar or log lines) to stderr.
+
+use anyhow::{Context, Result, bail};
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::optim::AdamW;
+use burn::optim::record::AdaptorRecord;
+use burn::tensor::backend::AutodiffBackend;
+use clap::{Args, ValueEnum};
+use liger_burn::Liger;
+use liger_burn::ops::FusedOps;
+use liger_models::{CausalLm, LigerConfig, ModelConfig};
+use liger_train::batching::Layout;
+use liger_train::checkpoint::{self, TrainerState};
+use liger_train::data::{self, BadLinePolicy, DataOptions, Dataset, TooLongPolicy};
+use liger_train::metrics::format_memory;
+use liger_train::progress::ConsoleProgress;
+use liger_train::schedule::LrSchedule;
+use liger_train::tokenizer::{SpecialIds, TextTokenizer};
+use liger_train::trainer::{self, Resume, Run, TrainConfig};
+use liger_train::{TrainError, bundled};
+use liger_verify::args::OnOff;
+use liger_verify::device::{self, Ctx, DeviceKind, OnDevice};
+use liger_verify::dtype::DtypeArg;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// `--on-bad-line`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BadLineArg {
+    /// Report the line (file:line: reason) and train on the others.
+    Skip,
+    /// Stop before training, naming the file and line.
+    Fail,
+}
+
+/// `--on-too-long`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TooLongArg {
+    /// Keep the first --max-length tokens (left out if no response token remains).
+    Truncate,
+    /// Report the example and leave it out.
+    Skip,
+    /// Stop before training, naming the file and line.
+    Fail,
+}
+
+/// Defaults of the settings that a resume takes from the checkpoint instead.
+const DEFAULT_MAX_LENGTH: usize = 256;
+const DEFAULT_BATCH_SIZE: usize = 8;
+const DEFAULT_STEPS: usize = 300;
+const DEFAULT_LR_RANDOM: f64 = 3e-3;
+const DEFAULT_LR_PRETRAINED: f64 = 2e-5;
+const DEFAULT_MIN_LR_RATIO: f64 = 0.1;
+const DEFAULT_WEIGHT_DECAY: f64 = 0.01;
+const DEFAULT_MAX_GRAD_NORM: f64 = 1.0;
+const DEFAULT_SAVE_EVERY: usize = 100;
+const DEFAULT_SEED: u64 = 42;
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// Training data, JSONL: one object per line, {"instruction": ..., "input": ...
+    /// (optional), "output": ...} (only the output and the end-of-sequence token are
+    /// trained) or {"text": ...} (trained whole). Default: the bundled synthetic dataset
+    /// (3000 rows of arithmetic, reversal, counting, copying and facts; train/data/).
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub data: Option<PathBuf>,
+    /// Hugging Face checkpoint to fine-tune (config.json, model.safetensors or its shards,
+    /// tokenizer.json; Llama, Qwen2, Qwen3, Mistral). Default: a small Llama-style model
+    /// (hidden 128, 2 layers, the tokenizer's vocabulary) initialized at random from --seed.
+    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    pub model: Option<PathBuf>,
+    /// tokenizer.json to use instead of the one of --model / --resume (default: theirs, or
+    /// the bundled byte-level BPE of 1024 tokens without --model).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Output directory: checkpoint-<step>/ directories and train_log.csv (one row per
+    /// step). Default: liger-train-out, or the parent of the --resume checkpoint.
+    #[arg(long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+    /// Continue from a checkpoint-<step> directory of an earlier run: model, optimizer
+    /// state, data position and settings are restored, and the following steps give the
+    /// same losses as the uninterrupted run. Pass the same --data; the settings below
+    /// default to the checkpoint's, and one given with another value is refused.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = device::DeviceKind::Auto)]
+    pub device: device::DeviceKind,
+    /// Dtype of the parameters, optimizer updates and activations (losses in f32). f16 and
+    /// bf16 train with low-precision weights (no f32 master copy).
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+    /// `on`: the `Liger<Autodiff<B>>` backend with every fused kernel (RMSNorm, RoPE,
+    /// SwiGLU, fused linear cross entropy; fused softmax in the attention); `off`: plain
+    /// `Autodiff<B>`, stock Burn ops. The five flags below override single kernels.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub liger: OnOff,
+    /// Fused RoPE of q and k (default: as --liger).
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub rope: Option<OnOff>,
+    /// Fused RMSNorm (default: as --liger).
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub rms_norm: Option<OnOff>,
+    /// Fused SwiGLU in the MLP (default: as --liger).
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub swiglu: Option<OnOff>,
+    /// Fused cross entropy over materialized logits (default: off; turning it on turns
+    /// fused linear cross entropy off unless that is given too: the two are exclusive).
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub cross_entropy: Option<OnOff>,
+    /// Fused LM head + cross entropy, logits never whole (default: as --liger).
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub fused_linear_cross_entropy: Option<OnOff>,
+    /// Attention that recomputes its probabilities in the backward instead of keeping them
+    /// (memory linear in the sequence instead of quadratic; same math as eager attention)
+    /// (default: as --liger).
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub attention: Option<OnOff>,
+    /// Longest example in tokens (bos + prompt + response + eos); with --packing, the
+    /// length of every packed row. [default: 256]
+    #[arg(long, value_name = "TOKENS")]
+    pub max_length: Option<usize>,
+    /// Pack whole examples end to end into rows of --max-length tokens (no example is
+    /// split; the first token of each is not trained) instead of one padded example per
+    /// row. `--packing` alone means on. [default: off]
+    #[arg(long, value_enum, value_name = "on|off", num_args = 0..=1, default_missing_value = "on")]
+    pub packing: Option<OnOff>,
+    /// Rows per micro-batch. [default: 8]
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<usize>,
+    /// Micro-batches per optimizer step (gradient accumulation; the step's loss is the mean
+    /// over all its trained tokens). [default: 1]
+    #[arg(long, value_name = "N")]
+    pub grad_accum: Option<usize>,
+    /// Peak learning rate (AdamW, betas 0.9/0.999, eps 1e-8). [default: 3e-3 for the
+    /// random model, 2e-5 with --model]
+    #[arg(long, value_name = "LR")]
+    pub lr: Option<f64>,
+    /// Final learning rate of the cosine decay, as a fraction of --lr. [default: 0.1]
+    #[arg(long, value_name = "RATIO")]
+    pub min_lr_ratio: Option<f64>,
+    /// Steps of linear warmup from lr/warmup to lr. [default: 10% of the steps, at most 100]
+    #[arg(long, value_name = "N")]
+    pub warmup_steps: Option<usize>,
+    /// Optimizer steps to run in total. [default: 300, or what --epochs implies]
+    #[arg(long, value_name = "N", conflicts_with = "epochs")]
+    pub steps: Option<usize>,
+    /// Passes over the data instead of --steps (steps = micro-batches of the epochs /
+    /// --grad-accum, rounded up).
+    #[arg(long, value_name = "N")]
+    pub epochs: Option<usize>,
+    /// AdamW decoupled weight decay (all parameters). [default: 0.01]
+    #[arg(long, value_name = "WD")]
+    pub weight_decay: Option<f64>,
+    /// Clip the global L2 norm of all gradients to this (PyTorch's clip_grad_norm_); 0 turns
+    /// clipping off. The norm before clipping is logged either way. [default: 1.0]
+    #[arg(long, value_name = "NORM")]
+    pub max_grad_norm: Option<f64>,
+    /// Write a checkpoint every N steps; 0: only the final one. [default: 100]
+    #[arg(long, value_name = "N")]
+    pub save_every: Option<usize>,
+    /// Seed of the data order and of the random model's initialization. [default: 42]
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// Print a log line every N steps (above the progress bar on a terminal; the only
+    /// progress output otherwise); 0: first and last step only.
+    #[arg(long, value_name = "N", default_value_t = 25)]
+    pub log_every: usize,
+    /// What to do with a data line that is not valid JSON or lacks a field.
+    #[arg(long, value_enum, default_value_t = BadLineArg::Fail)]
+    pub on_bad_line: BadLineArg,
+    /// What to do with an example longer than --max-length.
+    #[arg(long, value_enum, default_value_t = TooLongArg::Truncate)]
+    pub on_too_long: TooLongArg,
+}
+
+/// Runs `liger train`.
+pub fn run(args: TrainArgs) -> Result<ExitCode> {
+    let saved = match &args.resume {
+        Some(dir) => Some(checkpoint::read_state(dir)?),
+        None => None,
+    };
+    let tokenizer = load_tokenizer(&args)?;
+    let (text, source) = match &args.data {
+        Some(path) => (
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the data file {}", path.display()))?,
+            path.display().to_string(),
+        ),
+        None => (
+            bundled::DATASET.to_string(),
+            bundled::DATASET_NAME.to_string(),
+        ),
+    };
+    let max_length = pick(
+        "max-length",
+        args.max_length,
+        saved.as_ref().map(|s| s.config.max_length),
+        DEFAULT_MAX_LENGTH,
+    )?;
+    let opts = DataOptions {
+        max_length,
+        on_bad_line: match args.on_bad_line {
+            BadLineArg::Skip => BadLinePolicy::Skip,
+            BadLineArg::Fail => BadLinePolicy::Fail,
+        },
+        on_too_long: match args.on_too_long {
+            TooLongArg::Truncate => TooLongPolicy::Truncate,
+            TooLongArg::Skip => TooLongPolicy::Skip,
+            TooLongArg::Fail => TooLongPolicy::Fail,
+        },
+    };
+    let dataset = data::prepare(&text, &source, &tokenizer, opts)?;
+    report_data(&dataset, &tokenizer);
+    let config = settings(&args, saved.as_ref(), &dataset, &tokenizer, max_length)?;
+    let liger = liger_config(&args)?;
+    let output = match (&args.output, &args.resume) {
+        (Some(o), _) => o.clone(),
+        (None, Some(r)) => r
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from(".")),
+        (None, None) => PathBuf::from("liger-train-out"),
+    };
+    device::dispatch(
+        args.device,
+        TrainJob {
+            args,
+            tokenizer,
+            dataset,
+            config,
+            liger,
+            output,
+        },
+    )
+}
+
+/// The tokenizer: --tokenizer, else the checkpoint's or model's tokenizer.json, else the
+/// bundled one. Special ids come from the model's config.json where it has them.
+fn load_tokenizer(args: &TrainArgs) -> Result<TextTokenizer> {
+    let model_dir = args.resume.as_ref().or(args.model.as_ref());
+    let ids = match model_dir {
+        Some(dir) => {
+            let config = ModelConfig::from_file(dir.join("config.json"))?;
+            SpecialIds::from_hf_config(&config.extra)
+        }
+        None => SpecialIds::default(),
+    };
+    let path = match (&args.tokenizer, model_dir) {
+        (Some(p), _) => p.clone(),
+        (None, Some(dir)) => {
+            let p = dir.join(checkpoint::TOKENIZER_FILE);
+            if !p.is_file() {
+                bail!(
+                    "{}: not found; the model directory needs its tokenizer.json, or pass \
+                     --tokenizer FILE",
+                    p.display()
+                );
+            }
+            p
+        }
+        (None, None) => return Ok(bundled::tokenizer()),
+    };
+    Ok(TextTokenizer::from_file(&path, ids)?)
+}
+
+/// The flag's value, else the checkpoint's (a flag that disagrees with it is refused),
+/// else the default.
+fn pick<T: PartialEq + std::fmt::Debug + Copy>(
+    flag: &str,
+    given: Option<T>,
+    saved: Option<T>,
+    default: T,
+) -> Result<T> {
+    match (given, saved) {
+        (Some(g), Some(s)) if g != s => bail!(
+            "--{flag} {g:?} differs from the checkpoint's {s:?}: a resumed run keeps the \
+             settings it was started with (drop the flag)"
+        ),
+        (Some(g), _) => Ok(g),
+        (None, Some(s)) => Ok(s),
+        (None, None) => Ok(default),
+    }
+}
+
+/// The run's settings from the flags, the checkpoint and the defaults.
+fn settings(
+    args: &TrainArgs,
+    saved: Option<&TrainerState>,
+    dataset: &Dataset,
+    tokenizer: &TextTokenizer,
+    max_length: usize,
+) -> Result<TrainConfig> {
+    let sc = saved.map(|s| &s.config);
+    let layout = pick(
+        "packing",
+        args.packing
+            .map(|p| if p.on() { Layout::Pack } else { Layout::Pad }),
+        sc.map(|c| c.layout),
+        Layout::Pad,
+    )?;
+    let batch_size = pick(
+        "batch-size",
+        args.batch_size,
+        sc.map(|c| c.batch_size),
+        DEFAULT_BATCH_SIZE,
+    )?;
+    let grad_accum = pick("grad-accum", args.grad_accum, sc.map(|c| c.grad_accum), 1)?;
+    let seed = pick("seed", args.seed, sc.map(|c| c.seed), DEFAULT_SEED)?;
+    let max_grad_norm = pick(
+        "max-grad-norm",
+        args.max_grad_norm.map(|n| (n > 0.0).then_some(n)),
+        sc.map(|c| c.max_grad_norm),
+        Some(DEFAULT_MAX_GRAD_NORM),
+    )?;
+    let mut config = TrainConfig {
+        max_length,
+        layout,
+        batch_size,
+        grad_accum,
+        schedule: LrSchedule {
+            peak_lr: 0.0,
+            min_lr_ratio: 0.0,
+            warmup_steps: 0,
+            total_steps: 0,
+        },
+        weight_decay: pick(
+            "weight-decay",
+            args.weight_decay,
+            sc.map(|c| c.weight_decay),
+            DEFAULT_WEIGHT_DECAY,
+        )?,
+        max_grad_norm,
+        seed,
+        save_every: pick(
+            "save-every",
+            args.save_every,
+            sc.map(|c| c.save_every),
+            DEFAULT_SAVE_EVERY,
+        )?,
+    };
+    if batch_size == 0 || grad_accum == 0 {
+        bail!("--batch-size and --grad-accum must be at least 1");
+    }
+    let ss = saved.map(|s| s.config.schedule);
+    let implied_steps = match args.epochs {
+        Some(0) => bail!("--epochs must be at least 1"),
+        Some(e) => Some(trainer::steps_for_epochs(
+            dataset,
+            &config,
+            tokenizer.specials.pad,
+            e,
+        )),
+        None => args.steps,
+    };
+    let total_steps = pick(
+        "steps",
+        implied_steps,
+        ss.map(|s| s.total_steps),
+        DEFAULT_STEPS,
+    )?;
+    let default_lr = if args.model.is_some() {
+        DEFAULT_LR_PRETRAINED
+    } else {
+        DEFAULT_LR_RANDOM
+    };
+    config.schedule = LrSchedule {
+        peak_lr: pick("lr", args.lr, ss.map(|s| s.peak_lr), default_lr)?,
+        min_lr_ratio: pick(
+            "min-lr-ratio",
+            args.min_lr_ratio,
+            ss.map(|s| s.min_lr_ratio),
+            DEFAULT_MIN_LR_RATIO,
+        )?,
+        warmup_steps: pick(
+            "warmup-steps",
+            args.warmup_steps,
+            ss.map(|s| s.warmup_steps),
+            (total_steps / 10).min(100),
+        )?,
+        total_steps,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// Kernel switches: --liger, then the per-kernel flags.
+fn liger_config(args: &TrainArgs) -> Result<LigerConfig> {
+    let mut c = match args.liger {
+        OnOff::On => LigerConfig::all(),
+        OnOff::Off => LigerConfig::none(),
+    };
+    let set = |flag: Option<OnOff>, field: &mut bool| {
+        if let Some(f) = flag {
+            *field = f.on();
+        }
+    };
+    set(args.rope, &mut c.rope);
+    set(args.rms_norm, &mut c.rms_norm);
+    set(args.swiglu, &mut c.swiglu);
+    set(args.attention, &mut c.attention);
+    set(
+        args.fused_linear_cross_entropy,
+        &mut c.fused_linear_cross_entropy,
+    );
+    if let Some(ce) = args.cross_entropy {
+        c.cross_entropy = ce.on();
+        if ce.on() && args.fused_linear_cross_entropy.is_none() {
+            c.fused_linear_cross_entropy = false;
+        }
+    }
+    c.validate().map_err(|e| {
+        anyhow::anyhow!("{e} (--cross-entropy on and --fused-linear-cross-entropy on together)")
+    })?;
+    Ok(c)
+}
+
+fn kernels_text(args: &TrainArgs, c: &LigerConfig) -> String {
+    let on: Vec<&str> = [
+        (c.rope, "rope"),
+        (c.rms_norm, "rms_norm"),
+        (c.swiglu, "swiglu"),
+        (c.cross_entropy, "cross_entropy"),
+        (c.fused_linear_cross_entropy, "fused_linear_cross_entropy"),
+        (c.attention, "attention"),
+    ]
+    .into_iter()
+    .filter_map(|(b, n)| b.then_some(n))
+    .collect();
+    format!(
+        "{} backend; fused: {}",
+        match args.liger {
+            OnOff::On => "Liger<Autodiff<B>>",
+            OnOff::Off => "Autodiff<B>",
+        },
+        if on.is_empty() {
+            "none (stock Burn)".to_string()
+        } else {
+            on.join(", ")
+        }
+    )
+}
+
+/// Prints what was read, skipped and truncated.
+fn report_data(d: &Dataset, tok: &TextTokenizer) {
+    println!(
+        "data:      {}: {} examples, {} tokens (tokenizer: {}, {} tokens)",
+        d.source_name,
+        d.examples.len(),
+        d.tokens(),
+        tok.source,
+        tok.vocab_size()
+    );
+    if !d.skipped.is_empty() {
+        println!("skipped:   {} lines", d.skipped.len());
+        for e in d.skipped.iter().take(10) {
+            println!("  {e}");
+        }
+        if d.skipped.len() > 10 {
+            println!("  ... and {} more", d.skipped.len() - 10);
+        }
+    }
+    if !d.truncated.is_empty() {
+        let lines: Vec<String> = d.truncated.iter().take(10).map(|l| l.to_string()).collect();
+        println!(
+            "truncated: {} examples to --max-length (lines {}{})",
+            d.truncated.len(),
+            lines.join(", "),
+            if d.truncated.len() > 10 { ", ..." } else { "" }
+        );
+    }
+}
+
+struct TrainJob {
+    args: TrainArgs,
+    tokenizer: TextTokenizer,
+    dataset: Dataset,
+    config: TrainConfig,
+    liger: LigerConfig,
+    output: PathBuf,
+}
+
+impl TrainJob {
+    fn train<B: AutodiffBackend + FusedOps>(
+        self,
+        ctx_device: &B::Device,
+        memory: Option<Box<dyn Fn() -> u64 + '_>>,
+    ) -> Result<ExitCode>
+    where
+        CausalLm<B>: AutodiffModule<B>,
+    {
+        let dtype = self.args.dtype.dtype();
+        let (model, resume, origin) = match &self.args.resume {
+            Some(dir) => {
+                let loaded = checkpoint::load::<B, AdaptorRecord<AdamW, B>>(
+                    dir, dtype, self.liger, ctx_device,
+                )?;
+                let origin = format!("{} (resumed at step {})", dir.display(), loaded.state.step);
+                let resume = Resume {
+                    optimizer: loaded.optimizer,
+                    state: loaded.state,
+                };
+                (loaded.model, Some(resume), origin)
+            }
+            None => match &self.args.model {
+                Some(dir) => (
+                    CausalLm::<B>::load(dir, dtype, self.liger, ctx_device)?,
+                    None,
+                    dir.display().to_string(),
+                ),
+                None => {
+                    let mut mc = bundled::model_config(self.tokenizer.vocab_size());
+                    let s = self.tokenizer.specials;
+                    for (key, id) in [
+                        ("bos_token_id", s.bos),
+                        ("eos_token_id", Some(s.eos)),
+                        ("pad_token_id", Some(s.pad)),
+                    ] {
+                        if let Some(id) = id {
+                            mc.extra.insert(key.into(), id.into());
+                        }
+                    }
+                    let model = trainer::random_model::<B>(
+                        &mc,
+                        self.liger,
+                        dtype,
+                        ctx_device,
+                        self.config.seed,
+                    );
+                    (
+                        model,
+                        None,
+                        format!("random init (seed {})", self.config.seed),
+                    )
+                }
+            },
+        };
+        let mc = &model.config;
+        if self.tokenizer.vocab_size() > mc.vocab_size {
+            bail!(
+                "the tokenizer ({}) has {} tokens but the model's vocabulary is {}: token ids \
+                 would fall outside the embedding",
+                self.tokenizer.source,
+                self.tokenizer.vocab_size(),
+                mc.vocab_size
+            );
+        }
+        println!(
+            "model:     {} ({}, hidden {}, {} layers, vocab {}, {:.2}M parameters) in {}",
+            origin,
+            mc.model_type,
+            mc.hidden_size,
+            mc.num_hidden_layers,
+            mc.vocab_size,
+            mc.num_params() as f64 / 1e6,
+            self.args.dtype
+        );
+        println!("kernels:   {}", kernels_text(&self.args, &self.liger));
+        let c = &self.config;
+        println!(
+            "schedule:  {} steps x {} micro-batches of {} rows ({}, max length {}), lr {:.1e} \
+             (warmup {}, cosine to {:.1e}), weight decay {}, clip {}, seed {}",
+            c.schedule.total_steps,
+            c.grad_accum,
+            c.batch_size,
+            match c.layout {
+                Layout::Pad => "padded",
+                Layout::Pack => "packed",
+            },
+            c.max_length,
+            c.schedule.peak_lr,
+            c.schedule.warmup_steps,
+            c.schedule.peak_lr * c.schedule.min_lr_ratio,
+            c.weight_decay,
+            c.max_grad_norm
+                .map_or("off".to_string(), |n| format!("global norm {n}")),
+            c.seed
+        );
+        println!("output:    {}", self.output.display());
+        let mut progress = ConsoleProgress::new(self.args.log_every);
+        let result = trainer::train(
+            Run {
+                model,
+                dataset: &self.dataset,
+                tokenizer: &self.tokenizer,
+                config: self.config.clone(),
+                output: self.output.clone(),
+                resume,
+                memory,
+                kernels: kernels_text(&self.args, &self.liger),
+            },
+            &mut progress,
+        );
+        progress.finish();
+        let s = match result {
+            Ok(s) => s,
+            Err(e @ (TrainError::NonFinite { .. } | TrainError::Panicked { .. })) => {
+                eprintln!("error: {e}");
+                return Ok(ExitCode::from(1));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        println!(
+            "done:      {} steps (to step {}), {} tokens in {:.1} s = {:.0} tokens/s",
+            s.steps,
+            s.last_step,
+            s.tokens,
+            s.seconds,
+            s.tokens_per_second()
+        );
+        println!(
+            "loss:      {:.4} (first step) -> {:.4} (last step)",
+            s.first_loss, s.last_loss
+        );
+        println!(
+            "memory:    peak device pool {}",
+            format_memory(s.peak_memory_bytes)
+        );
+        println!("saved:     {}", s.checkpoint.display());
+        println!("metrics:   {}", s.log.display());
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+impl OnDevice for TrainJob {
+    fn run<B: FusedOps>(self, ctx: Ctx<B>) -> Result<ExitCode> {
+        println!(
+            "device:    {} ({}; Burn autotune {})",
+            ctx.kind,
+            B::name(&ctx.device),
+            if cfg!(feature = "autotune") {
+                "on"
+            } else {
+                "off"
+            }
+        );
+        if let Some(code) = device::require_dtype::<B>(
+            &ctx.device,
+            self.args.dtype.dtype(),
+            self.args.dtype,
+            "train",
+            " (try --dtype f32)",
+        ) {
+            return Ok(code);
+        }
+        // CubeCL compiles kernels per shape: padded batches (each rounded to its own
+        // longest row) bring new shapes, so new compilations, for many steps on a GPU.
+        if matches!(ctx.kind, DeviceKind::Cuda | DeviceKind::Rocm)
+            && self.config.layout == Layout::Pad
+        {
+            println!(
+                "hint:      --packing gives every step one shape ([batch, --max-length]), so \
+                 kernels compile once; padded batches of new lengths compile new ones"
+            );
+        }
+        let memory: Option<Box<dyn Fn() -> u64 + '_>> = ctx
+            .cube
+            .as_ref()
+            .map(|c| Box::new(move || c.usage().reserved) as Box<dyn Fn() -> u64>);
+        match self.args.liger {
+            OnOff::On => self.train::<Liger<Autodiff<B>>>(&ctx.device, memory),
+            OnOff::Off => self.train::<Autodiff<B>>(&ctx.device, memory),
+        }
+    }
+}

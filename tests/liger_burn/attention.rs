@@ -1,0 +1,386 @@
+//! Attention (`liger_burn::functional::attention`, probabilities recomputed in the
+//! backward): the output and the gradients of q, k and v against a naive f64 reference and
+//! against eager attention composed of stock Burn ops under Burn's own autodiff, on every
+//! backend of the test device and every dtype it has, for grouped-query heads, odd
+//! lengths, one row, causal and sliding-window masks (given as a tensor, and built per block
+//! from positions), a non-causal mask, one block and
+//! many blocks (a partial last one), with an upstream gradient that is not 1; and bad
+//! input.
+
+use burn::backend::Autodiff;
+use burn::tensor::activation::softmax;
+use burn::tensor::{Bool, DType, Tensor, TensorData};
+use liger_burn::functional::attention;
+use liger_burn::ops::compose::attention::{block_rows, set_block_score_elements};
+use liger_burn::ops::{AttentionOptions, FusedOps};
+use liger_tests::errors::{assert_mentions, panic_message};
+use liger_tests::tensors::{check, values};
+use liger_tests::{BackendVisitor, dtypes, for_each_backend, lock};
+use liger_verify::conformance::{Rng, compare_normwise};
+
+/// Restores the default block size when dropped (also on panic).
+struct Blocks;
+
+impl Blocks {
+    fn set(elements: Option<usize>) -> Self {
+        set_block_score_elements(elements);
+        Blocks
+    }
+}
+
+impl Drop for Blocks {
+    fn drop(&mut self) {
+        set_block_score_elements(None);
+    }
+}
+
+/// One attention problem.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    batch: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    seq: usize,
+    head_dim: usize,
+    /// Sliding window (keys `i - window < j <= i`), or plain causal.
+    window: Option<usize>,
+    /// A non-causal mask (random, the diagonal always visible) with `causal: false`.
+    bidirectional: bool,
+    /// Score elements per block (`None`: the default, one block at these sizes).
+    block: Option<usize>,
+}
+
+const fn case(batch: usize, q_heads: usize, kv_heads: usize, seq: usize, head_dim: usize) -> Case {
+    Case {
+        batch,
+        q_heads,
+        kv_heads,
+        seq,
+        head_dim,
+        window: None,
+        bidirectional: false,
+        block: None,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        // One row, one head.
+        case(1, 1, 1, 1, 8),
+        // Grouped-query heads, odd length and width, one block.
+        case(2, 4, 2, 13, 12),
+        // Several blocks of 3 rows (partial last one), 3 query heads per kv head.
+        Case {
+            block: Some(3 * 6 * 37),
+            ..case(1, 6, 2, 37, 16)
+        },
+        // Blocks of one row, batch 2, multi-query (one kv head).
+        Case {
+            block: Some(1),
+            ..case(2, 3, 1, 10, 6)
+        },
+        // Mistral's sliding window across several blocks.
+        Case {
+            window: Some(5),
+            block: Some(2 * 2 * 4 * 21),
+            ..case(2, 2, 2, 21, 10)
+        },
+        // A non-causal mask: every block sees every key.
+        Case {
+            bidirectional: true,
+            block: Some(2 * 4 * 19),
+            ..case(1, 2, 1, 19, 8)
+        },
+    ]
+}
+
+/// `true` where query `i` must not see key `j`.
+fn mask_values(c: &Case, rng: &mut Rng) -> Vec<bool> {
+    let s = c.seq;
+    let mut m = vec![false; s * s];
+    for i in 0..s {
+        for j in 0..s {
+            m[i * s + j] = if c.bidirectional {
+                i != j && rng.uniform() < 0.3
+            } else {
+                j > i || c.window.is_some_and(|w| i >= j + w)
+            };
+        }
+    }
+    m
+}
+
+/// Naive f64 attention and its gradients for the upstream gradient `g`:
+/// `(out, grad_q, grad_k, grad_v)`, flattened `[b, h, s, d]` (k, v: kv heads).
+#[allow(clippy::type_complexity)]
+fn reference(
+    c: &Case,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    mask: &[bool],
+    g: &[f64],
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (b, hq, hk, s, d) = (c.batch, c.q_heads, c.kv_heads, c.seq, c.head_dim);
+    let scale = (d as f64).powf(-0.5);
+    let qi = |bi: usize, h: usize, i: usize| ((bi * hq + h) * s + i) * d;
+    let ki = |bi: usize, h: usize, j: usize| ((bi * hk + h) * s + j) * d;
+    let mut out = vec![0.0; q.len()];
+    let (mut gq, mut gk, mut gv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    for bi in 0..b {
+        for h in 0..hq {
+            let kh = h / (hq / hk);
+            for i in 0..s {
+                let (qo, go) = (qi(bi, h, i), qi(bi, h, i));
+                let scores: Vec<f64> = (0..s)
+                    .map(|j| {
+                        if mask[i * s + j] {
+                            f64::NEG_INFINITY
+                        } else {
+                            let ko = ki(bi, kh, j);
+                            scale * (0..d).map(|e| q[qo + e] * k[ko + e]).sum::<f64>()
+                        }
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let exp: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                let sum: f64 = exp.iter().sum();
+                let p: Vec<f64> = exp.iter().map(|x| x / sum).collect();
+                let dp: Vec<f64> = (0..s)
+                    .map(|j| {
+                        let vo = ki(bi, kh, j);
+                        (0..d).map(|e| g[go + e] * v[vo + e]).sum()
+                    })
+                    .collect();
+                let dot: f64 = (0..s).map(|j| p[j] * dp[j]).sum();
+                for j in 0..s {
+                    let vo = ki(bi, kh, j);
+                    let ds = p[j] * (dp[j] - dot);
+                    for e in 0..d {
+                        out[qo + e] += p[j] * v[vo + e];
+                        gv[vo + e] += p[j] * g[go + e];
+                        gq[qo + e] += scale * ds * k[vo + e];
+                        gk[vo + e] += scale * ds * q[qo + e];
+                    }
+                }
+            }
+        }
+    }
+    (out, gq, gk, gv)
+}
+
+/// transformers' eager attention from stock Burn ops (k and v repeated per query head,
+/// scores in the input dtype, masked softmax in f32), differentiated by Burn's autodiff.
+fn eager<B: FusedOps>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: Tensor<B, 2, Bool>,
+) -> Tensor<B, 4> {
+    let [b, hq, s, d] = q.dims();
+    let hk = k.dims()[1];
+    let repeat = |x: Tensor<B, 4>| {
+        x.unsqueeze_dim::<5>(2)
+            .expand([b, hk, hq / hk, s, d])
+            .reshape([b, hq, s, d])
+    };
+    let dtype = q.dtype();
+    let scores = q
+        .matmul(repeat(k).swap_dims(2, 3))
+        .mul_scalar((d as f64).powf(-0.5));
+    let mask = mask.unsqueeze::<4>().expand([b, hq, s, s]);
+    let scores = scores.cast(DType::F32).mask_fill(mask, f32::NEG_INFINITY);
+    softmax(scores, 3).cast(dtype).matmul(repeat(v))
+}
+
+/// Output and gradients of q, k, v of `sum(attend(q, k, v) · g)` on `Autodiff<B>`.
+fn run<B: FusedOps>(
+    inputs: [&Tensor<B, 4>; 3],
+    mask: &Tensor<B, 2, Bool>,
+    g: &Tensor<B, 4>,
+    attend: impl Fn(
+        Tensor<Autodiff<B>, 4>,
+        Tensor<Autodiff<B>, 4>,
+        Tensor<Autodiff<B>, 4>,
+        Tensor<Autodiff<B>, 2, Bool>,
+    ) -> Tensor<Autodiff<B>, 4>,
+) -> [Vec<f64>; 4] {
+    let [q, k, v] = inputs.map(|t| Tensor::<Autodiff<B>, 4>::from_inner(t.clone()).require_grad());
+    let out = attend(
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        Tensor::from_inner(mask.clone()),
+    );
+    let grads = (out.clone() * Tensor::from_inner(g.clone()))
+        .sum()
+        .backward();
+    let grad = |t: &Tensor<Autodiff<B>, 4>| values(t.grad(&grads).expect("a gradient"));
+    [values(out.inner()), grad(&q), grad(&k), grad(&v)]
+}
+
+#[test]
+fn attention_matches_the_f64_reference_and_stock_eager_attention() {
+    struct T(Rng);
+    impl BackendVisitor for T {
+        fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+            for dtype in dtypes::<B>(device) {
+                // f32: rounding of the f32 softmax and products; half: scores and
+                // probabilities rounded to 11 (8) significant bits, as eager attention.
+                let (to_reference, to_eager) = match dtype {
+                    DType::F32 => (2e-5, 2e-5),
+                    DType::F16 => (1e-2, 5e-3),
+                    _ => (4e-2, 2e-2),
+                };
+                for c in cases() {
+                    let _b = Blocks::set(c.block);
+                    let rng = &mut self.0;
+                    let (b, hq, hk, s, d) = (c.batch, c.q_heads, c.kv_heads, c.seq, c.head_dim);
+                    let mut random = |h: usize, lo: f64, hi: f64| {
+                        Tensor::<B, 4>::from_data(
+                            TensorData::new(rng.vec(b * h * s * d, lo, hi, 0.0), [b, h, s, d]),
+                            device,
+                        )
+                        .cast(dtype)
+                    };
+                    let (q, k, v) = (
+                        random(hq, -2.0, 2.0),
+                        random(hk, -2.0, 2.0),
+                        random(hk, -1.0, 1.0),
+                    );
+                    // Upstream gradient away from 1 (and from 0).
+                    let g = random(hq, 0.5, 1.5);
+                    let mask_v = mask_values(&c, rng);
+                    let mask = Tensor::<B, 2, Bool>::from_data(
+                        TensorData::new(mask_v.clone(), [s, s]),
+                        device,
+                    );
+                    let options = AttentionOptions {
+                        scale: (d as f64).powf(-0.5),
+                        causal: !c.bidirectional,
+                        window: c.window,
+                    };
+                    // The mask given as a tensor, and (causal cases) built from positions.
+                    let given = run::<B>([&q, &k, &v], &mask, &g, |q, k, v, m| {
+                        attention(q, k, v, Some(m), options)
+                    });
+                    let built = (!c.bidirectional).then(|| {
+                        run::<B>([&q, &k, &v], &mask, &g, |q, k, v, _| {
+                            attention(q, k, v, None, options)
+                        })
+                    });
+                    let stock = run::<B>([&q, &k, &v], &mask, &g, eager);
+                    let expected = reference(
+                        &c,
+                        &values(q.clone()),
+                        &values(k.clone()),
+                        &values(v.clone()),
+                        &mask_v,
+                        &values(g.clone()),
+                    );
+                    let expected = [expected.0, expected.1, expected.2, expected.3];
+                    let blocks = s.div_ceil(block_rows(b, hq, s));
+                    let what = format!("{c:?} {dtype:?} ({blocks} blocks)");
+                    for (mask_kind, ours) in [("mask given", Some(given)), ("mask built", built)] {
+                        let Some(ours) = ours else { continue };
+                        let what = format!("{what} {mask_kind}");
+                        for (i, name) in ["output", "grad_q", "grad_k", "grad_v"]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            check(
+                                label,
+                                &format!("{what} vs f64"),
+                                compare_normwise(name, &ours[i], &expected[i], to_reference),
+                            );
+                            check(
+                                label,
+                                &format!("{what} vs eager"),
+                                compare_normwise(name, &ours[i], &stock[i], to_eager),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let _guard = lock();
+    for_each_backend(&mut T(Rng::from_env()));
+}
+
+#[test]
+fn blocks_cover_the_queries_within_the_score_budget() {
+    let _guard = lock();
+    // Default budget 2^27 scores: Llama-3.2-1B (32 heads) at 1K is one block; at 32K,
+    // 128 rows (a multiple of 64) per block.
+    assert_eq!(block_rows(1, 32, 1024), 1024);
+    assert_eq!(block_rows(1, 32, 32768), 128);
+    for (b, h, s) in [(1, 32, 4096), (2, 12, 16384), (1, 28, 100_000), (3, 7, 777)] {
+        let rows = block_rows(b, h, s);
+        assert!(rows >= 1 && rows <= s, "{b} {h} {s}: {rows}");
+        assert!(
+            b * h * rows * s <= 1 << 27 || rows == 1,
+            "{b} {h} {s}: {rows}"
+        );
+    }
+    let _b = Blocks::set(Some(10));
+    assert_eq!(block_rows(1, 2, 4), 1);
+}
+
+#[test]
+fn bad_attention_input_names_the_op_and_the_shapes() {
+    struct T;
+    impl BackendVisitor for T {
+        fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+            let t = |dims: [usize; 4]| Tensor::<B, 4>::ones(dims, device);
+            let mask = |s: usize| Tensor::<B, 2, Bool>::empty([s, s], device);
+            let options = AttentionOptions::causal(8);
+            // q, k, v dims, the mask's side, k's dtype.
+            let attend = |q: [usize; 4], k: [usize; 4], v: [usize; 4], s: usize, k_dtype: DType| {
+                attention(t(q), t(k).cast(k_dtype), t(v), Some(mask(s)), options);
+            };
+            let f32 = DType::F32;
+            let cases: Vec<(&str, Box<dyn Fn()>, Vec<&str>)> = vec![
+                (
+                    "heads not a multiple",
+                    Box::new(|| attend([1, 3, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 4, f32)),
+                    vec!["attention", "multiple", "[1, 3, 4, 8]", "[1, 2, 4, 8]"],
+                ),
+                (
+                    "head_dim mismatch",
+                    Box::new(|| attend([1, 2, 4, 8], [1, 2, 4, 6], [1, 2, 4, 6], 4, f32)),
+                    vec!["attention", "head_dim", "[1, 2, 4, 6]"],
+                ),
+                (
+                    "k and v differ",
+                    Box::new(|| attend([1, 2, 4, 8], [1, 2, 4, 8], [1, 1, 4, 8], 4, f32)),
+                    vec!["attention", "k and v", "[1, 1, 4, 8]"],
+                ),
+                (
+                    "mask shape",
+                    Box::new(|| attend([1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 5, f32)),
+                    vec!["attention", "mask", "[5, 5]", "[4, 4]"],
+                ),
+                (
+                    "dtype mismatch",
+                    Box::new(|| attend([1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 4, DType::F16)),
+                    vec!["attention", "dtype", "F16", "F32"],
+                ),
+                (
+                    "empty",
+                    Box::new(|| attend([1, 2, 0, 8], [1, 2, 0, 8], [1, 2, 0, 8], 0, f32)),
+                    vec!["attention", "empty", "[1, 2, 0, 8]"],
+                ),
+            ];
+            for (what, call, parts) in cases {
+                if what == "dtype mismatch" && !B::supports_dtype(device, DType::F16) {
+                    continue;
+                }
+                let msg = panic_message(call);
+                assert_mentions(&format!("{label} {what}"), &msg, &parts);
+            }
+        }
+    }
+    let _guard = lock();
+    for_each_backend(&mut T);
+}

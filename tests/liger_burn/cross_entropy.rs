@@ -1,0 +1,634 @@
+//! cross_entropy: loss, z-loss and the logits gradient against the f64 reference on every
+//! backend of the test device (both reduction paths, every dtype it has), module parity
+//! with `burn::nn::loss::CrossEntropyLoss`, the all-ignored batch and bad input.
+
+use liger_verify::conformance::Op;
+
+#[test]
+fn cross_entropy_matches_reference() {
+    liger_tests::check_op(Op::CrossEntropy);
+}
+
+#[test]
+fn cross_entropy_smoothing_weights_matches_reference() {
+    liger_tests::check_op(Op::CrossEntropySmoothWeighted);
+}
+
+#[test]
+fn cross_entropy_z_loss_softcap_matches_reference() {
+    liger_tests::check_op(Op::CrossEntropyZLossSoftcap);
+}
+
+#[test]
+fn cross_entropy_reduction_none_matches_reference() {
+    liger_tests::check_op(Op::CrossEntropyNone);
+}
+
+#[test]
+fn cross_entropy_sum_ignore_index_matches_reference() {
+    liger_tests::check_op(Op::CrossEntropySum);
+}
+
+use burn::backend::Autodiff;
+use burn::tensor::activation::softmax;
+use burn::tensor::{DType, Shape, Tensor};
+use liger_burn::functional;
+use liger_burn::ops::validate;
+use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction};
+use liger_cubecl_kernels::counters::{self, Kernel};
+use liger_tests::BackendVisitor;
+use liger_tests::errors::{assert_mentions, panic_message};
+use liger_tests::tensors::{check, floats, ints, scaled, values};
+use liger_verify::conformance::cross_entropy::reference;
+use liger_verify::conformance::{Rng, Tolerance, compare};
+
+const N: usize = 23;
+const V: usize = 37;
+
+fn f64s(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| f64::from(x)).collect()
+}
+
+/// `liger_burn::nn::CrossEntropyLoss` gives the same loss and logits gradient as
+/// `burn::nn::loss::CrossEntropyLoss` for every configuration Burn has: pad tokens (several),
+/// weights, smoothing, their combinations and probability inputs.
+struct ModuleParity {
+    rng: Rng,
+}
+
+impl BackendVisitor for ModuleParity {
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        type A<B> = Autodiff<B>;
+        let rng = &mut self.rng;
+        let x = rng.vec(N * V, -3.0, 3.0, 0.0);
+        // Pad tokens 0 and 5 appear on purpose.
+        let targets: Vec<i64> = (0..N)
+            .map(|i| match i % 7 {
+                0 => 0,
+                3 => 5,
+                _ => rng.below(V) as i64,
+            })
+            .collect();
+        let weights = rng.vec(V, 0.5, 2.0, 0.0);
+        let g = rng.vec(1, 0.5, 1.5, 0.0)[0];
+        type Stock = burn::nn::loss::CrossEntropyLossConfig;
+        type Fused = liger_burn::nn::CrossEntropyLossConfig;
+        let pads = Some(vec![0usize, 5]);
+        let cases: Vec<(&str, Stock, Fused)> = vec![
+            ("default", Stock::new(), Fused::new()),
+            (
+                "pads",
+                Stock::new().with_pad_tokens(pads.clone()),
+                Fused::new().with_pad_tokens(pads.clone()),
+            ),
+            (
+                "weights",
+                Stock::new().with_weights(Some(weights.clone())),
+                Fused::new().with_weights(Some(weights.clone())),
+            ),
+            (
+                "smoothing",
+                Stock::new().with_smoothing(Some(0.1)),
+                Fused::new().with_smoothing(Some(0.1)),
+            ),
+            (
+                "pads+weights",
+                Stock::new()
+                    .with_pad_tokens(pads.clone())
+                    .with_weights(Some(weights.clone())),
+                Fused::new()
+                    .with_pad_tokens(pads.clone())
+                    .with_weights(Some(weights.clone())),
+            ),
+            (
+                "pads+smoothing",
+                Stock::new()
+                    .with_pad_tokens(pads.clone())
+                    .with_smoothing(Some(0.2)),
+                Fused::new()
+                    .with_pad_tokens(pads.clone())
+                    .with_smoothing(Some(0.2)),
+            ),
+            (
+                "pads+weights+smoothing",
+                Stock::new()
+                    .with_pad_tokens(pads.clone())
+                    .with_weights(Some(weights.clone()))
+                    .with_smoothing(Some(0.1)),
+                Fused::new()
+                    .with_pad_tokens(pads.clone())
+                    .with_weights(Some(weights.clone()))
+                    .with_smoothing(Some(0.1)),
+            ),
+            (
+                "probabilities",
+                Stock::new()
+                    .with_logits(false)
+                    .with_pad_tokens(pads.clone()),
+                Fused::new()
+                    .with_logits(false)
+                    .with_pad_tokens(pads.clone()),
+            ),
+        ];
+        let tol = Tolerance::for_dtype(DType::F32);
+        for (case, stock, fused) in cases {
+            let probabilities = !stock.logits;
+            let run = |loss_fn: &dyn Fn(Tensor<A<B>, 2>) -> Tensor<A<B>, 1>| {
+                let x = floats::<A<B>, 2>(&x, [N, V], device).require_grad();
+                let input = if probabilities {
+                    softmax(x.clone(), 1)
+                } else {
+                    x.clone()
+                };
+                let loss = loss_fn(input);
+                let grads = (loss.clone() * g).backward();
+                (values(loss.inner()), values(x.grad(&grads).unwrap()))
+            };
+            let stock = stock.init::<A<B>>(device);
+            let fused = fused.init::<A<B>>(device);
+            let t = ints::<A<B>>(&targets, device);
+            let (stock_loss, stock_grad) = run(&|x| stock.forward(x, t.clone()));
+            let (fused_loss, fused_grad) = run(&|x| fused.forward(x, t.clone()));
+            check(label, case, compare("loss", &fused_loss, &stock_loss, tol));
+            let k = (N * V) as f64;
+            check(
+                label,
+                case,
+                compare(
+                    "grad_logits (x N V)",
+                    &scaled(&fused_grad, k),
+                    &scaled(&stock_grad, k),
+                    tol,
+                ),
+            );
+        }
+    }
+}
+
+#[test]
+fn module_matches_burn_cross_entropy_loss() {
+    let _guard = liger_tests::lock();
+    liger_tests::for_each_backend(&mut ModuleParity {
+        rng: Rng::from_env(),
+    });
+}
+
+/// Special cases on every backend: an all-ignored batch, the free backward (upstream
+/// gradient exactly 1), logits still held by the caller are not overwritten, the primitive
+/// without autodiff, and out-of-range targets without the check.
+struct SpecialCases {
+    rng: Rng,
+}
+
+impl BackendVisitor for SpecialCases {
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        type A<B> = Autodiff<B>;
+        let tol = Tolerance::for_dtype(DType::F32);
+        let rng = &mut self.rng;
+        let x = rng.vec(N * V, -3.0, 3.0, 0.0);
+        let xr = f64s(&x);
+        let mut targets: Vec<i64> = (0..N).map(|_| rng.below(V) as i64).collect();
+        targets[2] = -100;
+        targets[7] = -100;
+
+        // All ignored: loss 0 and zero gradients for every reduction (PyTorch's mean is NaN).
+        for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+            let xt = floats::<A<B>, 2>(&x, [N, V], device).require_grad();
+            let t = ints::<A<B>>(&[-100; N], device);
+            let opts = CrossEntropyOptions::default()
+                .with_reduction(reduction)
+                .with_lse_square_scale(1e-2)
+                .with_return_z_loss(true);
+            let out = functional::cross_entropy(xt.clone(), t, None, opts);
+            let loss = values(out.loss.clone().inner());
+            assert!(
+                loss.iter().all(|v| *v == 0.0),
+                "{label} all-ignored {reduction:?}: loss {loss:?}"
+            );
+            let z = values(out.z_loss.unwrap().inner());
+            assert!(z.iter().all(|v| *v == 0.0), "{label}: z-loss {z:?}");
+            let grads = out.loss.sum().backward();
+            let grad = values(xt.grad(&grads).unwrap());
+            assert!(
+                grad.iter().all(|v| *v == 0.0),
+                "{label} all-ignored {reduction:?}: gradient not all zero"
+            );
+        }
+        // The same through the module with only pad tokens (Burn's mean: 0 / N = 0).
+        let module = liger_burn::nn::CrossEntropyLossConfig::new()
+            .with_pad_tokens(Some(vec![4]))
+            .init::<A<B>>(device);
+        let xt = floats::<A<B>, 2>(&x, [N, V], device).require_grad();
+        let loss = module.forward(xt.clone(), ints::<A<B>>(&[4; N], device));
+        assert_eq!(values(loss.clone().inner()), vec![0.0], "{label}: all pads");
+
+        // Free backward: `loss.backward()` (mean) and `loss.sum().backward()` (none).
+        for reduction in [Reduction::Mean, Reduction::None] {
+            let opts = CrossEntropyOptions::default()
+                .with_reduction(reduction)
+                .with_label_smoothing(0.1);
+            let expected = reference(&xr, V, &targets, None, &opts);
+            let xt = floats::<A<B>, 2>(&x, [N, V], device).require_grad();
+            let out = functional::cross_entropy(xt.clone(), ints(&targets, device), None, opts);
+            let grads = match reduction {
+                Reduction::None => out.loss.sum().backward(),
+                _ => out.loss.backward(),
+            };
+            let per_row = match reduction {
+                Reduction::Mean => 1.0 / expected.weight_total,
+                _ => 1.0,
+            };
+            let k = V as f64 / per_row;
+            check(
+                label,
+                "free backward",
+                compare(
+                    "grad_logits",
+                    &scaled(&values(xt.grad(&grads).unwrap()), k),
+                    &scaled(&expected.grad, V as f64),
+                    tol,
+                ),
+            );
+        }
+
+        // Logits the caller still holds are never overwritten by the in-place gradient.
+        {
+            let xt = floats::<A<B>, 2>(&x, [N, V], device).require_grad();
+            let kept = xt.clone();
+            let out = functional::cross_entropy(
+                xt.clone(),
+                ints(&targets, device),
+                None,
+                Default::default(),
+            );
+            let _ = out.loss.backward();
+            assert_eq!(
+                values(kept.inner()),
+                f64s(&x),
+                "{label}: held logits were modified"
+            );
+            let plain = floats::<B, 2>(&x, [N, V], device);
+            let kept = plain.clone();
+            let _ =
+                functional::cross_entropy(plain, ints(&targets, device), None, Default::default());
+            assert_eq!(values(kept), f64s(&x), "{label}: held logits were modified");
+        }
+
+        // The primitive on the plain backend: loss rows and `grad_scale · ∂Σloss/∂x`, the
+        // gradient possibly in place over the (unshared) logits.
+        {
+            let opts = CrossEntropyOptions::default()
+                .with_lse_square_scale(1e-3)
+                .with_softcap(Some(2.5))
+                .with_return_z_loss(true);
+            let weights = rng.vec(V, 0.5, 2.0, 0.0);
+            let expected = reference(&xr, V, &targets, Some(&f64s(&weights)), &opts);
+            let rows = B::fused_cross_entropy(
+                floats::<B, 2>(&x, [N, V], device).into_primitive().tensor(),
+                ints::<B>(&targets, device).into_primitive(),
+                Some(
+                    floats::<B, 1>(&weights, [V], device)
+                        .into_primitive()
+                        .tensor(),
+                ),
+                Some(
+                    floats::<B, 1>(&[0.25], [1], device)
+                        .into_primitive()
+                        .tensor(),
+                ),
+                opts,
+            );
+            let wrap2 = |t| Tensor::<B, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(t));
+            let wrap1 = |t| Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(t));
+            check(
+                label,
+                "primitive",
+                compare("loss", &values(wrap1(rows.loss)), &expected.loss, tol),
+            );
+            check(
+                label,
+                "primitive",
+                compare(
+                    "z_loss",
+                    &values(wrap1(rows.z_loss.unwrap())),
+                    &expected.z_loss,
+                    tol,
+                ),
+            );
+            check(
+                label,
+                "primitive",
+                compare(
+                    "grad_logits (x V/0.25)",
+                    &scaled(&values(wrap2(rows.grad_logits.unwrap())), V as f64 / 0.25),
+                    &scaled(&expected.grad, V as f64),
+                    tol,
+                ),
+            );
+        }
+
+        // Without the target check, out-of-range targets behave like ignored rows.
+        {
+            let mut bad = targets.clone();
+            bad[1] = V as i64 + 3;
+            bad[4] = -7;
+            let opts = CrossEntropyOptions::default().with_check_targets(false);
+            let expected = reference(&xr, V, &bad, None, &opts);
+            let xt = floats::<A<B>, 2>(&x, [N, V], device).require_grad();
+            let out = functional::cross_entropy(xt.clone(), ints(&bad, device), None, opts);
+            let grads = out.loss.clone().backward();
+            let mean = expected.loss.iter().sum::<f64>() / expected.weight_total;
+            check(
+                label,
+                "unchecked targets",
+                compare("loss", &values(out.loss.inner()), &[mean], tol),
+            );
+            let k = V as f64 * expected.weight_total;
+            check(
+                label,
+                "unchecked targets",
+                compare(
+                    "grad_logits",
+                    &scaled(&values(xt.grad(&grads).unwrap()), k),
+                    &scaled(&expected.grad, V as f64),
+                    tol,
+                ),
+            );
+        }
+        eprintln!("{label}: special cases ok");
+    }
+}
+
+#[test]
+fn all_ignored_free_backward_in_place_and_unchecked_targets() {
+    let _guard = liger_tests::lock();
+    liger_tests::for_each_backend(&mut SpecialCases {
+        rng: Rng::from_env(),
+    });
+}
+
+struct BadInputs;
+
+impl BackendVisitor for BadInputs {
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        let logits = || floats::<B, 2>(&[0.5; 40], [4, 10], device);
+        let ce = |logits, targets: &[i64], weight: Option<Tensor<B, 1>>, opts| {
+            let t = ints::<B>(targets, device);
+            let _ = functional::cross_entropy(logits, t, weight, opts);
+        };
+        let opts = CrossEntropyOptions::default();
+        let msg = panic_message(|| ce(logits(), &[0, 3, 12, 1], None, opts));
+        assert_mentions(label, &msg, &["cross_entropy", "target 12", "[0, 10)"]);
+        let msg = panic_message(|| ce(logits(), &[0, -5, 2, 1], None, opts));
+        assert_mentions(label, &msg, &["cross_entropy", "target -5", "[0, 10)"]);
+        // A custom ignore_index: -100 is then out of range.
+        let msg = panic_message(|| ce(logits(), &[0, -100, 2, 1], None, opts.with_ignore_index(3)));
+        assert_mentions(label, &msg, &["cross_entropy", "-100", "ignore_index 3"]);
+        let msg = panic_message(|| ce(logits(), &[0, 1, 2], None, opts));
+        assert_mentions(label, &msg, &["cross_entropy", "targets", "[3]", "[4, 10]"]);
+        let w = floats::<B, 1>(&[1.0; 9], [9], device);
+        let msg = panic_message(|| ce(logits(), &[0, 1, 2, 3], Some(w), opts));
+        assert_mentions(
+            label,
+            &msg,
+            &["cross_entropy", "class_weight", "[9]", "[4, 10]"],
+        );
+        let empty = Tensor::<B, 2>::empty([0, 10], device);
+        let msg = panic_message(|| ce(empty, &[], None, opts));
+        assert_mentions(label, &msg, &["cross_entropy", "empty", "[0, 10]"]);
+        let msg = panic_message(|| {
+            ce(
+                logits(),
+                &[0, 1, 2, 3],
+                None,
+                opts.with_label_smoothing(1.5),
+            )
+        });
+        assert_mentions(label, &msg, &["cross_entropy", "label_smoothing", "1.5"]);
+        let msg = panic_message(|| ce(logits(), &[0, 1, 2, 3], None, opts.with_softcap(Some(0.0))));
+        assert_mentions(label, &msg, &["cross_entropy", "softcap"]);
+        // The primitive checks its inputs too.
+        let msg = panic_message(|| {
+            let _ = B::fused_cross_entropy(
+                logits().into_primitive().tensor(),
+                ints::<B>(&[0, 1], device).into_primitive(),
+                None,
+                None,
+                opts,
+            );
+        });
+        assert_mentions(label, &msg, &["cross_entropy", "[2]", "[4, 10]"]);
+        // The backward primitive: an incoming gradient or a scale of the wrong length.
+        let backward = |rows: usize, scale: usize| {
+            panic_message(|| {
+                let _ = B::fused_cross_entropy_backward(
+                    logits().into_primitive().tensor(),
+                    floats::<B, 1>(&vec![1.0; rows], [rows], device)
+                        .into_primitive()
+                        .tensor(),
+                    floats::<B, 1>(&vec![1.0; scale], [scale], device)
+                        .into_primitive()
+                        .tensor(),
+                );
+            })
+        };
+        let msg = backward(3, 1);
+        assert_mentions(
+            label,
+            &msg,
+            &["cross_entropy_backward", "[4]", "[3]", "[4, 10]"],
+        );
+        let msg = backward(4, 2);
+        assert_mentions(
+            label,
+            &msg,
+            &["cross_entropy_backward", "grad_scale", "[2]"],
+        );
+        eprintln!("{label}: bad inputs rejected");
+    }
+}
+
+#[test]
+fn bad_inputs_are_rejected_with_clear_errors() {
+    let _guard = liger_tests::lock();
+    liger_tests::for_each_backend(&mut BadInputs);
+}
+
+#[test]
+fn dtype_checks_name_op_shape_and_dtype() {
+    let opts = CrossEntropyOptions::default();
+    let inputs = |logits: DType, targets: DType, kernel| validate::CrossEntropyInputs {
+        op: "cross_entropy",
+        logits: (Shape::new([4, 10]), logits),
+        targets: (Shape::new([4]), targets),
+        class_weight: None,
+        grad_scale: None,
+        kernel_dtypes: kernel,
+    };
+    // Non-integer targets.
+    let err = validate::cross_entropy(&inputs(DType::F32, DType::F32, true), &opts).unwrap_err();
+    assert_mentions(
+        "validate",
+        &err.0,
+        &["cross_entropy", "integer", "F32", "[4]"],
+    );
+    // Logits the kernels do not read (the fallback composes stock ops: f64 is fine there).
+    let err = validate::cross_entropy(&inputs(DType::F64, DType::I32, true), &opts).unwrap_err();
+    assert_mentions(
+        "validate",
+        &err.0,
+        &["cross_entropy", "unsupported dtype F64", "[4, 10]"],
+    );
+    assert!(validate::cross_entropy(&inputs(DType::F64, DType::I64, false), &opts).is_ok());
+    // Integer logits.
+    let err = validate::cross_entropy(&inputs(DType::I32, DType::I32, false), &opts).unwrap_err();
+    assert_mentions("validate", &err.0, &["cross_entropy", "float", "I32"]);
+    // The kernel reads i32/i64 targets only (the CubeCL layer widens others to i32).
+    use burn_cubecl::cubecl::ir::{ElemType, IntKind, StorageType};
+    let i16 = StorageType::Scalar(ElemType::Int(IntKind::I16));
+    let err =
+        liger_cubecl_kernels::cross_entropy::check_target_dtype("cross_entropy", i16).unwrap_err();
+    assert!(err.to_string().contains("cross_entropy"), "{err}");
+}
+
+/// `fused_cross_entropy_backward` on its own, against `G · r / s` in f64: a random stored
+/// gradient (never zero), incoming per-row gradients of which every third equals the scale
+/// (those rows must come back bit for bit) and the others do not, a zero scale on one row,
+/// and a scalar scale. A gradient the caller still holds must stay as it was in the
+/// caller's copy (the kernel writes in place only over a buffer nobody else holds); on
+/// CubeCL backends the unshared one goes through the kernel.
+struct BackwardRescale {
+    rng: Rng,
+}
+
+impl BackendVisitor for BackwardRescale {
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        let fused = !label.starts_with("ndarray");
+        let prim2 = |t: Tensor<B, 2>| t.into_primitive().tensor();
+        let prim1 = |t: Tensor<B, 1>| t.into_primitive().tensor();
+        let wrap = |t| Tensor::<B, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(t));
+        for dtype in liger_tests::dtypes::<B>(device) {
+            for (per_row, held) in [(true, false), (false, false), (true, true)] {
+                let rng = &mut self.rng;
+                let stored = floats::<B, 2>(&rng.vec(N * V, 0.1, 1.0, 0.0), [N, V], device)
+                    .mul_scalar(-1.0)
+                    .cast(dtype);
+                let stored_values = values(stored.clone());
+                let s: Vec<f32> = if per_row {
+                    (0..N)
+                        .map(|i| {
+                            if i == 4 {
+                                0.0
+                            } else {
+                                0.25 + rng.uniform() as f32
+                            }
+                        })
+                        .collect()
+                } else {
+                    vec![0.37]
+                };
+                let s_of = |i: usize| s[if per_row { i } else { 0 }];
+                let r: Vec<f32> = (0..N)
+                    .map(|i| {
+                        if i % 3 == 0 {
+                            s_of(i)
+                        } else {
+                            0.5 + rng.uniform() as f32
+                        }
+                    })
+                    .collect();
+                let expected: Vec<f64> = (0..N * V)
+                    .map(|k| {
+                        let (i, c) = (k / V, k % V);
+                        let (ri, si) = (f64::from(r[i]), f64::from(s_of(i)));
+                        let factor = if r[i] == s_of(i) {
+                            1.0
+                        } else if si == 0.0 {
+                            0.0
+                        } else {
+                            ri / si
+                        };
+                        stored_values[i * V + c] * factor
+                    })
+                    .collect();
+                let before = counters::get(Kernel::cross_entropy_backward);
+                let keep = held.then(|| stored.clone());
+                let out = values(wrap(B::fused_cross_entropy_backward(
+                    prim2(stored),
+                    prim1(floats::<B, 1>(&r, [N], device)),
+                    prim1(floats::<B, 1>(&s, [s.len()], device)),
+                )));
+                let case = format!("{dtype:?} per_row {per_row} held {held}");
+                check(
+                    label,
+                    &case,
+                    compare("grad_logits", &out, &expected, Tolerance::for_dtype(dtype)),
+                );
+                for i in (0..N).step_by(3) {
+                    assert_eq!(
+                        out[i * V..(i + 1) * V],
+                        stored_values[i * V..(i + 1) * V],
+                        "{label} {case}: row {i} (incoming gradient = scale) changed"
+                    );
+                }
+                if let Some(keep) = keep {
+                    assert_eq!(
+                        values(keep),
+                        stored_values,
+                        "{label} {case}: the caller's copy of the gradient changed"
+                    );
+                }
+                let ran = counters::get(Kernel::cross_entropy_backward) > before;
+                assert_eq!(
+                    ran,
+                    fused && !held,
+                    "{label} {case}: the backward kernel ran: {ran}"
+                );
+            }
+        }
+        eprintln!("{label}: backward rescale ok");
+    }
+}
+
+#[test]
+fn backward_rescales_rows_on_the_device() {
+    let _guard = liger_tests::lock();
+    liger_tests::for_each_backend(&mut BackwardRescale {
+        rng: Rng::from_env(),
+    });
+}
+
+/// Non-integer targets handed to the CubeCL primitive directly (its int and float tensors
+/// share a type, so nothing but the check stops them).
+#[cfg(any(feature = "vulkan", feature = "wgpu"))]
+#[test]
+fn cube_primitive_rejects_float_targets() {
+    use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
+    type Plain = burn_cubecl::CubeBackend<WgpuRuntime, f32, i32, u32>;
+    if liger_tests::device_name() == "ndarray" {
+        return;
+    }
+    let _guard = liger_tests::lock();
+    let device = WgpuDevice::Cpu;
+    let msg = panic_message(|| {
+        let logits = floats::<Plain, 2>(&[0.5; 40], [4, 10], &device);
+        let targets = floats::<Plain, 1>(&[1.0; 4], [4], &device);
+        let _ = Plain::fused_cross_entropy(
+            logits.into_primitive().tensor(),
+            targets.into_primitive().tensor(),
+            None,
+            None,
+            CrossEntropyOptions::default(),
+        );
+    });
+    assert_mentions("cube", &msg, &["cross_entropy", "integer", "F32", "[4]"]);
+}
+
+/// The full (non-quick) sweep of every cross-entropy variant: vocabularies up to 262,144
+/// and 65,536 rows. Too slow for CI on a software rasterizer; run it on a real device with
+/// `cargo test -p liger-tests --test cross_entropy -- --ignored`.
+#[test]
+#[ignore = "full sweep (vocabularies up to 262,144): too slow on a software rasterizer; run on a GPU with --ignored"]
+fn cross_entropy_full_sweep() {
+    liger_tests::check_ops_full(Op::is_cross_entropy);
+}

@@ -1,0 +1,14 @@
+//! layer_norm: forward and every gradient against the f64 reference on every backend of the
+//! test device, both reduction paths, every dtype it has.
+
+use liger_verify::conformance::Op;
+
+#[test]
+fn layer_norm_matches_reference() {
+    liger_tests::check_op(Op::LayerNorm);
+}
+
+#[test]
+fn layer_norm_without_bias_matches_reference() {
+    liger_tests::check_op(Op::LayerNormNoBias);
+}

@@ -1,0 +1,45 @@
+//! SwiGLU `silu(gate) * up`: forward and both gradients against the f64 reference and stock Burn
+//! (`activation::silu(gate) * up`) on every backend of the test device and every dtype it has,
+//! under forced grid striding and split launches too; one-sided gradient tracking; bad
+//! input; the `SwiGluMlp` module (record layout, forward).
+
+use liger_burn::nn::{SwiGluMlp, SwiGluMlpConfig};
+use liger_tests::glu::{
+    check_bad_inputs, check_dtype_validation, check_op_with_elementwise_limits,
+    check_partial_tracking,
+};
+use liger_verify::conformance::Op;
+
+#[test]
+fn swiglu_matches_reference_and_burn() {
+    liger_tests::check_op(Op::SwiGlu);
+}
+
+#[test]
+fn swiglu_grid_strided_and_split_launches() {
+    check_op_with_elementwise_limits(Op::SwiGlu);
+}
+
+#[test]
+fn swiglu_one_input_tracked() {
+    check_partial_tracking(Op::SwiGlu);
+}
+
+#[test]
+fn swiglu_bad_inputs_are_rejected() {
+    check_bad_inputs(Op::SwiGlu);
+}
+
+#[test]
+fn swiglu_dtype_validation() {
+    check_dtype_validation(Op::SwiGlu);
+}
+
+// Record layout both ways against a struct of burn `Linear`s, and config defaults.
+liger_tests::glu_mlp_tests!(
+    SwiGluMlp,
+    SwiGluMlpConfig,
+    burn::tensor::activation::silu,
+    swiglu_mlp_loads_stock_record_and_matches,
+    swiglu_mlp_defaults_and_any_rank
+);

@@ -1,0 +1,5 @@
+//! Integration suite of liger-models: checkpoint loading and saving, parity with transformers, attention.
+
+mod attention;
+mod hf_parity;
+mod loading;

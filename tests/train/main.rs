@@ -1,0 +1,4 @@
+//! Integration suite of liger-train: SFT data, masking, batching, the training loop, checkpoints and resume.
+
+mod data;
+mod training;

@@ -1,0 +1,3 @@
+//! Integration suite of liger-verify: the convergence comparison of fused against stock training.
+
+mod convergence;

@@ -1,0 +1,295 @@
+//! The command-line arguments of the verification commands (`liger check`, `liger bench`,
+//! `liger converge`), shared by the `liger` binary and the runners in this crate.
+
+use crate::bench;
+use crate::converge;
+use crate::device::DeviceKind;
+use crate::dtype::DtypeArg;
+use clap::{Args, ValueEnum};
+
+/// `on` / `off`: every switch of the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
+impl OnOff {
+    /// Whether the switch is on.
+    pub fn on(self) -> bool {
+        self == OnOff::On
+    }
+}
+
+/// Which cross-unit reduction the kernels use (CubeCL devices only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReductionArg {
+    /// Plane (warp/subgroup) operations where the device has them, else shared memory.
+    Auto,
+    /// Plane operations (shared memory on devices without them).
+    Plane,
+    /// Shared-memory tree only.
+    Shared,
+    /// `check` only: the suite twice, plane path then shared-memory path.
+    Both,
+}
+
+impl ReductionArg {
+    /// The kernel paths this choice runs, in order.
+    pub fn paths(self) -> Vec<liger_cubecl_kernels::ReductionPath> {
+        use liger_cubecl_kernels::ReductionPath as P;
+        match self {
+            ReductionArg::Auto => vec![P::Auto],
+            ReductionArg::Plane => vec![P::Plane],
+            ReductionArg::Shared => vec![P::Shared],
+            ReductionArg::Both => vec![P::Plane, P::Shared],
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Element type of the inputs and outputs (accumulation is always f32).
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+    /// Only the ops whose name contains NAME (rms_norm, rms_norm_gemma,
+    /// fused_add_rms_norm, layer_norm, layer_norm_no_bias, softmax, log_softmax,
+    /// rope_rotate_half, rope_interleaved);
+    /// e.g. `rms_norm` selects the three RMSNorm variants. All ops when absent.
+    #[arg(long, value_name = "NAME")]
+    pub op: Option<String>,
+    /// Quick sweep (shapes a software rasterizer runs in seconds) instead of the full one.
+    #[arg(long)]
+    pub quick: bool,
+    /// Reduction path of the kernels; `both` runs the suite on the plane path, then on
+    /// the shared-memory path. Ignored on ndarray (no kernels).
+    #[arg(long, value_enum, default_value_t = ReductionArg::Auto)]
+    pub reduction: ReductionArg,
+    /// Seed of the random inputs; overrides LIGER_SEED. From the clock when neither is set.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Element type of inputs, outputs and weights (accumulation is always f32).
+    #[arg(long, value_enum, default_value_t = DtypeArg::Bf16)]
+    pub dtype: DtypeArg,
+    /// Ops to benchmark (comma list or repeated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
+    pub op: Vec<bench::BenchOp>,
+    /// Shapes (comma list or repeated), sizes joined by `x` and read per op: norms,
+    /// softmax, log_softmax, swiglu, geglu `ROWSxWIDTH` (leading dims multiply into rows,
+    /// e.g. 4x2048x4096); rope `BATCHxSEQxQ_HEADSxKV_HEADSxHEAD_DIM`; cross_entropy `NxV`;
+    /// fused_linear_cross_entropy `NxHxV`. Every shape is run for every selected op, so
+    /// pick ops of one form with it. Default per op: norms 8192x4096, softmax and
+    /// log_softmax 8192x32768, rope 4x2048x32x8x128, swiglu and geglu 8192x14336,
+    /// cross_entropy 8192x128256, fused_linear_cross_entropy 8192x4096x128256.
+    #[arg(long, value_delimiter = ',', value_name = "SHAPE")]
+    pub shape: Vec<bench::Shape>,
+    /// Untimed iterations before the samples (JIT compilation and autotune out of the numbers).
+    #[arg(long, default_value_t = 10)]
+    pub warmup: usize,
+    /// Iterations per timed sample (the sample is their mean).
+    #[arg(long, default_value_t = 50)]
+    pub iters: usize,
+    /// Timed samples; p50, p20 and p80 are taken over them.
+    #[arg(long, default_value_t = 10)]
+    pub repeats: usize,
+    /// Append one row per measurement to this CSV file (header written when it is created).
+    #[arg(long, value_name = "PATH")]
+    pub csv: Option<std::path::PathBuf>,
+    /// `gpu` column of the CSV. Default: the backend's name.
+    #[arg(long, value_name = "NAME", env = "LIGER_GPU_NAME")]
+    pub gpu: Option<String>,
+    /// `commit` column of the CSV. Default: the git commit this binary was built from.
+    #[arg(long, value_name = "HASH", env = "LIGER_COMMIT")]
+    pub commit: Option<String>,
+    /// Size of the copy that measures the bandwidth ceiling (`x + 1` on a tensor of this
+    /// many MiB: reads and writes it once). Capped at the device's largest allocation.
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    pub copy_mib: u64,
+    /// Outputs and gradients of up to this many GiB stay pending before the timing loop
+    /// synchronizes (at least one iteration's). One iteration per synchronization puts the
+    /// host's work for the next iteration (autodiff graph, fusion stream, launches) on the
+    /// clock with the GPU idle; more lets the host run ahead, as in a training loop that
+    /// does not read a value back every step. The `hold` CSV column records the count.
+    #[arg(long, default_value_t = 4, value_name = "GIB")]
+    pub hold_gib: usize,
+    /// Reduction path of the fused kernels.
+    #[arg(long, value_enum, default_value_t = ReductionArg::Auto)]
+    pub reduction: ReductionArg,
+    /// cross_entropy / fused_linear_cross_entropy (liger): validate the targets before the
+    /// kernel (`CrossEntropyOptions::check_targets`, on by default: one device-to-host read
+    /// per call). `off` measures what that check costs; the CSV config says which ran.
+    #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
+    pub check_targets: OnOff,
+    /// End-to-end training steps instead of single ops: for each --e2e-models model
+    /// (random weights), each --e2e-seq length and liger off / on, time
+    /// forward + loss + backward + AdamW step (synchronized) and read the peak pool memory;
+    /// print tokens/s, step time (p50), peak memory, the longest sequence each mode fits
+    /// and the on/off ratios. Each case runs in a child process of this binary, so an
+    /// out-of-memory abort or a hang is recorded (oom / error / timeout) and the run goes
+    /// on; once a mode fails at a length, its longer lengths are skipped. With --csv,
+    /// rows go to their own layout (model,seq,batch,liger,status,tokens_per_s,step_ms,
+    /// peak_mib,in_use_mib,config,gpu,commit,date): use another file than the op rows.
+    /// Uses --device, --dtype (bf16 by default; f32 on lavapipe), --reduction, --csv,
+    /// --gpu, --commit; ignores --op, --shape and the op timing flags.
+    #[arg(long)]
+    pub e2e: bool,
+    /// --e2e: models, comma list: llama3.2-1b, qwen2.5-1.5b (the 1B-class shapes),
+    /// tiny-llama, tiny-qwen3 (tiny models for a CPU check of the harness).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "llama3.2-1b,qwen2.5-1.5b",
+        value_name = "MODEL"
+    )]
+    pub e2e_models: Vec<bench::e2e::E2eModel>,
+    /// --e2e: sequence lengths (tokens per sequence), comma list, run in ascending order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1024,2048,4096,8192,16384",
+        value_name = "SEQ"
+    )]
+    pub e2e_seq: Vec<usize>,
+    /// --e2e: sequences per step (the same for every length).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub e2e_batch: usize,
+    /// --e2e: untimed steps first in each case (JIT compilation, autotune, pool growth).
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub e2e_warmup: usize,
+    /// --e2e: timed steps per case (tokens/s and step time from their median); one more
+    /// step after them reads the memory.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub e2e_steps: usize,
+    /// --e2e: seconds a case may take, model building and warmup included, before its
+    /// process is killed and the case recorded as `timeout`.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub e2e_timeout: u64,
+    /// --e2e: seconds for the whole run: no case starts once less than 30 s of it is
+    /// left (those cases are recorded as `skipped`), and a case's time limit is cut to
+    /// what is left, so the table and summary still print within an outer time limit.
+    /// Unlimited when absent.
+    #[arg(long, value_name = "SECONDS")]
+    pub e2e_budget: Option<u64>,
+    /// --e2e: decoder layers of every model instead of the preset's (e.g. to fit a time
+    /// limit; the per-layer shapes are kept).
+    #[arg(long, value_name = "N")]
+    pub e2e_layers: Option<usize>,
+    /// --e2e: the attention of the liger-on mode: `on` = liger-burn's attention, which
+    /// recomputes its probabilities in the backward (memory linear in the sequence); `off`
+    /// = eager attention as in the off mode, so that the two modes differ only in the fused
+    /// kernels. The off mode is always eager (stock Burn).
+    #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
+    pub e2e_liger_attention: OnOff,
+    /// Internal: run one --e2e case (MODEL:SEQ:BATCH:on|off) in this process and print
+    /// its result line.
+    #[arg(long, hide = true, value_name = "CASE")]
+    pub e2e_case: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ConvergeArgs {
+    /// Device to run on.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Dtype of the parameters and activations. Default tolerances: f32 = Liger-Kernel's
+    /// f32 ones (loss atol 1e-8 rtol 2e-5, parameters atol 5e-3 rtol 1e-5); bf16 and f16 =
+    /// its bf16 ones (loss atol 1e-3 rtol 1e-2, parameters atol 1e-2 rtol 1e-2). Note: on
+    /// CUDA, Burn runs f32 matmuls in TF32, where the fused linear cross entropy's chunked
+    /// matmuls and the stock full one round differently; widen with the flags below if
+    /// f32 there differs by ~1e-3.
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+    /// Mini models to train (comma list): llama, qwen2, qwen3, mistral.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "llama,qwen3",
+        value_name = "MODEL"
+    )]
+    pub models: Vec<converge::MiniModel>,
+    /// AdamW steps per run (one batch each; 4 distinct batches, cycled). The loss must
+    /// fall by 0.5 from the first pass over the batches to the last (32 steps at the
+    /// default lr do, with a margin; 8 do not).
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub steps: usize,
+    /// AdamW learning rate (constant; weight decay 0.01).
+    #[arg(long, default_value_t = 2e-3, value_name = "LR")]
+    pub lr: f64,
+    /// Seed of the initial parameters (drawn on the host, the same on every device) and
+    /// of the token batches.
+    #[arg(long, default_value_t = 42, value_name = "N")]
+    pub seed: u64,
+    /// Reduction path of liger's kernels in the `on` run (`both`: plane). Running the same
+    /// comparison on both paths shows how much of the on/off difference is summation order.
+    #[arg(long, value_enum, default_value_t = ReductionArg::Auto)]
+    pub reduction: ReductionArg,
+    /// Also train the stock path a second time with each batch's sequences in reverse
+    /// order: the same loss and gradients mathematically, summed in another order. Its
+    /// differences from the first stock run are the stock path's own rounding noise,
+    /// printed beside liger's. A parameter tensor with elements outside tolerance then
+    /// still agrees when liger's largest difference there is no larger than the control's
+    /// (the stock path differs from itself by as much); losses are never excused. Needs
+    /// --batch-size 2 or more.
+    #[arg(long)]
+    pub control: bool,
+    /// Like --control, but the second stock run starts with every parameter one unit in
+    /// the last place (of --dtype) away from the usual start, up or down at random, and
+    /// sums in the usual order: how far a rounding-sized difference alone carries two
+    /// stock runs apart over the steps.
+    #[arg(long)]
+    pub control_jitter: bool,
+    /// bf16/f16: also train the stock path in f32 from exactly the same (rounded) start,
+    /// and set both low-precision runs against it where they disagree. A parameter tensor
+    /// with elements outside tolerance then still agrees when, at those elements, liger's
+    /// run is no farther from the f32 run than the stock run is (the stock path's own
+    /// rounding is the larger error there); losses are never excused. Decides the verdict
+    /// when given (over --control).
+    #[arg(long)]
+    pub f32_reference: bool,
+    /// bf16/f16: compute every batch's gradients with liger on and off in the run's dtype
+    /// and with the stock path in f32, at the start and at liger off's final parameters,
+    /// and print each parameter's normwise gradient error against f32, pooled over the
+    /// batches (the output projection's rows of tokens no batch shows, whose gradient is
+    /// made of near-zero probabilities, apart). Liger's gradients fail where their error
+    /// exceeds max(1.5 x stock's, 2u), u the dtype's unit roundoff: a bias in a fused
+    /// gradient shows here before any optimizer step, and the same gradients with one
+    /// kernel switch at a time then say which kernel it comes from. Decides the verdict
+    /// when given (over --f32-reference and --control): parameter tensors out of tolerance
+    /// are excused only when every gradient passed at both points and their difference is
+    /// within 2 x lr x steps (AdamW's steps are about lr each: as far as two runs can drift
+    /// apart); losses are never excused.
+    #[arg(long)]
+    pub gradient_check: bool,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub batch_size: usize,
+    /// Tokens per sequence (the first 6 of each are a masked prompt).
+    #[arg(long, default_value_t = 48, value_name = "N")]
+    pub seq_len: usize,
+    /// Loss tolerance, absolute (default: the dtype's).
+    #[arg(long, value_name = "X")]
+    pub loss_atol: Option<f64>,
+    /// Loss tolerance, relative to the liger-off loss (default: the dtype's).
+    #[arg(long, value_name = "X")]
+    pub loss_rtol: Option<f64>,
+    /// Final-parameter tolerance per element, absolute (default: the dtype's).
+    #[arg(long, value_name = "X")]
+    pub param_atol: Option<f64>,
+    /// Final-parameter tolerance per element, relative (default: the dtype's).
+    #[arg(long, value_name = "X")]
+    pub param_rtol: Option<f64>,
+}

@@ -1,0 +1,905 @@
+//! `liger bench --e2e`: whole training steps of Llama-3.2-1B- and Qwen2.5-1.5B-shaped
+//! models (random weights) with liger on (`Liger<Autodiff<B>>`, `LigerConfig::all()`)
+//! and off (`Autodiff<B>`, `LigerConfig::none()`: stock Burn), over sequence lengths:
+//! tokens/s, step time and peak pool memory, and the longest sequence each mode fits.
+//!
+//! Every case (model × seq × mode) runs in a child process (this binary with the hidden
+//! `--e2e-case MODEL:SEQ:BATCH:on|off`, see [`super::e2e_case`] for what it measures),
+//! so an out-of-memory panic or abort is recorded as `oom`, another failure as `error`,
+//! and a case past `--e2e-timeout` is killed and recorded as `timeout`; the run goes on.
+//! Once a mode fails at some length its longer lengths are `skipped` (they need more
+//! memory and time, not less). Lengths run in ascending order, off then on at each.
+//!
+//! - tokens/s = batch × seq / (p50 of the timed steps' wall times).
+//! - peak MiB = the CubeCL pool's peak bytes reserved over one synchronized step after a
+//!   pool cleanup (what the step needed from the device, CUDA context excluded); the
+//!   `in_use_mib` column is the peak of bytes in live allocations over the same step.
+//!
+//! Attention: the off mode's is eager (as transformers' `eager`; Burn 0.21's autodiff
+//! `attention` falls back to the same composition), so each layer keeps its `[batch,
+//! heads, seq, seq]` f32 softmax and probabilities for the backward, a term quadratic in
+//! the sequence. The on mode's is liger-burn's
+//! [`attention`](liger_burn::functional::attention): the same math, the probabilities
+//! recomputed block by block in the backward, nothing quadratic kept.
+//! `--e2e-liger-attention off` gives the on mode eager attention too, so the two modes
+//! differ only in the fused kernels (RMSNorm, RoPE, SwiGLU, softmax, the loss).
+//!
+//! CSV (`--csv`, appended per case as it finishes, header written when the file is new):
+//! `model,seq,batch,liger,status,tokens_per_s,step_ms,peak_mib,in_use_mib,config,gpu,commit,date`.
+
+use super::e2e_case::{self, CaseOutput, RESULT_PREFIX};
+use crate::args::BenchArgs;
+use crate::csv::{self, RunInfo};
+use crate::measure::quantile;
+use crate::table::{Align, Table, num};
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+use liger_models::{ModelConfig, ModelType};
+use std::io::Write;
+use std::process::{Command, ExitCode, Stdio};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The header of the end-to-end CSV.
+pub const HEADER: &str =
+    "model,seq,batch,liger,status,tokens_per_s,step_ms,peak_mib,in_use_mib,config,gpu,commit,date";
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// A case is not started with less of `--e2e-budget` left than this (process start,
+/// model building and compilation alone take about as long on a GPU).
+const MIN_CASE_TIME: Duration = Duration::from_secs(30);
+
+/// A model of the end-to-end benchmark (random weights, the named model's shapes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ValueEnum)]
+pub enum E2eModel {
+    /// Llama 3.2 1B: 16 layers, hidden 2048, 32/8 heads of 64, MLP 8192, vocabulary
+    /// 128256, tied embeddings (1.24B parameters).
+    #[value(name = "llama3.2-1b")]
+    Llama32_1b,
+    /// Qwen2.5 1.5B: 28 layers, hidden 1536, 12/2 heads of 128, MLP 8960, vocabulary
+    /// 151936, q/k/v biases, tied embeddings (1.54B parameters).
+    #[value(name = "qwen2.5-1.5b")]
+    Qwen25_1_5b,
+    /// liger-models' tiny Llama (vocabulary 128, hidden 64, 2 layers): for CPU checks.
+    #[value(name = "tiny-llama")]
+    TinyLlama,
+    /// liger-models' tiny Qwen3 (q/k norms): for CPU checks.
+    #[value(name = "tiny-qwen3")]
+    TinyQwen3,
+}
+
+impl E2eModel {
+    /// Name on the command line and in the CSV.
+    pub fn name(self) -> &'static str {
+        match self {
+            E2eModel::Llama32_1b => "llama3.2-1b",
+            E2eModel::Qwen25_1_5b => "qwen2.5-1.5b",
+            E2eModel::TinyLlama => "tiny-llama",
+            E2eModel::TinyQwen3 => "tiny-qwen3",
+        }
+    }
+
+    /// The configuration, with `layers` decoder layers when given.
+    pub fn config(self, layers: Option<usize>) -> ModelConfig {
+        let c = match self {
+            E2eModel::Llama32_1b => ModelConfig::llama3_2_1b(),
+            E2eModel::Qwen25_1_5b => ModelConfig::qwen2_5_1_5b(),
+            E2eModel::TinyLlama => ModelConfig::tiny(ModelType::Llama),
+            E2eModel::TinyQwen3 => ModelConfig::tiny(ModelType::Qwen3),
+        };
+        match layers {
+            Some(n) => c.with_layers(n),
+            None => c,
+        }
+    }
+}
+
+/// Liger on or off in one case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LigerMode {
+    /// `Autodiff<B>`, every kernel switch off.
+    Off,
+    /// `Liger<Autodiff<B>>`, every kernel switch on.
+    On,
+}
+
+impl LigerMode {
+    fn name(self) -> &'static str {
+        match self {
+            LigerMode::Off => "off",
+            LigerMode::On => "on",
+        }
+    }
+}
+
+/// One case: `MODEL:SEQ:BATCH:on|off` on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct E2eCase {
+    /// The model.
+    pub model: E2eModel,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Sequences per step.
+    pub batch: usize,
+    /// Liger on or off.
+    pub liger: LigerMode,
+}
+
+impl std::fmt::Display for E2eCase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}:{}",
+            self.model.name(),
+            self.seq,
+            self.batch,
+            self.liger.name()
+        )
+    }
+}
+
+impl FromStr for E2eCase {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("`{s}`: expected MODEL:SEQ:BATCH:on|off");
+        let parts: Vec<&str> = s.split(':').collect();
+        let [model, seq, batch, liger] = parts[..] else {
+            return Err(bad());
+        };
+        Ok(E2eCase {
+            model: E2eModel::from_str(model, false)?,
+            seq: seq.parse().map_err(|_| bad())?,
+            batch: batch.parse().map_err(|_| bad())?,
+            liger: match liger {
+                "on" => LigerMode::On,
+                "off" => LigerMode::Off,
+                _ => return Err(bad()),
+            },
+        })
+    }
+}
+
+/// How a case ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Measured.
+    Ok,
+    /// An allocation failed (panic or abort with an out-of-memory message).
+    Oom,
+    /// Another failure (panic, abort, signal, no result line).
+    Error,
+    /// No result within `--e2e-timeout`; the process was killed.
+    Timeout,
+    /// Not run: the same mode failed at a shorter sequence.
+    Skipped,
+    /// Finished, but with less memory in use than eager attention must keep for the
+    /// backward (see [`eager_attention_floor`]): the step cannot have computed what it
+    /// claims. Counted as a failure of the mode.
+    Invalid,
+}
+
+impl Status {
+    fn name(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Oom => "oom",
+            Status::Error => "error",
+            Status::Timeout => "timeout",
+            Status::Skipped => "skipped",
+            Status::Invalid => "invalid",
+        }
+    }
+}
+
+/// The outcome of one case.
+#[derive(Clone, Debug)]
+struct CaseResult {
+    case: E2eCase,
+    status: Status,
+    /// Why it failed or was skipped.
+    detail: String,
+    /// The child's measurement (with status `ok`).
+    output: Option<CaseOutput>,
+    /// Wall time of the child process, seconds.
+    wall_s: f64,
+}
+
+impl CaseResult {
+    fn step_ms(&self) -> Option<f64> {
+        let o = self.output.as_ref()?;
+        (!o.step_ms.is_empty()).then(|| quantile(&o.step_ms, 0.5))
+    }
+
+    fn tokens_per_s(&self) -> Option<f64> {
+        Some(self.output.as_ref()?.tokens as f64 / (self.step_ms()? / 1e3))
+    }
+
+    fn peak_mib(&self) -> Option<f64> {
+        Some(self.output.as_ref()?.peak_reserved? as f64 / MIB)
+    }
+
+    fn in_use_mib(&self) -> Option<f64> {
+        Some(self.output.as_ref()?.peak_in_use? as f64 / MIB)
+    }
+}
+
+/// Runs `liger bench --e2e` (or, with `--e2e-case`, one case in this process).
+pub fn run(args: BenchArgs) -> Result<ExitCode> {
+    if let Some(spec) = &args.e2e_case {
+        let case: E2eCase = spec.parse().map_err(anyhow::Error::msg)?;
+        return e2e_case::run(args, case);
+    }
+    if args.e2e_steps == 0 || args.e2e_batch == 0 {
+        bail!("--e2e-steps and --e2e-batch must be at least 1");
+    }
+    if args.e2e_seq.iter().any(|&s| s < 2) {
+        bail!("--e2e-seq: every length must be at least 2 (the loss is over next tokens)");
+    }
+    if args.reduction == crate::args::ReductionArg::Both {
+        bail!("--reduction both is for `liger check`; bench takes auto, plane or shared");
+    }
+    let mut models = args.e2e_models.clone();
+    models.dedup();
+    let mut seqs = args.e2e_seq.clone();
+    seqs.sort_unstable();
+    seqs.dedup();
+    let timeout = Duration::from_secs(args.e2e_timeout);
+    let budget = args.e2e_budget.map(Duration::from_secs);
+    let started = Instant::now();
+    let exe = std::env::current_exe().context("locating this binary to run the cases")?;
+
+    println!(
+        "e2e:       training step = forward + loss + backward + AdamW step, synchronized; \
+         {} warmup + {} timed steps per case, batch {}, {}, device {}, one process per case \
+         (timeout {} s)",
+        args.e2e_warmup, args.e2e_steps, args.e2e_batch, args.dtype, args.device, args.e2e_timeout
+    );
+    println!(
+        "autotune:  {} (Burn's kernel autotune in this build; both modes share it)",
+        if cfg!(feature = "autotune") {
+            "on: the first step of each new shape compiles and times every matmul candidate"
+        } else {
+            "off: one fixed matmul kernel per problem, as Burn without its `autotune` feature"
+        }
+    );
+    println!(
+        "modes:     liger on = Liger<Autodiff<B>> + LigerConfig::all() (fused RMSNorm, RoPE, \
+         SwiGLU, softmax, fused linear cross entropy{}); off = Autodiff<B> + LigerConfig::none()",
+        if args.e2e_liger_attention.on() {
+            ", attention"
+        } else {
+            "; --e2e-liger-attention off: eager attention"
+        }
+    );
+    println!(
+        "memory:    peak = CubeCL pool bytes reserved over one synchronized step after a pool \
+         cleanup (sampled after forward+loss, after backward, after the optimizer step)"
+    );
+    println!(
+        "attention: off = eager ([batch, heads, seq, seq] f32 softmax and probabilities kept per \
+         layer for the backward: quadratic in the sequence); on = {}",
+        if args.e2e_liger_attention.on() {
+            "liger-burn's attention (same math, probabilities recomputed block by block in the \
+             backward: linear in the sequence)"
+        } else {
+            "eager too (--e2e-liger-attention off): it bounds the longest sequence of both modes"
+        }
+    );
+    for &m in &models {
+        let c = m.config(args.e2e_layers);
+        println!(
+            "model:     {} ({} layers, hidden {}, {}/{} heads of {}, vocab {}, {:.3}M parameters)",
+            m.name(),
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.vocab_size,
+            c.num_params() as f64 / 1e6
+        );
+    }
+
+    let commit = args
+        .commit
+        .clone()
+        .unwrap_or_else(|| env!("LIGER_BUILD_COMMIT").to_string());
+    let date = csv::utc_date();
+    let mut backend: Option<String> = None;
+    let mut results: Vec<CaseResult> = Vec::new();
+    let total = models.len() * seqs.len() * 2;
+    for &model in &models {
+        // The first failure of each mode: later lengths of that mode are skipped.
+        let mut failed: [Option<(usize, Status)>; 2] = [None, None];
+        for &seq in &seqs {
+            for (slot, liger) in [LigerMode::Off, LigerMode::On].into_iter().enumerate() {
+                let case = E2eCase {
+                    model,
+                    seq,
+                    batch: args.e2e_batch,
+                    liger,
+                };
+                // What is left of --e2e-budget bounds this case's time limit too.
+                let left = budget.map(|b| b.saturating_sub(started.elapsed()));
+                let skip = match (failed[slot], left) {
+                    (Some((at, status)), _) => Some(format!("{} at seq {at}", status.name())),
+                    (None, Some(left)) if left < MIN_CASE_TIME => {
+                        Some("--e2e-budget spent".to_string())
+                    }
+                    _ => None,
+                };
+                let result = match skip {
+                    Some(detail) => CaseResult {
+                        case,
+                        status: Status::Skipped,
+                        detail,
+                        output: None,
+                        wall_s: 0.0,
+                    },
+                    None => check_floor(
+                        run_child(&exe, &args, case, left.map_or(timeout, |l| l.min(timeout))),
+                        &args,
+                    ),
+                };
+                if result.status != Status::Ok && result.status != Status::Skipped {
+                    failed[slot] = Some((seq, result.status));
+                }
+                if let Some(o) = &result.output {
+                    backend.get_or_insert_with(|| o.backend.clone());
+                }
+                print_progress(results.len() + 1, total, &result);
+                if let Some(path) = &args.csv {
+                    let run = RunInfo {
+                        gpu: args
+                            .gpu
+                            .clone()
+                            .or_else(|| backend.clone())
+                            .unwrap_or_else(|| args.device.to_string()),
+                        commit: commit.clone(),
+                        date: date.clone(),
+                    };
+                    csv::append_lines(path, HEADER, &[csv_line(&result, &args, &run)])?;
+                }
+                results.push(result);
+            }
+        }
+    }
+
+    println!();
+    print!("{}", render(&results));
+    for &model in &models {
+        print!("{}", summary(model, &results, &seqs, args.e2e_warmup));
+    }
+    if let Some(path) = &args.csv {
+        println!("csv: {} rows appended to {}", results.len(), path.display());
+    }
+    // Out of memory, timeouts and skips are results; errors are failures of the run.
+    let errors = results.iter().filter(|r| r.status == Status::Error).count();
+    Ok(if errors > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The arguments that make the child run `case` as this run would.
+fn child_args(args: &BenchArgs, case: E2eCase) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        "bench".into(),
+        "--e2e-case".into(),
+        case.to_string(),
+        "--device".into(),
+        args.device.name().into(),
+        "--dtype".into(),
+        args.dtype.name().into(),
+        "--e2e-warmup".into(),
+        args.e2e_warmup.to_string(),
+        "--e2e-steps".into(),
+        args.e2e_steps.to_string(),
+    ];
+    if let Some(v) = args.reduction.to_possible_value() {
+        a.extend(["--reduction".into(), v.get_name().into()]);
+    }
+    if let Some(n) = args.e2e_layers {
+        a.extend(["--e2e-layers".into(), n.to_string()]);
+    }
+    if !args.e2e_liger_attention.on() {
+        a.extend(["--e2e-liger-attention".into(), "off".into()]);
+    }
+    a
+}
+
+/// Whether a mode runs eager attention (probabilities kept for the backward) rather than
+/// liger-burn's (nothing `[seq, seq]` kept): the off mode always, the on mode with
+/// `--e2e-liger-attention off`.
+fn eager_attention(args: &BenchArgs, liger: LigerMode) -> bool {
+    liger == LigerMode::Off || !args.e2e_liger_attention.on()
+}
+
+/// The attention a mode runs, as the CSV names it: `eager` or `recompute`.
+fn attention_name(args: &BenchArgs, liger: LigerMode) -> &'static str {
+    if eager_attention(args, liger) {
+        "eager"
+    } else {
+        "recompute"
+    }
+}
+
+/// Runs `case` in a child process with a time limit and classifies how it ended.
+fn run_child(
+    exe: &std::path::Path,
+    args: &BenchArgs,
+    case: E2eCase,
+    timeout: Duration,
+) -> CaseResult {
+    let start = Instant::now();
+    let failed = |status: Status, detail: String, start: Instant| CaseResult {
+        case,
+        status,
+        detail,
+        output: None,
+        wall_s: start.elapsed().as_secs_f64(),
+    };
+    // Output goes to files, not pipes: a child that writes a lot cannot block on a
+    // full pipe while this process only polls for its exit.
+    let dir = std::env::temp_dir();
+    let stem = format!(
+        "liger-e2e-{}-{}",
+        std::process::id(),
+        case.to_string().replace(':', "-")
+    );
+    let out_path = dir.join(format!("{stem}.out"));
+    let err_path = dir.join(format!("{stem}.err"));
+    let mut child = match spawn(exe, child_args(args, case), &out_path, &err_path) {
+        Ok(c) => c,
+        Err(e) => {
+            let what = format!(
+                "starting {} (logs in {}): {e}",
+                exe.display(),
+                dir.display()
+            );
+            return failed(Status::Error, what, start);
+        }
+    };
+    let exit = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if start.elapsed() >= timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(200)),
+            Err(e) => return failed(Status::Error, format!("waiting for the case: {e}"), start),
+        }
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    let _ = std::fs::remove_file(&err_path);
+    let Some(exit) = exit else {
+        return failed(
+            Status::Timeout,
+            format!("no result within {} s; killed", timeout.as_secs()),
+            start,
+        );
+    };
+    let reported = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(RESULT_PREFIX))
+        .and_then(|json| serde_json::from_str::<CaseOutput>(json).ok());
+    // An allocation that fails on one of the runtime's threads panics there; the main
+    // thread then only sees "the server is in an invalid state". The first
+    // out-of-memory line of stderr names the cause.
+    let oom_line = stderr
+        .lines()
+        .find(|l| e2e_case::is_oom(l))
+        .map(|l| shorten(l.trim(), 200));
+    if let Some(out) = reported {
+        let (status, detail) = match (out.status.as_str(), &oom_line) {
+            ("ok", _) => (Status::Ok, out.detail.clone()),
+            ("oom", _) => (Status::Oom, out.detail.clone()),
+            (_, Some(line)) => (Status::Oom, format!("{line} (then: {})", out.detail)),
+            _ => (Status::Error, out.detail.clone()),
+        };
+        return CaseResult {
+            case,
+            status,
+            detail,
+            output: (status == Status::Ok).then_some(out),
+            wall_s: start.elapsed().as_secs_f64(),
+        };
+    }
+    // No result line: the process died (abort, signal) before printing one.
+    let tail: Vec<&str> = stderr
+        .lines()
+        .rev()
+        .filter(|l| !l.trim().is_empty())
+        .take(3)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let detail = format!(
+        "{}: {}",
+        describe_exit(&exit),
+        oom_line.clone().unwrap_or_else(|| tail.join(" | "))
+    );
+    let status = if oom_line.is_some() || e2e_case::is_oom(&stdout) {
+        Status::Oom
+    } else {
+        Status::Error
+    };
+    failed(status, shorten(&detail, 400), start)
+}
+
+/// Starts `exe args` with stdout and stderr going to the two files.
+fn spawn(
+    exe: &std::path::Path,
+    args: Vec<String>,
+    out_path: &std::path::Path,
+    err_path: &std::path::Path,
+) -> std::io::Result<std::process::Child> {
+    Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(out_path)?)
+        .stderr(std::fs::File::create(err_path)?)
+        .spawn()
+}
+
+/// `exit code N` or `killed by signal N`.
+fn describe_exit(status: &std::process::ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            return format!("killed by signal {sig}");
+        }
+    }
+    match status.code() {
+        Some(c) => format!("exit code {c}"),
+        None => "ended without a code".into(),
+    }
+}
+
+fn shorten(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}...", &s[..cut]),
+        None => s.to_string(),
+    }
+}
+
+/// One line per finished case (the run takes minutes; logs show where it is).
+fn print_progress(index: usize, total: usize, r: &CaseResult) {
+    let c = &r.case;
+    let what = match r.status {
+        Status::Ok => format!(
+            "ok: {} tokens/s, step {} ms, peak {} MiB, loss {}",
+            num(r.tokens_per_s(), 0),
+            num(r.step_ms(), 1),
+            num(r.peak_mib(), 0),
+            num(r.output.as_ref().and_then(|o| o.loss), 4)
+        ),
+        other => format!("{}: {}", other.name(), r.detail),
+    };
+    println!(
+        "[{index}/{total}] {} seq {} batch {} liger {}: {what} ({:.0} s)",
+        c.model.name(),
+        c.seq,
+        c.batch,
+        c.liger.name(),
+        r.wall_s
+    );
+    let _ = std::io::stdout().flush();
+}
+
+/// The CSV line of a case.
+fn csv_line(r: &CaseResult, args: &BenchArgs, run: &RunInfo) -> String {
+    let nan = f64::NAN;
+    let mut config = format!(
+        "dtype={} warmup={} steps={} optimizer=adamw attention={} autotune={}",
+        args.dtype,
+        args.e2e_warmup,
+        args.e2e_steps,
+        attention_name(args, r.case.liger),
+        if cfg!(feature = "autotune") {
+            "on"
+        } else {
+            "off"
+        }
+    );
+    if let Some(n) = args.e2e_layers {
+        config.push_str(&format!(" layers={n}"));
+    }
+    if let Some(loss) = r.output.as_ref().and_then(|o| o.loss) {
+        config.push_str(&format!(" loss={loss:.4}"));
+    }
+    if let Some(p) = r
+        .output
+        .as_ref()
+        .map(|o| &o.phase_ms)
+        .filter(|p| p.len() == 3)
+    {
+        config.push_str(&format!(
+            " phases_ms=fwd:{:.1}/bwd:{:.1}/opt:{:.1}",
+            p[0], p[1], p[2]
+        ));
+    }
+    if !r.detail.is_empty() {
+        config.push_str(&format!(" detail={}", shorten(&r.detail, 200)));
+    }
+    [
+        csv::field(r.case.model.name()),
+        r.case.seq.to_string(),
+        r.case.batch.to_string(),
+        r.case.liger.name().into(),
+        r.status.name().into(),
+        csv::number(r.tokens_per_s().unwrap_or(nan)),
+        csv::number(r.step_ms().unwrap_or(nan)),
+        csv::number(r.peak_mib().unwrap_or(nan)),
+        csv::number(r.in_use_mib().unwrap_or(nan)),
+        csv::field(&config),
+        csv::field(&run.gpu),
+        csv::field(&run.commit),
+        csv::field(&run.date),
+    ]
+    .join(",")
+}
+
+/// Every case, one row.
+fn render(results: &[CaseResult]) -> String {
+    let mut table = Table::new(&[
+        ("model", Align::Left),
+        ("seq", Align::Right),
+        ("batch", Align::Right),
+        ("liger", Align::Left),
+        ("status", Align::Left),
+        ("tokens/s", Align::Right),
+        ("step ms p50", Align::Right),
+        ("peak MiB", Align::Right),
+        ("in use MiB", Align::Right),
+        ("note", Align::Left),
+    ]);
+    for r in results {
+        table.row(vec![
+            r.case.model.name().into(),
+            r.case.seq.to_string(),
+            r.case.batch.to_string(),
+            r.case.liger.name().into(),
+            r.status.name().into(),
+            num(r.tokens_per_s(), 0),
+            num(r.step_ms(), 1),
+            num(r.peak_mib(), 0),
+            num(r.in_use_mib(), 0),
+            shorten(&r.detail, 80),
+        ]);
+    }
+    table.render()
+}
+
+/// Bytes eager attention must keep for the backward, at least: every layer's f32 softmax
+/// output and its probabilities in the activation dtype, `[batch, q_heads, seq, seq]` each
+/// (Burn's autodiff keeps more: the softmax's input too). `None` for a mode whose attention
+/// keeps nothing quadratic.
+pub(crate) fn eager_attention_floor(args: &BenchArgs, case: &E2eCase) -> Option<u64> {
+    if !eager_attention(args, case.liger) {
+        return None;
+    }
+    let c = case.model.config(args.e2e_layers);
+    let scores = (c.num_hidden_layers * case.batch * c.num_attention_heads) as u64
+        * (case.seq as u64).pow(2);
+    Some(scores * (4 + args.dtype.dtype().size() as u64))
+}
+
+/// Marks an `ok` case whose peak memory in use is below [`eager_attention_floor`] as
+/// `invalid`. On the H200 with Burn 0.21, Llama-3.2-1B's stock step at 8K and 16K tokens
+/// finished with 130 and 117 GB in use where its probabilities alone need 192 and 768 GiB.
+fn check_floor(mut r: CaseResult, args: &BenchArgs) -> CaseResult {
+    let (Some(floor), Some(in_use)) = (
+        eager_attention_floor(args, &r.case),
+        r.output.as_ref().and_then(|o| o.peak_in_use),
+    ) else {
+        return r;
+    };
+    if r.status == Status::Ok && in_use < floor {
+        r.status = Status::Invalid;
+        r.detail = format!(
+            "{:.1} GiB in use, less than the {:.1} GiB eager attention keeps for the backward \
+             (f32 softmax + probabilities of every layer): the step cannot have computed them",
+            in_use as f64 / GIB,
+            floor as f64 / GIB
+        );
+    }
+    r
+}
+
+/// The result of `model` at `seq` in `mode`.
+fn find(
+    results: &[CaseResult],
+    model: E2eModel,
+    seq: usize,
+    mode: LigerMode,
+) -> Option<&CaseResult> {
+    results
+        .iter()
+        .find(|r| r.case.model == model && r.case.seq == seq && r.case.liger == mode)
+}
+
+/// Longest sequence each mode fits, on/off ratios per length, and the issue's goals.
+fn summary(model: E2eModel, results: &[CaseResult], seqs: &[usize], warmup: usize) -> String {
+    let ok = |seq: usize, mode| find(results, model, seq, mode).filter(|r| r.status == Status::Ok);
+    let longest = |mode| {
+        seqs.iter()
+            .copied()
+            .filter(|&s| ok(s, mode).is_some())
+            .max()
+    };
+    // The first length where the mode failed (oom, timeout, error): its limit. Without
+    // one, the limit lies above the longest length it ran.
+    let failure = |mode| {
+        seqs.iter().find_map(|&s| {
+            find(results, model, s, mode)
+                .filter(|r| {
+                    matches!(
+                        r.status,
+                        Status::Oom | Status::Timeout | Status::Error | Status::Invalid
+                    )
+                })
+                .map(|r| (s, r.status))
+        })
+    };
+    let fits = |mode| match (longest(mode), failure(mode)) {
+        (None, Some((s, st))) => format!("none ({} at {s})", st.name()),
+        (None, None) => "none (not run)".to_string(),
+        (Some(l), Some((s, st))) => format!("{l} ({} at {s})", st.name()),
+        (Some(l), None) => format!(">= {l} (no failure up to {l}; longer not run)"),
+    };
+    let mut out = format!(
+        "\n{}: longest sequence that fits: liger off {}, liger on {}\n",
+        model.name(),
+        fits(LigerMode::Off),
+        fits(LigerMode::On)
+    );
+    let mut common = None;
+    for &seq in seqs {
+        if let (Some(on), Some(off)) = (ok(seq, LigerMode::On), ok(seq, LigerMode::Off)) {
+            let tps = on
+                .tokens_per_s()
+                .zip(off.tokens_per_s())
+                .map(|(a, b)| a / b);
+            let mem = on.peak_mib().zip(off.peak_mib()).map(|(a, b)| a / b);
+            let loss = |r: &CaseResult| r.output.as_ref().and_then(|o| o.loss);
+            let phases = |r: &CaseResult| match r.output.as_ref().map(|o| &o.phase_ms) {
+                Some(p) if p.len() == 3 => format!("{:.0}/{:.0}/{:.0}", p[0], p[1], p[2]),
+                _ => "-".into(),
+            };
+            out.push_str(&format!(
+                "  seq {seq}: memory step forward/backward/optimizer ms: on {} / off {}\n",
+                phases(on),
+                phases(off)
+            ));
+            out.push_str(&format!(
+                "  seq {seq}: on/off tokens/s {}x, peak memory {}x; loss after {} AdamW steps: on {} / off {}\n",
+                num(tps, 2),
+                num(mem, 2),
+                on.output.as_ref().map_or(0, |o| o.step_ms.len()) + warmup,
+                num(loss(on), 4),
+                num(loss(off), 4)
+            ));
+            common = Some((seq, tps, mem));
+        }
+    }
+    let goal = |met: Option<bool>| match met {
+        Some(true) => "met",
+        Some(false) => "NOT met",
+        None => "not measured",
+    };
+    match common {
+        Some((seq, tps, mem)) => out.push_str(&format!(
+            "  goals at seq {seq} (longest both fit): tokens/s >= 1.2x: {} ({}x); peak memory <= 0.5x: {} ({}x)\n",
+            goal(tps.map(|r| r >= 1.2)),
+            num(tps, 2),
+            goal(mem.map(|r| r <= 0.5)),
+            num(mem, 2)
+        )),
+        None => out.push_str("  no length where both modes ran: no ratio\n"),
+    }
+    let max_ratio = match (longest(LigerMode::On), longest(LigerMode::Off)) {
+        _ if failure(LigerMode::Off).is_none() => {
+            "not measured (liger off did not fail; add longer --e2e-seq)".to_string()
+        }
+        (Some(on), Some(off)) => {
+            let r = on as f64 / off as f64;
+            match failure(LigerMode::On) {
+                Some(_) => format!("{} ({r:.2}x)", goal(Some(r >= 2.0))),
+                // liger on's own limit is above what ran: the ratio is a lower bound.
+                None if r >= 2.0 => format!("met (>= {r:.2}x; liger on did not fail)"),
+                None => format!("not measured (>= {r:.2}x; liger on did not fail)"),
+            }
+        }
+        _ => "not measured (a mode fit no length)".into(),
+    };
+    out.push_str(&format!("  goal max sequence >= 2x: {max_ratio}\n"));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn case_round_trips() {
+        for spec in ["llama3.2-1b:16384:1:on", "tiny-qwen3:64:2:off"] {
+            let case: E2eCase = spec.parse().unwrap();
+            assert_eq!(case.to_string(), spec);
+        }
+        assert!("llama3.2-1b:1024:1".parse::<E2eCase>().is_err());
+        assert!("llama3.2-1b:x:1:on".parse::<E2eCase>().is_err());
+        assert!("gpt:1024:1:on".parse::<E2eCase>().is_err());
+    }
+
+    #[test]
+    fn allocation_failures_are_oom() {
+        assert!(e2e_case::is_oom(
+            "called `Result::unwrap()` on an `Err` value: can't allocate buffer of size: 268435456"
+        ));
+        assert!(e2e_case::is_oom(
+            "An out-of-memory error happened during launch"
+        ));
+        assert!(e2e_case::is_oom("memory allocation of 1024 bytes failed"));
+        assert!(!e2e_case::is_oom("device synchronization failed"));
+    }
+
+    fn bench_args(extra: &[&str]) -> BenchArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Bench {
+            #[command(flatten)]
+            args: BenchArgs,
+        }
+        let mut argv = vec!["bench", "--e2e", "--dtype", "bf16"];
+        argv.extend_from_slice(extra);
+        Bench::try_parse_from(argv).unwrap().args
+    }
+
+    fn ok_case(spec: &str, in_use_gib: f64) -> CaseResult {
+        CaseResult {
+            case: spec.parse().unwrap(),
+            status: Status::Ok,
+            detail: String::new(),
+            output: Some(CaseOutput {
+                peak_in_use: Some((in_use_gib * GIB) as u64),
+                ..Default::default()
+            }),
+            wall_s: 1.0,
+        }
+    }
+
+    #[test]
+    fn eager_steps_below_the_attention_floor_are_invalid() {
+        let args = bench_args(&[]);
+        // Llama-3.2-1B at 8K: 16 layers x 32 heads x 8192^2 scores x (4 + 2) bytes = 192 GiB.
+        let case: E2eCase = "llama3.2-1b:8192:1:off".parse().unwrap();
+        assert_eq!(
+            eager_attention_floor(&args, &case),
+            Some(16 * 32 * 8192 * 8192 * 6)
+        );
+        // The H200's stock step at 8K: 127 GiB in use.
+        let r = check_floor(ok_case("llama3.2-1b:8192:1:off", 127.4), &args);
+        assert_eq!(r.status, Status::Invalid);
+        assert!(r.detail.contains("192.0 GiB"), "{}", r.detail);
+        // At 4K (48 GiB needed) 97 GiB in use is plausible.
+        let r = check_floor(ok_case("llama3.2-1b:4096:1:off", 97.0), &args);
+        assert_eq!(r.status, Status::Ok);
+        // liger-burn's attention keeps nothing quadratic; with it off, the on mode is eager.
+        let r = check_floor(ok_case("llama3.2-1b:8192:1:on", 20.0), &args);
+        assert_eq!(r.status, Status::Ok);
+        let eager_on = bench_args(&["--e2e-liger-attention", "off"]);
+        let r = check_floor(ok_case("llama3.2-1b:8192:1:on", 20.0), &eager_on);
+        assert_eq!(r.status, Status::Invalid);
+    }
+}

@@ -1,0 +1,259 @@
+//! One case of `liger bench --e2e`, run in its own process (the hidden `--e2e-case`
+//! argument): build the model, train a few steps, print the measurement as one
+//! `E2E_RESULT {json}` line on stdout. A process per case is what lets the parent record
+//! an out-of-memory abort or a hang as that case's status and go on, and it starts every
+//! case from an empty device pool.
+//!
+//! What is measured (see also [`super::e2e`]):
+//! - a training step = `model.loss(ids, labels)` (forward + next-token loss) +
+//!   `loss.backward()` + `GradientsParams::from_grads` + `AdamW::step`, then a device
+//!   synchronization; its wall time, per step.
+//! - `--e2e-warmup` untimed steps first (JIT compilation, autotune, pool growth), then
+//!   `--e2e-steps` timed ones, each timed alone (sync, clock, step, sync, clock).
+//! - then one more step for memory, after a pool cleanup (pages with no live allocation
+//!   returned to the device): the pool's bytes reserved and bytes in use are read after
+//!   the forward + loss (synchronized: the activations kept for the backward are alive)
+//!   and after the backward (synchronized: gradients alive, activations being released)
+//!   and after the optimizer step; the peaks are the maxima of those samples. Reserved
+//!   pages are only given back by a cleanup, so reserved after a phase also covers the
+//!   transient buffers inside it: `peak reserved` is the device memory the step needed
+//!   from the pool (parameters, AdamW moments, activations, gradients, fragmentation), not
+//!   counting the CUDA context and the runtime's own allocations.
+
+use super::e2e::{E2eCase, LigerMode};
+use crate::args::BenchArgs;
+use crate::convergence::SplitMix64;
+use crate::device::{self, Ctx, OnDevice, PoolUsage, payload_text};
+use anyhow::Result;
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor, TensorData};
+use liger_burn::Liger;
+use liger_burn::ops::FusedOps;
+use liger_models::{CausalLm, LigerConfig};
+use serde::{Deserialize, Serialize};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// The prefix of the result line on stdout.
+pub const RESULT_PREFIX: &str = "E2E_RESULT ";
+
+/// AdamW learning rate of the benchmark steps (irrelevant to the timing; small so the
+/// random model stays finite).
+const LR: f64 = 1e-5;
+
+/// What a case process reports.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CaseOutput {
+    /// `ok`, `oom` or `error`.
+    pub status: String,
+    /// The backend's name (the `gpu` column when `--gpu` is not given).
+    pub backend: String,
+    /// Parameters of the model.
+    pub params: usize,
+    /// Tokens per step (batch × seq).
+    pub tokens: usize,
+    /// Wall time of each timed step, ms.
+    pub step_ms: Vec<f64>,
+    /// Peak pool bytes reserved over the memory step (None without a CubeCL pool).
+    pub peak_reserved: Option<u64>,
+    /// Peak pool bytes in use over the memory step.
+    pub peak_in_use: Option<u64>,
+    /// Loss of the memory step (a finite number shows the step computed something).
+    pub loss: Option<f64>,
+    /// Wall time of the memory step's phases, ms: forward + loss, backward, optimizer
+    /// step (each ended by a device synchronization, so each is the phase's whole cost).
+    #[serde(default)]
+    pub phase_ms: Vec<f64>,
+    /// Why the case failed, first lines.
+    pub detail: String,
+}
+
+/// Runs the case of `--e2e-case` and prints its result line.
+pub fn run(args: BenchArgs, case: E2eCase) -> Result<ExitCode> {
+    device::dispatch(args.device, CaseRun { args, case })
+}
+
+struct CaseRun {
+    args: BenchArgs,
+    case: E2eCase,
+}
+
+/// Whether a failure message is an allocation failure (CubeCL's `OutOfMemory` launch
+/// error and `BufferTooBig` "can't allocate buffer", CUDA's `CUDA_ERROR_OUT_OF_MEMORY`,
+/// wgpu's "Out of memory", the allocator's "memory allocation of N bytes failed").
+pub fn is_oom(text: &str) -> bool {
+    let t = text.to_ascii_lowercase();
+    [
+        "out of memory",
+        "out-of-memory",
+        "outofmemory",
+        "can't allocate",
+        "cannot allocate",
+        "could not allocate",
+        "buffertoobig",
+        "memory allocation of",
+    ]
+    .iter()
+    .any(|p| t.contains(p))
+}
+
+impl OnDevice for CaseRun {
+    fn run<B: FusedOps>(self, ctx: Ctx<B>) -> Result<ExitCode> {
+        let args = &self.args;
+        let path = args.reduction.paths()[0];
+        liger_cubecl_kernels::set_reduction_path(path);
+        let mut out = CaseOutput {
+            backend: B::name(&ctx.device),
+            tokens: self.case.batch * self.case.seq,
+            ..Default::default()
+        };
+        let dtype = args.dtype.dtype();
+        if !B::supports_dtype(&ctx.device, dtype) {
+            out.status = "error".into();
+            out.detail = format!("{} not supported on this device", args.dtype);
+        } else {
+            // The panic hook still prints to stderr, which the parent keeps for the log.
+            let result = catch_unwind(AssertUnwindSafe(|| match self.case.liger {
+                LigerMode::On => {
+                    let liger = LigerConfig {
+                        attention: args.e2e_liger_attention.on(),
+                        ..LigerConfig::all()
+                    };
+                    measure::<Liger<Autodiff<B>>, B>(&ctx, args, &self.case, liger)
+                }
+                LigerMode::Off => {
+                    measure::<Autodiff<B>, B>(&ctx, args, &self.case, LigerConfig::none())
+                }
+            }));
+            match result {
+                Ok(m) => {
+                    out = CaseOutput {
+                        status: "ok".into(),
+                        backend: out.backend,
+                        tokens: out.tokens,
+                        ..m
+                    }
+                }
+                Err(payload) => {
+                    let msg = payload_text(payload.as_ref());
+                    out.status = if is_oom(&msg) { "oom" } else { "error" }.into();
+                    out.detail = msg.lines().take(3).collect::<Vec<_>>().join(" | ");
+                }
+            }
+        }
+        println!("{RESULT_PREFIX}{}", serde_json::to_string(&out)?);
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Peak pool usage over samples.
+#[derive(Default)]
+struct Peak {
+    reserved: u64,
+    in_use: u64,
+}
+
+impl Peak {
+    fn add(&mut self, u: PoolUsage) {
+        self.reserved = self.reserved.max(u.reserved);
+        self.in_use = self.in_use.max(u.in_use);
+    }
+}
+
+/// Builds the model on autodiff backend `A` (over `B`) and measures the steps.
+fn measure<A, B>(ctx: &Ctx<B>, args: &BenchArgs, case: &E2eCase, liger: LigerConfig) -> CaseOutput
+where
+    B: FusedOps,
+    A: AutodiffBackend + FusedOps<Device = B::Device>,
+    A::InnerBackend: FusedOps,
+    CausalLm<A>: AutodiffModule<A>,
+{
+    let config = case.model.config(args.e2e_layers);
+    let device = &ctx.device;
+    // The same weights in both modes (and every run): the memory step's losses of liger
+    // on and off can then be compared (see `super::e2e::summary`).
+    A::seed(device, 0xE2E);
+    let mut model = CausalLm::<A>::init(&config, liger, args.dtype.dtype(), device);
+    let params = config.num_params();
+    let mut optim = AdamWConfig::new().init::<A, CausalLm<A>>();
+    // Random token ids (uniform over the vocabulary), labels = ids: every position
+    // scored, as in pre-training.
+    let mut rng = SplitMix64::new(0xE2E);
+    let n = case.batch * case.seq;
+    let ids: Vec<i64> = (0..n)
+        .map(|_| rng.below(config.vocab_size as u64) as i64)
+        .collect();
+    let ids: Tensor<A, 2, Int> =
+        Tensor::from_data(TensorData::new(ids, [case.batch, case.seq]), device);
+    let labels = ids.clone();
+
+    let mut step = |model: CausalLm<A>, sample: &mut dyn FnMut()| {
+        let loss = model.loss(ids.clone(), labels.clone());
+        sample();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        sample();
+        let model = optim.step(LR, model, grads);
+        (model, loss)
+    };
+
+    for i in 0..args.e2e_warmup {
+        let t = Instant::now();
+        model = step(model, &mut || {}).0;
+        ctx.sync();
+        eprintln!("warmup {i}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    }
+    let mut step_ms = Vec::with_capacity(args.e2e_steps);
+    for i in 0..args.e2e_steps {
+        ctx.sync();
+        let t = Instant::now();
+        model = step(model, &mut || {}).0;
+        ctx.sync();
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        eprintln!("step {i}: {ms:.1} ms");
+        step_ms.push(ms);
+    }
+
+    // The memory step, also timed phase by phase (a synchronization ends each phase).
+    let mut peak = Peak::default();
+    ctx.sync();
+    if let Some(cube) = &ctx.cube {
+        cube.cleanup();
+        ctx.sync();
+        peak.add(cube.usage());
+    }
+    let mut marks = vec![Instant::now()];
+    let mut sample = || {
+        ctx.sync();
+        marks.push(Instant::now());
+        if let Some(cube) = &ctx.cube {
+            peak.add(cube.usage());
+        }
+    };
+    let (model, loss) = step(model, &mut sample);
+    sample();
+    let phase_ms = marks
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+        .collect();
+    let loss = loss
+        .into_data()
+        .convert::<f64>()
+        .to_vec::<f64>()
+        .ok()
+        .and_then(|v| v.first().copied());
+    drop(model);
+    let has_pool = ctx.cube.is_some();
+    CaseOutput {
+        params,
+        step_ms,
+        peak_reserved: has_pool.then_some(peak.reserved),
+        peak_in_use: has_pool.then_some(peak.in_use),
+        loss,
+        phase_ms,
+        ..Default::default()
+    }
+}
