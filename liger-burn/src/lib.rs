@@ -16,5 +16,7 @@ pub mod functional;
 pub mod fusion;
 pub mod nn;
 pub mod ops;
+#[cfg(feature = "test-hooks")]
+pub mod test_hooks;
 
 pub use backend::Liger;

@@ -14,7 +14,7 @@
 
 use crate::counters::{self, Kernel};
 use crate::elementwise::{Pass, launch};
-use crate::launch::KernelError;
+use crate::launch::{KernelError, LaunchConfig};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -208,6 +208,7 @@ pub(crate) fn grad_from_saved<N: Size>(
 /// Exact GELU forward: `output = x Φ(x)`. `x, output`: `len` contiguous elements of `dtype`.
 pub fn gelu_forward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     x: &Handle,
     output: &Handle,
     len: usize,
@@ -216,6 +217,7 @@ pub fn gelu_forward<R: Runtime>(
     launch(
         "gelu",
         client,
+        &config.elementwise,
         &[x],
         &[output],
         len,
@@ -231,6 +233,7 @@ pub fn gelu_forward<R: Runtime>(
 /// `grad, x, grad_x`: `len` contiguous elements of `dtype`.
 pub fn gelu_backward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     grad: &Handle,
     x: &Handle,
     grad_x: &Handle,
@@ -240,6 +243,7 @@ pub fn gelu_backward<R: Runtime>(
     launch(
         "gelu_backward",
         client,
+        &config.elementwise,
         &[grad, x],
         &[grad_x],
         len,
@@ -254,6 +258,7 @@ pub fn gelu_backward<R: Runtime>(
 /// Sigmoid forward. `x, output`: `len` contiguous elements of `dtype`.
 pub fn sigmoid_forward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     x: &Handle,
     output: &Handle,
     len: usize,
@@ -262,6 +267,7 @@ pub fn sigmoid_forward<R: Runtime>(
     launch(
         "sigmoid",
         client,
+        &config.elementwise,
         &[x],
         &[output],
         len,
@@ -277,6 +283,7 @@ pub fn sigmoid_forward<R: Runtime>(
 /// `grad, output, grad_x`: `len` contiguous elements of `dtype`.
 pub fn sigmoid_backward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     grad: &Handle,
     output: &Handle,
     grad_x: &Handle,
@@ -286,6 +293,7 @@ pub fn sigmoid_backward<R: Runtime>(
     launch(
         "sigmoid_backward",
         client,
+        &config.elementwise,
         &[grad, output],
         &[grad_x],
         len,

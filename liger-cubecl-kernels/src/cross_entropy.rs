@@ -20,9 +20,7 @@
 //! read and then written by the same unit, after every read of the row's first pass.
 
 use crate::counters::{self, Kernel};
-use crate::launch::{
-    KernelError, RowLaunch, SOFTMAX_FORWARD_VECTORS_PER_UNIT, array, check_float_dtype,
-};
+use crate::launch::{KernelError, LaunchConfig, RowLaunch, array, check_float_dtype};
 use crate::reduce::{ReduceOp, cube_reduce, shifted_exp, vector_max, vector_sum};
 use cubecl::ir::{ElemType, IntKind};
 use cubecl::prelude::*;
@@ -429,6 +427,7 @@ pub fn check_target_dtype(op: &'static str, dtype: StorageType) -> Result<(), Ke
 /// its backward, which walk the same `[rows, vocab]` buffers.
 fn row_launch<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     rows: usize,
     vocab: usize,
     dtype: StorageType,
@@ -439,7 +438,8 @@ fn row_launch<R: Runtime>(
         vocab,
         dtype.size(),
         usize::MAX,
-        SOFTMAX_FORWARD_VECTORS_PER_UNIT,
+        config.softmax_forward_vectors_per_unit,
+        config.reduction,
     )
 }
 
@@ -450,6 +450,7 @@ fn row_launch<R: Runtime>(
 #[allow(clippy::too_many_arguments)]
 pub fn cross_entropy<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     buffers: CrossEntropyBuffers<'_>,
     rows: usize,
     vocab: usize,
@@ -460,7 +461,7 @@ pub fn cross_entropy<R: Runtime>(
     const OP: &str = "cross_entropy";
     check_float_dtype(OP, dtype)?;
     check_target_dtype(OP, target_dtype)?;
-    let launch = row_launch(client, rows, vocab, dtype);
+    let launch = row_launch(client, config, rows, vocab, dtype);
     let vectors = launch.vectors(vocab);
     let n = rows * vectors;
     let compute_grad = !matches!(buffers.grad, GradTarget::None);
@@ -597,6 +598,7 @@ fn cross_entropy_backward_kernel<F: Float, N: Size>(
 /// `[1]` or `[rows]` f32 (`per_row_scale`).
 pub fn cross_entropy_backward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     grad: &Handle,
     grad_rows: &Handle,
     grad_scale: (&Handle, bool),
@@ -606,7 +608,7 @@ pub fn cross_entropy_backward<R: Runtime>(
 ) -> Result<(), KernelError> {
     const OP: &str = "cross_entropy_backward";
     check_float_dtype(OP, dtype)?;
-    let launch = row_launch(client, rows, vocab, dtype);
+    let launch = row_launch(client, config, rows, vocab, dtype);
     let vectors = launch.vectors(vocab);
     let (scale, per_row_scale) = grad_scale;
     // Safety: `grad` holds `rows × vocab` elements, `grad_rows` `rows` and `grad_scale`

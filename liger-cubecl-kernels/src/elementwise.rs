@@ -14,10 +14,9 @@
 
 use crate::activation::{self, Activation};
 use crate::glu;
-use crate::launch::{KernelError, array, check_float_dtype, tuning};
+use crate::launch::{ElementwiseConfig, KernelError, array, check_float_dtype};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// What the elementwise kernel computes, and from which buffers (`in*`, `out*` in order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -52,56 +51,16 @@ impl Pass {
     }
 }
 
-/// Units per cube: 64 (a multiple of every plane width). Chosen from the H200 sweep of
-/// units × vectors per unit together (bf16 8192×14336, `scripts/gpu_sweep_elementwise.sh`,
-/// benches/results/2026-11-22-h200-c24f920/kernels-2026-11-22b/sweep_elementwise.log):
-/// 64 units with one vector each ran SwiGLU forward in 0.226 ms and forward + backward in
-/// 0.714 ms, against 0.281 and 0.881 ms for the previous 128 × 4 (GeGLU 0.245 / 0.760
-/// against 0.288 / 0.911). 128 × 1 and 256 × 1 were within 7% of it; every 4-vector
-/// setting was slower. Still the best with the 4-element loads of
-/// [`ELEMENTWISE_MAX_VECTOR`] (SwiGLU forward 0.181 ms at 64 × 1 and 128 × 1, 0.187 at
-/// 256 × 1, 0.187–0.202 with 2 vectors per unit). Tunable with `LIGER_EW_UNITS`.
-pub const ELEMENTWISE_UNITS: usize = 64;
-/// Vectors each unit loads per step. One, with many small cubes, kept
-/// more loads in flight across the GPU than several per unit (see
-/// [`ELEMENTWISE_UNITS`]). Tunable with `LIGER_EW_VPU`; `LIGER_EW_CUBES_PER_SM` caps the
-/// grid (persistent cubes grid-striding) instead of one block per cube.
-pub const ELEMENTWISE_VECTORS_PER_UNIT: usize = 1;
-/// Most elements per vectorized load. Four (8-byte loads of f16/bf16, 16-byte of f32): with
-/// eight bf16 per load each unit kept 48 registers of f32 temporaries live (58% of the
-/// warps a multiprocessor holds), with four it keeps 32 (93%). H200, bf16 8192×14336
-/// (`scripts/gpu_sweep_elementwise.sh`, benches/results/2026-11-22-h200-712cd8c/): the
-/// SwiGLU forward kernel went from 185 to 164 µs (4.30 TB/s, the speed of Burn's `x+y`),
-/// GeGLU's forward and both full steps got faster, the backward kernel stayed within 2%
-/// (272 → 275 µs). Tunable with `LIGER_EW_MAX_VECTOR`.
-pub const ELEMENTWISE_MAX_VECTOR: usize = 4;
 /// Most vectors one launch addresses: indices stay below 2³¹ in the kernel's 32-bit
 /// arithmetic (grid striding adds at most one grid to an index below this bound); larger
 /// buffers are covered by several launches over offset handles.
 const MAX_VECTORS_PER_LAUNCH: usize = 1 << 30;
 
-static FORCED_MAX_CUBES: AtomicUsize = AtomicUsize::new(0);
-static FORCED_VECTORS_PER_LAUNCH: AtomicUsize = AtomicUsize::new(0);
-
-/// Limits forced on every later elementwise launch, so tests reach the paths that only
-/// gigabyte buffers take otherwise: `max_cubes` makes the cubes grid-stride over many
-/// blocks, `vectors_per_launch` splits a buffer into several launches over offset handles
-/// (rounded up to keep each offset a multiple of the device's memory alignment). `None`
-/// restores the defaults. Results must not depend on them, only speed.
-pub fn set_elementwise_limits(max_cubes: Option<usize>, vectors_per_launch: Option<usize>) {
-    FORCED_MAX_CUBES.store(max_cubes.unwrap_or(0), Ordering::Relaxed);
-    FORCED_VECTORS_PER_LAUNCH.store(vectors_per_launch.unwrap_or(0), Ordering::Relaxed);
-}
-
-fn forced(limit: &AtomicUsize) -> Option<usize> {
-    Some(limit.load(Ordering::Relaxed)).filter(|v| *v > 0)
-}
-
 /// Launch geometry of the elementwise kernel over a contiguous buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct ElementwiseLaunch {
     /// Elements per vectorized load: the widest the device loads that divides the length,
-    /// at most [`ELEMENTWISE_MAX_VECTOR`].
+    /// at most [`ElementwiseConfig::max_vector`].
     pub vector_size: usize,
     /// Units per cube.
     pub units: u32,
@@ -118,8 +77,13 @@ impl ElementwiseLaunch {
     /// and the buffer contiguous, and its start is aligned (Burn allocates aligned and
     /// only makes zero-copy slice views at offsets that are multiples of the memory
     /// alignment), so `[rows, 7]` still gets full-width loads when `rows · 7` allows.
-    pub fn new<R: Runtime>(client: &ComputeClient<R>, len: usize, elem_size: usize) -> Self {
-        let max_vector = tuning("LIGER_EW_MAX_VECTOR", ELEMENTWISE_MAX_VECTOR);
+    pub fn new<R: Runtime>(
+        client: &ComputeClient<R>,
+        config: &ElementwiseConfig,
+        len: usize,
+        elem_size: usize,
+    ) -> Self {
+        let max_vector = config.max_vector.max(1);
         let vector_size = client
             .io_optimized_vector_sizes(elem_size)
             .find(|v| *v <= max_vector && len.is_multiple_of(*v))
@@ -130,19 +94,19 @@ impl ElementwiseLaunch {
             .max_units_per_cube
             .min(props.hardware.max_cube_dim.0)
             .max(1) as usize;
-        let units = tuning("LIGER_EW_UNITS", ELEMENTWISE_UNITS).min(hw_units);
+        let units = config.units.clamp(1, hw_units);
         let units = prev_power_of_two(units as u32);
-        let vectors_per_unit =
-            tuning("LIGER_EW_VPU", ELEMENTWISE_VECTORS_PER_UNIT).clamp(1, 16) as u32;
+        let vectors_per_unit = config.vectors_per_unit.clamp(1, 16) as u32;
         let mut max_cubes = (props.hardware.max_cube_count.0 as usize).clamp(1, 65_535);
         // By default one block per cube (cubes retire as they finish, no loop); a cap in
         // cubes per multiprocessor makes a persistent grid that strides instead.
-        let per_sm = tuning("LIGER_EW_CUBES_PER_SM", 0);
-        if per_sm > 0 {
+        if let Some(per_sm) = config.cubes_per_sm.filter(|c| *c > 0) {
             let sms = props.hardware.num_streaming_multiprocessors.unwrap_or(32) as usize;
             max_cubes = max_cubes.min(sms * per_sm).max(1);
         }
-        let max_cubes = forced(&FORCED_MAX_CUBES).map_or(max_cubes, |m| m.min(max_cubes));
+        let max_cubes = config
+            .max_cubes
+            .map_or(max_cubes, |m| m.clamp(1, max_cubes));
         Self {
             vector_size,
             units,
@@ -299,9 +263,11 @@ fn elementwise_block<F: Float, N: Size>(
 /// `inputs` and `outputs` are contiguous buffers of `len` elements, as many as `pass`
 /// reads and writes. Buffers of more than 2³⁰ vectors are covered by several launches
 /// over offset handles (so the kernel's 32-bit indices never overflow).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch<R: Runtime>(
     op: &'static str,
     client: &ComputeClient<R>,
+    config: &ElementwiseConfig,
     inputs: &[&Handle],
     outputs: &[&Handle],
     len: usize,
@@ -315,16 +281,18 @@ pub(crate) fn launch<R: Runtime>(
     if len == 0 {
         return Ok(());
     }
-    let geometry = ElementwiseLaunch::new(client, len, dtype.size());
+    let geometry = ElementwiseLaunch::new(client, config, len, dtype.size());
     let vector_size = geometry.vector_size;
     let vectors = len / vector_size;
     let vector_bytes = (vector_size * dtype.size()) as u64;
     // Bindings a pass does not touch (comptime-skipped) point at one small scratch buffer.
     let dummy = client.empty(vector_bytes as usize);
-    let per_launch = forced(&FORCED_VECTORS_PER_LAUNCH).map_or(MAX_VECTORS_PER_LAUNCH, |v| {
-        let align = client.properties().memory.alignment.max(1) as usize;
-        v.next_multiple_of(align).min(MAX_VECTORS_PER_LAUNCH)
-    });
+    let per_launch = config
+        .vectors_per_launch
+        .map_or(MAX_VECTORS_PER_LAUNCH, |v| {
+            let align = client.properties().memory.alignment.max(1) as usize;
+            v.next_multiple_of(align).min(MAX_VECTORS_PER_LAUNCH)
+        });
     let mut done = 0usize;
     while done < vectors {
         let count = (vectors - done).min(per_launch);

@@ -10,7 +10,7 @@
 use crate::activation::{self, Activation};
 use crate::counters::{self, Kernel};
 use crate::elementwise::{Pass, launch};
-use crate::launch::KernelError;
+use crate::launch::{KernelError, LaunchConfig};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -73,6 +73,7 @@ pub(crate) fn backward<N: Size>(
 /// `gate, up, output`: `len` contiguous elements of `dtype` (any shape `[..., d]`).
 pub fn glu_forward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     gate: &Handle,
     up: &Handle,
     output: &Handle,
@@ -83,6 +84,7 @@ pub fn glu_forward<R: Runtime>(
     launch(
         act.name(false),
         client,
+        &config.elementwise,
         &[gate, up],
         &[output],
         len,
@@ -104,6 +106,7 @@ pub fn glu_forward<R: Runtime>(
 #[allow(clippy::too_many_arguments)]
 pub fn glu_backward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     grad: &Handle,
     gate: &Handle,
     up: &Handle,
@@ -116,6 +119,7 @@ pub fn glu_backward<R: Runtime>(
     launch(
         act.name(true),
         client,
+        &config.elementwise,
         &[grad, gate, up],
         &[grad_gate, grad_up],
         len,

@@ -4,7 +4,6 @@
 use cubecl::features::Plane;
 use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Which cross-unit reduction the kernels use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,27 +15,6 @@ pub enum ReductionPath {
     Plane,
     /// Shared-memory tree only.
     Shared,
-}
-
-static REDUCTION_PATH: AtomicU8 = AtomicU8::new(0);
-
-/// Forces a reduction path for every later launch (tests run both paths on one device).
-pub fn set_reduction_path(path: ReductionPath) {
-    let v = match path {
-        ReductionPath::Auto => 0,
-        ReductionPath::Plane => 1,
-        ReductionPath::Shared => 2,
-    };
-    REDUCTION_PATH.store(v, Ordering::Relaxed);
-}
-
-/// The reduction path in force.
-pub fn reduction_path() -> ReductionPath {
-    match REDUCTION_PATH.load(Ordering::Relaxed) {
-        1 => ReductionPath::Plane,
-        2 => ReductionPath::Shared,
-        _ => ReductionPath::Auto,
-    }
 }
 
 /// Problems a launch refuses before touching the device.
@@ -86,64 +64,122 @@ pub fn check_float_dtype(op: &'static str, dtype: StorageType) -> Result<(), Ker
     }
 }
 
-/// Forward kernels: each unit walks about this many vectors of a row (one cube per row).
-pub const FORWARD_VECTORS_PER_UNIT: usize = 4;
-/// Softmax forward over wide rows: sixteen vectors per unit (fewer, busier units) measured
-/// fastest on the H200 (8192×32768 bf16: 0.447 ms against 0.566 ms with four; see
-/// benches/results/*/sweep.log).
-pub const SOFTMAX_FORWARD_VECTORS_PER_UNIT: usize = 16;
-
-/// Backward kernels walk many rows per cube (for the weight-gradient partials): two
-/// vectors per unit and two cubes per multiprocessor measured fastest on the H200
-/// (8192×4096 bf16: RMSNorm backward 0.164 ms against 0.224 ms with one vector per unit
-/// and four cubes per multiprocessor; see benches/results/*/sweep.log).
-pub const BACKWARD_VECTORS_PER_UNIT: usize = 2;
-/// Backward cubes per multiprocessor (each writes one f32 row of weight-gradient partials).
-pub const PARTIALS_PER_SM: usize = 2;
-
 /// Most vectors per unit kept in registers (8 vectors of 8 halves: 64 f32 registers).
 pub const MAX_CACHED_CHUNKS: usize = 8;
 
-/// Launch-geometry overrides for tuning sweeps on a device, read once from the
-/// environment: `LIGER_FWD_VPU`, `LIGER_BWD_VPU` (vectors per unit), `LIGER_PARTIALS_PER_SM`
-/// (backward cubes per multiprocessor), `LIGER_MAX_CACHED` (register-cached chunks),
-/// `LIGER_EW_UNITS`, `LIGER_EW_VPU`, `LIGER_EW_CUBES_PER_SM`, `LIGER_EW_MAX_VECTOR`
-/// (elementwise kernels' units per cube, vectors per unit, grid cap, elements per load),
-/// `LIGER_ROPE_HEADS` (heads per RoPE unit), `LIGER_ROPE_CUBES_PER_SM` (RoPE cube cap).
-/// Unset means the constants above. Results do not depend on them beyond f32 rounding
-/// (tests cover the geometries they produce); only speed does.
-pub(crate) fn tuning(name: &str, default: usize) -> usize {
-    use std::collections::HashMap;
-    use std::sync::OnceLock;
-    static VALUES: OnceLock<HashMap<String, usize>> = OnceLock::new();
-    let values = VALUES.get_or_init(|| {
-        [
-            "LIGER_FWD_VPU",
-            "LIGER_BWD_VPU",
-            "LIGER_PARTIALS_PER_SM",
-            "LIGER_MAX_CACHED",
-            "LIGER_EW_UNITS",
-            "LIGER_EW_VPU",
-            "LIGER_ROPE_HEADS",
-            "LIGER_ROPE_CUBES_PER_SM",
-            "LIGER_EW_CUBES_PER_SM",
-            "LIGER_EW_MAX_VECTOR",
-        ]
-        .iter()
-        .filter_map(|k| {
-            std::env::var(k)
-                .ok()?
-                .parse()
-                .ok()
-                .map(|v| (k.to_string(), v))
-        })
-        .collect()
-    });
-    values
-        .get(name)
-        .copied()
-        .filter(|v| *v > 0)
-        .unwrap_or(default)
+/// The launch geometry of every kernel in this crate, passed explicitly to each launch
+/// function. Results do not depend on it beyond f32 summation order (the suites run
+/// several geometries); only speed does.
+///
+/// [`LaunchConfig::for_device`] is the table callers should use. Its values, and where
+/// they were measured:
+///
+/// | field | value | measured on |
+/// |---|---|---|
+/// | `reduction` | `Auto` (plane ops where the device has them, else shared memory) | every device |
+/// | `forward_vectors_per_unit` | 4 | H200, RMSNorm/LayerNorm 8192×4096 bf16 |
+/// | `softmax_forward_vectors_per_unit` | 16 (0.447 ms against 0.566 ms with 4, softmax 8192×32768 bf16) | H200 |
+/// | `backward_vectors_per_unit` | 2 (RMSNorm backward 8192×4096 bf16: 0.164 ms against 0.224 ms with 1 and 4 cubes per SM) | H200 |
+/// | `partials_per_sm` | 2 (backward cubes per multiprocessor, one f32 row of weight-gradient partials each) | H200 |
+/// | `elementwise` | see [`ElementwiseConfig`] | H200 |
+/// | `rope` | see [`RopeConfig`] | H200 |
+///
+/// Other devices get the same values: no other device has been swept yet, and the
+/// values only set how much work each unit does, which every device runs correctly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Which cross-unit reduction the row kernels use.
+    pub reduction: ReductionPath,
+    /// Row-kernel forwards: each unit walks about this many vectors of a row (one cube
+    /// per row).
+    pub forward_vectors_per_unit: usize,
+    /// Softmax and cross-entropy forwards over wide rows: fewer, busier units.
+    pub softmax_forward_vectors_per_unit: usize,
+    /// Row-kernel backwards, which walk many rows per cube for the weight-gradient partials.
+    pub backward_vectors_per_unit: usize,
+    /// Backward cubes per multiprocessor (each writes one f32 row of weight-gradient partials).
+    pub partials_per_sm: usize,
+    /// The elementwise kernel (activations, gated units).
+    pub elementwise: ElementwiseConfig,
+    /// The rotary-embedding kernel.
+    pub rope: RopeConfig,
+}
+
+/// Geometry of the elementwise kernel (GELU, sigmoid, SwiGLU, GeGLU), forward and backward.
+///
+/// H200, bf16 8192×14336 SwiGLU (benches/data, `scripts/device/`): 64 units × 1 vector
+/// with one block per cube was the fastest (forward 0.181 ms; 128 × 1 and 256 × 1 within
+/// 7%; every 4-vector setting slower). Four elements per load (8-byte loads of f16/bf16)
+/// keep 32 registers live per unit instead of 48 with eight, and took the SwiGLU forward
+/// kernel from 185 to 164 µs (4.30 TB/s, as fast as Burn's `x + y` over the same bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ElementwiseConfig {
+    /// Units per cube (rounded down to a power of two within the device limit).
+    pub units: usize,
+    /// Vectors each unit loads per grid step (1..=16).
+    pub vectors_per_unit: usize,
+    /// Most elements per vectorized load.
+    pub max_vector: usize,
+    /// Cap on cubes per multiprocessor (a persistent, grid-striding grid); `None`: one
+    /// block per cube.
+    pub cubes_per_sm: Option<usize>,
+    /// Cap on cubes per launch, whatever the device allows (tests use a small one to
+    /// reach the grid-striding path).
+    pub max_cubes: Option<usize>,
+    /// Most vectors one launch addresses; larger buffers take several launches over
+    /// offset handles (tests use a small one to reach that path). `None`: the 32-bit
+    /// index limit.
+    pub vectors_per_launch: Option<usize>,
+}
+
+/// Geometry of the rotary-embedding kernel: 256 units per cube, each rotating
+/// `heads_per_unit` heads with one read of its cos/sin vectors, at most `cubes_per_sm`
+/// cubes per multiprocessor before units walk several work items.
+///
+/// H200, bf16 B4 T2048 32q/8kv d128: 4 heads per unit, 16 cubes per multiprocessor
+/// (forward 0.074 ms, 2283 GB/s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopeConfig {
+    /// Heads each unit rotates (1..=32).
+    pub heads_per_unit: usize,
+    /// Cubes per multiprocessor (a persistent grid).
+    pub cubes_per_sm: usize,
+}
+
+impl LaunchConfig {
+    /// The geometry for a device (see the table in the type's docs).
+    pub fn for_device(_properties: &cubecl::ir::DeviceProperties) -> Self {
+        Self::default()
+    }
+
+    /// This geometry with another reduction path.
+    pub fn with_reduction(self, reduction: ReductionPath) -> Self {
+        Self { reduction, ..self }
+    }
+}
+
+impl Default for LaunchConfig {
+    fn default() -> Self {
+        LaunchConfig {
+            reduction: ReductionPath::Auto,
+            forward_vectors_per_unit: 4,
+            softmax_forward_vectors_per_unit: 16,
+            backward_vectors_per_unit: 2,
+            partials_per_sm: 2,
+            elementwise: ElementwiseConfig {
+                units: 64,
+                vectors_per_unit: 1,
+                max_vector: 4,
+                cubes_per_sm: None,
+                max_cubes: None,
+                vectors_per_launch: None,
+            },
+            rope: RopeConfig {
+                heads_per_unit: 4,
+                cubes_per_sm: 16,
+            },
+        }
+    }
 }
 
 /// Launch geometry of a row-wise kernel.
@@ -161,7 +197,8 @@ pub struct RowLaunch {
 
 impl RowLaunch {
     /// Geometry for `rows` rows of `width` elements of `elem_size` bytes, at most
-    /// `max_cubes` cubes, about `vectors_per_unit` vectors walked by each unit.
+    /// `max_cubes` cubes, about `vectors_per_unit` vectors walked by each unit, reducing
+    /// across units by `reduction`.
     pub fn new<R: Runtime>(
         client: &ComputeClient<R>,
         rows: usize,
@@ -169,6 +206,7 @@ impl RowLaunch {
         elem_size: usize,
         max_cubes: usize,
         vectors_per_unit: usize,
+        reduction: ReductionPath,
     ) -> Self {
         let props = client.properties();
         let vector_size = client
@@ -183,20 +221,12 @@ impl RowLaunch {
             .min(props.hardware.max_cube_dim.0)
             .max(1);
         // Enough units that each walks about `vectors_per_unit` vectors, within the device limit.
-        let vectors_per_unit = match vectors_per_unit {
-            FORWARD_VECTORS_PER_UNIT => tuning("LIGER_FWD_VPU", FORWARD_VECTORS_PER_UNIT),
-            SOFTMAX_FORWARD_VECTORS_PER_UNIT => {
-                tuning("LIGER_FWD_VPU", SOFTMAX_FORWARD_VECTORS_PER_UNIT)
-            }
-            BACKWARD_VECTORS_PER_UNIT => tuning("LIGER_BWD_VPU", BACKWARD_VECTORS_PER_UNIT),
-            other => other,
-        };
         let wanted = (vectors.div_ceil(vectors_per_unit.max(1))).clamp(32, 1024) as u32;
         let units = prev_power_of_two(wanted.min(hw_max));
         let plane_ok = client.features().plane.contains(Plane::Ops)
             && props.hardware.plane_size_max >= 1
             && units >= props.hardware.plane_size_max;
-        let use_plane = match reduction_path() {
+        let use_plane = match reduction {
             ReductionPath::Shared => false,
             ReductionPath::Auto => plane_ok,
             ReductionPath::Plane => units >= props.hardware.plane_size_max,
@@ -259,6 +289,7 @@ impl RowLaunch {
     pub fn backward<R: Runtime>(
         op: &'static str,
         client: &ComputeClient<R>,
+        config: &LaunchConfig,
         rows: usize,
         width: usize,
         dtype: StorageType,
@@ -269,8 +300,9 @@ impl RowLaunch {
             rows,
             width,
             dtype.size(),
-            partial_cubes(client, rows),
-            BACKWARD_VECTORS_PER_UNIT,
+            partial_cubes(client, config, rows),
+            config.backward_vectors_per_unit,
+            config.reduction,
         );
         let chunks = launch.chunks(width);
         if chunks > MAX_BACKWARD_CHUNKS {
@@ -283,14 +315,17 @@ impl RowLaunch {
 
 /// Upper bound on cubes for kernels that accumulate per-cube partials (weight gradients):
 /// a few per multiprocessor, so the partial buffer stays small.
-pub fn partial_cubes<R: Runtime>(client: &ComputeClient<R>, rows: usize) -> usize {
+pub fn partial_cubes<R: Runtime>(
+    client: &ComputeClient<R>,
+    config: &LaunchConfig,
+    rows: usize,
+) -> usize {
     let sms = client
         .properties()
         .hardware
         .num_streaming_multiprocessors
         .unwrap_or(32) as usize;
-    rows.min(sms * tuning("LIGER_PARTIALS_PER_SM", PARTIALS_PER_SM))
-        .max(1)
+    rows.min(sms * config.partials_per_sm.max(1)).max(1)
 }
 
 /// Builds an array argument over a contiguous buffer of `len` items.

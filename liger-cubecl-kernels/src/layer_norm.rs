@@ -7,7 +7,7 @@
 //! last two accumulated per cube in f32 and summed by [`crate::partial_sum`].
 
 use crate::counters::{self, Kernel};
-use crate::launch::{FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, array, check_float_dtype};
+use crate::launch::{KernelError, LaunchConfig, RowLaunch, array, check_float_dtype};
 use crate::partial_sum::sum_partials;
 use crate::reduce::{ReduceOp, cube_reduce, vector_sum};
 use cubecl::prelude::*;
@@ -194,6 +194,7 @@ fn layer_norm_backward_kernel<F: Float, N: Size>(
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_forward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     x: &Handle,
     gamma: &Handle,
     beta: Option<&Handle>,
@@ -212,7 +213,8 @@ pub fn layer_norm_forward<R: Runtime>(
         width,
         dtype.size(),
         usize::MAX,
-        FORWARD_VECTORS_PER_UNIT,
+        config.forward_vectors_per_unit,
+        config.reduction,
     );
     let vectors = launch.vectors(width);
     let n = rows * vectors;
@@ -257,6 +259,7 @@ pub fn layer_norm_forward<R: Runtime>(
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     grad: &Handle,
     x: &Handle,
     gamma: &Handle,
@@ -269,7 +272,8 @@ pub fn layer_norm_backward<R: Runtime>(
     width: usize,
     dtype: StorageType,
 ) -> Result<(), KernelError> {
-    let (launch, chunks) = RowLaunch::backward("layer_norm_backward", client, rows, width, dtype)?;
+    let (launch, chunks) =
+        RowLaunch::backward("layer_norm_backward", client, config, rows, width, dtype)?;
     let vectors = launch.vectors(width);
     let n = rows * vectors;
     let parts = launch.cubes as usize;

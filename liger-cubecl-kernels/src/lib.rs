@@ -22,23 +22,22 @@ pub mod rms_norm;
 pub mod rope;
 pub mod softmax;
 
-pub use elementwise::set_elementwise_limits;
-pub use launch::{KernelError, ReductionPath, RowLaunch, set_reduction_path};
+pub use launch::{
+    ElementwiseConfig, KernelError, LaunchConfig, ReductionPath, RopeConfig, RowLaunch,
+};
 
-/// Counts kernel launches per op, so tests can prove the fused path ran.
+/// Counts kernel launches per op on the calling thread, so tests can prove the fused
+/// path ran. Test-only: with the `launch-counters` feature off (the default) recording
+/// compiles to nothing and every count reads 0.
 pub mod counters {
-    use std::sync::atomic::{AtomicU64, Ordering};
-
     macro_rules! counters {
         ($($name:ident),* $(,)?) => {
-            #[allow(non_upper_case_globals)]
-            mod statics { use super::AtomicU64; $(pub static $name: AtomicU64 = AtomicU64::new(0);)* }
             /// Every counted kernel.
             #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
             #[allow(non_camel_case_types, missing_docs)]
+            #[repr(usize)]
             pub enum Kernel { $($name),* }
             impl Kernel {
-                fn slot(self) -> &'static AtomicU64 { match self { $(Kernel::$name => &statics::$name),* } }
                 /// Every kernel, for reports.
                 pub const ALL: &'static [Kernel] = &[$(Kernel::$name),*];
             }
@@ -68,12 +67,32 @@ pub mod counters {
         cross_entropy_backward,
     );
 
-    /// Records one launch.
+    #[cfg(feature = "launch-counters")]
+    std::thread_local! {
+        static COUNTS: std::cell::RefCell<Vec<u64>> =
+            std::cell::RefCell::new(vec![0; Kernel::ALL.len()]);
+    }
+
+    /// Records one launch on this thread.
+    #[inline]
     pub fn record(kernel: Kernel) {
-        kernel.slot().fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "launch-counters")]
+        COUNTS.with(|c| c.borrow_mut()[kernel as usize] += 1);
+        #[cfg(not(feature = "launch-counters"))]
+        let _ = kernel;
     }
-    /// Launches of `kernel` since the process started.
+
+    /// Launches of `kernel` on this thread since it started (0 without `launch-counters`).
     pub fn get(kernel: Kernel) -> u64 {
-        kernel.slot().load(Ordering::Relaxed)
+        #[cfg(feature = "launch-counters")]
+        return COUNTS.with(|c| c.borrow()[kernel as usize]);
+        #[cfg(not(feature = "launch-counters"))]
+        {
+            let _ = kernel;
+            0
+        }
     }
+
+    /// Whether this build counts launches.
+    pub const ENABLED: bool = cfg!(feature = "launch-counters");
 }

@@ -7,7 +7,7 @@
 //! `dw = Σ_rows dy · x̂`, accumulated per cube in f32 and summed by [`crate::partial_sum`].
 
 use crate::counters::{self, Kernel};
-use crate::launch::{FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, array, check_float_dtype};
+use crate::launch::{KernelError, LaunchConfig, RowLaunch, array, check_float_dtype};
 use crate::partial_sum::sum_partials;
 use crate::reduce::{ReduceOp, cube_reduce, vector_sum};
 use cubecl::prelude::*;
@@ -238,6 +238,7 @@ pub struct RmsNormKernelOptions {
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_forward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     x: &Handle,
     residual: Option<(&Handle, &Handle)>,
     weight: &Handle,
@@ -260,7 +261,8 @@ pub fn rms_norm_forward<R: Runtime>(
         width,
         dtype.size(),
         usize::MAX,
-        FORWARD_VECTORS_PER_UNIT,
+        config.forward_vectors_per_unit,
+        config.reduction,
     );
     let vectors = launch.vectors(width);
     let n = rows * vectors;
@@ -313,6 +315,7 @@ pub fn rms_norm_forward<R: Runtime>(
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_backward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     grad: &Handle,
     x: &Handle,
     weight: &Handle,
@@ -324,7 +327,8 @@ pub fn rms_norm_backward<R: Runtime>(
     options: RmsNormKernelOptions,
     dtype: StorageType,
 ) -> Result<(), KernelError> {
-    let (launch, chunks) = RowLaunch::backward("rms_norm_backward", client, rows, width, dtype)?;
+    let (launch, chunks) =
+        RowLaunch::backward("rms_norm_backward", client, config, rows, width, dtype)?;
     let vectors = launch.vectors(width);
     let n = rows * vectors;
     let parts = launch.cubes as usize;

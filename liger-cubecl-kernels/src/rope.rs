@@ -22,16 +22,12 @@
 //! outputs are contiguous `[batch, heads, seq, head_dim]`.
 
 use crate::counters::{self, Kernel};
-use crate::launch::{KernelError, check_float_dtype, tuning};
+use crate::launch::{KernelError, LaunchConfig, check_float_dtype};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-/// Heads each unit rotates with one read of its cos/sin vectors.
-pub const ROPE_HEADS_PER_UNIT: usize = 4;
 /// Units per cube.
 pub const ROPE_UNITS: u32 = 256;
-/// Most cubes per multiprocessor before units walk several work items (grid stride).
-pub const ROPE_CUBES_PER_SM: usize = 16;
 
 /// Swaps the lanes of each pair `(2i, 2i + 1)` of a vector.
 #[cube]
@@ -323,6 +319,7 @@ fn largest_index(strides: [usize; 3], p: &RopeProblem, heads: usize) -> usize {
 /// contiguous `[1 or batch, seq, head_dim]` of `dtype`, like the inputs and outputs.
 pub fn rope<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     q: Option<RopeOperand<'_>>,
     k: Option<RopeOperand<'_>>,
     cos: &Handle,
@@ -363,7 +360,7 @@ pub fn rope<R: Runtime>(
         // Scalar loads: element 2i and its partner 2i + 1.
         RopeKernelLayout::Interleaved => (row / 2, 2, 1),
     };
-    let heads_per_unit = tuning("LIGER_ROPE_HEADS", ROPE_HEADS_PER_UNIT).min(32);
+    let heads_per_unit = config.rope.heads_per_unit.clamp(1, 32);
     let q_heads = q.map_or(0, |o| o.heads);
     let k_heads = k.map_or(0, |o| o.heads);
     let q_groups = q_heads.div_ceil(heads_per_unit);
@@ -376,7 +373,7 @@ pub fn rope<R: Runtime>(
         .min(props.hardware.max_cube_dim.0)
         .max(1);
     let sms = props.hardware.num_streaming_multiprocessors.unwrap_or(32) as usize;
-    let max_cubes = (sms * tuning("LIGER_ROPE_CUBES_PER_SM", ROPE_CUBES_PER_SM))
+    let max_cubes = (sms * config.rope.cubes_per_sm.max(1))
         .min(props.hardware.max_cube_count.0.max(1) as usize)
         .min(65_535);
     let cubes = items.div_ceil(units as usize).clamp(1, max_cubes) as u32;

@@ -6,10 +6,7 @@
 //! softmax `dx = y · (dy - Σ dy·y)`, log-softmax `dx = dy - exp(y) · Σ dy`.
 
 use crate::counters::{self, Kernel};
-use crate::launch::{
-    FORWARD_VECTORS_PER_UNIT, KernelError, RowLaunch, SOFTMAX_FORWARD_VECTORS_PER_UNIT, array,
-    check_float_dtype,
-};
+use crate::launch::{KernelError, LaunchConfig, RowLaunch, array, check_float_dtype};
 use crate::reduce::{ReduceOp, cube_reduce, shifted_exp, vector_max, vector_sum};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -184,6 +181,7 @@ fn softmax_backward_kernel<F: Float, N: Size>(
 #[allow(clippy::too_many_arguments)]
 pub fn softmax_forward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     x: &Handle,
     output: &Handle,
     rows: usize,
@@ -198,7 +196,8 @@ pub fn softmax_forward<R: Runtime>(
         width,
         dtype.size(),
         usize::MAX,
-        SOFTMAX_FORWARD_VECTORS_PER_UNIT,
+        config.softmax_forward_vectors_per_unit,
+        config.reduction,
     );
     let n = rows * launch.vectors(width);
     // Safety: every array length above is the item count of a buffer sized for
@@ -233,6 +232,7 @@ pub fn softmax_forward<R: Runtime>(
 #[allow(clippy::too_many_arguments)]
 pub fn softmax_backward<R: Runtime>(
     client: &ComputeClient<R>,
+    config: &LaunchConfig,
     grad: &Handle,
     output: &Handle,
     grad_x: &Handle,
@@ -255,7 +255,8 @@ pub fn softmax_backward<R: Runtime>(
         width,
         dtype.size(),
         usize::MAX,
-        FORWARD_VECTORS_PER_UNIT,
+        config.forward_vectors_per_unit,
+        config.reduction,
     );
     let n = rows * launch.vectors(width);
     // Safety: every array length above is the item count of a buffer sized for

@@ -195,14 +195,16 @@ fn eager_attention<B: FusedOps>(
 /// it cannot have computed them all; the heads are therefore taken in groups below this.
 pub const MAX_SCORE_ELEMENTS: usize = (1 << 31) - 1;
 
-/// Test override of [`MAX_SCORE_ELEMENTS`] (0: none).
-static SCORE_LIMIT_OVERRIDE: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
+#[cfg(feature = "test-hooks")]
+std::thread_local! {
+    static SCORE_LIMIT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
 
-/// Overrides [`MAX_SCORE_ELEMENTS`] process-wide (`None` restores it): lets tests reach
-/// the grouped path at small shapes.
-pub fn set_max_score_elements(limit: Option<usize>) {
-    SCORE_LIMIT_OVERRIDE.store(limit.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+/// Test-only (feature `test-hooks`): [`MAX_SCORE_ELEMENTS`] is `limit` on this thread until
+/// the guard is dropped, so tests reach the grouped path at small shapes.
+#[cfg(feature = "test-hooks")]
+pub fn override_max_score_elements(limit: usize) -> liger_burn::test_hooks::OverrideGuard<usize> {
+    liger_burn::test_hooks::scoped_override(&SCORE_LIMIT, limit)
 }
 
 /// Query heads per group so that `[batch, group, seq, seq]` stays within the limit: the
@@ -212,10 +214,10 @@ pub fn set_max_score_elements(limit: Option<usize>) {
 /// # Panics
 /// When even one head's scores (`batch · seq²` elements) exceed it, naming the shapes.
 pub fn heads_per_group(batch: usize, heads: usize, seq: usize) -> usize {
-    let limit = match SCORE_LIMIT_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => MAX_SCORE_ELEMENTS,
-        n => n,
-    };
+    #[cfg(feature = "test-hooks")]
+    let limit = SCORE_LIMIT.with(|s| s.get()).unwrap_or(MAX_SCORE_ELEMENTS);
+    #[cfg(not(feature = "test-hooks"))]
+    let limit = MAX_SCORE_ELEMENTS;
     let per_head = batch.saturating_mul(seq).saturating_mul(seq);
     assert!(
         per_head <= limit,

@@ -11,26 +11,20 @@ use burn::backend::Autodiff;
 use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, DType, Tensor, TensorData};
 use liger_burn::functional::attention;
-use liger_burn::ops::compose::attention::{block_rows, set_block_score_elements};
+use liger_burn::ops::compose::attention::block_rows;
 use liger_burn::ops::{AttentionOptions, FusedOps};
+use liger_burn::test_hooks::{OverrideGuard, override_attention_block};
 use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::tensors::{check, values};
-use liger_tests::{BackendVisitor, dtypes, for_each_backend, lock};
+use liger_tests::{BackendVisitor, dtypes, for_each_backend};
 use liger_verify::conformance::{Rng, compare_normwise};
 
-/// Restores the default block size when dropped (also on panic).
-struct Blocks;
+/// The block size on this thread while held (`None`: the default).
+struct Blocks(#[allow(dead_code)] Option<OverrideGuard<usize>>);
 
 impl Blocks {
     fn set(elements: Option<usize>) -> Self {
-        set_block_score_elements(elements);
-        Blocks
-    }
-}
-
-impl Drop for Blocks {
-    fn drop(&mut self) {
-        set_block_score_elements(None);
+        Blocks(elements.map(override_attention_block))
     }
 }
 
@@ -304,13 +298,11 @@ fn attention_matches_the_f64_reference_and_stock_eager_attention() {
             }
         }
     }
-    let _guard = lock();
     for_each_backend(&mut T(Rng::from_env()));
 }
 
 #[test]
 fn blocks_cover_the_queries_within_the_score_budget() {
-    let _guard = lock();
     // Default budget 2^27 scores: Llama-3.2-1B (32 heads) at 1K is one block; at 32K,
     // 128 rows (a multiple of 64) per block.
     assert_eq!(block_rows(1, 32, 1024), 1024);
@@ -381,6 +373,5 @@ fn bad_attention_input_names_the_op_and_the_shapes() {
             }
         }
     }
-    let _guard = lock();
     for_each_backend(&mut T);
 }

@@ -167,7 +167,6 @@ impl BackendVisitor for ModuleParity {
 
 #[test]
 fn module_matches_burn_cross_entropy_loss() {
-    let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut ModuleParity {
         rng: Rng::from_env(),
     });
@@ -361,7 +360,6 @@ impl BackendVisitor for SpecialCases {
 
 #[test]
 fn all_ignored_free_backward_in_place_and_unchecked_targets() {
-    let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut SpecialCases {
         rng: Rng::from_env(),
     });
@@ -450,7 +448,6 @@ impl BackendVisitor for BadInputs {
 
 #[test]
 fn bad_inputs_are_rejected_with_clear_errors() {
-    let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut BadInputs);
 }
 
@@ -592,7 +589,6 @@ impl BackendVisitor for BackwardRescale {
 
 #[test]
 fn backward_rescales_rows_on_the_device() {
-    let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut BackwardRescale {
         rng: Rng::from_env(),
     });
@@ -608,7 +604,6 @@ fn cube_primitive_rejects_float_targets() {
     if liger_tests::device_name() == "ndarray" {
         return;
     }
-    let _guard = liger_tests::lock();
     let device = WgpuDevice::Cpu;
     let msg = panic_message(|| {
         let logits = floats::<Plain, 2>(&[0.5; 40], [4, 10], &device);

@@ -128,7 +128,6 @@ where
     Liger<Autodiff<B>>: AutodiffBackend<Device = B::Device>,
     Autodiff<Liger<B>>: AutodiffBackend<Device = B::Device>,
 {
-    let _guard = liger_tests::lock();
     let mut rng = Rng::from_env();
     let seed = rng.seed();
     let inputs = Inputs::new(&mut rng);
@@ -294,7 +293,6 @@ where
     Liger<Autodiff<B>>: AutodiffBackend<Device = B::Device>,
     Autodiff<Liger<B>>: AutodiffBackend<Device = B::Device>,
 {
-    let _guard = liger_tests::lock();
     let mut rng = Rng::from_env();
     let seed = rng.seed();
     let x = rng.vec(ROWS * D, -6.0, 6.0, 0.0);

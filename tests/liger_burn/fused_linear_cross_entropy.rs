@@ -28,8 +28,8 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Tensor, backend::Backend};
 use liger_burn::functional;
-use liger_burn::ops::compose::linear_cross_entropy::set_chunk_rows_override;
 use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction};
+use liger_burn::test_hooks::{OverrideGuard, override_chunk_rows};
 use liger_tests::BackendVisitor;
 use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::tensors::{check, floats, ints, scaled, values};
@@ -39,17 +39,11 @@ const N: usize = 37;
 const V: usize = 100;
 const H: usize = 45;
 
-/// Restores the automatic chunk size when dropped.
-struct Chunk;
+/// The chunk rows on this thread while held (`None`: the automatic size).
+struct Chunk(#[allow(dead_code)] Option<OverrideGuard<usize>>);
 impl Chunk {
     fn rows(rows: Option<usize>) -> Self {
-        set_chunk_rows_override(rows);
-        Chunk
-    }
-}
-impl Drop for Chunk {
-    fn drop(&mut self) {
-        set_chunk_rows_override(None);
+        Chunk(rows.map(override_chunk_rows))
     }
 }
 
@@ -247,7 +241,6 @@ impl BackendVisitor for StockParity {
 
 #[test]
 fn matches_stock_burn_at_every_chunk_count() {
-    let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut StockParity {
         rng: Rng::from_env(),
     });
@@ -339,7 +332,6 @@ impl BackendVisitor for SpecialCases {
 
 #[test]
 fn all_ignored_and_primitive_without_autodiff() {
-    let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut SpecialCases {
         rng: Rng::from_env(),
     });
@@ -396,7 +388,6 @@ impl BackendVisitor for BadInputs {
 
 #[test]
 fn bad_inputs_are_rejected_with_clear_errors() {
-    let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut BadInputs);
 }
 

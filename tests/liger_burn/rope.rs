@@ -146,7 +146,6 @@ impl BackendVisitor for AgainstStock {
 
 #[test]
 fn rope_matches_stock_burn() {
-    let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut AgainstStock);
 }
 
@@ -188,7 +187,6 @@ impl BackendVisitor for ModuleAgainstBurn {
 
 #[test]
 fn rope_module_matches_burn_rotary_encoding() {
-    let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut ModuleAgainstBurn);
 }
 
@@ -299,7 +297,6 @@ impl<B: Backend> BackwardRef for B {
 
 #[test]
 fn rope_one_launch_each_way_and_one_sided_gradients() {
-    let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut Launches);
 }
 
@@ -552,7 +549,6 @@ impl BackendVisitor for BadInputs {
 
 #[test]
 fn rope_bad_inputs_are_rejected_with_clear_errors() {
-    let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut BadInputs);
 }
 

@@ -90,7 +90,6 @@ impl BackendVisitor for BadInputs {
 
 #[test]
 fn bad_inputs_are_rejected_with_clear_errors() {
-    let _guard = liger_tests::lock();
     liger_tests::for_each_backend(&mut BadInputs);
 }
 

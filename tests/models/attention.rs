@@ -7,27 +7,21 @@
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::ops::FusedOps;
-use liger_burn::ops::compose::attention::set_block_score_elements;
-use liger_models::attention::{MAX_SCORE_ELEMENTS, heads_per_group, set_max_score_elements};
+use liger_burn::test_hooks::OverrideGuard;
+use liger_burn::test_hooks::override_attention_block;
+use liger_models::attention::{MAX_SCORE_ELEMENTS, heads_per_group, override_max_score_elements};
 use liger_models::{CausalLm, LigerConfig, ModelConfig, ModelType};
 use liger_tests::errors::{assert_mentions, panic_message};
-use liger_tests::{BackendVisitor, for_each_model_backend, lock};
+use liger_tests::{BackendVisitor, for_each_model_backend};
 use liger_train::trainer;
 use liger_verify::conformance::Rng;
 
-/// Restores the default score limit when dropped (also on panic).
-struct Limit;
+/// The score limit on this thread while held (`None`: the default).
+struct Limit(#[allow(dead_code)] Option<OverrideGuard<usize>>);
 
 impl Limit {
     fn set(limit: Option<usize>) -> Self {
-        set_max_score_elements(limit);
-        Limit
-    }
-}
-
-impl Drop for Limit {
-    fn drop(&mut self) {
-        set_max_score_elements(None);
+        Limit(limit.map(override_max_score_elements))
     }
 }
 
@@ -149,23 +143,20 @@ fn attention_in_head_groups_matches_all_heads_at_once() {
                     seed,
                 );
                 for block in [None, Some(2 * batch * 5 * seq)] {
-                    set_block_score_elements(block);
+                    let _blocks = block.map(override_attention_block);
                     let (logits, grads) =
                         logits_and_grads::<B>(&model, &ids, [batch, seq], &g, device);
-                    set_block_score_elements(None);
                     let ctx = format!("{label} liger {recompute:?}, blocks of {block:?} scores");
                     assert_same(&ctx, (&logits, &grads), (&ref_logits, &ref_grads));
                 }
             }
         }
     }
-    let _guard = lock();
     for_each_model_backend(&mut T(Rng::from_env()));
 }
 
 #[test]
 fn head_groups_stay_within_the_limit_and_name_the_shapes_when_one_head_cannot() {
-    let _guard = lock();
     // Llama-3.2-1B at 8K tokens: 32 heads of 8192² scores = 2³¹ elements, one more than
     // the limit; 31 heads would fit, so two groups, balanced to 16.
     assert_eq!(MAX_SCORE_ELEMENTS, (1usize << 31) - 1);

@@ -15,7 +15,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::Liger;
 use liger_burn::ops::FusedOps;
 use liger_models::{CausalLm, HfParam, LigerConfig, evaluate};
-use liger_tests::{BackendVisitor, for_each_model_backend, lock};
+use liger_tests::{BackendVisitor, for_each_model_backend};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -172,7 +172,6 @@ impl BackendVisitor for Outputs<'_> {
 }
 
 fn outputs_match(name: &str) {
-    let _guard = lock();
     let (dir, expected) = fixture(name);
     let mut run = Outputs {
         name,
@@ -284,7 +283,6 @@ impl BackendVisitor for Gradients {
 
 #[test]
 fn gradients_match_transformers() {
-    let _guard = lock();
     let mut run = Gradients {
         report: Report::default(),
     };

@@ -16,7 +16,7 @@ use liger_models::{
     CausalLm, Checkpoint, LigerConfig, ModelConfig, ModelError, ModelType, RopeScaling, evaluate,
 };
 use liger_tests::errors::assert_mentions;
-use liger_tests::{BackendVisitor, for_each_model_backend, lock};
+use liger_tests::{BackendVisitor, for_each_model_backend};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -526,7 +526,6 @@ fn file_tensors(path: &Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn half_precision_models_load_exactly_save_back_and_match_transformers() {
-    let _guard = lock();
     let mut run = HalfPrecision {
         ran: Vec::new(),
         failures: Vec::new(),

@@ -2,12 +2,12 @@
 //! limits, bad input, partial gradient tracking, any rank.
 
 use crate::errors::{assert_mentions, panic_message, quiet_panic};
-use crate::{BackendVisitor, dtypes, for_each_backend, lock, tensors};
+use crate::{BackendVisitor, dtypes, for_each_backend, tensors};
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use liger_burn::functional;
 use liger_burn::ops::{FusedOps, GluActivation};
-use liger_cubecl_kernels::set_elementwise_limits;
+use liger_burn::test_hooks::override_launch_config;
 use liger_verify::conformance::glu::reference;
 use liger_verify::conformance::{Op, Rng, Tolerance, compare, run_case};
 
@@ -15,15 +15,8 @@ use liger_verify::conformance::{Op, Rng, Tolerance, compare, run_case};
 /// (which then grid-strides over every block of a launch) and split every 4096 vectors
 /// into launches over offset handles: the paths only multi-gigabyte tensors take with the
 /// default limits. The shapes have tails, several blocks per launch and a partial last
-/// launch. Other tests of the same binary may run under the limits meanwhile, which
-/// changes nothing but their speed.
+/// launch. The limits hold on this test's thread only.
 pub fn check_op_with_elementwise_limits(op: Op) {
-    struct Restore;
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            set_elementwise_limits(None, None);
-        }
-    }
     struct Run(Op, Rng, Vec<String>);
     impl BackendVisitor for Run {
         fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
@@ -40,9 +33,10 @@ pub fn check_op_with_elementwise_limits(op: Op) {
             }
         }
     }
-    let _guard = lock();
-    set_elementwise_limits(Some(1), Some(4096));
-    let _restore = Restore;
+    let mut geometry = crate::current_geometry();
+    geometry.elementwise.max_cubes = Some(1);
+    geometry.elementwise.vectors_per_launch = Some(4096);
+    let _geometry = override_launch_config(geometry);
     let mut run = Run(op, Rng::from_env(), Vec::new());
     let seed = run.1.seed();
     for_each_backend(&mut run);
@@ -169,7 +163,6 @@ pub fn check_bad_inputs(op: Op) {
             eprintln!("{label}: {name} bad inputs rejected");
         }
     }
-    let _guard = lock();
     for_each_backend(&mut Bad(op));
 }
 
@@ -237,7 +230,6 @@ pub fn check_partial_tracking(op: Op) {
             }
         }
     }
-    let _guard = lock();
     let mut run = Partial(op, Rng::from_env());
     let seed = run.1.seed();
     eprintln!("seed {seed}");
@@ -451,7 +443,6 @@ macro_rules! activation_tests {
                     }
                 }
             }
-            let _guard = $crate::lock();
             $crate::for_each_backend(&mut Fallback);
         }
     };

@@ -1,5 +1,5 @@
-//! Shared test support: which device the suites run on, the backends over it, and a
-//! lock that serializes kernel tests (they switch the global reduction path).
+//! Shared test support: which device the suites run on, and the backends over it (each
+//! CubeCL backend on both reduction paths, through the per-thread `test-hooks` override).
 //!
 //! `LIGER_TEST_DEVICE` picks the device: `wgpu-cpu` (default: Mesa's lavapipe, the CI
 //! device), `vulkan` (the first real Vulkan adapter), `cuda`, or `ndarray` (the stock-op
@@ -7,15 +7,13 @@
 
 use burn::tensor::DType;
 use liger_burn::ops::FusedOps;
-use liger_cubecl_kernels::ReductionPath;
+use liger_burn::test_hooks::{launch_config_override, override_launch_config};
+use liger_cubecl_kernels::{LaunchConfig, ReductionPath};
 use liger_verify::conformance::{self, CaseResult, Op, Rng};
-use std::sync::{Mutex, MutexGuard};
 
-static LOCK: Mutex<()> = Mutex::new(());
-
-/// Serializes tests that launch kernels or read launch counters.
-pub fn lock() -> MutexGuard<'static, ()> {
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+/// The launch geometry in force on this thread: a test's own override, else the default.
+pub fn current_geometry() -> LaunchConfig {
+    launch_config_override().unwrap_or_default()
 }
 
 /// The configured test device name.
@@ -45,21 +43,19 @@ pub fn for_each_backend(v: &mut impl BackendVisitor) {
                 WgpuDevice::DefaultDevice
             };
             for path in [ReductionPath::Plane, ReductionPath::Shared] {
-                liger_cubecl_kernels::set_reduction_path(path);
+                let _geometry = override_launch_config(current_geometry().with_reduction(path));
                 v.visit::<Wgpu>(&format!("{name}/fusion/{path:?}"), &device);
                 v.visit::<Plain>(&format!("{name}/cube/{path:?}"), &device);
             }
-            liger_cubecl_kernels::set_reduction_path(ReductionPath::Auto);
         }
         #[cfg(feature = "cuda")]
         "cuda" => {
             use burn::backend::cuda::{Cuda, CudaDevice};
             let device = CudaDevice::default();
             for path in [ReductionPath::Plane, ReductionPath::Shared] {
-                liger_cubecl_kernels::set_reduction_path(path);
+                let _geometry = override_launch_config(current_geometry().with_reduction(path));
                 v.visit::<Cuda>(&format!("cuda/fusion/{path:?}"), &device);
             }
-            liger_cubecl_kernels::set_reduction_path(ReductionPath::Auto);
         }
         "ndarray" => {}
         other => panic!(
@@ -142,7 +138,6 @@ fn sweep(select: impl Fn(Op) -> bool, quick: bool, what: &str) {
             }
         }
     }
-    let _guard = lock();
     let mut sweep = Sweep {
         select,
         quick,
@@ -175,13 +170,11 @@ pub fn for_each_model_backend(v: &mut impl BackendVisitor) {
             } else {
                 WgpuDevice::DefaultDevice
             };
-            liger_cubecl_kernels::set_reduction_path(ReductionPath::Auto);
             v.visit::<Wgpu>(&format!("{name}/fusion"), &device);
         }
         #[cfg(feature = "cuda")]
         "cuda" => {
             use burn::backend::cuda::{Cuda, CudaDevice};
-            liger_cubecl_kernels::set_reduction_path(ReductionPath::Auto);
             v.visit::<Cuda>("cuda/fusion", &CudaDevice::default());
         }
         "ndarray" => {}

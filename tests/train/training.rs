@@ -16,7 +16,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::Liger;
 use liger_burn::ops::FusedOps;
 use liger_models::{CausalLm, LigerConfig, ModelConfig, ModelType};
-use liger_tests::{BackendVisitor, for_each_model_backend, lock};
+use liger_tests::{BackendVisitor, for_each_model_backend};
 use liger_train::batching::{Cursor, Layout, epoch_batches};
 use liger_train::checkpoint::{self, DataInfo, STATE_FORMAT, TrainerState};
 use liger_train::clipping::{CLIP_EPS, clip_global_norm, global_grad_norm};
@@ -195,7 +195,6 @@ fn on_model_backends(case: impl Case) {
             self.ran += 1;
         }
     }
-    let _guard = lock();
     let mut v = Visit {
         case,
         rng: Rng::from_env(),

@@ -30,7 +30,7 @@
 use burn::tensor::DType;
 use liger_burn::ops::FusedOps;
 use liger_models::ModelType;
-use liger_tests::{BackendVisitor, for_each_model_backend, lock};
+use liger_tests::{BackendVisitor, for_each_model_backend};
 use liger_verify::convergence::{
     ConvergenceReport, ConvergenceSetup, Tolerances, compare, train_liger_off, train_liger_on,
 };
@@ -96,7 +96,6 @@ impl BackendVisitor for Convergence {
 }
 
 fn converges(setup: ConvergenceSetup, different: Option<ConvergenceSetup>) {
-    let _guard = lock();
     let mut run = Convergence {
         setup,
         different,

@@ -12,7 +12,8 @@ use crate::table::{Align, Table, sci};
 use anyhow::{Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use liger_burn::ops::FusedOps;
-use liger_cubecl_kernels::{ReductionPath, set_reduction_path};
+use liger_burn::test_hooks::override_launch_config;
+use liger_cubecl_kernels::{LaunchConfig, ReductionPath};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
 
@@ -89,7 +90,7 @@ impl OnDevice for Check {
 
         let mut runs = Vec::new();
         for &path in &paths {
-            set_reduction_path(path);
+            let _geometry = override_launch_config(LaunchConfig::default().with_reduction(path));
             if let Some(cube) = &ctx.cube {
                 pb.suspend(|| println!("reduction: {}", cube.reduction_in_use(path)));
             }
@@ -126,7 +127,6 @@ impl OnDevice for Check {
             let panic = outcome.err().map(|p| device::payload_text(p.as_ref()));
             runs.push(PathRun { path, cases, panic });
         }
-        set_reduction_path(ReductionPath::Auto);
         pb.finish_and_clear();
 
         Ok(report(&runs, paths.len() > 1, seed))

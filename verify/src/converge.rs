@@ -133,7 +133,9 @@ impl OnDevice for Converge {
             return Ok(code);
         }
         let path = a.reduction.paths()[0];
-        liger_cubecl_kernels::set_reduction_path(path);
+        let _geometry = liger_burn::test_hooks::override_launch_config(
+            liger_cubecl_kernels::LaunchConfig::default().with_reduction(path),
+        );
         println!(
             "runs:      liger off = Autodiff<B> + LigerConfig::none(); liger on = Liger<Autodiff<B>> + LigerConfig::all() (reduction path {path:?})"
         );

@@ -30,6 +30,7 @@ pub(crate) fn forward<R: CubeRuntime>(x: CubeTensor<R>, kind: Unary) -> CubeTens
     };
     launched(launch(
         &x.client,
+        &super::launch_config(&x.client),
         &x.handle,
         &output.handle,
         len,
@@ -58,6 +59,7 @@ pub(crate) fn backward<R: CubeRuntime>(
     };
     launched(launch(
         &saved.client,
+        &super::launch_config(&saved.client),
         &grad.handle,
         &saved.handle,
         &grad_x.handle,

@@ -76,6 +76,7 @@ where
     };
     launched(cross_entropy::<R>(
         &logits.client,
+        &super::launch_config(&logits.client),
         CrossEntropyBuffers {
             logits: &logits.handle,
             targets: &targets.handle,
@@ -135,6 +136,7 @@ where
     let grad_scale = to_f32::<B, R>(grad_scale);
     launched(cross_entropy_backward::<R>(
         &grad.client,
+        &super::launch_config(&grad.client),
         &grad.handle,
         &grad_rows.handle,
         (&grad_scale.handle, per_row_scale),

@@ -37,6 +37,7 @@ pub(crate) fn forward<R: CubeRuntime>(
     let output = empty_like(&gate, shape, gate.dtype);
     launched(glu_forward::<R>(
         &gate.client,
+        &super::launch_config(&gate.client),
         &gate.handle,
         &up.handle,
         &output.handle,
@@ -64,6 +65,7 @@ pub(crate) fn backward<R: CubeRuntime>(
     let grad_up = empty_like(&gate, shape, gate.dtype);
     launched(glu_backward::<R>(
         &gate.client,
+        &super::launch_config(&gate.client),
         &grad.handle,
         &gate.handle,
         &up.handle,

@@ -26,6 +26,7 @@ where
     let rstd = empty_like(&x, row_stat_shape(&shape), DType::F32);
     launched(layer_norm_forward::<R>(
         &x.client,
+        &super::launch_config(&x.client),
         &x.handle,
         &gamma.handle,
         beta.as_ref().map(|b| &b.handle),
@@ -67,6 +68,7 @@ where
     let grad_beta = has_bias.then(|| empty_like(&x, gamma.shape(), gamma.dtype));
     launched(layer_norm_backward::<R>(
         &x.client,
+        &super::launch_config(&x.client),
         &grad.handle,
         &x.handle,
         &gamma.handle,

@@ -20,6 +20,7 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use liger_cubecl_kernels::LaunchConfig;
 
 impl<R, F, I, BT> FusedOps for CubeBackend<R, F, I, BT>
 where
@@ -201,6 +202,19 @@ pub(crate) fn prepare_norm<R: CubeRuntime>(
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     validate::check(validate::norm_tensors(op, &x, &weight, bias, true));
     (into_contiguous(x), into_contiguous(weight))
+}
+
+/// The launch geometry of every kernel on this client: the kernels' per-device table
+/// ([`LaunchConfig::for_device`]), or the calling thread's override in test builds
+/// ([`crate::test_hooks::with_launch_config`], feature `test-hooks`).
+pub(crate) fn launch_config<R: cubecl::Runtime>(
+    client: &cubecl::client::ComputeClient<R>,
+) -> LaunchConfig {
+    #[cfg(feature = "test-hooks")]
+    if let Some(config) = crate::test_hooks::launch_config_override() {
+        return config;
+    }
+    LaunchConfig::for_device(client.properties())
 }
 
 /// Panics with the kernel's own message (it names the op) if a launch was refused.

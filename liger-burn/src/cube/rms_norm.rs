@@ -51,6 +51,7 @@ where
         .map(|_| empty_like(&x, shape.clone(), x.dtype));
     launched(rms_norm_forward::<R>(
         &x.client,
+        &super::launch_config(&x.client),
         &x.handle,
         residual
             .as_ref()
@@ -91,6 +92,7 @@ where
     let grad_weight = empty_like(&x, weight.shape(), weight.dtype);
     launched(rms_norm_backward::<R>(
         &x.client,
+        &super::launch_config(&x.client),
         &grad.handle,
         &x.handle,
         &weight.handle,

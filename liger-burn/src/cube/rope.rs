@@ -103,6 +103,7 @@ pub(crate) fn rope<R: CubeRuntime>(
     }
     launched(launch_rope::<R>(
         &client,
+        &super::launch_config(&client),
         q.as_ref().map(operand),
         k.as_ref().map(operand),
         &cos.handle,

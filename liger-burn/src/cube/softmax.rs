@@ -29,6 +29,7 @@ pub(crate) fn forward<R: CubeRuntime>(x: CubeTensor<R>, log: bool) -> CubeTensor
     let output = empty_like(&x, shape, x.dtype);
     launched(softmax_forward::<R>(
         &x.client,
+        &super::launch_config(&x.client),
         &x.handle,
         &output.handle,
         rows,
@@ -58,6 +59,7 @@ pub(crate) fn backward<R: CubeRuntime>(
     let grad_x = empty_like(&output, shape, output.dtype);
     launched(softmax_backward::<R>(
         &output.client,
+        &super::launch_config(&output.client),
         &grad.handle,
         &output.handle,
         &grad_x.handle,

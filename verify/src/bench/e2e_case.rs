@@ -105,7 +105,9 @@ impl OnDevice for CaseRun {
     fn run<B: FusedOps>(self, ctx: Ctx<B>) -> Result<ExitCode> {
         let args = &self.args;
         let path = args.reduction.paths()[0];
-        liger_cubecl_kernels::set_reduction_path(path);
+        let _geometry = liger_burn::test_hooks::override_launch_config(
+            liger_cubecl_kernels::LaunchConfig::default().with_reduction(path),
+        );
         let mut out = CaseOutput {
             backend: B::name(&ctx.device),
             tokens: self.case.batch * self.case.seq,

@@ -41,7 +41,8 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use indicatif::{ProgressBar, ProgressStyle};
 use liger_burn::ops::FusedOps;
-use liger_cubecl_kernels::set_reduction_path;
+use liger_burn::test_hooks::override_launch_config;
+use liger_cubecl_kernels::LaunchConfig;
 use ops::{Inputs, Mode, Provider, Stock, apply, backward_root, bytes, elements, flops};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
@@ -154,7 +155,7 @@ impl OnDevice for Bench {
         let dtype = args.dtype.dtype();
         let e = args.dtype.size();
         let path = args.reduction.paths()[0];
-        set_reduction_path(path);
+        let _geometry = override_launch_config(LaunchConfig::default().with_reduction(path));
         ctx.describe(Some(path));
         if let Some(code) =
             crate::device::require_dtype::<B>(&ctx.device, dtype, args.dtype, "benchmark", "")
@@ -355,7 +356,6 @@ impl OnDevice for Bench {
             flush(&mut rows)?;
             groups.push(group);
         }
-        set_reduction_path(liger_cubecl_kernels::ReductionPath::Auto);
         pb.finish_and_clear();
 
         if let Ok(c) = &add {

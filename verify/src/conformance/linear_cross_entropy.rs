@@ -21,8 +21,8 @@ use super::{
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData, bf16, f16};
 use liger_burn::functional;
-use liger_burn::ops::compose::linear_cross_entropy::set_chunk_rows_override;
 use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction};
+use liger_burn::test_hooks::{OverrideGuard, override_chunk_rows};
 
 /// Hidden size of the cases (odd, so no kernel sees a friendly width).
 pub const HIDDEN: usize = 45;
@@ -278,19 +278,12 @@ pub fn is_reduced_precision(matmul_error: f64) -> bool {
     matmul_error > TF32_DETECT
 }
 
-/// Restores the automatic chunk size when dropped (also on panic).
-struct ChunkOverride;
+/// The chunk rows on this thread while held (`None`: the automatic size).
+struct ChunkOverride(#[allow(dead_code)] Option<OverrideGuard<usize>>);
 
 impl ChunkOverride {
     fn set(rows: Option<usize>) -> Self {
-        set_chunk_rows_override(rows);
-        ChunkOverride
-    }
-}
-
-impl Drop for ChunkOverride {
-    fn drop(&mut self) {
-        set_chunk_rows_override(None);
+        ChunkOverride(rows.map(override_chunk_rows))
     }
 }
 

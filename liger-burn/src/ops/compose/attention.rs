@@ -38,7 +38,6 @@ use burn::tensor::{
     Bool, DType, Int, Tensor, TensorPrimitive,
     ops::{BoolTensor, FloatTensor},
 };
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Most score elements one block may hold (`[batch, heads, rows, keys]`): 2²⁷, 0.5 GiB in
 /// f32. A block's transients are a few times that (scores in two dtypes, probabilities,
@@ -46,22 +45,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// blocks stay large enough for the matmuls to fill the GPU.
 pub const BLOCK_SCORE_ELEMENTS: usize = 1 << 27;
 
-static BLOCK_OVERRIDE: AtomicUsize = AtomicUsize::new(0);
-
-/// Forces the score elements of every later block (`None`: [`BLOCK_SCORE_ELEMENTS`]), so
-/// tests reach several blocks and a partial last one at small shapes. Not part of the
-/// stable API.
-#[doc(hidden)]
-pub fn set_block_score_elements(elements: Option<usize>) {
-    BLOCK_OVERRIDE.store(elements.unwrap_or(0), Ordering::Relaxed);
-}
-
 /// Query rows per block for `[batch, heads, seq, ·]` (see the module docs).
 pub fn block_rows(batch: usize, heads: usize, seq: usize) -> usize {
-    let budget = match BLOCK_OVERRIDE.load(Ordering::Relaxed) {
-        0 => BLOCK_SCORE_ELEMENTS,
-        n => n,
-    };
+    #[cfg(feature = "test-hooks")]
+    let budget = crate::test_hooks::attention_block_override().unwrap_or(BLOCK_SCORE_ELEMENTS);
+    #[cfg(not(feature = "test-hooks"))]
+    let budget = BLOCK_SCORE_ELEMENTS;
     let per_row = batch.saturating_mul(heads).saturating_mul(seq).max(1);
     let rows = (budget / per_row).max(1);
     if rows >= seq {

@@ -27,21 +27,10 @@ use burn::tensor::{
     DType, Int, Tensor, TensorMetadata, TensorPrimitive,
     ops::{FloatTensor, IntTensor},
 };
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-static CHUNK_ROWS_OVERRIDE: AtomicUsize = AtomicUsize::new(0);
-
-/// Forces the rows per chunk of every later call (`None`: the automatic size), so tests
-/// can hit several chunks and a last partial one. Not part of the stable API.
-#[doc(hidden)]
-pub fn set_chunk_rows_override(rows: Option<usize>) {
-    CHUNK_ROWS_OVERRIDE.store(rows.unwrap_or(0), Ordering::Relaxed);
-}
-
 /// Rows per chunk for `x: [n, h]` against `V = v` classes (see the module docs).
 pub fn chunk_rows(n: usize, h: usize, v: usize) -> usize {
-    let forced = CHUNK_ROWS_OVERRIDE.load(Ordering::Relaxed);
-    if forced > 0 {
+    #[cfg(feature = "test-hooks")]
+    if let Some(forced) = crate::test_hooks::chunk_rows_override() {
         return forced.min(n).max(1);
     }
     let liger = (n * h).div_ceil(v.max(1));

@@ -1,0 +1,82 @@
+//! Test-only controls (feature `test-hooks`) that let the suites reach, at small shapes,
+//! the paths only large inputs take otherwise:
+//!
+//! - the kernels' launch geometry: every op on both reduction paths, the elementwise
+//!   kernel's grid-striding and multi-launch paths;
+//! - the blockwise attention's block size: several blocks and a partial last one;
+//! - the fused linear cross entropy's chunk rows: several chunks and a partial last one.
+//!
+//! Each override belongs to the calling thread (Burn's fusion and CubeCL backends launch
+//! on the calling thread) and lasts as long as its guard, so concurrent tests do not see
+//! each other's. Without the feature none of this exists.
+
+use liger_cubecl_kernels::LaunchConfig;
+use std::cell::Cell;
+use std::thread::LocalKey;
+
+std::thread_local! {
+    static LAUNCH_CONFIG: Cell<Option<LaunchConfig>> = const { Cell::new(None) };
+    static ATTENTION_BLOCK: Cell<Option<usize>> = const { Cell::new(None) };
+    static CHUNK_ROWS: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Restores a thread-local override's previous value when dropped.
+#[must_use = "the override ends when the guard is dropped"]
+pub struct OverrideGuard<T: Copy + 'static> {
+    slot: &'static LocalKey<Cell<Option<T>>>,
+    previous: Option<T>,
+}
+
+impl<T: Copy + 'static> Drop for OverrideGuard<T> {
+    fn drop(&mut self) {
+        self.slot.with(|s| s.set(self.previous));
+    }
+}
+
+/// Sets the thread-local `slot` to `value` until the guard is dropped (for crates that
+/// keep their own test overrides, such as liger-models).
+pub fn scoped_override<T: Copy + 'static>(
+    slot: &'static LocalKey<Cell<Option<T>>>,
+    value: T,
+) -> OverrideGuard<T> {
+    let previous = slot.with(|s| s.replace(Some(value)));
+    OverrideGuard { slot, previous }
+}
+
+/// Every kernel this thread launches uses `config` instead of the device's table.
+pub fn override_launch_config(config: LaunchConfig) -> OverrideGuard<LaunchConfig> {
+    scoped_override(&LAUNCH_CONFIG, config)
+}
+
+/// Runs `f` with [`override_launch_config`]`(config)` in force.
+pub fn with_launch_config<T>(config: LaunchConfig, f: impl FnOnce() -> T) -> T {
+    let _guard = override_launch_config(config);
+    f()
+}
+
+/// The calling thread's launch-geometry override, if any.
+pub fn launch_config_override() -> Option<LaunchConfig> {
+    LAUNCH_CONFIG.with(|s| s.get())
+}
+
+/// The blockwise attention on this thread holds at most `elements` score elements per
+/// block (instead of [`BLOCK_SCORE_ELEMENTS`](crate::ops::compose::attention::BLOCK_SCORE_ELEMENTS)).
+pub fn override_attention_block(elements: usize) -> OverrideGuard<usize> {
+    scoped_override(&ATTENTION_BLOCK, elements)
+}
+
+/// The calling thread's attention block override, if any.
+pub fn attention_block_override() -> Option<usize> {
+    ATTENTION_BLOCK.with(|s| s.get())
+}
+
+/// The fused linear cross entropy on this thread takes `rows` rows per chunk (instead of
+/// [`chunk_rows`](crate::ops::compose::linear_cross_entropy::chunk_rows)'s size).
+pub fn override_chunk_rows(rows: usize) -> OverrideGuard<usize> {
+    scoped_override(&CHUNK_ROWS, rows)
+}
+
+/// The calling thread's chunk-rows override, if any.
+pub fn chunk_rows_override() -> Option<usize> {
+    CHUNK_ROWS.with(|s| s.get())
+}
