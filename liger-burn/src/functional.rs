@@ -5,6 +5,7 @@
 //! Every function validates its inputs first and panics with a message naming the op,
 //! the shapes and the dtypes (Burn's convention for invalid tensor input).
 
+use crate::ops::compose::cross_entropy::{non_ignored_weight, reciprocal_or_zero};
 use crate::ops::validate::{self, NormInputs};
 use crate::ops::{FusedOps, RmsNormOptions};
 use burn::tensor::{Tensor, TensorPrimitive};
@@ -405,32 +406,6 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
         check_target_bounds(OP, bounds, vocab, options.ignore_index, &logits_shape);
     }
     out
-}
-
-/// `1 / d`, and `0` where `d = 0` (an all-ignored batch has loss 0 and zero gradients).
-pub(crate) fn reciprocal_or_zero<B: FusedOps>(d: Tensor<B, 1>) -> Tensor<B, 1> {
-    let zero = d.clone().equal_elem(0.0);
-    d.recip().mask_fill(zero, 0.0)
-}
-
-/// `Σ_{non-ignored i} w[y_i]` (the count of non-ignored rows without weights), `[1]` f32.
-/// Targets outside `[0, V)` count as ignored.
-pub(crate) fn non_ignored_weight<B: FusedOps>(
-    targets: &Tensor<B, 1, burn::tensor::Int>,
-    class_weight: Option<&Tensor<B, 1>>,
-    vocab: usize,
-    ignore_index: i64,
-) -> Tensor<B, 1> {
-    use crate::ops::compose::cross_entropy::{mask_f32, valid_rows};
-    let valid = valid_rows(targets.clone(), vocab, ignore_index);
-    match class_weight {
-        Some(w) => {
-            let safe = targets.clone().mask_fill(valid.clone().bool_not(), 0);
-            let w_y = w.clone().cast(burn::tensor::DType::F32).gather(0, safe);
-            (w_y * mask_f32(valid)).sum()
-        }
-        None => mask_f32(valid).sum(),
-    }
 }
 
 /// The smallest and largest target that is not `ignore_index` (`[2]`, on the device, 0

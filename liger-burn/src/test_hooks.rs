@@ -80,3 +80,40 @@ pub fn override_chunk_rows(rows: usize) -> OverrideGuard<usize> {
 pub fn chunk_rows_override() -> Option<usize> {
     CHUNK_ROWS.with(|s| s.get())
 }
+
+/// Everything above as the calling thread has it, for work that runs on another thread on
+/// its behalf: Burn's fusion stream executes its operations on the device's runner thread,
+/// so a custom operation captures this when it is registered and runs [`within`] it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Captured {
+    launch_config: Option<LaunchConfig>,
+    attention_block: Option<usize>,
+    chunk_rows: Option<usize>,
+    counter_scope: u64,
+}
+
+/// The calling thread's overrides and launch-counting scope.
+pub(crate) fn capture() -> Captured {
+    Captured {
+        launch_config: launch_config_override(),
+        attention_block: attention_block_override(),
+        chunk_rows: chunk_rows_override(),
+        counter_scope: liger_cubecl_kernels::counters::scope(),
+    }
+}
+
+/// Runs `f` with `captured`'s overrides and counting scope on this thread.
+pub(crate) fn within<T>(captured: &Captured, f: impl FnOnce() -> T) -> T {
+    fn set<V: Copy + 'static>(
+        slot: &'static LocalKey<Cell<Option<V>>>,
+        value: Option<V>,
+    ) -> OverrideGuard<V> {
+        let previous = slot.with(|s| s.replace(value));
+        OverrideGuard { slot, previous }
+    }
+    let _launch = set(&LAUNCH_CONFIG, captured.launch_config);
+    let _attention = set(&ATTENTION_BLOCK, captured.attention_block);
+    let _chunks = set(&CHUNK_ROWS, captured.chunk_rows);
+    let _scope = liger_cubecl_kernels::counters::enter_scope(captured.counter_scope);
+    f()
+}

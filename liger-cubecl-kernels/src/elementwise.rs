@@ -1,6 +1,6 @@
 //! The one elementwise kernel and its launch geometry, shared by every memory-bound
 //! elementwise op (the gated activations of [`crate::glu`], the activations of
-//! [`crate::activation`]), forward and backward.
+//! [`crate::activation`], their math in [`crate::pointwise`]), forward and backward.
 //!
 //! One skeleton, so vectorization, unrolling, tail handling and grid striding are written
 //! once: each unit loads `vectors_per_unit` vectors of every input into registers first
@@ -12,9 +12,8 @@
 //! math is a comptime choice (`Pass` and [`Activation`]), so each op compiles to its own
 //! kernel without copies of this code.
 
-use crate::activation::{self, Activation};
-use crate::glu;
 use crate::launch::{ElementwiseConfig, KernelError, array, check_float_dtype};
+use crate::pointwise::{self, Activation};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -28,7 +27,7 @@ pub(crate) enum Pass {
     /// `out0 = act(in0)`.
     Unary,
     /// `out0 = in0 * act'(in1)` (grad, saved), `saved` being what
-    /// [`activation::grad_from_saved`] takes: the input, or the output for sigmoid.
+    /// [`pointwise::grad_from_saved`] takes: the input, or the output for sigmoid.
     UnaryBackward,
 }
 
@@ -234,24 +233,24 @@ fn elementwise_block<F: Float, N: Size>(
             match pass {
                 Pass::Glu => {
                     let u = Vector::<f32, N>::cast_from(r1[k as usize]);
-                    out0[i] = Vector::<F, N>::cast_from(glu::forward::<N>(a, u, act));
+                    out0[i] = Vector::<F, N>::cast_from(pointwise::glu_forward::<N>(a, u, act));
                 }
                 Pass::GluBackward => {
                     let gate = Vector::<f32, N>::cast_from(r1[k as usize]);
                     let up = Vector::<f32, N>::cast_from(r2[k as usize]);
                     let mut grad_gate = Vector::<f32, N>::new(0.0);
                     let mut grad_up = Vector::<f32, N>::new(0.0);
-                    glu::backward::<N>(a, gate, up, &mut grad_gate, &mut grad_up, act);
+                    pointwise::glu_backward::<N>(a, gate, up, &mut grad_gate, &mut grad_up, act);
                     out0[i] = Vector::<F, N>::cast_from(grad_gate);
                     out1[i] = Vector::<F, N>::cast_from(grad_up);
                 }
                 Pass::Unary => {
-                    out0[i] = Vector::<F, N>::cast_from(activation::value::<N>(a, act));
+                    out0[i] = Vector::<F, N>::cast_from(pointwise::value::<N>(a, act));
                 }
                 Pass::UnaryBackward => {
                     let saved = Vector::<f32, N>::cast_from(r1[k as usize]);
                     out0[i] =
-                        Vector::<F, N>::cast_from(a * activation::grad_from_saved::<N>(saved, act));
+                        Vector::<F, N>::cast_from(a * pointwise::grad_from_saved::<N>(saved, act));
                 }
             }
         }

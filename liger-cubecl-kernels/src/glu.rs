@@ -7,10 +7,10 @@
 //! `grad_gate = grad · up · act'(gate)`, `grad_up = grad · act(gate)`. Inputs of any
 //! float dtype are widened to f32, computed in f32 and rounded once on the store.
 
-use crate::activation::{self, Activation};
 use crate::counters::{self, Kernel};
 use crate::elementwise::{Pass, launch};
 use crate::launch::{KernelError, LaunchConfig};
+use crate::pointwise::Activation;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -39,33 +39,6 @@ impl GluActivation {
             (GluActivation::GeluTanh, true) => "geglu_backward",
         }
     }
-}
-
-/// `act(gate) · up` for one vector, in f32.
-#[cube]
-pub(crate) fn forward<N: Size>(
-    gate: Vector<f32, N>,
-    up: Vector<f32, N>,
-    #[comptime] act: Activation,
-) -> Vector<f32, N> {
-    activation::value::<N>(gate, act) * up
-}
-
-/// `grad_gate = grad · up · act'(gate)`, `grad_up = grad · act(gate)` for one vector.
-#[cube]
-pub(crate) fn backward<N: Size>(
-    grad: Vector<f32, N>,
-    gate: Vector<f32, N>,
-    up: Vector<f32, N>,
-    grad_gate: &mut Vector<f32, N>,
-    grad_up: &mut Vector<f32, N>,
-    #[comptime] act: Activation,
-) {
-    let mut value = Vector::<f32, N>::new(0.0);
-    let mut derivative = Vector::<f32, N>::new(0.0);
-    activation::value_and_grad::<N>(gate, &mut value, &mut derivative, act);
-    *grad_gate = grad * up * derivative;
-    *grad_up = grad * value;
 }
 
 /// Gated unit forward: `output = act(gate) · up`.

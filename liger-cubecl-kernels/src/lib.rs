@@ -17,6 +17,7 @@ pub mod glu;
 pub mod launch;
 pub mod layer_norm;
 pub mod partial_sum;
+pub mod pointwise;
 pub mod reduce;
 pub mod rms_norm;
 pub mod rope;
@@ -26,9 +27,9 @@ pub use launch::{
     ElementwiseConfig, KernelError, LaunchConfig, ReductionPath, RopeConfig, RowLaunch,
 };
 
-/// Counts kernel launches per op on the calling thread, so tests can prove the fused
-/// path ran. Test-only: with the `launch-counters` feature off (the default) recording
-/// compiles to nothing and every count reads 0.
+/// Counts kernel launches per op, so tests can prove the fused path ran. Test-only: with
+/// the `launch-counters` feature off (the default) recording compiles to nothing and every
+/// count reads 0.
 pub mod counters {
     macro_rules! counters {
         ($($name:ident),* $(,)?) => {
@@ -67,25 +68,79 @@ pub mod counters {
         cross_entropy_backward,
     );
 
+    // Launches are counted per scope: each thread starts in a scope of its own, and a
+    // launch made on another thread for it (Burn's fusion stream runs its operations on
+    // the device's runner thread) is counted in the scope the caller was in, which the
+    // caller's glue carries over with [`enter_scope`].
     #[cfg(feature = "launch-counters")]
-    std::thread_local! {
-        static COUNTS: std::cell::RefCell<Vec<u64>> =
-            std::cell::RefCell::new(vec![0; Kernel::ALL.len()]);
+    mod scoped {
+        use std::collections::HashMap;
+        use std::sync::Mutex;
+        use std::sync::atomic::{AtomicU64, Ordering};
+
+        static NEXT_SCOPE: AtomicU64 = AtomicU64::new(1);
+        pub(super) static COUNTS: Mutex<Option<HashMap<(u64, usize), u64>>> = Mutex::new(None);
+        std::thread_local! {
+            pub(super) static SCOPE: std::cell::Cell<u64> =
+                std::cell::Cell::new(NEXT_SCOPE.fetch_add(1, Ordering::Relaxed));
+        }
     }
 
-    /// Records one launch on this thread.
+    /// The counting scope of the calling thread (0 without `launch-counters`).
+    pub fn scope() -> u64 {
+        #[cfg(feature = "launch-counters")]
+        return scoped::SCOPE.with(|s| s.get());
+        #[cfg(not(feature = "launch-counters"))]
+        0
+    }
+
+    /// Counts this thread's launches in `scope` until the guard is dropped.
+    pub fn enter_scope(scope: u64) -> ScopeGuard {
+        #[cfg(feature = "launch-counters")]
+        return ScopeGuard(scoped::SCOPE.with(|s| s.replace(scope)));
+        #[cfg(not(feature = "launch-counters"))]
+        ScopeGuard(scope)
+    }
+
+    /// Restores the thread's previous counting scope when dropped.
+    pub struct ScopeGuard(#[allow(dead_code)] u64);
+
+    impl Drop for ScopeGuard {
+        fn drop(&mut self) {
+            #[cfg(feature = "launch-counters")]
+            scoped::SCOPE.with(|s| s.set(self.0));
+        }
+    }
+
+    /// Records one launch in the calling thread's scope.
     #[inline]
     pub fn record(kernel: Kernel) {
         #[cfg(feature = "launch-counters")]
-        COUNTS.with(|c| c.borrow_mut()[kernel as usize] += 1);
+        {
+            let key = (scope(), kernel as usize);
+            let mut counts = scoped::COUNTS.lock().unwrap_or_else(|e| e.into_inner());
+            *counts
+                .get_or_insert_with(Default::default)
+                .entry(key)
+                .or_default() += 1;
+        }
         #[cfg(not(feature = "launch-counters"))]
         let _ = kernel;
     }
 
-    /// Launches of `kernel` on this thread since it started (0 without `launch-counters`).
+    /// Launches of `kernel` counted in the calling thread's scope (0 without
+    /// `launch-counters`).
     pub fn get(kernel: Kernel) -> u64 {
         #[cfg(feature = "launch-counters")]
-        return COUNTS.with(|c| c.borrow()[kernel as usize]);
+        {
+            let key = (scope(), kernel as usize);
+            let counts = scoped::COUNTS.lock().unwrap_or_else(|e| e.into_inner());
+            counts
+                .as_ref()
+                .and_then(|c| c.get(&key))
+                .copied()
+                .unwrap_or(0)
+        }
         #[cfg(not(feature = "launch-counters"))]
         {
             let _ = kernel;

@@ -23,20 +23,24 @@ pub struct DecoderLayer<B: FusedOps> {
     pub input_layernorm: RmsNorm<B>,
     /// Norm before the MLP, `[hidden]`.
     pub post_attention_layernorm: RmsNorm<B>,
+    /// Which of this layer's ops run fused (chosen when the model is built).
+    #[module(skip)]
+    pub kernels: LigerConfig,
 }
 
 impl<B: FusedOps> DecoderLayer<B> {
     /// Builds layer `index` (`model.layers.{index}`).
     pub fn build<S: ParamSource<B>>(
         config: &ModelConfig,
+        kernels: LigerConfig,
         index: usize,
         src: &mut S,
     ) -> Result<Self, ModelError> {
         let prefix = format!("model.layers.{index}");
         let (h, eps) = (config.hidden_size, config.rms_norm_eps);
         Ok(DecoderLayer {
-            self_attn: Attention::build(config, &format!("{prefix}.self_attn"), src)?,
-            mlp: Mlp::build(config, &format!("{prefix}.mlp"), src)?,
+            self_attn: Attention::build(config, kernels, &format!("{prefix}.self_attn"), src)?,
+            mlp: Mlp::build(config, kernels, &format!("{prefix}.mlp"), src)?,
             input_layernorm: params::rms_norm(src, &format!("{prefix}.input_layernorm"), h, eps)?,
             post_attention_layernorm: params::rms_norm(
                 src,
@@ -44,26 +48,22 @@ impl<B: FusedOps> DecoderLayer<B> {
                 h,
                 eps,
             )?,
+            kernels,
         })
     }
 
     /// `x: [batch, seq, hidden]` → `[batch, seq, hidden]`.
-    pub fn forward(
-        &self,
-        x: Tensor<B, 3>,
-        inputs: &AttentionInputs<B>,
-        liger: &LigerConfig,
-    ) -> Tensor<B, 3> {
-        let norm = |n: &RmsNorm<B>, x: Tensor<B, 3>| {
-            kernels::rms_norm(x, n.gamma.val(), n.epsilon, liger.rms_norm)
-        };
+    pub fn forward(&self, x: Tensor<B, 3>, inputs: &AttentionInputs<B>) -> Tensor<B, 3> {
+        let fused = self.kernels.rms_norm;
+        let norm =
+            |n: &RmsNorm<B>, x: Tensor<B, 3>| kernels::rms_norm(x, n.gamma.val(), n.epsilon, fused);
         let h = self
             .self_attn
-            .forward(norm(&self.input_layernorm, x.clone()), inputs, liger);
+            .forward(norm(&self.input_layernorm, x.clone()), inputs);
         let x = x + h;
         let h = self
             .mlp
-            .forward(norm(&self.post_attention_layernorm, x.clone()), liger);
+            .forward(norm(&self.post_attention_layernorm, x.clone()));
         x + h
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! The `on` branches call `liger_burn::functional::{rms_norm, rope, swiglu, cross_entropy,
 //! fused_linear_cross_entropy, attention}`; the `off` branches are the stock compositions in
-//! [`stock`] (eager attention in [`crate::attention`]).
+//! [`stock`] (eager attention in [`crate::eager_attention`]).
 
 use burn::tensor::activation::{log_softmax, silu};
 use burn::tensor::{DType, Int, Tensor};
@@ -104,7 +104,7 @@ pub fn attention<B: FusedOps>(
         liger_burn::functional::attention(q, k, v, mask, options)
     } else {
         let mask = mask.expect("eager attention needs the [seq, seq] mask");
-        crate::attention::eager_attention_grouped(q, k, v, &mask, dtype)
+        crate::eager_attention::eager_attention_grouped(q, k, v, &mask, dtype)
     }
 }
 

@@ -22,6 +22,7 @@
 pub mod attention;
 pub mod config;
 pub mod decoder_layer;
+pub mod eager_attention;
 pub mod error;
 pub mod eval;
 pub mod kernels;

@@ -19,12 +19,16 @@ pub struct Mlp<B: FusedOps> {
     pub up_proj: Linear<B>,
     /// `[intermediate] → [hidden]`.
     pub down_proj: Linear<B>,
+    /// Which of this layer's ops run fused (chosen when the model is built).
+    #[module(skip)]
+    pub kernels: LigerConfig,
 }
 
 impl<B: FusedOps> Mlp<B> {
     /// Builds the MLP of layer `prefix` (e.g. `model.layers.3.mlp`).
     pub fn build<S: ParamSource<B>>(
         config: &ModelConfig,
+        kernels: LigerConfig,
         prefix: &str,
         src: &mut S,
     ) -> Result<Self, ModelError> {
@@ -37,14 +41,15 @@ impl<B: FusedOps> Mlp<B> {
             gate_proj: params::linear(src, &format!("{prefix}.gate_proj"), h, i, bias)?,
             up_proj: params::linear(src, &format!("{prefix}.up_proj"), h, i, bias)?,
             down_proj: params::linear(src, &format!("{prefix}.down_proj"), i, h, bias)?,
+            kernels,
         })
     }
 
     /// `x: [batch, seq, hidden]` → `[batch, seq, hidden]`.
-    pub fn forward(&self, x: Tensor<B, 3>, liger: &LigerConfig) -> Tensor<B, 3> {
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let gate = self.gate_proj.forward(x.clone());
         let up = self.up_proj.forward(x);
         self.down_proj
-            .forward(kernels::swiglu(gate, up, liger.swiglu))
+            .forward(kernels::swiglu(gate, up, self.kernels.swiglu))
     }
 }

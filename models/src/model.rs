@@ -84,7 +84,7 @@ impl<B: FusedOps> CausalLm<B> {
         let (h, v) = (config.hidden_size, config.vocab_size);
         let embed_tokens = params::embedding(src, "model.embed_tokens", v, h)?;
         let layers = (0..config.num_hidden_layers)
-            .map(|i| DecoderLayer::build(&config, i, src))
+            .map(|i| DecoderLayer::build(&config, liger, i, src))
             .collect::<Result<Vec<_>, _>>()?;
         let norm = params::rms_norm(src, "model.norm", h, config.rms_norm_eps)?;
         let lm_head = if config.tie_word_embeddings {
@@ -105,11 +105,16 @@ impl<B: FusedOps> CausalLm<B> {
         })
     }
 
-    /// The same model with other kernel switches. Panics if `liger` is invalid
-    /// (cross entropy and fused linear cross entropy both on).
+    /// The same model with other kernel switches, set in every layer. Panics if `liger`
+    /// is invalid (cross entropy and fused linear cross entropy both on).
     pub fn with_liger(mut self, liger: LigerConfig) -> Self {
         liger.validate().unwrap_or_else(|e| panic!("{e}"));
         self.liger = liger;
+        for layer in &mut self.model.layers {
+            layer.kernels = liger;
+            layer.self_attn.kernels = liger;
+            layer.mlp.kernels = liger;
+        }
         self
     }
 
@@ -169,7 +174,7 @@ impl<B: FusedOps> CausalLm<B> {
             window: self.config.sliding_window,
         };
         for layer in &self.model.layers {
-            x = layer.forward(x, &inputs, &self.liger);
+            x = layer.forward(x, &inputs);
         }
         let norm = &self.model.norm;
         kernels::rms_norm(x, norm.gamma.val(), norm.epsilon, self.liger.rms_norm)

@@ -9,7 +9,9 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::ops::FusedOps;
 use liger_burn::test_hooks::OverrideGuard;
 use liger_burn::test_hooks::override_attention_block;
-use liger_models::attention::{MAX_SCORE_ELEMENTS, heads_per_group, override_max_score_elements};
+use liger_models::eager_attention::{
+    MAX_SCORE_ELEMENTS, heads_per_group, override_max_score_elements,
+};
 use liger_models::{CausalLm, LigerConfig, ModelConfig, ModelType};
 use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::{BackendVisitor, for_each_model_backend};

@@ -13,9 +13,9 @@
 //! directory named `checkpoint-<step>` is never half written.
 
 use crate::batching::Cursor;
+use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::metrics::StepMetrics;
-use crate::trainer::TrainConfig;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Record, Recorder};
 use burn::tensor::backend::Backend;

@@ -15,24 +15,7 @@ use crate::prompt::{Tokenized, tokenize_row};
 use crate::tokenizer::TextTokenizer;
 use serde_json::{Map, Value};
 
-/// One row of the data.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Row {
-    /// An instruction with an optional input and the expected output.
-    Instruction {
-        /// The task.
-        instruction: String,
-        /// Context for the task; `None` when absent or null.
-        input: Option<String>,
-        /// The response to train on.
-        output: String,
-    },
-    /// Plain text.
-    Text {
-        /// The text.
-        text: String,
-    },
-}
+pub use crate::prompt::Row;
 
 /// A row with its 1-based line number.
 #[derive(Clone, Debug, PartialEq, Eq)]

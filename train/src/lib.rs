@@ -8,6 +8,7 @@ pub mod batching;
 pub mod bundled;
 pub mod checkpoint;
 pub mod clipping;
+pub mod config;
 pub mod data;
 pub mod error;
 pub mod metrics;

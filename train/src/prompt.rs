@@ -15,9 +15,27 @@
 //! the boundary and the mask is exact (tokenizing the joined string could merge the
 //! prompt's last characters with the response's first ones).
 
-use crate::data::Row;
 use crate::tokenizer::TextTokenizer;
 use liger_models::IGNORE_INDEX;
+
+/// One row of the data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Row {
+    /// An instruction with an optional input and the expected output.
+    Instruction {
+        /// The task.
+        instruction: String,
+        /// Context for the task; `None` when absent or null.
+        input: Option<String>,
+        /// The response to train on.
+        output: String,
+    },
+    /// Plain text.
+    Text {
+        /// The text.
+        text: String,
+    },
+}
 
 /// The prompt of an instruction row, as a string (without `<bos>`).
 pub fn instruction_prompt(instruction: &str, input: Option<&str>) -> String {

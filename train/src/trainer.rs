@@ -13,92 +13,26 @@
 //! order, as the one that kept training. A resumed run therefore repeats the
 //! uninterrupted one's losses (bit for bit on NdArray and lavapipe).
 
-use crate::batching::{Batch, BatchStream, Cursor, Layout, epoch_batches};
+use crate::batching::{Batch, BatchStream, Cursor, epoch_batches};
 use crate::checkpoint::{self, DataInfo, STATE_FORMAT, TrainerState};
 use crate::clipping::clip_global_norm;
+pub use crate::config::TrainConfig;
 use crate::data::Dataset;
 use crate::error::TrainError;
 use crate::metrics::{CsvLog, StepMetrics, TrainSummary};
-use crate::schedule::LrSchedule;
 use crate::tokenizer::TextTokenizer;
 use burn::module::{AutodiffModule, Module, ModuleMapper, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::record::AdaptorRecord;
-use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::optim::{AdamW, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 use hashbrown::HashMap;
 use liger_burn::ops::FusedOps;
 use liger_models::{CausalLm, LigerConfig, ModelConfig};
-use serde::{Deserialize, Serialize};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-/// The settings that determine the numbers of a run (stored in every checkpoint; a resume
-/// must use the same).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TrainConfig {
-    /// Longest example / packed row, in tokens.
-    pub max_length: usize,
-    /// Padding or packing.
-    pub layout: Layout,
-    /// Rows per micro-batch.
-    pub batch_size: usize,
-    /// Micro-batches per optimizer step.
-    pub grad_accum: usize,
-    /// Learning-rate schedule (and the total number of steps).
-    pub schedule: LrSchedule,
-    /// AdamW decoupled weight decay.
-    pub weight_decay: f64,
-    /// Clip the global gradient norm to this (`None`: no clipping, the norm is still logged).
-    pub max_grad_norm: Option<f64>,
-    /// Seed of the data order (and of the initialization of a random model).
-    pub seed: u64,
-    /// Save a checkpoint every this many steps (0: only at the end).
-    pub save_every: usize,
-}
-
-impl TrainConfig {
-    /// Checks the values; returns what is wrong, naming the flag.
-    pub fn validate(&self) -> Result<(), TrainError> {
-        let bad = |m: String| Err(TrainError::Config(m));
-        if self.batch_size == 0 {
-            return bad("--batch-size must be at least 1".into());
-        }
-        if self.grad_accum == 0 {
-            return bad("--grad-accum must be at least 1".into());
-        }
-        if self.max_length < 2 {
-            return bad(format!(
-                "--max-length must be at least 2, got {}",
-                self.max_length
-            ));
-        }
-        if let Some(n) = self.max_grad_norm
-            && !(n > 0.0 && n.is_finite())
-        {
-            return bad(format!("--max-grad-norm must be positive, got {n}"));
-        }
-        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
-            return bad(format!(
-                "--weight-decay must be >= 0, got {}",
-                self.weight_decay
-            ));
-        }
-        self.schedule.validate().map_err(TrainError::Config)
-    }
-
-    /// AdamW as PyTorch's defaults (betas 0.9/0.999, eps 1e-8) with this weight decay.
-    /// Clipping is not Burn's (per tensor) but [`clip_global_norm`].
-    pub fn adamw(&self) -> AdamWConfig {
-        AdamWConfig::new()
-            .with_beta_1(0.9)
-            .with_beta_2(0.999)
-            .with_epsilon(1e-8)
-            .with_weight_decay(self.weight_decay as f32)
-    }
-}
 
 /// Optimizer steps of `epochs` passes over `dataset` (at least 1): the micro-batches of
 /// each epoch (packing makes their number depend on the epoch's order) divided by

@@ -37,11 +37,18 @@ pub(crate) fn float_inputs<B: FusionBackend>(
 struct CustomOp<B, K> {
     desc: CustomOpIr,
     kernel: K,
+    /// The registering thread's test overrides: the stream runs on another thread.
+    #[cfg(feature = "test-hooks")]
+    hooks: crate::test_hooks::Captured,
     _backend: PhantomData<B>,
 }
 
 impl<B: FusionBackend, K: CustomKernel<B>> Operation<B::FusionRuntime> for CustomOp<B, K> {
     fn execute(&self, handles: &mut Handles<B>) {
+        #[cfg(feature = "test-hooks")]
+        let outputs =
+            crate::test_hooks::within(&self.hooks, || self.kernel.run(&self.desc.inputs, handles));
+        #[cfg(not(feature = "test-hooks"))]
         let outputs = self.kernel.run(&self.desc.inputs, handles);
         assert_eq!(
             outputs.len(),
@@ -78,6 +85,8 @@ pub(crate) fn register<B: FusionBackend, K: CustomKernel<B>>(
         CustomOp::<B, K> {
             desc,
             kernel,
+            #[cfg(feature = "test-hooks")]
+            hooks: crate::test_hooks::capture(),
             _backend: PhantomData,
         },
     )

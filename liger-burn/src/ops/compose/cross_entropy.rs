@@ -175,3 +175,28 @@ pub fn backward<B: Backend>(
     let g: Tensor<B, 2> = float::<B, 2>(grad).cast(DType::F32);
     prim((g * factor.reshape([n, 1])).cast(dtype))
 }
+
+/// `1 / d`, and `0` where `d = 0` (an all-ignored batch has loss 0 and zero gradients).
+pub(crate) fn reciprocal_or_zero<B: crate::ops::FusedOps>(d: Tensor<B, 1>) -> Tensor<B, 1> {
+    let zero = d.clone().equal_elem(0.0);
+    d.recip().mask_fill(zero, 0.0)
+}
+
+/// `Σ_{non-ignored i} w[y_i]` (the count of non-ignored rows without weights), `[1]` f32.
+/// Targets outside `[0, V)` count as ignored.
+pub(crate) fn non_ignored_weight<B: crate::ops::FusedOps>(
+    targets: &Tensor<B, 1, burn::tensor::Int>,
+    class_weight: Option<&Tensor<B, 1>>,
+    vocab: usize,
+    ignore_index: i64,
+) -> Tensor<B, 1> {
+    let valid = valid_rows(targets.clone(), vocab, ignore_index);
+    match class_weight {
+        Some(w) => {
+            let safe = targets.clone().mask_fill(valid.clone().bool_not(), 0);
+            let w_y = w.clone().cast(burn::tensor::DType::F32).gather(0, safe);
+            (w_y * mask_f32(valid)).sum()
+        }
+        None => mask_f32(valid).sum(),
+    }
+}

@@ -21,7 +21,7 @@
 //! logits about the size of `x`). The rows are split into equal chunks.
 
 use super::{to_dtype, to_f32};
-use crate::functional::{non_ignored_weight, reciprocal_or_zero};
+use crate::ops::compose::cross_entropy::{non_ignored_weight, reciprocal_or_zero};
 use crate::ops::{CrossEntropyOptions, FusedOps, LinearCrossEntropyOutput, Reduction, validate};
 use burn::tensor::{
     DType, Int, Tensor, TensorMetadata, TensorPrimitive,

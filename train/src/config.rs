@@ -1,0 +1,74 @@
+//! The settings that determine the numbers of a run: stored in every checkpoint, and a
+//! resume must use the same.
+
+use crate::batching::Layout;
+use crate::error::TrainError;
+use crate::schedule::LrSchedule;
+use burn::optim::AdamWConfig;
+use serde::{Deserialize, Serialize};
+
+/// The settings that determine the numbers of a run (stored in every checkpoint; a resume
+/// must use the same).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Longest example / packed row, in tokens.
+    pub max_length: usize,
+    /// Padding or packing.
+    pub layout: Layout,
+    /// Rows per micro-batch.
+    pub batch_size: usize,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: usize,
+    /// Learning-rate schedule (and the total number of steps).
+    pub schedule: LrSchedule,
+    /// AdamW decoupled weight decay.
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this (`None`: no clipping, the norm is still logged).
+    pub max_grad_norm: Option<f64>,
+    /// Seed of the data order (and of the initialization of a random model).
+    pub seed: u64,
+    /// Save a checkpoint every this many steps (0: only at the end).
+    pub save_every: usize,
+}
+
+impl TrainConfig {
+    /// Checks the values; returns what is wrong, naming the flag.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let bad = |m: String| Err(TrainError::Config(m));
+        if self.batch_size == 0 {
+            return bad("--batch-size must be at least 1".into());
+        }
+        if self.grad_accum == 0 {
+            return bad("--grad-accum must be at least 1".into());
+        }
+        if self.max_length < 2 {
+            return bad(format!(
+                "--max-length must be at least 2, got {}",
+                self.max_length
+            ));
+        }
+        if let Some(n) = self.max_grad_norm
+            && !(n > 0.0 && n.is_finite())
+        {
+            return bad(format!("--max-grad-norm must be positive, got {n}"));
+        }
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
+            return bad(format!(
+                "--weight-decay must be >= 0, got {}",
+                self.weight_decay
+            ));
+        }
+        self.schedule.validate().map_err(TrainError::Config)
+    }
+
+    /// AdamW as PyTorch's defaults (betas 0.9/0.999, eps 1e-8) with this weight decay.
+    /// Clipping is not Burn's (per tensor) but
+    /// [`clip_global_norm`](crate::clipping::clip_global_norm).
+    pub fn adamw(&self) -> AdamWConfig {
+        AdamWConfig::new()
+            .with_beta_1(0.9)
+            .with_beta_2(0.999)
+            .with_epsilon(1e-8)
+            .with_weight_decay(self.weight_decay as f32)
+    }
+}
