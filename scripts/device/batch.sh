@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# One device call: the CUDA conformance suite (f32, bf16; plane and shared reduction
+# paths), then the CUDA benchmarks, then (optionally) the same kernels through Vulkan.
+# Runs on the device machine from the repository root; expects the stripped release
+# binary (built with `--features cuda`) at .gpu/liger and the commit hash in .gpu/commit.
+# Writes logs and CSVs under $OUT.
+#
+#   usage: scripts/gpu_batch.sh [check] [bench] [elementwise] [ce] [ce-hold] [flce] [vulkan]
+#                               [converge] [train] [e2e-llama] [e2e-qwen] [cache-out]
+#
+# elementwise: after a change to the shared elementwise kernel, the quick CUDA checks of its
+# ops (f32, bf16), the gated units' bench at the default --hold-gib and at 24, and ncu's
+# time, registers and occupancy of one iteration's kernels.
+#
+# e2e-llama / e2e-qwen: `liger bench --e2e` for one model each (one device call each);
+# E2E_SEQ (default 1024,2048,4096,8192,16384), E2E_TIMEOUT (per case, default 240 s),
+# E2E_BATCH (default 1), E2E_LAYERS (default: the preset's), E2E_BUDGET (550 s) and
+# E2E_WALL (585 s) override the flags; E2E_LIGER_ATTENTION=off gives the liger-on mode
+# eager attention (the fused kernels alone). e2e and train use $TRAIN_BIN (gpu_env.sh).
+set -u
+. "$(dirname "$0")/env.sh"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >"$OUT/gpu.txt" 2>&1
+steps=${*:-check bench}
+status=0
+for step in $steps; do
+  case $step in
+    check)
+      # The quick sweep of every op, both reduction paths (the full sweep's f64
+      # references of the large cross-entropy shapes take longer than one device call).
+      for dtype in f32 bf16; do
+        timeout 280 $BIN check --device cuda --dtype "$dtype" --reduction both --quick >"$OUT/check_cuda_$dtype.log" 2>&1 || status=1
+        tail -n 3 "$OUT/check_cuda_$dtype.log"
+      done
+      ;;
+    check-full)
+      # The full sweep, one op family per process so a slow one does not hide the rest.
+      for op in rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear; do
+        timeout 200 $BIN check --device cuda --dtype "${DTYPE:-bf16}" --op $op >"$OUT/check_full_${op}.log" 2>&1 || status=1
+        echo "$op: $(tail -n 2 "$OUT/check_full_${op}.log" | head -1)"
+      done
+      ;;
+    bench)
+      $BIN bench --device cuda --dtype bf16 --op rms_norm,layer_norm,softmax,log_softmax,fused_add_rms_norm,rope,swiglu,geglu \
+        --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_cuda_bf16.log" 2>&1 || status=1
+      tail -n 40 "$OUT/bench_cuda_bf16.log"
+      ;;
+    elementwise)
+      for op in swiglu geglu gelu sigmoid; do
+        for dtype in f32 bf16; do
+          echo "== $op $dtype" >>"$OUT/check_elementwise.log"
+          timeout 120 $BIN check --device cuda --dtype "$dtype" --reduction both --quick --op "$op" \
+            >>"$OUT/check_elementwise.log" 2>&1 || status=1
+          echo "$op $dtype: $(tail -n 1 "$OUT/check_elementwise.log")"
+        done
+      done
+      # The bench as published (default hold), then with the host 24 GiB ahead (fewer
+      # synchronizations in the timed loop), then ncu's view of one iteration's kernels.
+      for hold in 4 24; do
+        echo "== --hold-gib $hold" >>"$OUT/bench_elementwise.log"
+        $BIN bench --device cuda --dtype bf16 --op swiglu,geglu --hold-gib $hold \
+          $([ $hold = 24 ] && echo --iters 200 --repeats 5) \
+          --csv "$OUT/bench_elementwise.csv" >>"$OUT/bench_elementwise.log" 2>&1 || status=1
+        tail -n 12 "$OUT/bench_elementwise.log"
+      done
+      NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}
+      timeout 150 "$NCU" --clock-control none --kernel-name regex:elementwise --csv \
+        --log-file "$OUT/ncu_elementwise.csv" \
+        --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active \
+        $BIN bench --device cuda --dtype bf16 --op swiglu,geglu --warmup 1 --iters 1 --repeats 1 \
+        >>"$OUT/bench_elementwise.log" 2>&1 || status=1
+      ;;
+    ce)
+      # Both shapes in one process: the second is where stock Burn ran out of memory.
+      $BIN bench --device cuda --dtype bf16 --op cross_entropy --shape 8192x128256,4096x151936 \
+        --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_ce.log" 2>&1 || status=1
+      tail -n 14 "$OUT/bench_ce.log"
+      # The same without the target check (one device-to-host read per call): its cost.
+      $BIN bench --device cuda --dtype bf16 --op cross_entropy --shape 8192x128256 --check-targets off \
+        --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_ce_unchecked.log" 2>&1 || status=1
+      tail -n 8 "$OUT/bench_ce_unchecked.log"
+      ;;
+    ce-hold)
+      # The 8192x128256 step with the host allowed to run ahead (24 GiB of pending
+      # iterations: about five steps at this shape instead of one), checked and unchecked.
+      for check in on off; do
+        $BIN bench --device cuda --dtype bf16 --op cross_entropy --shape 8192x128256 --check-targets $check \
+          --hold-gib 24 --csv "$OUT/bench_cuda_bf16.csv" >"$OUT/bench_ce_hold24_$check.log" 2>&1 || status=1
+        tail -n 5 "$OUT/bench_ce_hold24_$check.log"
+      done
+      ;;
+    flce)
+      # The memory curve over N (few iterations: each step is tens to hundreds of ms).
+      $BIN bench --device cuda --dtype bf16 --op fused_linear_cross_entropy --warmup 2 --iters 3 --repeats 5 \
+        --shape 2048x4096x128256,4096x4096x128256,8192x4096x128256,16384x4096x128256,32768x4096x128256 \
+        --csv "$OUT/bench_flce.csv" >"$OUT/bench_flce.log" 2>&1 || status=1
+      tail -n 24 "$OUT/bench_flce.log"
+      ;;
+    converge)
+      # Liger on vs off trained from the same start (mini Llama, Qwen2, Qwen3, Mistral;
+      # 32 AdamW steps each), f32 then bf16 (CONVERGE_DTYPES, CONVERGE_MODELS override);
+      # exit 1 when a model's runs disagree.
+      # CONVERGE_SEEDS (default 42) runs each seed; CONVERGE_ARGS adds flags (e.g.
+      # --control: a second stock run summing in another order, the noise floor). Without
+      # CONVERGE_ARGS, bf16 runs get --gradient-check (the verdict of the README).
+      for dtype in ${CONVERGE_DTYPES:-f32 bf16}; do
+        extra=${CONVERGE_ARGS-}
+        if [ -z "${CONVERGE_ARGS+set}" ] && [ "$dtype" != f32 ]; then extra=--gradient-check; fi
+        for seed in ${CONVERGE_SEEDS:-42}; do
+          log="$OUT/converge_cuda_$dtype$([ "$seed" = 42 ] || echo _seed$seed).log"
+          timeout "${CONVERGE_TIMEOUT:-270}" $TRAIN_BIN converge --device cuda --dtype "$dtype" --seed "$seed" \
+            --models "${CONVERGE_MODELS:-llama,qwen2,qwen3,mistral}" $extra >"$log" 2>&1 || status=1
+          echo "== $dtype seed $seed"
+          grep -E "^mini-|^AGREE|^DIFFER|^control|verdict|BEYOND|FAILED|converge:" "$log"
+        done
+      done
+      ;;
+    e2e-llama|e2e-qwen)
+      # Whole training steps, liger on vs off, over sequence lengths; each case in its
+      # own process. --e2e-budget stops starting cases in time for the table and summary
+      # to print inside one device call; rows are appended to the CSV as cases finish.
+      if [ "$step" = e2e-llama ]; then model=llama3.2-1b; else model=qwen2.5-1.5b; fi
+      layers=${E2E_LAYERS:+--e2e-layers $E2E_LAYERS}
+      attention=${E2E_LIGER_ATTENTION:-on}
+      log="$OUT/bench_e2e_$model$([ "$attention" = on ] || echo _eager).log"
+      timeout "${E2E_WALL:-585}" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 --e2e-models "$model" \
+        --e2e-seq "${E2E_SEQ:-1024,2048,4096,8192,16384,32768}" --e2e-batch "${E2E_BATCH:-1}" \
+        --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget "${E2E_BUDGET:-550}" $layers \
+        --e2e-liger-attention "$attention" --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
+      tail -n 30 "$log"
+      ;;
+    train)
+      # The README's training job on CUDA (bundled data, small random model), packed rows
+      # so every step has one shape; TRAIN_STEPS / TRAIN_TIMEOUT override.
+      timeout "${TRAIN_TIMEOUT:-150}" $TRAIN_BIN train --device cuda --packing \
+        --steps "${TRAIN_STEPS:-200}" --output "$OUT/train" >"$OUT/train_cuda.log" 2>&1 || status=1
+      tail -n 8 "$OUT/train_cuda.log"
+      ;;
+    cache-out)
+      # CubeCL's compiled-kernel and autotune caches, to carry into a later call.
+      tar -czf "$OUT/cubecl-cache.tgz" -C .gpu cubecl-cache && ls -l "$OUT/cubecl-cache.tgz"
+      ;;
+    vulkan)
+      for f in .gl/*.deb; do dpkg -x "$f" /; done
+      ldconfig
+      export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+      export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+      { ls -l /usr/local/nvidia/share/vulkan/icd.d/ /usr/share/vulkan/icd.d/ 2>&1; ldconfig -p | grep -iE "vulkan|GLX_nvidia"; } >"$OUT/vulkan_env.txt" 2>&1
+      $BIN check --device vulkan --dtype f32 --quick >"$OUT/check_vulkan_f32.log" 2>&1 || status=1
+      tail -n 3 "$OUT/check_vulkan_f32.log"
+      $BIN bench --device vulkan --dtype f16 --op all --csv "$OUT/bench_vulkan_f16.csv" >"$OUT/bench_vulkan_f16.log" 2>&1 || status=1
+      tail -n 30 "$OUT/bench_vulkan_f16.log"
+      ;;
+  esac
+done
+exit $status

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call: where the time of the memory-bound and matmul-bound training ops goes.
+# Runs single iterations of `liger bench` under Nsight Compute (kernel durations and DRAM
+# bytes, clocks left alone), so each step's kernels can be summed and set against the
+# bench's own wall time of the same step (the difference is host-side or launch gaps).
+#
+#   usage: scripts/gpu_profile.sh [ce] [flce] [swiglu] [swiglu-detail]
+#
+# swiglu-detail: ncu's speed-of-light, occupancy, launch, warp-state and memory sections
+# for every kernel of one SwiGLU bench iteration (the copy and x+y ceilings included), to
+# set the fused kernel's stalls and achieved bandwidth beside Burn's add kernel's.
+#
+# Writes $OUT/ncu_<step>.csv (one row per kernel and metric) and $OUT/ncu_<step>.log.
+# Summarize here with scripts/ncu_summary.py.
+set -u
+. "$(dirname "$0")/env.sh"
+NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}
+echo "ncu: $NCU"
+status=0
+one_iteration="--warmup 1 --iters 1 --repeats 1"
+for step in ${*:-ce flce swiglu}; do
+  # What ncu collects: a few metrics, or (swiglu-detail) whole sections.
+  collect="--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum"
+  case $step in
+    ce) args="--op cross_entropy --shape 8192x128256" ;;
+    flce) args="--op fused_linear_cross_entropy --shape 8192x4096x128256"; collect="--metrics gpu__time_duration.sum" ;;
+    swiglu) args="--op swiglu --shape 8192x14336" ;;
+    swiglu-detail)
+      args="--op swiglu --shape 8192x14336 --copy-mib 1024"
+      collect="--page details --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats" ;;
+    *) echo "unknown step $step"; status=1; continue ;;
+  esac
+  timeout 280 "$NCU" --clock-control none --csv $collect --log-file "$OUT/ncu_$step.csv" \
+    $BIN bench --device cuda --dtype bf16 $args $one_iteration >"$OUT/ncu_$step.log" 2>&1 || status=1
+  echo "$step: $(wc -l <"$OUT/ncu_$step.csv") rows"; tail -n 3 "$OUT/ncu_$step.log"
+done
+exit $status
