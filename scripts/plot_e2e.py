@@ -1,19 +1,33 @@
 #!/usr/bin/env python3
-"""Plots a `liger bench --e2e` CSV: training-step throughput (tokens/s) and peak pool
-memory (MiB) over the sequence length, liger on and off, one row of two panels per
-model. Lengths where a mode did not run (oom, timeout, error, skipped) have no point;
-the first failure of each mode is marked with an x on the axis and named in the legend.
-When the CSV holds several runs, the latest date and commit of each model is plotted.
+"""Plots whole-training-step benchmarks: throughput (tokens/s) and peak memory (MiB) over
+the sequence length, one row of two panels per model, one line per provider:
 
-Rows of the runs before the models took attention in head groups (UNGROUPED_COMMITS)
-whose eager attention held more than 2^31 - 1 score elements in one tensor (batch x
-query heads x seq^2) are left out and named in the title: CubeCL could not index such
-tensors and those steps did not compute their attention in full (H200, 2026-11-22).
-Pass --keep-unindexable to plot them anyway. Later runs mark such steps themselves
-(status `invalid`: less memory in use than eager attention must keep), and those rows
-get no point, like failures.
+  torch               transformers as is          scripts/device/anchor_e2e.py
+  torch+liger-kernel  transformers + Liger-Kernel  scripts/device/anchor_e2e.py
+  burn                stock Burn (liger off)       liger bench --e2e
+  liger-burn          liger-burn (liger on)        liger bench --e2e
 
-usage: scripts/plot_e2e.py RESULTS.csv OUT.png [--keep-unindexable]   (needs matplotlib)
+A run with another memory pool (`--memory-pool exact`) or AdamW implementation
+(`--adamw-impl`) is its own line, e.g. "liger-burn (memory pool exact)".
+
+Memory: peak reserved (solid: what the allocator held from the device, PyTorch's
+max_memory_reserved / CubeCL's pool bytes_reserved) and peak in use (dashed: live bytes,
+read after each timed step and after each phase of the last one, by both). Lengths where a
+provider did not run (oom, timeout, error, invalid) have no point; its first failure is an
+x on the axis, named in the legend. When the CSVs hold several runs of a model and
+provider, the latest (date, then commit) is drawn.
+
+Reads the bench layout (kernel,provider,mode,metric,x,p50,p20,p80,config,gpu,commit,date;
+rows of mode train_step) and the older `liger bench --e2e` layout
+(model,seq,batch,liger,status,tokens_per_s,...). Rows of the runs before the models took
+attention in head groups (UNGROUPED_COMMITS) whose eager attention held more than
+2^31 - 1 score elements in one tensor are left out and named in the title: CubeCL could
+not index such tensors (H200, 2026-11-22); --keep-unindexable plots them anyway.
+
+usage: scripts/plot_e2e.py RESULTS.csv [MORE.csv ...] OUT.png [--gpu TEXT]
+                           [--providers P,...] [--keep-unindexable]   (needs matplotlib)
+  --gpu TEXT        only rows whose gpu column contains TEXT (e.g. H100)
+  --providers P,... only these providers, in this order
 """
 import csv
 import sys
@@ -30,76 +44,186 @@ MAX_SCORE_ELEMENTS = 2**31 - 1
 # Commits whose e2e runs took each layer's attention in one [batch, heads, seq, seq] tensor.
 UNGROUPED_COMMITS = {"a53c3a4"}
 
-MODES = [("off", "#777777", "liger off (stock Burn)"), ("on", "#d95f02", "liger on (fused)")]
+PROVIDERS = {
+    "torch": ("#777777", "PyTorch (transformers, sdpa)"),
+    "torch+liger-kernel": ("#1f78b4", "PyTorch + Liger-Kernel"),
+    "burn": ("#222222", "stock Burn"),
+    "liger-burn": ("#d95f02", "liger-burn"),
+}
+FAILED = ("oom", "timeout", "error", "invalid")
 
 
 def label(n):
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
+def config_value(config, key):
+    for part in config.split():
+        if part.startswith(key + "="):
+            return part[len(key) + 1:]
+    return None
+
+
+def variant(provider, config):
+    """The provider, named with the settings that make it another line: a memory pool or
+    an AdamW implementation other than the default."""
+    extra = [f"{key.replace('_', ' ')} {value}"
+             for key in ("memory_pool", "adamw_impl")
+             if (value := config_value(config, key)) not in (None, "default")]
+    return f"{provider} ({', '.join(extra)})" if extra else provider
+
+
+def batch_of(config):
+    return int(config_value(config, "batch") or 1)
+
+
+def number(text):
+    return float(text) if text not in ("", None) else None
+
+
+def load(path):
+    """Records {model, seq, provider, status, tokens_per_s, reserved, in_use, config, gpu,
+    commit, date} of one CSV, either layout."""
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return []
+    if "tokens_per_s" in rows[0]:  # the older `liger bench --e2e` layout
+        return [dict(model=r["model"], seq=int(r["seq"]), batch=int(r["batch"]),
+                     provider="liger-burn" if r["liger"] == "on" else "burn",
+                     status=r["status"], tokens_per_s=number(r["tokens_per_s"]),
+                     reserved=number(r["peak_mib"]), in_use=number(r["in_use_mib"]),
+                     config=r["config"], gpu=r["gpu"], commit=r["commit"], date=r["date"])
+                for r in rows]
+    if "metric" not in rows[0]:
+        sys.exit(f"{path}: neither the bench layout nor the e2e layout")
+    records = {}
+    for r in rows:
+        if r["mode"] != "train_step":
+            continue
+        provider = variant(r["provider"], r["config"])
+        key = (r["kernel"], int(r["x"]), provider, r["gpu"], r["commit"], r["date"])
+        rec = records.setdefault(key, dict(
+            model=r["kernel"], seq=int(r["x"]), batch=batch_of(r["config"]),
+            provider=provider, status=config_value(r["config"], "status") or "ok",
+            tokens_per_s=None, reserved=None, in_use=None, config=r["config"], gpu=r["gpu"],
+            commit=r["commit"], date=r["date"]))
+        field = {"tokens/s": "tokens_per_s", "peak_reserved_MiB": "reserved",
+                 "peak_in_use_MiB": "in_use"}.get(r["metric"])
+        if field:
+            rec[field] = number(r["p50"])
+    return list(records.values())
+
+
 def indexable(r):
     heads = QUERY_HEADS.get(r["model"])
     if heads is None or r["commit"] not in UNGROUPED_COMMITS:
         return True
-    return int(r["batch"]) * heads * int(r["seq"]) ** 2 <= MAX_SCORE_ELEMENTS
+    return r["batch"] * heads * r["seq"] ** 2 <= MAX_SCORE_ELEMENTS
 
 
-def main(path, out, keep_unindexable=False):
-    rows = list(csv.DictReader(open(path)))
-    dropped = sorted({(r["model"], int(r["seq"])) for r in rows if not indexable(r)})
+def main(paths, out, gpu=None, providers=None, keep_unindexable=False):
+    recs = [r for p in paths for r in load(p)]
+    if gpu:
+        recs = [r for r in recs if gpu.lower() in r["gpu"].lower()]
+    if providers:
+        recs = [r for r in recs if r["provider"] in providers]
+    dropped = sorted({(r["model"], r["seq"]) for r in recs if not indexable(r)})
     if not keep_unindexable:
-        rows = [r for r in rows if indexable(r)]
-    if not rows or "tokens_per_s" not in rows[0]:
-        sys.exit(f"{path}: not a `liger bench --e2e` CSV (no tokens_per_s column)")
-    # The latest run of each model (date, then commit as written).
+        recs = [r for r in recs if indexable(r)]
+    if not recs:
+        sys.exit("no training-step rows to plot (check --gpu / --providers)")
+    # The latest run of each model and provider.
     latest = {}
-    for r in rows:
-        key = (r["date"], r["commit"])
-        if r["model"] not in latest or key > latest[r["model"]]:
-            latest[r["model"]] = key
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(len(models), 2, figsize=(11, 4.0 * len(models)), squeeze=False)
+    for r in recs:
+        k = (r["model"], r["provider"])
+        latest[k] = max(latest.get(k, ("", "")), (r["date"], r["commit"]))
+    recs = [r for r in recs if (r["date"], r["commit"]) == latest[(r["model"], r["provider"])]]
+    models = list(dict.fromkeys(r["model"] for r in recs))
+    order = providers or [p for p in PROVIDERS if any(r["provider"] == p for r in recs)]
+    order += [p for p in dict.fromkeys(r["provider"] for r in recs) if p not in order]
+    fig, axes = plt.subplots(len(models), 2, figsize=(12, 4.2 * len(models)), squeeze=False)
     for row_axes, model in zip(axes, models):
-        sel = [r for r in rows if r["model"] == model and (r["date"], r["commit"]) == latest[model]]
-        seqs = sorted({int(r["seq"]) for r in sel})
-        for ax, column, title in [
-            (row_axes[0], "tokens_per_s", "training step throughput (tokens/s, p50 step)"),
-            (row_axes[1], "peak_mib", "peak pool memory over a step (MiB reserved)"),
-        ]:
-            for mode, color, name in MODES:
-                if mode == "on" and any("attention=recompute" in r["config"] for r in sel):
-                    name = "liger on (fused kernels + attention)"
-                pts = {int(r["seq"]): r for r in sel if r["liger"] == mode}
-                ok = [n for n in seqs if n in pts and pts[n]["status"] == "ok" and pts[n][column]]
-                ax.plot(ok, [float(pts[n][column]) for n in ok], "o-", color=color, label=name)
-                failed = [n for n in seqs if n in pts and pts[n]["status"] not in ("ok", "skipped")]
-                if failed:
-                    n = failed[0]
+        sel = [r for r in recs if r["model"] == model]
+        seqs = sorted({r["seq"] for r in sel})
+        ax_t, ax_m = row_axes
+        for provider in order:
+            base = provider.split(" (")[0]
+            color, name = PROVIDERS.get(base, (None, base))
+            marker = "o"
+            if provider != base:
+                # Another line of the same provider: its color lightened, triangles.
+                name = provider.replace(base, name, 1)
+                rgb = matplotlib.colors.to_rgb(color or "#888888")
+                color = tuple(0.45 * c + 0.55 for c in rgb)
+                marker = "^"
+            pts = {r["seq"]: r for r in sel if r["provider"] == provider}
+            if not pts:
+                continue
+            ok = [n for n in seqs if n in pts and pts[n]["status"] == "ok"]
+            tps = [n for n in ok if pts[n]["tokens_per_s"] is not None]
+            line = ax_t.plot(tps, [pts[n]["tokens_per_s"] for n in tps], marker + "-",
+                             color=color, label=name)[0]
+            color = line.get_color()
+            res = [n for n in ok if pts[n]["reserved"] is not None]
+            ax_m.plot(res, [pts[n]["reserved"] for n in res], marker + "-", color=color,
+                      label=f"{name}: reserved")
+            use = [n for n in ok if pts[n]["in_use"] is not None]
+            ax_m.plot(use, [pts[n]["in_use"] for n in use], "s--", color=color, alpha=0.7,
+                      markersize=4, label=f"{name}: in use")
+            failed = [n for n in seqs if n in pts and pts[n]["status"] in FAILED]
+            if failed:
+                n = failed[0]
+                for ax in (ax_t, ax_m):
                     ax.plot([n], [0], "x", color=color, markersize=10, clip_on=False,
                             label=f"{name}: {pts[n]['status']} at {label(n)}")
+        for ax, title in [(ax_t, "training step throughput (tokens/s, p50 step)"),
+                          (ax_m, "peak memory over the timed steps (MiB)")]:
             ax.set_xscale("log", base=2)
             ax.set_xticks(seqs)
             ax.set_xticklabels([label(n) for n in seqs])
+            ax.minorticks_off()
             ax.set_xlabel("sequence length (tokens)")
             ax.set_ylim(bottom=0)
             ax.set_title(f"{model}: {title}", fontsize=10)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-    meta = rows[-1]
-    batch = meta["batch"]
-    dtype = meta["config"].split()[0]
-    title = f"liger bench --e2e, batch {batch}, {dtype}: {meta['gpu']}, commit {meta['commit']}, {meta['date']}"
+            ax.legend(fontsize=7)
+    gpus = ", ".join(sorted({r["gpu"] for r in recs}))
+    runs = ", ".join(sorted({f"{r['provider']} {r['commit']} {r['date']}" for r in recs}))
+    batches = ", ".join(str(b) for b in sorted({r["batch"] for r in recs}))
+    dtypes = ", ".join(sorted({config_value(r["config"], "dtype") or "?" for r in recs}))
+    title = f"training steps, batch {batches}, {dtypes}: {gpus}\n" + textwrap.fill(runs, 140)
     if dropped and not keep_unindexable:
         left = ", ".join(f"{m} {label(n)}" for m, n in dropped)
         title += "\n" + textwrap.fill(
-            f"left out, attention scores beyond 32-bit indexing (results invalid): {left}", 110)
-    fig.suptitle(title, fontsize=10)
+            f"left out, attention scores beyond 32-bit indexing (results invalid): {left}", 140)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
 
-if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if len(args) != 2:
+def cli(argv):
+    opts = {"gpu": None, "providers": None, "keep_unindexable": False}
+    files = []
+    it = iter(argv)
+    for a in it:
+        if a == "--gpu":
+            opts["gpu"] = next(it, None)
+        elif a == "--providers":
+            opts["providers"] = [p for p in next(it, "").split(",") if p]
+        elif a == "--keep-unindexable":
+            opts["keep_unindexable"] = True
+        elif a in ("-h", "--help"):
+            print(__doc__)
+            sys.exit(0)
+        elif a.startswith("--"):
+            sys.exit(f"unknown option {a}\n\n{__doc__}")
+        else:
+            files.append(a)
+    if len(files) < 2:
         sys.exit(__doc__)
-    main(args[0], args[1], keep_unindexable="--keep-unindexable" in sys.argv)
+    main(files[:-1], files[-1], **opts)
+
+
+if __name__ == "__main__":
+    cli(sys.argv[1:])

@@ -92,6 +92,12 @@ pub struct TrainArgs {
     /// Device to run on.
     #[arg(long, value_enum, default_value_t = device::DeviceKind::Auto)]
     pub device: device::DeviceKind,
+    /// CubeCL's device memory pool: `default` = CubeCL's own pools; `exact` = every
+    /// allocation exactly sized and reused by the same size only, meant for steps of one
+    /// shape (use with --packing; with per-batch padding each new shape adds buffers that
+    /// are never reused). See examples/src/pool.rs.
+    #[arg(long, value_enum, default_value_t = liger_verify::pool::MemoryPool::Default, value_name = "POOL")]
+    pub memory_pool: liger_verify::pool::MemoryPool,
     /// Dtype of the parameters, optimizer updates and activations (losses in f32). f16 and
     /// bf16 train with low-precision weights (no f32 master copy).
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
@@ -182,6 +188,7 @@ pub struct TrainArgs {
 
 /// Runs `liger train`.
 pub fn run(args: TrainArgs) -> Result<ExitCode> {
+    liger_verify::pool::configure(args.memory_pool)?;
     let saved = match &args.resume {
         Some(dir) => Some(checkpoint::read_state(dir)?),
         None => None,

@@ -16,7 +16,8 @@
 # E2E_SEQ (default 1024,2048,4096,8192,16384), E2E_TIMEOUT (per case, default 240 s),
 # E2E_BATCH (default 1), E2E_LAYERS (default: the preset's), E2E_BUDGET (550 s) and
 # E2E_WALL (585 s) override the flags; E2E_LIGER_ATTENTION=off gives the liger-on mode
-# eager attention (the fused kernels alone). e2e and train use $TRAIN_BIN (gpu_env.sh).
+# eager attention (the fused kernels alone); E2E_MEMORY_POOL=exact runs every case with
+# `--memory-pool exact` (examples/src/pool.rs). e2e and train use $TRAIN_BIN (gpu_env.sh).
 set -u
 . "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >"$OUT/gpu.txt" 2>&1
@@ -121,11 +122,12 @@ for step in $steps; do
       if [ "$step" = e2e-llama ]; then model=llama3.2-1b; else model=qwen2.5-1.5b; fi
       layers=${E2E_LAYERS:+--e2e-layers $E2E_LAYERS}
       attention=${E2E_LIGER_ATTENTION:-on}
-      log="$OUT/bench_e2e_$model$([ "$attention" = on ] || echo _eager).log"
+      pool=${E2E_MEMORY_POOL:-default}
+      log="$OUT/bench_e2e_$model$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool").log"
       timeout "${E2E_WALL:-585}" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 --e2e-models "$model" \
         --e2e-seq "${E2E_SEQ:-1024,2048,4096,8192,16384,32768}" --e2e-batch "${E2E_BATCH:-1}" \
         --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget "${E2E_BUDGET:-550}" $layers \
-        --e2e-liger-attention "$attention" --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
+        --e2e-liger-attention "$attention" --memory-pool "$pool" --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
       tail -n 30 "$log"
       ;;
     train)

@@ -138,11 +138,13 @@ pub struct BenchArgs {
     /// print tokens/s, step time (p50), peak memory, the longest sequence each mode fits
     /// and the on/off ratios. Each case runs in a child process of this binary, so an
     /// out-of-memory abort or a hang is recorded (oom / error / timeout) and the run goes
-    /// on; once a mode fails at a length, its longer lengths are skipped. With --csv,
-    /// rows go to their own layout (model,seq,batch,liger,status,tokens_per_s,step_ms,
-    /// peak_mib,in_use_mib,config,gpu,commit,date): use another file than the op rows.
+    /// on; once a mode fails at a length, its longer lengths are skipped. With --csv, rows
+    /// in the bench layout: kernel = model, provider = liger-burn (on) or burn (off), mode
+    /// = train_step, x = seq, metrics tokens/s, step_ms, peak_reserved_MiB,
+    /// peak_in_use_MiB, loss, and status=... first in config; the same rows as the PyTorch
+    /// anchor scripts/device/anchor_e2e.py writes (providers torch, torch+liger-kernel).
     /// Uses --device, --dtype (bf16 by default; f32 on lavapipe), --reduction, --csv,
-    /// --gpu, --commit; ignores --op, --shape and the op timing flags.
+    /// --gpu, --commit, --memory-pool; ignores --op, --shape and the op timing flags.
     #[arg(long)]
     pub e2e: bool,
     /// --e2e: models, comma list: llama3.2-1b, qwen2.5-1.5b (the 1B-class shapes),
@@ -193,6 +195,14 @@ pub struct BenchArgs {
     /// kernels. The off mode is always eager (stock Burn).
     #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
     pub e2e_liger_attention: OnOff,
+    /// CubeCL's device memory pool in this process (and, with --e2e, in every case's):
+    /// `default` = CubeCL's own pools (on CUDA, slices of pages of device memory / 4^k,
+    /// kept until a cleanup); `exact` = every allocation exactly sized and reused by the
+    /// same size only (CubeCL's persistent pool, enforced), meant for fixed shapes. Set
+    /// through CubeCL's runtime configuration before the device is created (other
+    /// cubecl.toml settings are kept).
+    #[arg(long, value_enum, default_value_t = crate::pool::MemoryPool::Default, value_name = "POOL")]
+    pub memory_pool: crate::pool::MemoryPool,
     /// Internal: run one --e2e case (MODEL:SEQ:BATCH:on|off) in this process and print
     /// its result line.
     #[arg(long, hide = true, value_name = "CASE")]

@@ -36,4 +36,5 @@ pub mod device;
 pub mod dtype;
 pub mod gradient_check;
 pub mod measure;
+pub mod pool;
 pub mod table;

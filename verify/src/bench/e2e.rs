@@ -11,9 +11,12 @@
 //! memory and time, not less). Lengths run in ascending order, off then on at each.
 //!
 //! - tokens/s = batch × seq / (p50 of the timed steps' wall times).
-//! - peak MiB = the CubeCL pool's peak bytes reserved over one synchronized step after a
-//!   pool cleanup (what the step needed from the device, CUDA context excluded); the
-//!   `in_use_mib` column is the peak of bytes in live allocations over the same step.
+//! - peak reserved = the CubeCL pool's bytes reserved at their largest over the timed
+//!   steps and one more synchronized step, the pool emptied before the last warm-up step
+//!   (what the steps held from the device, CUDA context excluded); peak in use = the
+//!   largest bytes in live allocations read after each timed step and after each phase of
+//!   the last step (see [`super::e2e_case`]).
+//! - `--memory-pool` picks the pool ([`crate::pool`]); every case's process gets it.
 //!
 //! Attention: the off mode's is eager (as transformers' `eager`; Burn 0.21's autodiff
 //! `attention` falls back to the same composition), so each layer keeps its `[batch,
@@ -25,11 +28,17 @@
 //! differ only in the fused kernels (RMSNorm, RoPE, SwiGLU, softmax, the loss).
 //!
 //! CSV (`--csv`, appended per case as it finishes, header written when the file is new):
-//! `model,seq,batch,liger,status,tokens_per_s,step_ms,peak_mib,in_use_mib,config,gpu,commit,date`.
+//! the bench layout of [`crate::csv`], one row per metric: kernel = model, provider =
+//! `liger-burn` (liger on) or `burn` (liger off), mode = `train_step`, x = seq, metric =
+//! `tokens/s` (p20/p80 from the step-time quantiles), `step_ms`, `peak_reserved_MiB`,
+//! `peak_in_use_MiB`, `loss` (the last step's); config starts with `status=...`, and a case
+//! that did not finish has one `tokens/s` row with empty numbers and its reason. The
+//! PyTorch anchor (scripts/device/anchor_e2e.py; providers `torch`, `torch+liger-kernel`)
+//! writes the same rows with the same meaning, so scripts/plot_e2e.py draws them together.
 
 use super::e2e_case::{self, CaseOutput, RESULT_PREFIX};
 use crate::args::BenchArgs;
-use crate::csv::{self, RunInfo};
+use crate::csv::{self, Row, RunInfo};
 use crate::measure::quantile;
 use crate::table::{Align, Table, num};
 use anyhow::{Context, Result, bail};
@@ -41,10 +50,6 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 const GIB: f64 = (1u64 << 30) as f64;
-
-/// The header of the end-to-end CSV.
-pub const HEADER: &str =
-    "model,seq,batch,liger,status,tokens_per_s,step_ms,peak_mib,in_use_mib,config,gpu,commit,date";
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -111,6 +116,14 @@ impl LigerMode {
         match self {
             LigerMode::Off => "off",
             LigerMode::On => "on",
+        }
+    }
+
+    /// The `provider` column: `burn` (stock Burn) or `liger-burn`.
+    fn provider(self) -> &'static str {
+        match self {
+            LigerMode::Off => "burn",
+            LigerMode::On => "liger-burn",
         }
     }
 }
@@ -275,8 +288,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         }
     );
     println!(
-        "memory:    peak = CubeCL pool bytes reserved over one synchronized step after a pool \
-         cleanup (sampled after forward+loss, after backward, after the optimizer step)"
+        "memory:    pool {}; peak reserved = largest CubeCL pool bytes reserved over the timed \
+         steps and one more step (pool emptied before the last warm-up step); in use read \
+         after each timed step and after forward+loss, backward and optimizer of the last",
+        args.memory_pool.describe()
     );
     println!(
         "attention: off = eager ([batch, heads, seq, seq] f32 softmax and probabilities kept per \
@@ -361,7 +376,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
                         commit: commit.clone(),
                         date: date.clone(),
                     };
-                    csv::append_lines(path, HEADER, &[csv_line(&result, &args, &run)])?;
+                    csv::append(path, &csv_rows(&result, &args), &run)?;
                 }
                 results.push(result);
             }
@@ -374,7 +389,11 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         print!("{}", summary(model, &results, &seqs, args.e2e_warmup));
     }
     if let Some(path) = &args.csv {
-        println!("csv: {} rows appended to {}", results.len(), path.display());
+        println!(
+            "csv: rows of {} cases appended to {}",
+            results.len(),
+            path.display()
+        );
     }
     // Out of memory, timeouts and skips are results; errors are failures of the run.
     let errors = results.iter().filter(|r| r.status == Status::Error).count();
@@ -409,6 +428,7 @@ fn child_args(args: &BenchArgs, case: E2eCase) -> Vec<String> {
     if !args.e2e_liger_attention.on() {
         a.extend(["--e2e-liger-attention".into(), "off".into()]);
     }
+    a.extend(["--memory-pool".into(), args.memory_pool.name().into()]);
     a
 }
 
@@ -597,57 +617,89 @@ fn print_progress(index: usize, total: usize, r: &CaseResult) {
     let _ = std::io::stdout().flush();
 }
 
-/// The CSV line of a case.
-fn csv_line(r: &CaseResult, args: &BenchArgs, run: &RunInfo) -> String {
+/// The CSV rows of a case (see the module doc): one per metric when it ran, else one
+/// `tokens/s` row with empty numbers.
+fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
     let nan = f64::NAN;
     let mut config = format!(
-        "dtype={} warmup={} steps={} optimizer=adamw attention={} autotune={}",
+        "status={} batch={} dtype={} warmup={} steps={} optimizer={} attention={} autotune={} \
+         memory_pool={}",
+        r.status.name(),
+        r.case.batch,
         args.dtype,
         args.e2e_warmup,
         args.e2e_steps,
+        e2e_case::OPTIMIZER,
         attention_name(args, r.case.liger),
         if cfg!(feature = "autotune") {
             "on"
         } else {
             "off"
-        }
+        },
+        args.memory_pool.name()
     );
     if let Some(n) = args.e2e_layers {
         config.push_str(&format!(" layers={n}"));
     }
-    if let Some(loss) = r.output.as_ref().and_then(|o| o.loss) {
+    let out = r.output.as_ref();
+    if let Some(o) = out.filter(|o| o.params > 0) {
+        config.push_str(&format!(" params={}", o.params));
+    }
+    if let Some(loss) = out.and_then(|o| o.loss) {
         config.push_str(&format!(" loss={loss:.4}"));
     }
-    if let Some(p) = r
-        .output
-        .as_ref()
-        .map(|o| &o.phase_ms)
-        .filter(|p| p.len() == 3)
-    {
+    if let Some(o) = out.filter(|o| !o.losses.is_empty()) {
+        let losses: Vec<String> = o
+            .losses
+            .iter()
+            .map(|l| l.map_or("nan".into(), |v| format!("{v:.4}")))
+            .collect();
+        config.push_str(&format!(" losses={}", losses.join("/")));
+    }
+    if let Some(p) = out.map(|o| &o.phase_ms).filter(|p| p.len() == 3) {
         config.push_str(&format!(
             " phases_ms=fwd:{:.1}/bwd:{:.1}/opt:{:.1}",
             p[0], p[1], p[2]
         ));
     }
+    config.push_str(" memory=cubecl-pool");
     if !r.detail.is_empty() {
         config.push_str(&format!(" detail={}", shorten(&r.detail, 200)));
     }
-    [
-        csv::field(r.case.model.name()),
-        r.case.seq.to_string(),
-        r.case.batch.to_string(),
-        r.case.liger.name().into(),
-        r.status.name().into(),
-        csv::number(r.tokens_per_s().unwrap_or(nan)),
-        csv::number(r.step_ms().unwrap_or(nan)),
-        csv::number(r.peak_mib().unwrap_or(nan)),
-        csv::number(r.in_use_mib().unwrap_or(nan)),
-        csv::field(&config),
-        csv::field(&run.gpu),
-        csv::field(&run.commit),
-        csv::field(&run.date),
-    ]
-    .join(",")
+    let row = |metric: &str, v: [f64; 3]| Row {
+        kernel: r.case.model.name().into(),
+        provider: r.case.liger.provider().into(),
+        mode: "train_step".into(),
+        metric: metric.into(),
+        x: r.case.seq.to_string(),
+        p50: v[0],
+        p20: v[1],
+        p80: v[2],
+        config: config.clone(),
+    };
+    let Some(o) = out.filter(|o| r.status == Status::Ok && !o.step_ms.is_empty()) else {
+        return vec![row("tokens/s", [nan; 3])];
+    };
+    let t = [0.5, 0.2, 0.8].map(|q| quantile(&o.step_ms, q));
+    // The 20th percentile of a rate is at the 80th of the time.
+    let tokens = o.tokens as f64;
+    let mut rows = vec![
+        row(
+            "tokens/s",
+            [tokens / t[0], tokens / t[2], tokens / t[1]].map(|v| v * 1e3),
+        ),
+        row("step_ms", t),
+    ];
+    if let Some(b) = o.peak_reserved {
+        rows.push(row("peak_reserved_MiB", [b as f64 / MIB; 3]));
+    }
+    if let Some(b) = o.peak_in_use {
+        rows.push(row("peak_in_use_MiB", [b as f64 / MIB; 3]));
+    }
+    if let Some(l) = o.loss {
+        rows.push(row("loss", [l; 3]));
+    }
+    rows
 }
 
 /// Every case, one row.
@@ -877,6 +929,77 @@ mod tests {
             }),
             wall_s: 1.0,
         }
+    }
+
+    #[test]
+    fn optimizer_name_is_the_adamw_config() {
+        let c = serde_json::to_value(burn::optim::AdamWConfig::new()).unwrap();
+        let f = |k: &str| c[k].as_f64().unwrap() as f32;
+        assert_eq!(
+            e2e_case::OPTIMIZER,
+            format!(
+                "adamw:lr={:e}:betas={}/{}:eps={:e}:wd={:e}",
+                e2e_case::LR,
+                f("beta_1"),
+                f("beta_2"),
+                f("epsilon"),
+                f("weight_decay")
+            )
+        );
+    }
+
+    #[test]
+    fn csv_rows_are_bench_rows() {
+        let args = bench_args(&["--memory-pool", "exact"]);
+        let mut r = ok_case("llama3.2-1b:4096:1:on", 12.0);
+        let o = r.output.as_mut().unwrap();
+        o.tokens = 4096;
+        o.step_ms = vec![800.0, 1000.0, 900.0];
+        o.peak_reserved = Some(14 << 30);
+        o.loss = Some(11.25);
+        o.losses = vec![Some(11.5), None, Some(11.25)];
+        let rows = csv_rows(&r, &args);
+        let metrics: Vec<&str> = rows.iter().map(|r| r.metric.as_str()).collect();
+        assert_eq!(
+            metrics,
+            [
+                "tokens/s",
+                "step_ms",
+                "peak_reserved_MiB",
+                "peak_in_use_MiB",
+                "loss"
+            ]
+        );
+        for row in &rows {
+            assert_eq!(
+                (
+                    row.kernel.as_str(),
+                    row.provider.as_str(),
+                    row.mode.as_str()
+                ),
+                ("llama3.2-1b", "liger-burn", "train_step")
+            );
+            assert_eq!(row.x, "4096");
+            assert!(row.config.starts_with("status=ok batch=1 dtype=bf16"));
+            assert!(row.config.contains(" memory_pool=exact"), "{}", row.config);
+            assert!(row.config.contains(" losses=11.5000/nan/11.2500"));
+        }
+        // tokens/s from the median step; its 20th percentile from the 80th of the time.
+        assert!((rows[0].p50 - 4096.0 / 0.9).abs() < 1e-9);
+        assert!((rows[0].p20 - 4096.0 / 0.96).abs() < 1e-9);
+        assert!((rows[0].p80 - 4096.0 / 0.84).abs() < 1e-9);
+        assert_eq!(rows[2].p50, 14.0 * 1024.0);
+        // A case that did not finish: one tokens/s row with empty numbers.
+        let mut failed = ok_case("qwen2.5-1.5b:16384:1:off", 0.0);
+        failed.status = Status::Oom;
+        failed.detail = "can't allocate buffer".into();
+        failed.output = None;
+        let rows = csv_rows(&failed, &args);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].provider, "burn");
+        assert!(rows[0].p50.is_nan());
+        assert!(rows[0].config.starts_with("status=oom"));
+        assert!(rows[0].config.ends_with("detail=can't allocate buffer"));
     }
 
     #[test]

@@ -4,21 +4,28 @@
 //! an out-of-memory abort or a hang as that case's status and go on, and it starts every
 //! case from an empty device pool.
 //!
-//! What is measured (see also [`super::e2e`]):
+//! What is measured (see also [`super::e2e`]; scripts/device/anchor_e2e.py measures
+//! PyTorch the same way):
 //! - a training step = `model.loss(ids, labels)` (forward + next-token loss) +
 //!   `loss.backward()` + `GradientsParams::from_grads` + `AdamW::step`, then a device
 //!   synchronization; its wall time, per step.
-//! - `--e2e-warmup` untimed steps first (JIT compilation, autotune, pool growth), then
-//!   `--e2e-steps` timed ones, each timed alone (sync, clock, step, sync, clock).
-//! - then one more step for memory, after a pool cleanup (pages with no live allocation
-//!   returned to the device): the pool's bytes reserved and bytes in use are read after
-//!   the forward + loss (synchronized: the activations kept for the backward are alive)
-//!   and after the backward (synchronized: gradients alive, activations being released)
-//!   and after the optimizer step; the peaks are the maxima of those samples. Reserved
-//!   pages are only given back by a cleanup, so reserved after a phase also covers the
-//!   transient buffers inside it: `peak reserved` is the device memory the step needed
-//!   from the pool (parameters, AdamW moments, activations, gradients, fragmentation), not
-//!   counting the CUDA context and the runtime's own allocations.
+//! - `--e2e-warmup` untimed steps first (JIT compilation, autotune, pool growth), the
+//!   pool emptied before the last of them (a cleanup: pages with no live allocation go back
+//!   to the device), so it regrows to what a step needs from a clean pool and the timed
+//!   steps do not pay that growth; then `--e2e-steps` timed ones, each timed alone (sync,
+//!   clock, step, sync, clock), the pool's usage read after each; then one more step, the
+//!   memory step, synchronized and read after the forward + loss (the activations kept for
+//!   the backward are alive), after the backward and after the optimizer step.
+//! - peak reserved = the largest pool `bytes_reserved` read over the timed steps and the
+//!   memory step. No cleanup runs between, and pages are only given back by a cleanup, so
+//!   it also covers the transient buffers inside each step: the device memory the steps
+//!   held in the pool (parameters, AdamW moments, activations, gradients, fragmentation),
+//!   not counting the CUDA context and the runtime's own allocations (PyTorch's
+//!   `max_memory_reserved` over the same steps).
+//! - peak in use = the largest pool `bytes_in_use` of the same reads (CubeCL keeps no
+//!   high-water mark of it: a lower bound of the true peak, read where PyTorch's
+//!   `memory_allocated` is read by the anchor).
+//! - losses: every step's, read after the last one.
 
 use super::e2e::{E2eCase, LigerMode};
 use crate::args::BenchArgs;
@@ -43,7 +50,11 @@ pub const RESULT_PREFIX: &str = "E2E_RESULT ";
 
 /// AdamW learning rate of the benchmark steps (irrelevant to the timing; small so the
 /// random model stays finite).
-const LR: f64 = 1e-5;
+pub(super) const LR: f64 = 1e-5;
+
+/// The optimizer of the steps as the CSV's config names it: `AdamWConfig::new()`'s
+/// defaults (tested in `super::e2e`) and [`LR`]. The PyTorch anchor trains with the same.
+pub const OPTIMIZER: &str = "adamw:lr=1e-5:betas=0.9/0.999:eps=1e-5:wd=1e-4";
 
 /// What a case process reports.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -64,6 +75,10 @@ pub struct CaseOutput {
     pub peak_in_use: Option<u64>,
     /// Loss of the memory step (a finite number shows the step computed something).
     pub loss: Option<f64>,
+    /// Loss of every step: warm-up, timed, memory step (None where it could not be read;
+    /// a non-finite loss is written as null by serde_json, so also None).
+    #[serde(default)]
+    pub losses: Vec<Option<f64>>,
     /// Wall time of the memory step's phases, ms: forward + loss, backward, optimizer
     /// step (each ended by a device synchronization, so each is the phase's whole cost).
     #[serde(default)]
@@ -202,31 +217,48 @@ where
         (model, loss)
     };
 
+    // Gives the pool's free pages back to the device (after queued work is done).
+    let empty_pool = || {
+        ctx.sync();
+        if let Some(cube) = &ctx.cube {
+            cube.cleanup();
+            ctx.sync();
+        }
+    };
+    let mut losses = Vec::new();
     for i in 0..args.e2e_warmup {
+        if i + 1 == args.e2e_warmup {
+            empty_pool();
+        }
         let t = Instant::now();
-        model = step(model, &mut || {}).0;
+        let (m, loss) = step(model, &mut || {});
+        model = m;
+        losses.push(loss.inner());
         ctx.sync();
         eprintln!("warmup {i}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     }
+    if args.e2e_warmup == 0 {
+        empty_pool();
+    }
+    let mut peak = Peak::default();
     let mut step_ms = Vec::with_capacity(args.e2e_steps);
     for i in 0..args.e2e_steps {
         ctx.sync();
         let t = Instant::now();
-        model = step(model, &mut || {}).0;
+        let (m, loss) = step(model, &mut || {});
+        model = m;
         ctx.sync();
         let ms = t.elapsed().as_secs_f64() * 1e3;
+        losses.push(loss.inner());
+        if let Some(cube) = &ctx.cube {
+            peak.add(cube.usage());
+        }
         eprintln!("step {i}: {ms:.1} ms");
         step_ms.push(ms);
     }
 
     // The memory step, also timed phase by phase (a synchronization ends each phase).
-    let mut peak = Peak::default();
     ctx.sync();
-    if let Some(cube) = &ctx.cube {
-        cube.cleanup();
-        ctx.sync();
-        peak.add(cube.usage());
-    }
     let mut marks = vec![Instant::now()];
     let mut sample = || {
         ctx.sync();
@@ -241,12 +273,18 @@ where
         .windows(2)
         .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
         .collect();
-    let loss = loss
-        .into_data()
-        .convert::<f64>()
-        .to_vec::<f64>()
-        .ok()
-        .and_then(|v| v.first().copied());
+    losses.push(loss.inner());
+    let losses: Vec<Option<f64>> = losses
+        .into_iter()
+        .map(|l| {
+            l.into_data()
+                .convert::<f64>()
+                .to_vec::<f64>()
+                .ok()
+                .and_then(|v| v.first().copied())
+        })
+        .collect();
+    let loss = losses.last().copied().flatten();
     drop(model);
     let has_pool = ctx.cube.is_some();
     CaseOutput {
@@ -255,6 +293,7 @@ where
         peak_reserved: has_pool.then_some(peak.reserved),
         peak_in_use: has_pool.then_some(peak.in_use),
         loss,
+        losses,
         phase_ms,
         ..Default::default()
     }

@@ -55,6 +55,7 @@ const MAX_SETS: usize = 16;
 
 /// Runs `liger bench`.
 pub fn run(args: BenchArgs) -> Result<ExitCode> {
+    crate::pool::configure(args.memory_pool)?;
     if args.e2e || args.e2e_case.is_some() {
         return e2e::run(args);
     }
