@@ -12,7 +12,8 @@
 //! the length of the reduction, `(|A||B|)` the same product of absolute values, and
 //! `Σ_b |ref_b|` the per-batch partial results a gradient is summed from when its operand
 //! was broadcast over `B` batches (each partial rounded to the dtype before the sum, as
-//! Burn's matmul node does). `c = 8`. `nn::Linear`'s output adds one more rounding (the
+//! Burn's matmul node does), plus one subnormal spacing of the dtype (results that
+//! underflow round absolutely). `c = 8`. `nn::Linear`'s output adds one more rounding (the
 //! product is rounded before the bias is added), and its bias gradient is Burn's own sum,
 //! accumulated in the dtype on some backends (`2⁻²⁴` above becomes the dtype's `u`).
 //!
@@ -44,6 +45,16 @@ fn unit_roundoff(dtype: DType) -> f64 {
         DType::F16 => 2f64.powi(-11),
         DType::BF16 => 2f64.powi(-8),
         _ => U32,
+    }
+}
+
+/// Spacing of the dtype's subnormals: the absolute rounding error of a result that
+/// underflows is up to half of it.
+fn subnormal_spacing(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2f64.powi(-24),
+        DType::BF16 => 2f64.powi(-133),
+        _ => 2f64.powi(-149),
     }
 }
 
@@ -211,7 +222,7 @@ impl Expected {
     fn bound(&self, i: usize, dtype: DType) -> f64 {
         let u = unit_roundoff(dtype);
         let acc = C * self.acc_unit * (self.k as f64).sqrt() * self.abs[i];
-        u * (self.value[i].abs() + self.partials[i]) + (1.0 + u) * acc + f64::MIN_POSITIVE
+        u * (self.value[i].abs() + self.partials[i]) + (1.0 + u) * acc + subnormal_spacing(dtype)
     }
 
     /// `Err` naming the worst element when any is out of bounds.
