@@ -174,6 +174,28 @@ pub(crate) fn run(
     }
 }
 
+/// `repeats` copies of `product` back to back on liger's stream, between one host
+/// synchronization before and one after: cuBLASLt's cost per call without a per-call
+/// ordering, the baseline the ordering protocols are measured against. Seconds per call.
+pub(crate) fn run_repeated(
+    device: &CudaDevice,
+    product: Product<'_>,
+    repeats: usize,
+) -> Result<f64, Unavailable> {
+    let engine = engine(device)?;
+    let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+    let client = product.out.client.clone();
+    let state: &mut Engine = &mut engine;
+    let outcome = client
+        .exclusive(|| state.repeated(&client, &product, repeats))
+        .map_err(|e| Unavailable::Setup(format!("CubeCL's device thread: {e:?}")))?;
+    match outcome {
+        Ok(seconds) => Ok(seconds),
+        Err(Failure::Unavailable(why)) => Err(why),
+        Err(Failure::Launch(why)) => panic!("matmul: cuBLASLt failed: {why}"),
+    }
+}
+
 /// Per-device engines, created on first use (once: a failed setup is remembered).
 type Engines = Mutex<HashMap<usize, Result<Arc<Mutex<Engine>>, String>>>;
 
@@ -300,13 +322,13 @@ impl Engine {
         }
     }
 
-    /// Runs on CubeCL's device thread (inside `ComputeClient::exclusive`).
-    fn run(
+    /// Binds the context, reads the tensors' device addresses and finds (or builds) the
+    /// plan: everything before a launch. Runs on CubeCL's device thread.
+    fn prepare(
         &mut self,
         client: &ComputeClient<CudaRuntime>,
         product: &Product<'_>,
-        ordering: MatmulOrdering,
-    ) -> Result<(), Failure> {
+    ) -> Result<([u64; 3], PlanKey), Failure> {
         let unavailable = |why: String| Failure::Unavailable(Unavailable::Setup(why));
         self.ctx
             .bind_to_thread()
@@ -354,20 +376,63 @@ impl Engine {
             let plan = Plan::new(self.handle.0, &key).map_err(Failure::Unavailable)?;
             self.plans.insert(key, plan);
         }
-        let plan = &self.plans[&key];
+        Ok((addresses, key))
+    }
+
+    /// Enqueues the product's BLAS calls on liger's stream (no ordering).
+    fn enqueue(
+        &self,
+        product: &Product<'_>,
+        addresses: [u64; 3],
+        key: &PlanKey,
+    ) -> Result<(), String> {
+        let plan = &self.plans[key];
+        let element = product.lhs.dtype.size() as u64;
+        for call in &product.layout.calls {
+            let at = |x: usize| addresses[x] + call[x] * element;
+            plan.launch(
+                self.handle.0,
+                [at(0), at(1), at(2)],
+                &self.workspace,
+                self.stream.cu_stream() as lt_sys::cudaStream_t,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `repeats` products back to back between one synchronization of CubeCL's stream
+    /// before and one of liger's after; seconds per product. Runs on CubeCL's device
+    /// thread.
+    fn repeated(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        product: &Product<'_>,
+        repeats: usize,
+    ) -> Result<f64, Failure> {
+        let (addresses, key) = self.prepare(client, product)?;
+        cubecl::future::block_on(client.sync())
+            .map_err(|e| Failure::Launch(format!("synchronizing CubeCL's stream: {e:?}")))?;
+        let start = std::time::Instant::now();
+        let mut result = Ok(());
+        for _ in 0..repeats.max(1) {
+            result = result.and_then(|()| self.enqueue(product, addresses, &key));
+        }
+        let sync = unsafe { driver::stream::synchronize(self.stream.cu_stream()) }
+            .map_err(|e| format!("synchronizing liger's stream: {e:?}"));
+        result.and(sync).map_err(Failure::Launch)?;
+        Ok(start.elapsed().as_secs_f64() / repeats.max(1) as f64)
+    }
+
+    /// Runs on CubeCL's device thread (inside `ComputeClient::exclusive`).
+    fn run(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        product: &Product<'_>,
+        ordering: MatmulOrdering,
+    ) -> Result<(), Failure> {
+        let unavailable = |why: String| Failure::Unavailable(Unavailable::Setup(why));
+        let (addresses, key) = self.prepare(client, product)?;
         let stream = self.stream.cu_stream();
-        let gemms = || -> Result<(), String> {
-            for call in &layout.calls {
-                let at = |x: usize| addresses[x] + call[x] * element;
-                plan.launch(
-                    self.handle.0,
-                    [at(0), at(1), at(2)],
-                    &self.workspace,
-                    stream as lt_sys::cudaStream_t,
-                )?;
-            }
-            Ok(())
-        };
         match ordering {
             MatmulOrdering::StreamMemoryOperations => {
                 let published = self.flags_address + (sequence::PUBLISHED * 4) as u64;
@@ -393,7 +458,7 @@ impl Engine {
                 .result()
                 .map_err(|e| format!("cuStreamWaitValue32: {e:?}"));
                 // Without the wait the product would not be ordered after its inputs.
-                let gemm = wait.and_then(|()| gemms());
+                let gemm = wait.and_then(|()| self.enqueue(product, addresses, &key));
                 let write = unsafe {
                     driver_sys::cuStreamWriteValue32_v2(
                         stream,
@@ -422,7 +487,7 @@ impl Engine {
                 cubecl::future::block_on(client.sync()).map_err(|e| {
                     Failure::Launch(format!("synchronizing CubeCL's stream: {e:?}"))
                 })?;
-                let gemm = gemms();
+                let gemm = self.enqueue(product, addresses, &key);
                 let sync = unsafe { driver::stream::synchronize(stream) }
                     .map_err(|e| format!("synchronizing liger's stream: {e:?}"));
                 gemm.and(sync).map_err(Failure::Launch)

@@ -247,3 +247,36 @@ pub fn cublaslt_matmul(
     VENDOR_PRODUCTS.fetch_add(1, Ordering::Relaxed);
     Ok(out)
 }
+
+/// `repeats` identical products `lhs · rhs` back to back on cuBLASLt between one host
+/// synchronization before and one after (no per-call ordering): the baseline per-call
+/// cost the ordering protocols add to, in seconds per call. For benchmarks; not part of
+/// the stable API.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub fn cublaslt_repeated_products(
+    lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    repeats: usize,
+) -> Result<f64, super::cublaslt::Unavailable> {
+    use super::cublaslt::{self, Product};
+    let out_shape = match validate::matmul_tensors("matmul", &lhs, &rhs) {
+        Ok(shape) => shape,
+        Err(e) => panic!("{e}"),
+    };
+    cublaslt::data_type(lhs.dtype)?;
+    let dims = out_shape.to_vec();
+    let l = (lhs.meta.shape().to_vec(), lhs.meta.strides().to_vec());
+    let r = (rhs.meta.shape().to_vec(), rhs.meta.strides().to_vec());
+    let layout = gemm_layout((&l.0, &l.1), (&r.0, &r.1), &dims).unwrap_or_else(|_| {
+        panic!("cublaslt_repeated_products: strides the BLAS cannot read: {l:?} x {r:?}")
+    });
+    let out = super::empty_like(&lhs, out_shape, lhs.dtype);
+    let product = Product {
+        lhs: &lhs,
+        rhs: &rhs,
+        out: &out,
+        layout: &layout,
+    };
+    cublaslt::run_repeated(&lhs.device, product, repeats)
+}

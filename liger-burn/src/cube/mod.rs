@@ -20,9 +20,9 @@ mod rope;
 mod sequence;
 mod softmax;
 
-#[cfg(feature = "cuda")]
-pub use matmul::cublaslt_matmul;
 pub use matmul::{MatmulCounts, matmul_counts};
+#[cfg(feature = "cuda")]
+pub use matmul::{cublaslt_matmul, cublaslt_repeated_products};
 
 use crate::ops::FusedOps;
 use crate::ops::validate;
