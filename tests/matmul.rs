@@ -239,10 +239,12 @@ impl Expected {
         let mut failures = 0;
         for (i, a) in actual.iter().enumerate() {
             let ratio = (a - self.value[i]).abs() / self.bound(i, dtype);
-            if !(ratio <= 1.0) {
+            // A NaN (non-finite result) is the worst there is.
+            let ratio = if ratio.is_nan() { f64::INFINITY } else { ratio };
+            if ratio > 1.0 {
                 failures += 1;
             }
-            if worst.is_none_or(|(r, _)| !(ratio <= r)) {
+            if worst.is_none_or(|(r, _)| ratio > r) {
                 worst = Some((ratio, i));
             }
         }

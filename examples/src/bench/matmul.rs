@@ -394,10 +394,7 @@ fn random<BB: Backend>(device: &BB::Device, shape: [usize; 2], dtype: DType) -> 
 
 /// The same buffer as a tensor of another backend with `B`'s primitives (`Liger<B>`,
 /// `Liger<Autodiff<B>>` through `Autodiff`'s leaf).
-fn lift<B: FusedOps, T: Backend>(x: &Tensor<B, 2>) -> Tensor<T, 2>
-where
-    T: LiftFrom<B>,
-{
+fn lift<B: FusedOps, T: LiftFrom<B>>(x: &Tensor<B, 2>) -> Tensor<T, 2> {
     T::lift(x.clone())
 }
 

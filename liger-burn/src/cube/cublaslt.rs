@@ -210,7 +210,7 @@ fn engine(device: &CudaDevice) -> Result<Arc<Mutex<Engine>>, Unavailable> {
         .or_insert_with(|| {
             // cudarc panics on a library or symbol it cannot load: a setup failure here.
             std::panic::catch_unwind(|| Engine::new(device))
-                .unwrap_or_else(|p| Err(format!("{}", panic_text(p.as_ref()))))
+                .unwrap_or_else(|p| Err(panic_text(p.as_ref())))
                 .map(|e| Arc::new(Mutex::new(e)))
         })
         .clone()
@@ -288,7 +288,16 @@ impl Engine {
             &ctx,
             &stream,
             flags_address + (sequence::PROBE * 4) as u64,
-        );
+        )
+        .and_then(|()| {
+            // Compiles and launches the ordering kernels once (publish 0 over the initial
+            // 0, await 0), so that a failure shows here rather than as a wait that never
+            // ends; CubeCL reports launch failures at the synchronization.
+            sequence::launch_publish(&client, &flags, 0);
+            sequence::launch_await(&client, &flags, 0);
+            cubecl::future::block_on(client.sync())
+                .map_err(|e| format!("the ordering kernels failed on CubeCL's stream: {e:?}"))
+        });
         let engine = Engine {
             ordinal: device.index,
             driver_version,
@@ -430,7 +439,6 @@ impl Engine {
         product: &Product<'_>,
         ordering: MatmulOrdering,
     ) -> Result<(), Failure> {
-        let unavailable = |why: String| Failure::Unavailable(Unavailable::Setup(why));
         let (addresses, key) = self.prepare(client, product)?;
         let stream = self.stream.cu_stream();
         match ordering {
@@ -438,14 +446,10 @@ impl Engine {
                 let published = self.flags_address + (sequence::PUBLISHED * 4) as u64;
                 let completed = self.flags_address + (sequence::COMPLETED * 4) as u64;
                 let s = self.sequence.wrapping_add(1);
+                // Both kernels were launched once when the engine was set up: CubeCL only
+                // reports a launch failure at its next flush, and flushing here would
+                // block the host on the previous call's fence.
                 sequence::launch_publish(client, &self.flags, s);
-                // CubeCL records launch failures on the stream; `flush` reports them.
-                // Nothing waits on `s` yet, so a failed publish leaves no one hanging.
-                client.flush().map_err(|e| {
-                    unavailable(format!(
-                        "launching the publish kernel on CubeCL's stream: {e:?}"
-                    ))
-                })?;
                 self.sequence = s;
                 let wait = unsafe {
                     driver_sys::cuStreamWaitValue32_v2(

@@ -96,39 +96,27 @@ fn vendor<R: CubeRuntime>(
     #[cfg(feature = "cuda")]
     {
         use cubecl::cuda::CudaRuntime;
-        let any: Box<dyn Any> = Box::new((lhs, rhs));
-        match any.downcast::<(CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>)>() {
+        type CudaPair = (CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>);
+        let inputs: Box<dyn Any> = Box::new((lhs, rhs));
+        let inputs = match inputs.downcast::<CudaPair>() {
             Ok(cuda) => {
                 let (lhs, rhs) = *cuda;
-                let result = match cuda_product(lhs, rhs, out_shape, None) {
-                    Ok(out) => Ok(Box::new(out) as Box<dyn Any>),
-                    Err((why, lhs, rhs)) => {
-                        log_once(
-                            match why {
-                                super::cublaslt::Unavailable::Setup(_) => log::Level::Warn,
-                                _ => log::Level::Info,
-                            },
-                            format!("liger matmul: Burn's matmul on CUDA: {why}"),
-                        );
-                        Err(Box::new((lhs, rhs)) as Box<dyn Any>)
+                match cuda_product(lhs, rhs, out_shape, None) {
+                    Ok(out) => {
+                        let out: Box<dyn Any> = Box::new(out);
+                        return Ok(*out.downcast::<CubeTensor<R>>().expect("R is CUDA"));
                     }
-                };
-                let back = |b: Box<dyn Any>| {
-                    b.downcast::<CubeTensor<R>>()
-                        .map(|t| *t)
-                        .expect("R is the CUDA runtime")
-                };
-                return match result {
-                    Ok(out) => Ok(back(out)),
-                    Err(inputs) => Err(*inputs
-                        .downcast::<(CubeTensor<R>, CubeTensor<R>)>()
-                        .expect("R is the CUDA runtime")),
-                };
+                    Err((why, lhs, rhs)) => {
+                        let level = match why {
+                            super::cublaslt::Unavailable::Setup(_) => log::Level::Warn,
+                            _ => log::Level::Info,
+                        };
+                        log_once(level, format!("liger matmul: Burn's matmul on CUDA: {why}"));
+                        Box::new((lhs, rhs)) as Box<dyn Any>
+                    }
+                }
             }
-            Err(any) => {
-                let (lhs, rhs) = *any
-                    .downcast::<(CubeTensor<R>, CubeTensor<R>)>()
-                    .expect("the inputs as they were boxed");
+            Err(other) => {
                 log_once(
                     log::Level::Info,
                     format!(
@@ -136,9 +124,12 @@ fn vendor<R: CubeRuntime>(
                         core::any::type_name::<R>()
                     ),
                 );
-                return Err((lhs, rhs));
+                other
             }
-        }
+        };
+        Err(*inputs
+            .downcast::<(CubeTensor<R>, CubeTensor<R>)>()
+            .expect("the inputs as they were boxed"))
     }
     #[cfg(not(feature = "cuda"))]
     {
