@@ -200,7 +200,7 @@ impl OnDevice for MatmulBench {
                         format!("  {}", r.kernel),
                         r.metric.clone(),
                         r.provider.clone(),
-                        num(Some(r.p50), 2),
+                        format!("{:.2} us", r.p50),
                         "-".into(),
                     ]);
                 }

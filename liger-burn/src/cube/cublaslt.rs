@@ -2,8 +2,11 @@
 //!
 //! cubecl-cuda keeps its CUDA streams private, so liger owns, per device, a non-blocking
 //! stream of its own, a cuBLASLt handle, a 32 MiB workspace and a small buffer of `u32`
-//! flags, and orders its products against CubeCL's stream with one of two protocols
-//! ([`MatmulOrdering`]):
+//! flags (allocated through CubeCL, whose kernels can only bind its own buffers, and held
+//! for the life of the process), and orders its products against CubeCL's stream with
+//! one of two protocols ([`MatmulOrdering`]; the device's default is the first where the
+//! driver has stream memory operations, and [`crate::cube::cublaslt_matmul`] takes either
+//! explicitly):
 //!
 //! **Stream memory operations** (the default where the driver has them; the host never
 //! waits). Per product, with a sequence number `s`:
@@ -20,11 +23,15 @@
 //!    them, runs after the product.
 //!
 //! All of it is issued from CubeCL's device thread in one `ComputeClient::exclusive`
-//! task, under the device's lock, so the driver sees every wait after the work that
-//! satisfies it. (CUDA's documentation asks for stream waits to be mirrored by
-//! CUDA-visible dependencies such as events, which cannot be recorded on a stream we
-//! have no handle to; the issue order above is what keeps the protocol free of
-//! deadlock.)
+//! task, under the device's lock (CubeCL launches asynchronously from that thread, so
+//! issuing from the caller's would let the driver see our wait before the publish), so
+//! the driver sees every wait after the work that satisfies it. That invariant is what
+//! keeps the protocol free of deadlock: whatever the driver does at any point of the
+//! issue order (serialize streams that share a hardware queue, or synchronize the
+//! context to load a module lazily, as CUDA's lazy loading may), everything already
+//! issued can complete on its own. CUDA's documentation also asks for stream waits to be
+//! mirrored by CUDA-visible dependencies such as events; none can be recorded on a stream
+//! we have no handle to, which is the protocol's residual risk.
 //!
 //! **Host synchronization** (where the driver has no stream memory operations, and on
 //! request): synchronize CubeCL's stream, run the product on liger's stream, synchronize
@@ -102,7 +109,7 @@ pub struct DeviceSupport {
     pub ordinal: usize,
     /// The driver's CUDA version, e.g. 13000.
     pub driver_version: i32,
-    /// The ordering [`matmul`] uses when not told otherwise.
+    /// The ordering `fused_matmul` uses on this device.
     pub default_ordering: MatmulOrdering,
     /// Why stream memory operations are not used, when they are not.
     pub no_stream_memory_operations: Option<String>,
