@@ -42,6 +42,10 @@ FUSED_OVERRIDES = {
     ("ActivationOps", "gelu_backward"): "gelu_backward",
     ("ActivationOps", "sigmoid"): "sigmoid",
     ("ActivationOps", "sigmoid_backward"): "sigmoid_backward",
+    ("FloatTensorOps", "float_matmul"): "matmul",
+    ("ModuleOps", "linear"): "linear",
+    ("ModuleOps", "linear_x_backward"): "linear_x_backward",
+    ("ModuleOps", "linear_weight_backward"): "linear_weight_backward",
 }
 
 # Not fusions: methods where `Liger` deliberately differs from `B`.

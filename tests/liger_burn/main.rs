@@ -10,6 +10,7 @@ mod geglu;
 mod gelu;
 mod layer_norm;
 mod log_softmax;
+mod matmul;
 mod records;
 mod rms_norm;
 mod rope;

@@ -89,7 +89,7 @@ pub struct BenchArgs {
     /// Shapes (comma list or repeated), sizes joined by `x` and read per op: norms,
     /// softmax, log_softmax, swiglu, geglu `ROWSxWIDTH` (leading dims multiply into rows,
     /// e.g. 4x2048x4096); rope `BATCHxSEQxQ_HEADSxKV_HEADSxHEAD_DIM`; cross_entropy `NxV`;
-    /// fused_linear_cross_entropy `NxHxV`. Every shape is run for every selected op, so
+    /// fused_linear_cross_entropy `NxHxV`; matmul `MxKxN`. Every shape is run for every selected op, so
     /// pick ops of one form with it. Default per op: norms 8192x4096, softmax and
     /// log_softmax 8192x32768, rope 4x2048x32x8x128, swiglu and geglu 8192x14336,
     /// cross_entropy 8192x128256, fused_linear_cross_entropy 8192x4096x128256.

@@ -7,6 +7,7 @@ mod attention;
 mod cross_entropy;
 mod glu;
 mod linear_cross_entropy;
+mod matmul;
 mod rope;
 
 use crate::ops::{
@@ -409,6 +410,14 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         options: crate::ops::AttentionOptions,
     ) -> crate::ops::AttentionGrads<Self> {
         attention::backward::<B, C>(grad_output, q, k, v, mask, options)
+    }
+
+    fn fused_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        matmul::forward::<B, C>(lhs, rhs)
+    }
+
+    fn fused_matmul_uses_vendor_library(device: &B::Device, dtype: burn::tensor::DType) -> bool {
+        B::fused_matmul_uses_vendor_library(device, dtype)
     }
 }
 

@@ -69,7 +69,7 @@ impl<B: FusedOps> FloatTensorOps<Self> for Liger<B> {
     fn float_div_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> { B::float_div_scalar(lhs, rhs) }
     fn float_remainder(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> { B::float_remainder(lhs, rhs) }
     fn float_remainder_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> { B::float_remainder_scalar(lhs, rhs) }
-    fn float_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> { B::float_matmul(lhs, rhs) }
+    fn float_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> { overrides::matmul::<B>(lhs, rhs) }  // fused override
     fn float_cross(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> { B::float_cross(lhs, rhs, dim) }
     fn float_neg(tensor: FloatTensor<Self>) -> FloatTensor<Self> { B::float_neg(tensor) }
     fn float_recip(tensor: FloatTensor<Self>) -> FloatTensor<Self> { B::float_recip(tensor) }
@@ -326,9 +326,9 @@ impl<B: FusedOps> BoolTensorOps<Self> for Liger<B> {
 impl<B: FusedOps> ModuleOps<Self> for Liger<B> {
     fn embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> { B::embedding(weights, indices) }
     fn embedding_backward(weights: FloatTensor<Self>, output_grad: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> { B::embedding_backward(weights, output_grad, indices) }
-    fn linear(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>) -> FloatTensor<Self> { B::linear(x, weight, bias) }
-    fn linear_x_backward(weight: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self> { B::linear_x_backward(weight, output_grad) }
-    fn linear_weight_backward(x: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self> { B::linear_weight_backward(x, output_grad) }
+    fn linear(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>) -> FloatTensor<Self> { overrides::linear::<B>(x, weight, bias) }  // fused override
+    fn linear_x_backward(weight: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self> { overrides::linear_x_backward::<B>(weight, output_grad) }  // fused override
+    fn linear_weight_backward(x: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self> { overrides::linear_weight_backward::<B>(x, output_grad) }  // fused override
     fn linear_bias_backward(output_grad: FloatTensor<Self>) -> FloatTensor<Self> { B::linear_bias_backward(output_grad) }
     fn conv1d(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>, options: ConvOptions<1>) -> FloatTensor<Self> { B::conv1d(x, weight, bias, options) }
     fn conv1d_x_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvOptions<1>) -> FloatTensor<Self> { B::conv1d_x_backward(x, weight, output_grad, options) }

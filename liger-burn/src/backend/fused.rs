@@ -252,6 +252,18 @@ impl<B: FusedOps> FusedOps for Liger<B> {
             grad_v,
         }
     }
+
+    fn fused_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        // B's, so that `Liger<Autodiff<_>>` reaches Autodiff's node.
+        B::fused_matmul(lhs, rhs)
+    }
+
+    fn fused_matmul_uses_vendor_library(
+        device: &burn::tensor::ops::Device<Self>,
+        dtype: burn::tensor::DType,
+    ) -> bool {
+        B::fused_matmul_uses_vendor_library(device, dtype)
+    }
 }
 
 fn lift_grads<B: FusedOps>(grads: NormGrads<B>) -> NormGrads<Liger<B>> {

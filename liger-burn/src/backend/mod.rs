@@ -14,6 +14,9 @@
 //! | `ActivationOps::gelu_backward(x, g)`   | `B::fused_gelu_backward(g, x)` (exact derivative)   |
 //! | `ActivationOps::sigmoid(x)`            | `B::fused_sigmoid(x)`                               |
 //! | `ActivationOps::sigmoid_backward(y, g)`| `B::fused_sigmoid_backward(g, y)`                   |
+//! | `FloatTensorOps::float_matmul(a, b)`   | `B::fused_matmul(a, b)` (cuBLASLt on CUDA)          |
+//! | `ModuleOps::linear(x, w, b)` (`nn::Linear`) | `B::fused_matmul` of `x` folded to `[rows, d_in]`, then `+ b` |
+//! | `ModuleOps::linear_x_backward` / `linear_weight_backward` | `B::fused_matmul` over folded rows |
 //!
 //! (and `Backend::name`, which reports `liger<{B's name}>`). So unmodified user code —
 //! `burn::tensor::activation::{softmax, log_softmax}`, `burn::nn::LayerNorm`, the attention
@@ -55,6 +58,11 @@
 //! inner backend's `gelu`/`gelu_backward` and `sigmoid`/`sigmoid_backward`, so in
 //! `Autodiff<Liger<B>>` they run the fused forward and backward kernels too (its sigmoid
 //! node recomputes the forward before the backward).
+//! Matrix products take `fused_matmul` in both orders: in `Liger<Autodiff<B>>`,
+//! `float_matmul` and `linear` reach `Autodiff`'s matmul node, whose two backward products
+//! are `B::fused_matmul`; in `Autodiff<Liger<B>>`, Burn's own matmul and linear nodes call
+//! the inner `Liger`'s `float_matmul`, `linear`, `linear_x_backward` and
+//! `linear_weight_backward`, which are routed too.
 //!
 //! # Limits
 //!
@@ -88,9 +96,10 @@ mod overrides;
 use core::fmt;
 use core::marker::PhantomData;
 
-/// Backend decorator: `B` with Burn's `softmax`, `log_softmax`, `layer_norm`, `gelu` and
-/// `sigmoid` primitives routed to [`FusedOps`](crate::ops::FusedOps). See the [module docs](self) for which
-/// wrapping order to use.
+/// Backend decorator: `B` with Burn's `softmax`, `log_softmax`, `layer_norm`, `gelu`,
+/// `sigmoid`, `float_matmul` and `linear` primitives routed to
+/// [`FusedOps`](crate::ops::FusedOps). See the [module docs](self) for which wrapping order
+/// to use.
 ///
 /// Clone, Default and Debug are implemented without bounds on `B`.
 pub struct Liger<B> {

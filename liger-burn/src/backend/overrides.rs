@@ -7,7 +7,7 @@
 
 use crate::ops::FusedOps;
 use burn::tensor::{
-    TensorMetadata,
+    Shape, TensorMetadata,
     backend::{Backend, BackendTypes},
     ops::FloatTensor,
 };
@@ -90,6 +90,94 @@ pub(crate) fn sigmoid_backward<B: FusedOps>(
         Route::Empty => grad,
         Route::Stock => B::sigmoid_backward(output, grad),
     }
+}
+
+/// `FloatTensorOps::float_matmul`: `B::fused_matmul` (cuBLASLt on CUDA, `B`'s own matmul
+/// elsewhere; same semantics: `[..., m, k] · [..., k, n]`, batch dims broadcast).
+pub(crate) fn matmul<B: FusedOps>(lhs: FloatTensor<B>, rhs: FloatTensor<B>) -> FloatTensor<B> {
+    B::fused_matmul(lhs, rhs)
+}
+
+/// `ModuleOps::linear` (`burn::nn::Linear`): `x [..., d_in] · weight [d_in, d_out]
+/// (+ bias [d_out])` as one `B::fused_matmul` of `[rows, d_in] · [d_in, d_out]`, the
+/// leading dims of `x` folded into rows (Burn's default broadcasts the weight over them
+/// instead, which makes the weight gradient a batch of products and a sum).
+pub(crate) fn linear<B: FusedOps>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+) -> FloatTensor<B> {
+    let shape = x.shape();
+    let (w, b) = (weight.shape(), bias.as_ref().map(|b| b.shape()));
+    let rank = shape.num_dims();
+    let d_in = last_dim(&shape);
+    let d_out = if w.num_dims() == 2 { w[1] } else { 0 };
+    let bias_ok = b.as_ref().is_none_or(|b| b.to_vec() == [d_out]);
+    if rank < 2 || w.num_dims() != 2 || w[0] != d_in || !bias_ok {
+        panic!(
+            "linear: x must be [..., d_in] (rank >= 2), weight [d_in, d_out], bias [d_out]; got x {shape:?} ({:?}), weight {w:?} ({:?}), bias {b:?}",
+            x.dtype(),
+            weight.dtype()
+        );
+    }
+    let mut out = B::fused_matmul(rows::<B>(x, d_in), weight);
+    if let Some(bias) = bias {
+        out = B::float_add(out, B::float_reshape(bias, Shape::new([1, d_out])));
+    }
+    unfold::<B>(out, &shape, d_out)
+}
+
+/// `ModuleOps::linear_x_backward` (`Autodiff<Liger<B>>` calls it): `grad [..., d_out] ·
+/// weightᵀ` as one `B::fused_matmul` over folded rows, the transpose a view.
+pub(crate) fn linear_x_backward<B: FusedOps>(
+    weight: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let shape = output_grad.shape();
+    let [d_in, d_out] = [weight.shape()[0], weight.shape()[1]];
+    let grad = B::fused_matmul(
+        rows::<B>(output_grad, d_out),
+        B::float_swap_dims(weight, 0, 1),
+    );
+    unfold::<B>(grad, &shape, d_in)
+}
+
+/// `ModuleOps::linear_weight_backward`: `xᵀ · grad` over all rows at once, `[d_in, d_out]`
+/// (one product accumulated in f32 instead of a sum of per-batch products).
+pub(crate) fn linear_weight_backward<B: FusedOps>(
+    x: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let d_in = last_dim(&x.shape());
+    let d_out = last_dim(&output_grad.shape());
+    let x = B::float_swap_dims(rows::<B>(x, d_in), 0, 1);
+    B::fused_matmul(x, rows::<B>(output_grad, d_out))
+}
+
+/// The last dimension (0 for a scalar).
+fn last_dim(shape: &Shape) -> usize {
+    shape.to_vec().last().copied().unwrap_or(0)
+}
+
+/// `[..., d]` → `[rows, d]` (a no-op for rank 2).
+fn rows<B: FusedOps>(x: FloatTensor<B>, d: usize) -> FloatTensor<B> {
+    let shape = x.shape();
+    if shape.num_dims() == 2 {
+        return x;
+    }
+    let dims = shape.to_vec();
+    let rows = dims[..dims.len() - 1].iter().product();
+    B::float_reshape(x, Shape::new([rows, d]))
+}
+
+/// `[rows, d]` → `like`'s leading dims then `d`.
+fn unfold<B: FusedOps>(x: FloatTensor<B>, like: &Shape, d: usize) -> FloatTensor<B> {
+    if like.num_dims() == 2 {
+        return x;
+    }
+    let mut dims = like.to_vec();
+    *dims.last_mut().expect("rank >= 2") = d;
+    B::float_reshape(x, Shape::from(dims))
 }
 
 /// Where an elementwise override sends a tensor.

@@ -7,11 +7,22 @@
 
 mod activation;
 mod cross_entropy;
+#[cfg(feature = "cuda")]
+pub mod cublaslt;
 mod glu;
 mod layer_norm;
+mod matmul;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod matmul_layout;
 mod rms_norm;
 mod rope;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod sequence;
 mod softmax;
+
+pub use matmul::{MatmulCounts, matmul_counts};
+#[cfg(feature = "cuda")]
+pub use matmul::{cublaslt_matmul, cublaslt_repeated_products};
 
 use crate::ops::FusedOps;
 use crate::ops::validate;
@@ -175,6 +186,14 @@ where
         grad_scale: CubeTensor<R>,
     ) -> CubeTensor<R> {
         cross_entropy::backward::<Self, R>(grad, grad_rows, grad_scale)
+    }
+
+    fn fused_matmul(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTensor<R> {
+        matmul::matmul::<R, F, I, BT>(lhs, rhs)
+    }
+
+    fn fused_matmul_uses_vendor_library(device: &R::Device, dtype: DType) -> bool {
+        matmul::uses_vendor_library::<R>(device, dtype)
     }
 }
 

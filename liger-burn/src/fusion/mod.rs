@@ -8,6 +8,7 @@
 mod cross_entropy;
 mod custom_op;
 mod glu;
+mod matmul;
 mod rope;
 
 use crate::ops::validate;
@@ -341,6 +342,17 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         grad_scale: FusionTensor<B::FusionRuntime>,
     ) -> FusionTensor<B::FusionRuntime> {
         cross_entropy::backward::<B>(grad, grad_rows, grad_scale)
+    }
+
+    fn fused_matmul(
+        lhs: FusionTensor<B::FusionRuntime>,
+        rhs: FusionTensor<B::FusionRuntime>,
+    ) -> FusionTensor<B::FusionRuntime> {
+        matmul::matmul::<B>(lhs, rhs)
+    }
+
+    fn fused_matmul_uses_vendor_library(device: &B::Device, dtype: DType) -> bool {
+        B::fused_matmul_uses_vendor_library(device, dtype)
     }
 }
 

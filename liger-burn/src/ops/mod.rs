@@ -16,9 +16,9 @@ pub mod validate;
 pub use options::*;
 
 use burn::tensor::{
-    Shape,
+    DType, Shape,
     backend::Backend,
-    ops::{BoolTensor, FloatTensor, IntTensor},
+    ops::{BoolTensor, Device, FloatTensor, IntTensor},
 };
 
 /// Output of the fused RMSNorm forward.
@@ -351,6 +351,30 @@ pub trait FusedOps: Backend {
             compute_grad,
             options,
         )
+    }
+
+    /// Matrix product with Burn's `matmul` semantics: `lhs: [..., m, k]` and
+    /// `rhs: [..., k, n]` of one rank ≥ 2 and one float dtype, the batch dimensions equal
+    /// or 1 (broadcast), any strides (transposed views included); returns
+    /// `[...batch, m, n]` in that dtype, contiguous.
+    ///
+    /// The default is the backend's own `float_matmul`. `CubeBackend` on CUDA runs cuBLASLt
+    /// (f32 accumulation; true f32 for f32, no TF32) where
+    /// [`fused_matmul_uses_vendor_library`](FusedOps::fused_matmul_uses_vendor_library)
+    /// says so; `Liger<B>` routes Burn's `float_matmul` here, and `Autodiff<B>` records a
+    /// backward node whose two products are `fused_matmul` of the inner backend.
+    fn fused_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        validate::check(validate::matmul_tensors("matmul", &lhs, &rhs).map(|_| ()));
+        Self::float_matmul(lhs, rhs)
+    }
+
+    /// Whether [`fused_matmul`](FusedOps::fused_matmul) of `dtype` tensors on `device`
+    /// runs a vendor BLAS library (cuBLASLt) instead of the backend's own matmul. The
+    /// fusion backend asks, so that everywhere else it keeps Burn's own matmul operation,
+    /// which its optimizer can fuse with neighbouring elementwise work.
+    fn fused_matmul_uses_vendor_library(device: &Device<Self>, dtype: DType) -> bool {
+        let _ = (device, dtype);
+        false
     }
 
     /// Causal softmax attention without the `[batch, heads, seq, seq]` probabilities kept:

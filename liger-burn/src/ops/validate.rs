@@ -158,8 +158,10 @@ pub fn elementwise_tensors<T: TensorMetadata>(
     elementwise(op, &refs, kernel_dtypes)
 }
 mod attention;
+mod matmul;
 mod rope;
 pub use attention::{AttentionInputs, attention};
+pub use matmul::{matmul, matmul_tensors};
 pub use rope::{RopeInputs, rope, rope_tensors};
 /// A cross-entropy call's inputs: `logits: [N, V]`, `targets: [N]` (integers),
 /// `class_weight: [V]`, `grad_scale: [1]`.

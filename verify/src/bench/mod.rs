@@ -21,10 +21,12 @@
 //! input: repeated runs would otherwise measure the cache, and Burn's fusion could fuse
 //! the shared reads of consecutive iterations into one kernel.
 //!
-//! `--e2e` benchmarks whole training steps of 1B-class models instead: see [`e2e`].
+//! `--e2e` benchmarks whole training steps of 1B-class models instead: see [`e2e`];
+//! `--op matmul` the models' matrix products: see [`matmul`].
 
 pub mod e2e;
 mod e2e_case;
+mod matmul;
 mod ops;
 
 pub use ops::{BenchOp, Shape};
@@ -65,6 +67,12 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     ops::set_check_targets(args.check_targets.on());
     if args.iters == 0 || args.repeats == 0 {
         bail!("--iters and --repeats must be at least 1");
+    }
+    if args.op.contains(&BenchOp::Matmul) {
+        if args.op.len() > 1 {
+            bail!("--op matmul runs on its own (its shapes are MxKxN); drop the other ops");
+        }
+        return device::dispatch(args.device, matmul::MatmulBench(args));
     }
     device::dispatch(args.device, Bench(args))
 }

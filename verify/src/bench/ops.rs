@@ -60,6 +60,11 @@ pub enum BenchOp {
     /// burn::nn::loss::CrossEntropyLoss. Shape NxHxV.
     #[value(name = "fused_linear_cross_entropy")]
     FusedLinearCrossEntropy,
+    /// Matrix products `[m, k] · [k, n]` (Burn's matmul on `Liger<B>`: cuBLASLt on CUDA)
+    /// vs Burn's matmul: the models' GEMMs by default. Shape MxKxN. Not in `all`; run on
+    /// its own (see `bench::matmul`).
+    #[value(name = "matmul")]
+    Matmul,
 }
 
 impl BenchOp {
@@ -91,6 +96,7 @@ impl BenchOp {
             BenchOp::GeGlu => "geglu",
             BenchOp::CrossEntropy => "cross_entropy",
             BenchOp::FusedLinearCrossEntropy => "fused_linear_cross_entropy",
+            BenchOp::Matmul => "matmul",
         }
     }
 
@@ -513,6 +519,7 @@ pub fn apply<BB: FusedOps>(
             ]
         }
         (BenchOp::All, _) => unreachable!("`all` is expanded before running"),
+        (BenchOp::Matmul, _) => unreachable!("matmul runs in bench::matmul"),
     }
 }
 
@@ -612,7 +619,7 @@ pub fn bytes(op: BenchOp, mode: Mode, shape: &Shape, e: usize) -> Option<(usize,
                 Mode::Backward => None,
             };
         }
-        BenchOp::FusedLinearCrossEntropy | BenchOp::All => return None,
+        BenchOp::FusedLinearCrossEntropy | BenchOp::All | BenchOp::Matmul => return None,
     };
     Some(match mode {
         Mode::Forward => (fwd.0, fwd.1.to_string()),

@@ -1,7 +1,8 @@
 //! Fused linear cross entropy, chunked over rows so the `[N, V]` logits never exist: the
 //! default body of [`FusedOps::fused_linear_cross_entropy`](crate::ops::FusedOps::fused_linear_cross_entropy),
-//! built from `matmul`, slicing and [`FusedOps::fused_cross_entropy`] only, so every backend
-//! runs it (with its own fused cross-entropy kernel where it has one).
+//! built from [`FusedOps::fused_matmul`], slicing and [`FusedOps::fused_cross_entropy`]
+//! only, so every backend runs it (with its own matmul and fused cross-entropy kernel
+//! where it has them: cuBLASLt on CUDA).
 //!
 //! Per chunk of rows `c`: `logits_c = x_c Wᵀ (+ b)`, the fused cross entropy writes the
 //! loss rows and the logits gradient `g_c` (over `logits_c` itself on the CubeCL
@@ -45,6 +46,12 @@ fn float<B: FusedOps, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
 
 fn prim<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
     x.into_primitive().tensor()
+}
+
+/// `a · b` through [`FusedOps::fused_matmul`] (cuBLASLt on CUDA), transposed views as
+/// they are.
+fn matmul<B: FusedOps>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
+    float(B::fused_matmul(prim(a), prim(b)))
 }
 
 /// What the chunk loop computes for the gradients.
@@ -132,7 +139,7 @@ pub(crate) fn chunked<B: FusedOps>(
     while r0 < n {
         let r1 = (r0 + chunk).min(n);
         let x_c = x.clone().slice(r0..r1);
-        let mut logits = x_c.clone().matmul(weight_t.clone());
+        let mut logits = matmul::<B>(x_c.clone(), weight_t.clone());
         if let Some(b) = &bias {
             logits = logits + b.clone();
         }
@@ -152,8 +159,8 @@ pub(crate) fn chunked<B: FusedOps>(
         z_losses.extend(rows.z_loss.map(float::<B, 1>));
         if let Some(g) = rows.grad_logits {
             let g: Tensor<B, 2> = float(g);
-            grad_x.push(g.clone().matmul(weight.clone()));
-            let gw = float::<B, 2>(to_f32::<B>(prim(g.clone().transpose().matmul(x_c))));
+            grad_x.push(matmul::<B>(g.clone(), weight.clone()));
+            let gw = float::<B, 2>(to_f32::<B>(prim(matmul::<B>(g.clone().transpose(), x_c))));
             grad_w = Some(match grad_w {
                 Some(acc) => acc + gw,
                 None => gw,

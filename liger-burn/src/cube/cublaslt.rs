@@ -1,0 +1,796 @@
+//! Matrix products on CUDA through cuBLASLt, ordered against CubeCL's own stream.
+//!
+//! cubecl-cuda keeps its CUDA streams private, so liger owns, per device, a non-blocking
+//! stream of its own, a cuBLASLt handle, a 32 MiB workspace and a small buffer of `u32`
+//! flags (allocated through CubeCL, whose kernels can only bind its own buffers, and held
+//! for the life of the process), and orders its products against CubeCL's stream with
+//! one of two protocols ([`MatmulOrdering`]; the device's default is the first where the
+//! driver has stream memory operations, and [`crate::cube::cublaslt_matmul`] takes either
+//! explicitly):
+//!
+//! **Stream memory operations** (the default where the driver has them; the host never
+//! waits). Per product, with a sequence number `s`:
+//! 1. on CubeCL's stream (after the producers of the inputs, and after every reader of the
+//!    memory the output reuses), a one-unit kernel publishes `s` in the `published` flag
+//!    (`cube::sequence`: it first waits for `s - 1`, so the flag only moves forward even
+//!    when the products are issued from several CubeCL streams);
+//! 2. on liger's stream: `cuStreamWaitValue32(published ≥ s)`, the cuBLASLt product(s),
+//!    then `cuStreamWriteValue32(completed = s)` (with the default memory barrier: the
+//!    product's writes are visible before the flag is). The flag is written even when a
+//!    product failed to launch, so nothing waits on it forever;
+//! 3. on CubeCL's stream, a one-unit kernel spins until `completed ≥ s`: every later
+//!    CubeCL operation, including one that reuses the inputs' memory once Burn frees
+//!    them, runs after the product.
+//!
+//! All of it is issued from CubeCL's device thread in one `ComputeClient::exclusive`
+//! task, under the device's lock (CubeCL launches asynchronously from that thread, so
+//! issuing from the caller's would let the driver see our wait before the publish), so
+//! the driver sees every wait after the work that satisfies it. That invariant is what
+//! keeps the protocol free of deadlock: whatever the driver does at any point of the
+//! issue order (serialize streams that share a hardware queue, or synchronize the
+//! context to load a module lazily, as CUDA's lazy loading may), everything already
+//! issued can complete on its own. CUDA's documentation also asks for stream waits to be
+//! mirrored by CUDA-visible dependencies such as events; none can be recorded on a stream
+//! we have no handle to, which is the protocol's residual risk.
+//!
+//! **Host synchronization** (where the driver has no stream memory operations, and on
+//! request): synchronize CubeCL's stream, run the product on liger's stream, synchronize
+//! liger's stream.
+
+use super::matmul_layout::{BlasMatrix, GemmLayout, alignment};
+use super::sequence;
+use burn::tensor::DType;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::cuda::{CudaDevice, CudaRuntime};
+use cubecl::prelude::{ComputeClient, Runtime};
+use cubecl::server::Handle;
+use cudarc::cublaslt::{result as lt, sys as lt_sys};
+use cudarc::driver::{CudaContext, CudaStream, result as driver, sys as driver_sys};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// cuBLASLt workspace per device: NVIDIA's recommendation for Hopper.
+const WORKSPACE_BYTES: usize = 32 << 20;
+/// Cached product plans per device; beyond this the cache starts over (a model has a few
+/// dozen shapes, so this only bounds pathological shape churn).
+const MAX_PLANS: usize = 1024;
+
+/// How liger's cuBLASLt work is ordered against CubeCL's stream (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulOrdering {
+    /// Device-side waits on flags (`cuStreamWaitValue32` / `cuStreamWriteValue32` and
+    /// two one-unit CubeCL kernels): the host never blocks.
+    StreamMemoryOperations,
+    /// The host synchronizes CubeCL's stream before the product and liger's stream after.
+    HostSynchronization,
+}
+
+impl MatmulOrdering {
+    /// Short name for logs and benchmark rows.
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulOrdering::StreamMemoryOperations => "stream-memory-operations",
+            MatmulOrdering::HostSynchronization => "host-synchronization",
+        }
+    }
+}
+
+/// Why a product does not run on cuBLASLt (nothing was launched).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unavailable {
+    /// cuBLASLt is not used for this dtype (it is for f32, f16 and bf16).
+    Dtype(DType),
+    /// The library, the driver or the device resources could not be set up.
+    Setup(String),
+    /// Stream memory operations were asked for but the driver or device lacks them.
+    NoStreamMemoryOperations(String),
+    /// cuBLASLt's heuristic has no algorithm for this product.
+    NoAlgorithm(String),
+}
+
+impl core::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Unavailable::Dtype(d) => write!(f, "cuBLASLt is not used for dtype {d:?}"),
+            Unavailable::Setup(why) => write!(f, "cuBLASLt could not be set up: {why}"),
+            Unavailable::NoStreamMemoryOperations(why) => {
+                write!(f, "no stream memory operations on this device: {why}")
+            }
+            Unavailable::NoAlgorithm(why) => write!(f, "cuBLASLt has no algorithm: {why}"),
+        }
+    }
+}
+
+/// What a device offers, for logs and benchmarks.
+#[derive(Clone, Debug)]
+pub struct DeviceSupport {
+    /// The CUDA device ordinal.
+    pub ordinal: usize,
+    /// The driver's CUDA version, e.g. 13000.
+    pub driver_version: i32,
+    /// The ordering `fused_matmul` uses on this device.
+    pub default_ordering: MatmulOrdering,
+    /// Why stream memory operations are not used, when they are not.
+    pub no_stream_memory_operations: Option<String>,
+}
+
+/// The product `lhs [..., m, k] · rhs [..., k, n]` on cuBLASLt, laid out by
+/// [`super::matmul`] (which validates, picks layouts and allocates `out`).
+pub(crate) struct Product<'a> {
+    pub lhs: &'a CubeTensor<CudaRuntime>,
+    pub rhs: &'a CubeTensor<CudaRuntime>,
+    pub out: &'a CubeTensor<CudaRuntime>,
+    pub layout: &'a GemmLayout,
+}
+
+/// The CUDA data type of a dtype cuBLASLt is used for.
+pub(crate) fn data_type(dtype: DType) -> Result<lt_sys::cudaDataType, Unavailable> {
+    match dtype {
+        DType::F32 => Ok(lt_sys::cudaDataType::CUDA_R_32F),
+        DType::F16 => Ok(lt_sys::cudaDataType::CUDA_R_16F),
+        DType::BF16 => Ok(lt_sys::cudaDataType::CUDA_R_16BF),
+        other => Err(Unavailable::Dtype(other)),
+    }
+}
+
+/// The device's support, setting its resources up on first use.
+pub fn device_support(device: &CudaDevice) -> Result<DeviceSupport, Unavailable> {
+    let engine = engine(device)?;
+    let engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(DeviceSupport {
+        ordinal: engine.ordinal,
+        driver_version: engine.driver_version,
+        default_ordering: engine.default_ordering(),
+        no_stream_memory_operations: engine.stream_memory_operations.clone().err(),
+    })
+}
+
+/// Runs `product` with `ordering` (`None`: the device's default). `Err` means nothing
+/// was launched; a launch failure after the ordering started panics with the error (the
+/// flags are written first, so no kernel waits forever).
+pub(crate) fn run(
+    device: &CudaDevice,
+    product: Product<'_>,
+    ordering: Option<MatmulOrdering>,
+) -> Result<MatmulOrdering, Unavailable> {
+    let engine = engine(device)?;
+    let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+    let ordering = ordering.unwrap_or_else(|| engine.default_ordering());
+    if ordering == MatmulOrdering::StreamMemoryOperations
+        && let Err(why) = &engine.stream_memory_operations
+    {
+        return Err(Unavailable::NoStreamMemoryOperations(why.clone()));
+    }
+    let client = product.out.client.clone();
+    let state: &mut Engine = &mut engine;
+    let outcome = client
+        .exclusive(|| state.run(&client, &product, ordering))
+        .map_err(|e| Unavailable::Setup(format!("CubeCL's device thread: {e:?}")))?;
+    match outcome {
+        Ok(()) => Ok(ordering),
+        Err(Failure::Unavailable(why)) => Err(why),
+        Err(Failure::Launch(why)) => panic!(
+            "matmul: cuBLASLt failed on CUDA device {} (lhs {:?}, rhs {:?}, {:?}, ordering {}): {why}",
+            engine.ordinal,
+            product.lhs.meta.shape(),
+            product.rhs.meta.shape(),
+            product.lhs.dtype,
+            ordering.name()
+        ),
+    }
+}
+
+/// `repeats` copies of `product` back to back on liger's stream, between one host
+/// synchronization before and one after: cuBLASLt's cost per call without a per-call
+/// ordering, the baseline the ordering protocols are measured against. Seconds per call.
+pub(crate) fn run_repeated(
+    device: &CudaDevice,
+    product: Product<'_>,
+    repeats: usize,
+) -> Result<f64, Unavailable> {
+    let engine = engine(device)?;
+    let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+    let client = product.out.client.clone();
+    let state: &mut Engine = &mut engine;
+    let outcome = client
+        .exclusive(|| state.repeated(&client, &product, repeats))
+        .map_err(|e| Unavailable::Setup(format!("CubeCL's device thread: {e:?}")))?;
+    match outcome {
+        Ok(seconds) => Ok(seconds),
+        Err(Failure::Unavailable(why)) => Err(why),
+        Err(Failure::Launch(why)) => panic!("matmul: cuBLASLt failed: {why}"),
+    }
+}
+
+/// Per-device engines, created on first use (once: a failed setup is remembered).
+type Engines = Mutex<HashMap<usize, Result<Arc<Mutex<Engine>>, String>>>;
+
+fn engine(device: &CudaDevice) -> Result<Arc<Mutex<Engine>>, Unavailable> {
+    static ENGINES: OnceLock<Engines> = OnceLock::new();
+    let mut engines = ENGINES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    engines
+        .entry(device.index)
+        .or_insert_with(|| {
+            // cudarc panics on a library or symbol it cannot load: a setup failure here.
+            std::panic::catch_unwind(|| Engine::new(device))
+                .unwrap_or_else(|p| Err(panic_text(p.as_ref())))
+                .map(|e| Arc::new(Mutex::new(e)))
+        })
+        .clone()
+        .map_err(Unavailable::Setup)
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// Why a product failed, before (nothing launched) or after the ordering started.
+enum Failure {
+    Unavailable(Unavailable),
+    Launch(String),
+}
+
+/// The resources of one device.
+struct Engine {
+    ordinal: usize,
+    driver_version: i32,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    handle: LtHandle,
+    workspace: DeviceMemory,
+    /// `u32` flags (`cube::sequence` slots), a CubeCL buffer so CubeCL kernels can bind
+    /// it; held for the life of the process, so its address never changes.
+    flags: Handle,
+    flags_address: u64,
+    /// The last sequence number published.
+    sequence: u32,
+    /// `Err(why)` when the driver or device cannot do stream memory operations.
+    stream_memory_operations: Result<(), String>,
+    plans: HashMap<PlanKey, Plan>,
+}
+
+// Safety: the raw cuBLASLt and driver handles are used only under the engine's lock,
+// from one thread at a time; the CUDA objects themselves are not tied to a thread.
+unsafe impl Send for Engine {}
+
+impl Engine {
+    fn new(device: &CudaDevice) -> Result<Self, String> {
+        // cudarc would panic on first use; this names the library instead.
+        if !unsafe { lt_sys::is_culib_present() } {
+            return Err(format!(
+                "the cuBLASLt library was not found (tried {})",
+                cudarc::get_lib_name_candidates("cublasLt").join(", ")
+            ));
+        }
+        let cuda = |what: &str, e: driver::DriverError| format!("{what}: {e:?}");
+        // CubeCL runs on the device's primary context; so do we.
+        let ctx = CudaContext::new(device.index).map_err(|e| cuda("CUDA context", e))?;
+        let mut driver_version = 0;
+        unsafe { driver_sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .map_err(|e| cuda("driver version", e))?;
+        let stream = ctx.new_stream().map_err(|e| cuda("CUDA stream", e))?;
+        let handle = LtHandle(lt::create_handle().map_err(|e| format!("cublasLtCreate: {e:?}"))?);
+        let workspace = DeviceMemory::new(WORKSPACE_BYTES).map_err(|e| cuda("workspace", e))?;
+
+        let client = CudaRuntime::client(device);
+        let flags = sequence::new_flags(&client);
+        let flags_address = client
+            .get_resource(flags.clone())
+            .map_err(|e| format!("flag buffer: {e:?}"))?
+            .resource()
+            .ptr;
+        // The flags' initial zeros are written on CubeCL's stream; our stream reads them.
+        cubecl::future::block_on(client.sync()).map_err(|e| format!("CubeCL sync: {e:?}"))?;
+
+        let stream_memory_operations = probe_stream_memory_operations(
+            &ctx,
+            &stream,
+            flags_address + (sequence::PROBE * 4) as u64,
+        )
+        .and_then(|()| {
+            // Compiles and launches the ordering kernels once (publish 0 over the initial
+            // 0, await 0), so that a failure shows here rather than as a wait that never
+            // ends; CubeCL reports launch failures at the synchronization.
+            sequence::launch_publish(&client, &flags, 0);
+            sequence::launch_await(&client, &flags, 0);
+            cubecl::future::block_on(client.sync())
+                .map_err(|e| format!("the ordering kernels failed on CubeCL's stream: {e:?}"))
+        });
+        let engine = Engine {
+            ordinal: device.index,
+            driver_version,
+            ctx,
+            stream,
+            handle,
+            workspace,
+            flags,
+            flags_address,
+            sequence: 0,
+            stream_memory_operations,
+            plans: HashMap::new(),
+        };
+        log::info!(
+            "liger matmul: cuBLASLt on CUDA device {} (driver {}), ordering by {}{}",
+            engine.ordinal,
+            engine.driver_version,
+            engine.default_ordering().name(),
+            match &engine.stream_memory_operations {
+                Ok(()) => String::new(),
+                Err(why) => format!(" ({why})"),
+            }
+        );
+        Ok(engine)
+    }
+
+    fn default_ordering(&self) -> MatmulOrdering {
+        match self.stream_memory_operations {
+            Ok(()) => MatmulOrdering::StreamMemoryOperations,
+            Err(_) => MatmulOrdering::HostSynchronization,
+        }
+    }
+
+    /// Binds the context, reads the tensors' device addresses and finds (or builds) the
+    /// plan: everything before a launch. Runs on CubeCL's device thread.
+    fn prepare(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        product: &Product<'_>,
+    ) -> Result<([u64; 3], PlanKey), Failure> {
+        let unavailable = |why: String| Failure::Unavailable(Unavailable::Setup(why));
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| unavailable(format!("binding the CUDA context: {e:?}")))?;
+        // Device addresses; asking for them also makes CubeCL's stream wait for inputs
+        // produced on its other streams.
+        let address = |t: &CubeTensor<CudaRuntime>| {
+            client
+                .get_resource(t.handle.clone())
+                .map(|r| r.resource().ptr)
+                .map_err(|e| unavailable(format!("device address of a tensor: {e:?}")))
+        };
+        let addresses = [
+            address(product.rhs)?,
+            address(product.lhs)?,
+            address(product.out)?,
+        ];
+        let dtype = product.lhs.dtype;
+        let layout = product.layout;
+        let element = dtype.size() as u64;
+        let aligns = [0, 1, 2].map(|x| {
+            let steps = layout
+                .calls
+                .iter()
+                .map(|c| c[x] * element)
+                .chain((layout.batch > 1).then(|| layout.batch_strides[x] as u64 * element));
+            alignment(addresses[x], steps)
+        });
+        let key = PlanKey {
+            dtype: data_type(dtype).map_err(Failure::Unavailable)?,
+            m: layout.m,
+            n: layout.n,
+            k: layout.k,
+            a: layout.a,
+            b: layout.b,
+            ld_out: layout.ld_out,
+            batch: layout.batch,
+            batch_strides: layout.batch_strides,
+            aligns,
+        };
+        if !self.plans.contains_key(&key) {
+            if self.plans.len() >= MAX_PLANS {
+                self.plans.clear();
+            }
+            let plan = Plan::new(self.handle.0, &key).map_err(Failure::Unavailable)?;
+            self.plans.insert(key, plan);
+        }
+        Ok((addresses, key))
+    }
+
+    /// Enqueues the product's BLAS calls on liger's stream (no ordering).
+    fn enqueue(
+        &self,
+        product: &Product<'_>,
+        addresses: [u64; 3],
+        key: &PlanKey,
+    ) -> Result<(), String> {
+        let plan = &self.plans[key];
+        let element = product.lhs.dtype.size() as u64;
+        for call in &product.layout.calls {
+            let at = |x: usize| addresses[x] + call[x] * element;
+            plan.launch(
+                self.handle.0,
+                [at(0), at(1), at(2)],
+                &self.workspace,
+                self.stream.cu_stream() as lt_sys::cudaStream_t,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `repeats` products back to back between one synchronization of CubeCL's stream
+    /// before and one of liger's after; seconds per product. Runs on CubeCL's device
+    /// thread.
+    fn repeated(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        product: &Product<'_>,
+        repeats: usize,
+    ) -> Result<f64, Failure> {
+        let (addresses, key) = self.prepare(client, product)?;
+        cubecl::future::block_on(client.sync())
+            .map_err(|e| Failure::Launch(format!("synchronizing CubeCL's stream: {e:?}")))?;
+        let start = std::time::Instant::now();
+        let mut result = Ok(());
+        for _ in 0..repeats.max(1) {
+            result = result.and_then(|()| self.enqueue(product, addresses, &key));
+        }
+        let sync = unsafe { driver::stream::synchronize(self.stream.cu_stream()) }
+            .map_err(|e| format!("synchronizing liger's stream: {e:?}"));
+        result.and(sync).map_err(Failure::Launch)?;
+        Ok(start.elapsed().as_secs_f64() / repeats.max(1) as f64)
+    }
+
+    /// Runs on CubeCL's device thread (inside `ComputeClient::exclusive`).
+    fn run(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        product: &Product<'_>,
+        ordering: MatmulOrdering,
+    ) -> Result<(), Failure> {
+        let (addresses, key) = self.prepare(client, product)?;
+        let stream = self.stream.cu_stream();
+        match ordering {
+            MatmulOrdering::StreamMemoryOperations => {
+                let published = self.flags_address + (sequence::PUBLISHED * 4) as u64;
+                let completed = self.flags_address + (sequence::COMPLETED * 4) as u64;
+                let s = self.sequence.wrapping_add(1);
+                // Both kernels were launched once when the engine was set up: CubeCL only
+                // reports a launch failure at its next flush, and flushing here would
+                // block the host on the previous call's fence.
+                sequence::launch_publish(client, &self.flags, s);
+                self.sequence = s;
+                let wait = unsafe {
+                    driver_sys::cuStreamWaitValue32_v2(
+                        stream,
+                        published,
+                        s,
+                        driver_sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                    )
+                }
+                .result()
+                .map_err(|e| format!("cuStreamWaitValue32: {e:?}"));
+                // Without the wait the product would not be ordered after its inputs.
+                let gemm = wait.and_then(|()| self.enqueue(product, addresses, &key));
+                let write = unsafe {
+                    driver_sys::cuStreamWriteValue32_v2(
+                        stream,
+                        completed,
+                        s,
+                        driver_sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+                    )
+                }
+                .result();
+                match write {
+                    Ok(()) => sequence::launch_await(client, &self.flags, s),
+                    // No await kernel may wait for a flag that will not come: order the
+                    // host after our stream instead (its wait is satisfied by the
+                    // publish kernel already issued).
+                    Err(e) => {
+                        let sync = unsafe { driver::stream::synchronize(stream) };
+                        return Err(Failure::Launch(format!(
+                            "cuStreamWriteValue32: {e:?} (then synchronizing liger's stream: {sync:?}); {}",
+                            gemm.err().unwrap_or_default()
+                        )));
+                    }
+                }
+                gemm.map_err(Failure::Launch)
+            }
+            MatmulOrdering::HostSynchronization => {
+                cubecl::future::block_on(client.sync()).map_err(|e| {
+                    Failure::Launch(format!("synchronizing CubeCL's stream: {e:?}"))
+                })?;
+                let gemm = self.enqueue(product, addresses, &key);
+                let sync = unsafe { driver::stream::synchronize(stream) }
+                    .map_err(|e| format!("synchronizing liger's stream: {e:?}"));
+                gemm.and(sync).map_err(Failure::Launch)
+            }
+        }
+    }
+}
+
+/// Whether the driver takes 32-bit stream memory operations on this device: the
+/// documented attribute, then a real wait and write on a scratch flag (the driver returns
+/// `CUDA_ERROR_NOT_SUPPORTED` where they are unavailable).
+fn probe_stream_memory_operations(
+    ctx: &CudaContext,
+    stream: &CudaStream,
+    scratch: u64,
+) -> Result<(), String> {
+    // Up to CUDA 11 the operations were optional (a kernel module parameter) and reported
+    // by CAN_USE_STREAM_MEM_OPS; since CUDA 12 the 32-bit ones are always present and
+    // that attribute is deprecated, so the probe below decides.
+    let nor = ctx
+        .attribute(
+            driver_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR,
+        )
+        .map_err(|e| format!("querying CAN_USE_STREAM_WAIT_VALUE_NOR: {e:?}"))?;
+    let probe = std::panic::catch_unwind(|| unsafe {
+        let s = stream.cu_stream();
+        driver_sys::cuStreamWriteValue32_v2(s, scratch, 1, 0).result()?;
+        driver_sys::cuStreamWaitValue32_v2(
+            s,
+            scratch,
+            1,
+            driver_sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+        )
+        .result()?;
+        driver::stream::synchronize(s)
+    });
+    match probe {
+        Ok(Ok(())) => {
+            log::debug!(
+                "liger matmul: stream memory operations work (CAN_USE_STREAM_WAIT_VALUE_NOR = {nor})"
+            );
+            Ok(())
+        }
+        Ok(Err(e)) => Err(format!(
+            "cuStreamWaitValue32/cuStreamWriteValue32 failed: {e:?} (CAN_USE_STREAM_WAIT_VALUE_NOR = {nor})"
+        )),
+        Err(p) => Err(format!(
+            "the driver has no stream memory operations: {}",
+            panic_text(p.as_ref())
+        )),
+    }
+}
+
+/// A cuBLASLt handle.
+struct LtHandle(lt_sys::cublasLtHandle_t);
+
+impl Drop for LtHandle {
+    fn drop(&mut self) {
+        // Safety: created by `cublasLtCreate`, destroyed once.
+        let _ = unsafe { lt::destroy_handle(self.0) };
+    }
+}
+
+/// Device memory from `cuMemAlloc`.
+struct DeviceMemory {
+    address: driver_sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl DeviceMemory {
+    fn new(bytes: usize) -> Result<Self, driver::DriverError> {
+        // Safety: a plain allocation, freed in `drop`.
+        let address = unsafe { driver::malloc_sync(bytes) }?;
+        Ok(Self { address, bytes })
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        // Safety: allocated by `cuMemAlloc`, freed once.
+        let _ = unsafe { driver::free_sync(self.address) };
+    }
+}
+
+/// What selects a cached plan: the problem, the layouts and the operands' alignments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct PlanKey {
+    dtype: lt_sys::cudaDataType,
+    m: u64,
+    n: u64,
+    k: u64,
+    a: BlasMatrix,
+    b: BlasMatrix,
+    ld_out: i64,
+    batch: u64,
+    batch_strides: [i64; 3],
+    /// Byte alignments of BLAS `A`, `B` and the output, at most 256.
+    aligns: [u32; 3],
+}
+
+/// The cuBLASLt descriptors and the algorithm of one [`PlanKey`].
+struct Plan {
+    desc: lt_sys::cublasLtMatmulDesc_t,
+    /// Layouts of BLAS `A`, `B` and the output (also used as `C`, with `beta = 0`).
+    layouts: [lt_sys::cublasLtMatrixLayout_t; 3],
+    algo: lt_sys::cublasLtMatmulAlgo_t,
+}
+
+impl Plan {
+    fn new(handle: lt_sys::cublasLtHandle_t, key: &PlanKey) -> Result<Self, Unavailable> {
+        let failed = |what: &str, e: lt::CublasError| Unavailable::Setup(format!("{what}: {e:?}"));
+        // f32 accumulation for every dtype; for f32 that is true f32 (not TF32), as
+        // PyTorch's matmul by default.
+        let desc = lt::create_matmul_desc(
+            lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            lt_sys::cudaDataType::CUDA_R_32F,
+        )
+        .map_err(|e| failed("cublasLtMatmulDescCreate", e))?;
+        let mut plan = Plan {
+            desc,
+            layouts: [std::ptr::null_mut(); 3],
+            algo: lt_sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+        };
+        // cublasOperation_t: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
+        for (attr, matrix) in [
+            (
+                lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                key.a,
+            ),
+            (
+                lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                key.b,
+            ),
+        ] {
+            let op = matrix.transposed as i32;
+            unsafe { lt::set_matmul_desc_attribute(desc, attr, as_ptr(&op), size_of::<i32>()) }
+                .map_err(|e| failed("cublasLtMatmulDescSetAttribute", e))?;
+        }
+        let stored = [
+            (key.a.rows, key.a.cols, key.a.ld),
+            (key.b.rows, key.b.cols, key.b.ld),
+            (key.m, key.n, key.ld_out),
+        ];
+        for (x, (rows, cols, ld)) in stored.into_iter().enumerate() {
+            let layout = lt::create_matrix_layout(key.dtype, rows, cols, ld)
+                .map_err(|e| failed("cublasLtMatrixLayoutCreate", e))?;
+            plan.layouts[x] = layout;
+            if key.batch > 1 {
+                let count = key.batch as i32;
+                let stride = key.batch_strides[x];
+                use lt_sys::cublasLtMatrixLayoutAttribute_t as Attr;
+                unsafe {
+                    lt::set_matrix_layout_attribute(
+                        layout,
+                        Attr::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        as_ptr(&count),
+                        size_of::<i32>(),
+                    )
+                    .and_then(|()| {
+                        lt::set_matrix_layout_attribute(
+                            layout,
+                            Attr::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                            as_ptr(&stride),
+                            size_of::<i64>(),
+                        )
+                    })
+                }
+                .map_err(|e| failed("cublasLtMatrixLayoutSetAttribute", e))?;
+            }
+        }
+
+        let pref = Preference(
+            lt::create_matmul_pref().map_err(|e| failed("cublasLtMatmulPreferenceCreate", e))?,
+        );
+        use lt_sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+        let workspace = WORKSPACE_BYTES as u64;
+        // With 16-bit outputs, split-K partial sums must be reduced in the f32 compute
+        // type, never in place or in the output type (bf16 partial sums).
+        let reduction = lt_sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+            as u32
+            | lt_sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32;
+        let sixteen_bit = key.dtype != lt_sys::cudaDataType::CUDA_R_32F;
+        let [align_a, align_b, align_out] = key.aligns;
+        let mut prefs: Vec<(Pref, *const c_void, usize)> = vec![
+            (
+                Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                as_ptr(&workspace),
+                8,
+            ),
+            // The heuristic assumes 256-byte alignment unless told otherwise.
+            (
+                Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                as_ptr(&align_a),
+                4,
+            ),
+            (
+                Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                as_ptr(&align_b),
+                4,
+            ),
+            (
+                Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                as_ptr(&align_out),
+                4,
+            ),
+            (
+                Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                as_ptr(&align_out),
+                4,
+            ),
+        ];
+        if sixteen_bit {
+            prefs.push((
+                Pref::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                as_ptr(&reduction),
+                4,
+            ));
+        }
+        for (attr, value, size) in prefs {
+            unsafe { lt::set_matmul_pref_attribute(pref.0, attr, value, size) }
+                .map_err(|e| failed("cublasLtMatmulPreferenceSetAttribute", e))?;
+        }
+        let [la, lb, lo] = plan.layouts;
+        let heuristic =
+            unsafe { lt::get_matmul_algo_heuristic(handle, desc, la, lb, lo, lo, pref.0) }
+                .map_err(|e| Unavailable::NoAlgorithm(format!("{e:?} for {key:?}")))?;
+        plan.algo = heuristic.algo;
+        Ok(plan)
+    }
+
+    /// Enqueues the product at `[A, B, out]` device addresses on `stream`.
+    fn launch(
+        &self,
+        handle: lt_sys::cublasLtHandle_t,
+        addresses: [u64; 3],
+        workspace: &DeviceMemory,
+        stream: lt_sys::cudaStream_t,
+    ) -> Result<(), String> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let [la, lb, lo] = self.layouts;
+        let [a, b, out] = addresses.map(|p| p as *mut c_void);
+        // Safety: the descriptors describe the tensors behind the addresses (laid out by
+        // `matmul_layout`, checked against their shapes and strides), which stay
+        // allocated until the ordering protocol has let CubeCL reuse them.
+        unsafe {
+            lt::matmul(
+                handle,
+                self.desc,
+                as_ptr(&alpha),
+                as_ptr(&beta),
+                a,
+                la,
+                b,
+                lb,
+                out,
+                lo,
+                out,
+                lo,
+                &self.algo,
+                workspace.address as *mut c_void,
+                workspace.bytes,
+                stream,
+            )
+        }
+        .map_err(|e| format!("cublasLtMatmul: {e:?}"))
+    }
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // Safety: created in `Plan::new`, destroyed once (null layouts were never made).
+        unsafe {
+            for layout in self.layouts {
+                if !layout.is_null() {
+                    let _ = lt::destroy_matrix_layout(layout);
+                }
+            }
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+/// A heuristic preference descriptor, destroyed after the search.
+struct Preference(lt_sys::cublasLtMatmulPreference_t);
+
+impl Drop for Preference {
+    fn drop(&mut self) {
+        // Safety: created by `cublasLtMatmulPreferenceCreate`, destroyed once.
+        let _ = unsafe { lt::destroy_matmul_pref(self.0) };
+    }
+}
+
+fn as_ptr<T>(value: &T) -> *const c_void {
+    value as *const T as *const c_void
+}

@@ -1,0 +1,273 @@
+//! [`FusedOps::fused_matmul`](crate::ops::FusedOps::fused_matmul) on `CubeBackend`:
+//! cuBLASLt on the CUDA runtime (cargo feature `cuda`; see [`super::cublaslt`]), Burn's
+//! own matmul everywhere else, and for what cuBLASLt is not used for (dtypes other than
+//! f32, f16 and bf16; a library that does not load; a product its heuristic has no
+//! algorithm for). Each reason for Burn's matmul is logged once.
+
+#[cfg(feature = "cuda")]
+use super::matmul_layout::{NeedsContiguous, contiguous_strides, gemm_layout};
+use crate::ops::validate;
+use burn::tensor::{DType, Shape, ops::FloatTensorOps};
+#[cfg(feature = "cuda")]
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+#[cfg(feature = "cuda")]
+use std::any::Any;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static VENDOR_PRODUCTS: AtomicU64 = AtomicU64::new(0);
+static BACKEND_PRODUCTS: AtomicU64 = AtomicU64::new(0);
+
+/// How many `fused_matmul` calls of `CubeBackend` ran so far, per path (so tests and
+/// benchmarks can prove which path ran). Not part of the stable API.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatmulCounts {
+    /// Products run on a vendor library (cuBLASLt).
+    pub vendor: u64,
+    /// Products run on Burn's own matmul.
+    pub backend: u64,
+}
+
+/// See [`MatmulCounts`].
+#[doc(hidden)]
+pub fn matmul_counts() -> MatmulCounts {
+    MatmulCounts {
+        vendor: VENDOR_PRODUCTS.load(Ordering::Relaxed),
+        backend: BACKEND_PRODUCTS.load(Ordering::Relaxed),
+    }
+}
+
+/// Logs `message` at `level` the first time it is seen.
+fn log_once(level: log::Level, message: String) {
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if !seen.contains(&message) {
+        log::log!(level, "{message}");
+        seen.push(message);
+    }
+}
+
+/// `lhs [..., m, k] · rhs [..., k, n]`, validated first.
+pub(crate) fn matmul<R, F, I, BT>(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let out_shape = match validate::matmul_tensors("matmul", &lhs, &rhs) {
+        Ok(shape) => shape,
+        Err(e) => panic!("{e}"),
+    };
+    let (lhs, rhs) = match vendor::<R>(lhs, rhs, out_shape) {
+        Ok(out) => {
+            VENDOR_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+            return out;
+        }
+        Err(inputs) => inputs,
+    };
+    BACKEND_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+    CubeBackend::<R, F, I, BT>::float_matmul(lhs, rhs)
+}
+
+/// Whether [`matmul`] runs `dtype` products on a vendor library on `device`.
+pub(crate) fn uses_vendor_library<R: CubeRuntime>(device: &R::Device, dtype: DType) -> bool {
+    #[cfg(feature = "cuda")]
+    if let Some(device) = (device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>()
+    {
+        return super::cublaslt::data_type(dtype).is_ok()
+            && super::cublaslt::device_support(device).is_ok();
+    }
+    let _ = (device, dtype);
+    false
+}
+
+/// The product on the vendor library, or the inputs back for Burn's matmul (the reason
+/// logged once).
+#[allow(clippy::result_large_err)]
+fn vendor<R: CubeRuntime>(
+    lhs: CubeTensor<R>,
+    rhs: CubeTensor<R>,
+    out_shape: Shape,
+) -> Result<CubeTensor<R>, (CubeTensor<R>, CubeTensor<R>)> {
+    #[cfg(feature = "cuda")]
+    {
+        use cubecl::cuda::CudaRuntime;
+        type CudaPair = (CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>);
+        let inputs: Box<dyn Any> = Box::new((lhs, rhs));
+        let inputs = match inputs.downcast::<CudaPair>() {
+            Ok(cuda) => {
+                let (lhs, rhs) = *cuda;
+                match cuda_product(lhs, rhs, out_shape, None) {
+                    Ok(out) => {
+                        let out: Box<dyn Any> = Box::new(out);
+                        return Ok(*out.downcast::<CubeTensor<R>>().expect("R is CUDA"));
+                    }
+                    Err((why, lhs, rhs)) => {
+                        let level = match why {
+                            super::cublaslt::Unavailable::Setup(_) => log::Level::Warn,
+                            _ => log::Level::Info,
+                        };
+                        log_once(level, format!("liger matmul: Burn's matmul on CUDA: {why}"));
+                        Box::new((lhs, rhs)) as Box<dyn Any>
+                    }
+                }
+            }
+            Err(other) => {
+                log_once(
+                    log::Level::Info,
+                    format!(
+                        "liger matmul: Burn's matmul on {}: cuBLASLt is used on the CUDA runtime only",
+                        core::any::type_name::<R>()
+                    ),
+                );
+                other
+            }
+        };
+        Err(*inputs
+            .downcast::<(CubeTensor<R>, CubeTensor<R>)>()
+            .expect("the inputs as they were boxed"))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = out_shape;
+        log_once(
+            log::Level::Info,
+            format!(
+                "liger matmul: Burn's matmul on {}: this build has no vendor BLAS (cuBLASLt needs the `cuda` feature)",
+                core::any::type_name::<R>()
+            ),
+        );
+        Err((lhs, rhs))
+    }
+}
+
+/// Why a CUDA product went back to Burn's matmul, with its inputs.
+#[cfg(feature = "cuda")]
+type Declined = (
+    super::cublaslt::Unavailable,
+    CubeTensor<cubecl::cuda::CudaRuntime>,
+    CubeTensor<cubecl::cuda::CudaRuntime>,
+);
+
+/// The product on cuBLASLt with `ordering` (`None`: the device's default).
+#[cfg(feature = "cuda")]
+#[allow(clippy::result_large_err)]
+fn cuda_product(
+    mut lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    mut rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    out_shape: Shape,
+    ordering: Option<super::cublaslt::MatmulOrdering>,
+) -> Result<CubeTensor<cubecl::cuda::CudaRuntime>, Declined> {
+    use super::cublaslt::{self, Product};
+    let dtype = lhs.dtype;
+    if let Err(why) = cublaslt::data_type(dtype) {
+        return Err((why, lhs, rhs));
+    }
+    let device = lhs.device.clone();
+    if let Err(why) = cublaslt::device_support(&device) {
+        return Err((why, lhs, rhs));
+    }
+    let out_dims = out_shape.to_vec();
+    if out_shape.num_elements() == 0 || lhs.meta.shape()[out_dims.len() - 1] == 0 {
+        // Nothing to multiply: an empty product, or zeros (k = 0).
+        return Ok(burn_cubecl::ops::numeric::zeros_client(
+            lhs.client.clone(),
+            device,
+            out_shape,
+            dtype,
+        ));
+    }
+    let layout = loop {
+        let l = (lhs.meta.shape().to_vec(), lhs.meta.strides().to_vec());
+        let r = (rhs.meta.shape().to_vec(), rhs.meta.strides().to_vec());
+        match gemm_layout((&l.0, &l.1), (&r.0, &r.1), &out_dims) {
+            Ok(layout) => break layout,
+            Err(NeedsContiguous {
+                lhs: fix_l,
+                rhs: fix_r,
+            }) => {
+                let dense = |t: &CubeTensor<_>| {
+                    t.meta.strides().to_vec() == contiguous_strides(t.meta.shape())
+                };
+                // A contiguous operand always has a layout (see `matmul_layout`).
+                assert!(
+                    (fix_l && !dense(&lhs)) || (fix_r && !dense(&rhs)),
+                    "matmul: no cuBLASLt layout for contiguous operands {l:?} x {r:?}"
+                );
+                if fix_l {
+                    lhs = into_contiguous(lhs);
+                }
+                if fix_r {
+                    rhs = into_contiguous(rhs);
+                }
+            }
+        }
+    };
+    let out = super::empty_like(&lhs, out_shape, dtype);
+    let product = Product {
+        lhs: &lhs,
+        rhs: &rhs,
+        out: &out,
+        layout: &layout,
+    };
+    match cublaslt::run(&device, product, ordering) {
+        Ok(_) => Ok(out),
+        Err(why) => Err((why, lhs, rhs)),
+    }
+}
+
+/// `lhs [..., m, k] · rhs [..., k, n]` on cuBLASLt with an explicit `ordering` (`None`:
+/// the device's default), for benchmarks and tests that compare the protocols; same
+/// semantics as [`FusedOps::fused_matmul`](crate::ops::FusedOps::fused_matmul). `Err`
+/// says why cuBLASLt was not used (nothing was launched).
+#[cfg(feature = "cuda")]
+pub fn cublaslt_matmul(
+    lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    ordering: Option<super::cublaslt::MatmulOrdering>,
+) -> Result<CubeTensor<cubecl::cuda::CudaRuntime>, super::cublaslt::Unavailable> {
+    let out_shape = match validate::matmul_tensors("matmul", &lhs, &rhs) {
+        Ok(shape) => shape,
+        Err(e) => panic!("{e}"),
+    };
+    let out = cuda_product(lhs, rhs, out_shape, ordering).map_err(|(why, _, _)| why)?;
+    VENDOR_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+    Ok(out)
+}
+
+/// `repeats` identical products `lhs · rhs` back to back on cuBLASLt between one host
+/// synchronization before and one after (no per-call ordering): the baseline per-call
+/// cost the ordering protocols add to, in seconds per call. For benchmarks; not part of
+/// the stable API.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub fn cublaslt_repeated_products(
+    lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    repeats: usize,
+) -> Result<f64, super::cublaslt::Unavailable> {
+    use super::cublaslt::{self, Product};
+    let out_shape = match validate::matmul_tensors("matmul", &lhs, &rhs) {
+        Ok(shape) => shape,
+        Err(e) => panic!("{e}"),
+    };
+    cublaslt::data_type(lhs.dtype)?;
+    let dims = out_shape.to_vec();
+    let l = (lhs.meta.shape().to_vec(), lhs.meta.strides().to_vec());
+    let r = (rhs.meta.shape().to_vec(), rhs.meta.strides().to_vec());
+    let layout = gemm_layout((&l.0, &l.1), (&r.0, &r.1), &dims).unwrap_or_else(|_| {
+        panic!("cublaslt_repeated_products: strides the BLAS cannot read: {l:?} x {r:?}")
+    });
+    let out = super::empty_like(&lhs, out_shape, lhs.dtype);
+    let product = Product {
+        lhs: &lhs,
+        rhs: &rhs,
+        out: &out,
+        layout: &layout,
+    };
+    cublaslt::run_repeated(&lhs.device, product, repeats)
+}

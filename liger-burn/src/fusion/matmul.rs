@@ -1,0 +1,49 @@
+//! The matrix product in the fusion stream. Where the inner backend runs it on a vendor
+//! library (cuBLASLt on CUDA), it is one custom operation (`CustomOpIr`) that runs the
+//! inner `fused_matmul` when the stream reaches it; everywhere else it is Burn's own
+//! matmul operation, which the fusion optimizer may fuse with neighbouring elementwise
+//! work. Inputs are validated eagerly, where the user called the op.
+
+use super::custom_op::{self, CustomKernel, Handles, float_inputs};
+use crate::ops::{FusedOps, validate};
+use burn::tensor::TensorMetadata;
+use burn::tensor::ops::FloatTensorOps;
+use burn_fusion::{Fusion, FusionBackend, FusionTensor};
+use burn_ir::TensorIr;
+
+/// The custom operation: `B::fused_matmul` on its two inputs.
+#[derive(Clone, Copy, Debug)]
+struct Matmul;
+
+impl<B: FusionBackend + FusedOps> CustomKernel<B> for Matmul {
+    fn run(&self, inputs: &[TensorIr], handles: &mut Handles<B>) -> Vec<B::FloatTensorPrimitive> {
+        let mut inputs = float_inputs::<B>(inputs, handles);
+        let (lhs, rhs) = (
+            inputs.next().expect("custom op declared lhs"),
+            inputs.next().expect("custom op declared rhs"),
+        );
+        vec![B::fused_matmul(lhs, rhs)]
+    }
+}
+
+/// `lhs [..., m, k] · rhs [..., k, n]` (see [`FusedOps::fused_matmul`]).
+pub(crate) fn matmul<B: FusionBackend + FusedOps>(
+    lhs: FusionTensor<B::FusionRuntime>,
+    rhs: FusionTensor<B::FusionRuntime>,
+) -> FusionTensor<B::FusionRuntime> {
+    let out_shape = match validate::matmul_tensors("matmul", &lhs, &rhs) {
+        Ok(shape) => shape,
+        Err(e) => panic!("{e}"),
+    };
+    let dtype = lhs.dtype();
+    if !B::fused_matmul_uses_vendor_library(lhs.client.device(), dtype) {
+        return Fusion::<B>::float_matmul(lhs, rhs);
+    }
+    custom_op::register::<B, _>(
+        "liger_matmul",
+        vec![lhs, rhs],
+        &[(out_shape, dtype)],
+        Matmul,
+    )
+    .remove(0)
+}
