@@ -66,6 +66,8 @@ pub mod counters {
         rope_backward,
         cross_entropy,
         cross_entropy_backward,
+        matmul_vendor,
+        matmul_backend,
     );
 
     // Launches are counted per scope: each thread starts in a scope of its own, and a

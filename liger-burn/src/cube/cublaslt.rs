@@ -216,9 +216,16 @@ fn engine(device: &CudaDevice) -> Result<Arc<Mutex<Engine>>, Unavailable> {
         .entry(device.index)
         .or_insert_with(|| {
             // cudarc panics on a library or symbol it cannot load: a setup failure here.
-            std::panic::catch_unwind(|| Engine::new(device))
+            let engine = std::panic::catch_unwind(|| Engine::new(device))
                 .unwrap_or_else(|p| Err(panic_text(p.as_ref())))
-                .map(|e| Arc::new(Mutex::new(e)))
+                .map(|e| Arc::new(Mutex::new(e)));
+            if let Err(why) = &engine {
+                log::warn!(
+                    "liger matmul: cuBLASLt is unavailable on CUDA device {}, so matmuls run on                      Burn's own kernels ({why}); install CUDA's libcublasLt to use it",
+                    device.index
+                );
+            }
+            engine
         })
         .clone()
         .map_err(Unavailable::Setup)

@@ -12,16 +12,13 @@ use burn::tensor::{DType, Shape, ops::FloatTensorOps};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use liger_cubecl_kernels::counters::{self, Kernel};
 #[cfg(feature = "cuda")]
 use std::any::Any;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-static VENDOR_PRODUCTS: AtomicU64 = AtomicU64::new(0);
-static BACKEND_PRODUCTS: AtomicU64 = AtomicU64::new(0);
-
-/// How many `fused_matmul` calls of `CubeBackend` ran so far, per path (so tests and
-/// benchmarks can prove which path ran). Not part of the stable API.
+/// How many `fused_matmul` calls of `CubeBackend` ran so far in the caller's counting
+/// scope, per path (so tests and benchmarks can prove which path ran; zero unless the
+/// kernels' `launch-counters` feature is on). Not part of the stable API.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MatmulCounts {
@@ -35,18 +32,8 @@ pub struct MatmulCounts {
 #[doc(hidden)]
 pub fn matmul_counts() -> MatmulCounts {
     MatmulCounts {
-        vendor: VENDOR_PRODUCTS.load(Ordering::Relaxed),
-        backend: BACKEND_PRODUCTS.load(Ordering::Relaxed),
-    }
-}
-
-/// Logs `message` at `level` the first time it is seen.
-fn log_once(level: log::Level, message: String) {
-    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if !seen.contains(&message) {
-        log::log!(level, "{message}");
-        seen.push(message);
+        vendor: counters::get(Kernel::matmul_vendor),
+        backend: counters::get(Kernel::matmul_backend),
     }
 }
 
@@ -64,12 +51,12 @@ where
     };
     let (lhs, rhs) = match vendor::<R>(lhs, rhs, out_shape) {
         Ok(out) => {
-            VENDOR_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+            counters::record(Kernel::matmul_vendor);
             return out;
         }
         Err(inputs) => inputs,
     };
-    BACKEND_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+    counters::record(Kernel::matmul_backend);
     CubeBackend::<R, F, I, BT>::float_matmul(lhs, rhs)
 }
 
@@ -107,25 +94,14 @@ fn vendor<R: CubeRuntime>(
                         return Ok(*out.downcast::<CubeTensor<R>>().expect("R is CUDA"));
                     }
                     Err((why, lhs, rhs)) => {
-                        let level = match why {
-                            super::cublaslt::Unavailable::Setup(_) => log::Level::Warn,
-                            _ => log::Level::Info,
-                        };
-                        log_once(level, format!("liger matmul: Burn's matmul on CUDA: {why}"));
+                        // A library that failed to load is logged once, as a warning, when
+                        // the device's engine is set up; per-product reasons at debug level.
+                        log::debug!("liger matmul: Burn's matmul on CUDA: {why}");
                         Box::new((lhs, rhs)) as Box<dyn Any>
                     }
                 }
             }
-            Err(other) => {
-                log_once(
-                    log::Level::Info,
-                    format!(
-                        "liger matmul: Burn's matmul on {}: cuBLASLt is used on the CUDA runtime only",
-                        core::any::type_name::<R>()
-                    ),
-                );
-                other
-            }
+            Err(other) => other,
         };
         Err(*inputs
             .downcast::<(CubeTensor<R>, CubeTensor<R>)>()
@@ -134,13 +110,6 @@ fn vendor<R: CubeRuntime>(
     #[cfg(not(feature = "cuda"))]
     {
         let _ = out_shape;
-        log_once(
-            log::Level::Info,
-            format!(
-                "liger matmul: Burn's matmul on {}: this build has no vendor BLAS (cuBLASLt needs the `cuda` feature)",
-                core::any::type_name::<R>()
-            ),
-        );
         Err((lhs, rhs))
     }
 }
@@ -235,7 +204,7 @@ pub fn cublaslt_matmul(
         Err(e) => panic!("{e}"),
     };
     let out = cuda_product(lhs, rhs, out_shape, ordering).map_err(|(why, _, _)| why)?;
-    VENDOR_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+    counters::record(Kernel::matmul_vendor);
     Ok(out)
 }
 
