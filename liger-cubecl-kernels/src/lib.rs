@@ -11,6 +11,7 @@
 //! [`reduce`].
 
 pub mod activation;
+pub mod adamw;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod glu;
@@ -66,6 +67,7 @@ pub mod counters {
         rope_backward,
         cross_entropy,
         cross_entropy_backward,
+        adamw_step,
     );
 
     // Launches are counted per scope: each thread starts in a scope of its own, and a

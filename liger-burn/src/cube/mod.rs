@@ -6,6 +6,7 @@
 //! clear panic naming the op, the shapes and the dtypes rather than a device fault.
 
 mod activation;
+mod adamw;
 mod cross_entropy;
 mod glu;
 mod layer_norm;
@@ -175,6 +176,15 @@ where
         grad_scale: CubeTensor<R>,
     ) -> CubeTensor<R> {
         cross_entropy::backward::<Self, R>(grad, grad_rows, grad_scale)
+    }
+
+    fn fused_adamw_step(
+        param: CubeTensor<R>,
+        grad: CubeTensor<R>,
+        moments: Option<crate::ops::AdamWMoments<Self>>,
+        options: crate::ops::AdamWStepOptions,
+    ) -> crate::ops::AdamWStepOutput<Self> {
+        adamw::step::<Self, R>(param, grad, moments, options)
     }
 }
 
