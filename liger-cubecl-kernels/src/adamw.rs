@@ -397,6 +397,10 @@ pub fn adamw_step<R: Runtime>(
         }
         done += count;
     }
-    counters::record(Kernel::adamw_step);
+    counters::record(if buffers.in_place {
+        Kernel::adamw_step_in_place
+    } else {
+        Kernel::adamw_step
+    });
     Ok(())
 }

@@ -68,6 +68,7 @@ pub mod counters {
         cross_entropy,
         cross_entropy_backward,
         adamw_step,
+        adamw_step_in_place,
     );
 
     // Launches are counted per scope: each thread starts in a scope of its own, and a

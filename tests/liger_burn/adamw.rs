@@ -355,7 +355,10 @@ fn run_case<B: FusedOps>(
         // Every other step a caller keeps handles on the parameter and the moments: the
         // step must then write fresh buffers and leave those untouched.
         let held = (time % 2 == 0).then(|| (param.clone(), moments.clone()));
-        let launches = counters::get(Kernel::adamw_step);
+        let launches = [
+            counters::get(Kernel::adamw_step),
+            counters::get(Kernel::adamw_step_in_place),
+        ];
         let out = B::fused_adamw_step(param, grad, moments, options);
         let step = format!("{label} {dtype:?} grad {grad_dtype:?} {shape:?} {flags:?} step {time}");
         let actual_param = read::<B>(out.param.clone());
@@ -363,10 +366,15 @@ fn run_case<B: FusedOps>(
         let actual_v = read::<B>(out.moments.moment_2.clone());
         let actual_x = out.moments.max_moment_2.clone().map(read::<B>);
         if fused {
+            // One launch: in place unless the caller held the buffers.
+            let in_place = u64::from(held.is_none());
             assert_eq!(
-                counters::get(Kernel::adamw_step),
-                launches + 1,
-                "{step}: one fused launch per step"
+                [
+                    counters::get(Kernel::adamw_step),
+                    counters::get(Kernel::adamw_step_in_place),
+                ],
+                [launches[0] + 1 - in_place, launches[1] + in_place],
+                "{step}: [out-of-place, in-place] launches"
             );
         }
         if let Some((held_param, held_moments)) = held {
