@@ -107,7 +107,9 @@ pub struct TrainArgs {
     /// and the weights are updated there (the optimizer state takes 4 bytes per parameter
     /// instead of 12). WARNING: an update smaller than half an ulp of its weight rounds to
     /// nothing; at lr 2e-5 every bf16 weight above about 0.01 in magnitude never changes,
-    /// so fine-tuning at usual learning rates barely moves the model. No effect with f32.
+    /// so fine-tuning at usual learning rates barely moves the model; in f16 the second
+    /// moment of small gradients underflows to zero, and the steps that follow can be
+    /// orders of magnitude too large. No effect with f32.
     #[arg(long)]
     pub pure_low_precision: bool,
     /// `on`: the `Liger<Autodiff<B>>` backend with every fused kernel (RMSNorm, RoPE,

@@ -21,11 +21,13 @@
 //! input: repeated runs would otherwise measure the cache, and Burn's fusion could fuse
 //! the shared reads of consecutive iterations into one kernel.
 //!
-//! `--e2e` benchmarks whole training steps of 1B-class models instead: see [`e2e`].
+//! `--e2e` benchmarks whole training steps of 1B-class models instead: see [`e2e`];
+//! `--optimizer-step` one AdamW step over a model's parameters: see [`optimizer`].
 
 pub mod e2e;
 mod e2e_case;
 mod ops;
+mod optimizer;
 
 pub use ops::{BenchOp, Shape};
 
@@ -56,6 +58,9 @@ const MAX_SETS: usize = 16;
 /// Runs `liger bench`.
 pub fn run(args: BenchArgs) -> Result<ExitCode> {
     crate::pool::configure(args.memory_pool)?;
+    if args.optimizer_step {
+        return optimizer::run(args);
+    }
     if args.e2e || args.e2e_case.is_some() {
         return e2e::run(args);
     }
