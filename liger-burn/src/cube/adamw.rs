@@ -1,9 +1,10 @@
 //! One AdamW step on CubeCL tensors: the fused kernel, updating the parameter and the
 //! moments in place when this call holds the only handle on each of their buffers, else
-//! writing fresh ones (the same bytes moved either way).
+//! writing fresh ones (the same bytes moved either way). Tensors of a dtype the kernel
+//! does not read (f64) take Burn's update as stock ops.
 
 use super::{empty_like, launched};
-use crate::ops::compose::adamw::bias_corrections;
+use crate::ops::compose::{self, adamw::bias_corrections};
 use crate::ops::{AdamWMoments, AdamWStepOptions, AdamWStepOutput, validate};
 use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
@@ -49,8 +50,20 @@ where
             .as_ref()
             .map(|m| (&m.moment_1, &m.moment_2, m.max_moment_2.as_ref())),
         &options,
-        true,
+        false,
     ));
+    let state_dtype = moments
+        .as_ref()
+        .map_or(options.state_dtype, |m| m.moment_1.dtype);
+    let dtypes = [param.dtype, grad.dtype, state_dtype];
+    if !dtypes
+        .into_iter()
+        .chain(options.copy_dtype)
+        .all(validate::kernel_dtype)
+    {
+        // f64 (the kernel reads f32, f16 and bf16): Burn's update as stock ops.
+        return compose::adamw::step::<B>(param, grad, moments, options);
+    }
     let shape = param.shape();
     let len = shape.num_elements();
     let param = into_contiguous(param);
@@ -63,10 +76,6 @@ where
         ]
     });
     let first = moments.is_none();
-    let state_dtype = match &moments {
-        Some([Some(m), ..]) => m.dtype,
-        _ => options.state_dtype,
-    };
     let in_place = param.can_mut() && moments.iter().flatten().flatten().all(|t| t.can_mut());
     let param_out = if in_place {
         param.clone()

@@ -1,7 +1,8 @@
 //! One AdamW step in the fusion stream: one custom operation (`CustomOpIr`) that runs the
 //! inner backend's fused step when the stream reaches it. A buffer whose last use this is
 //! reaches the kernel alone, so the step updates it in place. Inputs are validated
-//! eagerly, where the optimizer called the op.
+//! eagerly, where the optimizer called the op (dtypes the kernel does not read, f64, are
+//! left to the inner backend's stock-op update).
 
 use super::custom_op::{self, CustomKernel, Handles, float_inputs};
 use crate::ops::{AdamWMoments, AdamWStepOptions, AdamWStepOutput, FusedOps, validate};
@@ -49,7 +50,7 @@ pub(crate) fn step<B: FusionBackend + FusedOps>(
             .as_ref()
             .map(|m| (&m.moment_1, &m.moment_2, m.max_moment_2.as_ref())),
         &options,
-        true,
+        false,
     ));
     let shape = param.shape();
     let state_dtype = moments

@@ -9,6 +9,20 @@
 //! let model = optim.step(lr, model, grads); // burn::optim::Optimizer
 //! ```
 //!
+//! # Against PyTorch's `torch.optim.AdamW`
+//!
+//! The same update: decoupled weight decay `p·(1 - lr·wd)` on the old parameter, moments
+//! `m = β₁m + (1-β₁)g`, `v = β₂v + (1-β₂)g²`, ε added to the bias-corrected root
+//! `√(v/(1-β₂ᵗ))`, AMSGrad's maximum taken over `v` before the bias correction. Rounding
+//! differs: PyTorch folds the bias corrections into the step size,
+//! `p -= lr/(1-β₁ᵗ) · m / (√v/√(1-β₂ᵗ) + ε)`, and computes them in f64 on the host; Burn,
+//! and so this optimizer, divides the moments by `1 - βᵗ` computed in f32. The defaults
+//! differ: [`AdamWConfig`] keeps Burn's (ε 1e-5, weight decay 1e-4) where PyTorch has
+//! ε 1e-8 and weight decay 1e-2. Cautious weight decay is Burn's, not PyTorch's. On a
+//! bf16 model PyTorch keeps the moments in bf16 and updates the bf16 weights
+//! ([`LowPrecisionUpdate::Pure`]); each op rounds to bf16 there and in Burn's `AdamW`,
+//! where the fused step computes in f32 and rounds once.
+//!
 //! Its record is Burn's `AdamWState` (field `momentum`, an `AdaptiveMomentumState`) plus an
 //! optional `master` tensor ([`AdamWStateItem`]), so a record of Burn's `AdamW` loads into
 //! it (the master copy is then taken from the parameter at the next step).
