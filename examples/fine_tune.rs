@@ -289,6 +289,8 @@ impl Job for FineTune {
             seed: 42,
             // Only the final checkpoint.
             save_every: 0,
+            // The model's dtype: f32 here, so no master copy either way.
+            pure_low_precision: false,
         };
         println!(
             "training: {} steps of {BATCH_SIZE} packed rows of {max_length} tokens, lr {:.1e}, \

@@ -8,9 +8,7 @@
 use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
-use burn::optim::AdamW;
-use burn::optim::record::AdaptorRecord;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::DType;
 use clap::{Args, ValueEnum};
 use liger_burn::Liger;
 use liger_burn::ops::FusedOps;
@@ -22,7 +20,7 @@ use liger_train::metrics::format_memory;
 use liger_train::progress::ConsoleProgress;
 use liger_train::schedule::LrSchedule;
 use liger_train::tokenizer::{SpecialIds, TextTokenizer};
-use liger_train::trainer::{self, Resume, Run, TrainConfig};
+use liger_train::trainer::{self, Resume, Run, TrainBackend, TrainConfig};
 use liger_train::{TrainError, bundled};
 use liger_verify::args::OnOff;
 use liger_verify::device::{self, Ctx, DeviceKind, OnDevice};
@@ -98,10 +96,22 @@ pub struct TrainArgs {
     /// are never reused). See examples/src/pool.rs.
     #[arg(long, value_enum, default_value_t = liger_verify::pool::MemoryPool::Default, value_name = "POOL")]
     pub memory_pool: liger_verify::pool::MemoryPool,
-    /// Dtype of the parameters, optimizer updates and activations (losses in f32). f16 and
-    /// bf16 train with low-precision weights (no f32 master copy).
+    /// Dtype of the weights, activations and gradients (losses in f32). f16 and bf16 train
+    /// in mixed precision: forward and backward in that dtype, AdamW updating f32 master
+    /// weights with f32 moments (read and written in one fused pass that also writes the
+    /// low-precision weights), as Hugging Face Trainer's bf16=True; see
+    /// --pure-low-precision.
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
+    /// With --dtype f16/bf16: no f32 master copy; the AdamW moments stay in the low dtype
+    /// and the weights are updated there (the optimizer state takes 4 bytes per parameter
+    /// instead of 12). WARNING: an update smaller than half an ulp of its weight rounds to
+    /// nothing; at lr 2e-5 every bf16 weight above about 0.01 in magnitude never changes,
+    /// so fine-tuning at usual learning rates barely moves the model; in f16 the second
+    /// moment of small gradients underflows to zero, and the steps that follow can be
+    /// orders of magnitude too large. No effect with f32.
+    #[arg(long)]
+    pub pure_low_precision: bool,
     /// `on`: the `Liger<Autodiff<B>>` backend with every fused kernel (RMSNorm, RoPE,
     /// SwiGLU, fused linear cross entropy; fused softmax in the attention); `off`: plain
     /// `Autodiff<B>`, stock Burn ops. The five flags below override single kernels.
@@ -351,6 +361,12 @@ fn settings(
             sc.map(|c| c.save_every),
             DEFAULT_SAVE_EVERY,
         )?,
+        pure_low_precision: pick(
+            "pure-low-precision",
+            args.pure_low_precision.then_some(true),
+            sc.map(|c| c.pure_low_precision),
+            false,
+        )?,
     };
     if batch_size == 0 || grad_accum == 0 {
         bail!("--batch-size and --grad-accum must be at least 1");
@@ -454,6 +470,22 @@ fn kernels_text(args: &TrainArgs, c: &LigerConfig) -> String {
     )
 }
 
+/// The optimizer and its precision, in words.
+fn optimizer_text(dtype: DtypeArg, config: &TrainConfig) -> String {
+    let fused = "AdamW (liger-burn, one fused kernel per parameter on CubeCL devices)";
+    match dtype.dtype() {
+        DType::F16 | DType::BF16 if config.pure_low_precision => format!(
+            "{fused}; pure {dtype}: weights and moments in {dtype}, no master copy (updates \
+             below half a {dtype} ulp are lost)"
+        ),
+        DType::F16 | DType::BF16 => format!(
+            "{fused}; mixed precision: f32 master weights and moments, {dtype} weights for \
+             the forward and backward"
+        ),
+        _ => format!("{fused}; weights and moments in {dtype}"),
+    }
+}
+
 /// Prints what was read, skipped and truncated.
 fn report_data(d: &Dataset, tok: &TextTokenizer) {
     println!(
@@ -494,7 +526,7 @@ struct TrainJob {
 }
 
 impl TrainJob {
-    fn train<B: AutodiffBackend + FusedOps>(
+    fn train<B: TrainBackend>(
         self,
         ctx_device: &B::Device,
         memory: Option<Box<dyn Fn() -> u64 + '_>>,
@@ -505,7 +537,7 @@ impl TrainJob {
         let dtype = self.args.dtype.dtype();
         let (model, resume, origin) = match &self.args.resume {
             Some(dir) => {
-                let loaded = checkpoint::load::<B, AdaptorRecord<AdamW, B>>(
+                let loaded = checkpoint::load::<B, trainer::ParamRecord<B>>(
                     dir, dtype, self.liger, ctx_device,
                 )?;
                 let origin = format!("{} (resumed at step {})", dir.display(), loaded.state.step);
@@ -569,6 +601,10 @@ impl TrainJob {
             self.args.dtype
         );
         println!("kernels:   {}", kernels_text(&self.args, &self.liger));
+        println!(
+            "optimizer: {}",
+            optimizer_text(self.args.dtype, &self.config)
+        );
         let c = &self.config;
         println!(
             "schedule:  {} steps x {} micro-batches of {} rows ({}, max length {}), lr {:.1e} \

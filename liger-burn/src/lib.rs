@@ -7,6 +7,7 @@
 //!   `layer_norm`, `gelu` and `sigmoid` primitives (and so `burn::nn` modules) to the
 //!   fused kernels.
 //! - [`functional`] and [`nn`]: the user-facing API.
+//! - [`optim`]: AdamW with a fused update, and mixed-precision master weights.
 
 pub mod autodiff;
 pub mod backend;
@@ -16,6 +17,7 @@ pub mod functional;
 pub mod fusion;
 pub mod nn;
 pub mod ops;
+pub mod optim;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
 

@@ -83,6 +83,7 @@ pub const MAX_CACHED_CHUNKS: usize = 8;
 /// | `partials_per_sm` | 2 (backward cubes per multiprocessor, one f32 row of weight-gradient partials each) | H200 |
 /// | `elementwise` | see [`ElementwiseConfig`] | H200 |
 /// | `rope` | see [`RopeConfig`] | H200 |
+/// | `optimizer` | the `elementwise` values (not swept yet) | — |
 ///
 /// Other devices get the same values: no other device has been swept yet, and the
 /// values only set how much work each unit does, which every device runs correctly.
@@ -103,6 +104,9 @@ pub struct LaunchConfig {
     pub elementwise: ElementwiseConfig,
     /// The rotary-embedding kernel.
     pub rope: RopeConfig,
+    /// The fused optimizer step ([`crate::adamw`]), an elementwise kernel over four to six
+    /// streams.
+    pub optimizer: ElementwiseConfig,
 }
 
 /// Geometry of the elementwise kernel (GELU, sigmoid, SwiGLU, GeGLU), forward and backward.
@@ -177,6 +181,14 @@ impl Default for LaunchConfig {
             rope: RopeConfig {
                 heads_per_unit: 4,
                 cubes_per_sm: 16,
+            },
+            optimizer: ElementwiseConfig {
+                units: 64,
+                vectors_per_unit: 1,
+                max_vector: 4,
+                cubes_per_sm: None,
+                max_cubes: None,
+                vectors_per_launch: None,
             },
         }
     }

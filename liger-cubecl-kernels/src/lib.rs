@@ -11,6 +11,7 @@
 //! [`reduce`].
 
 pub mod activation;
+pub mod adamw;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod glu;
@@ -68,6 +69,8 @@ pub mod counters {
         cross_entropy_backward,
         matmul_vendor,
         matmul_backend,
+        adamw_step,
+        adamw_step_in_place,
     );
 
     // Launches are counted per scope: each thread starts in a scope of its own, and a

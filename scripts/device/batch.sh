@@ -6,7 +6,8 @@
 # Writes logs and CSVs under $OUT.
 #
 #   usage: scripts/gpu_batch.sh [check] [bench] [elementwise] [ce] [ce-hold] [flce] [vulkan]
-#                               [converge] [train] [e2e-llama] [e2e-qwen] [cache-out]
+#                               [converge] [train] [e2e-llama] [e2e-qwen] [optimizer]
+#                               [cache-out]
 #
 # elementwise: after a change to the shared elementwise kernel, the quick CUDA checks of its
 # ops (f32, bf16), the gated units' bench at the default --hold-gib and at 24, and ncu's
@@ -18,6 +19,11 @@
 # E2E_WALL (585 s) override the flags; E2E_LIGER_ATTENTION=off gives the liger-on mode
 # eager attention (the fused kernels alone); E2E_MEMORY_POOL=exact runs every case with
 # `--memory-pool exact` (examples/src/pool.rs). e2e and train use $TRAIN_BIN (gpu_env.sh).
+# E2E_MASTER_WEIGHTS=on gives the liger-on mode's fused AdamW f32 master weights.
+#
+# optimizer: one AdamW step over Llama 3.2 1B's parameters (1.24 B, 146 tensors), bf16 then
+# f32: liger-burn's fused AdamW (moments in the dtype; with f32 master weights) against
+# Burn's AdamW, ms and GB/s of the minimal bytes against the measured copy.
 set -u
 . "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >"$OUT/gpu.txt" 2>&1
@@ -127,8 +133,17 @@ for step in $steps; do
       timeout "${E2E_WALL:-585}" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 --e2e-models "$model" \
         --e2e-seq "${E2E_SEQ:-1024,2048,4096,8192,16384,32768}" --e2e-batch "${E2E_BATCH:-1}" \
         --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget "${E2E_BUDGET:-550}" $layers \
-        --e2e-liger-attention "$attention" --memory-pool "$pool" --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
+        --e2e-liger-attention "$attention" --memory-pool "$pool" \
+        --e2e-master-weights "${E2E_MASTER_WEIGHTS:-off}" --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
       tail -n 30 "$log"
+      ;;
+    optimizer)
+      for dtype in bf16 f32; do
+        timeout 280 $BIN bench --optimizer-step --device cuda --dtype $dtype \
+          --e2e-models llama3.2-1b --warmup 3 --iters 10 --repeats 10 \
+          --csv "$OUT/bench_optimizer.csv" >"$OUT/bench_optimizer_$dtype.log" 2>&1 || status=1
+        tail -n 12 "$OUT/bench_optimizer_$dtype.log"
+      done
       ;;
     train)
       # The README's training job on CUDA (bundled data, small random model), packed rows

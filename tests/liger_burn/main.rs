@@ -1,5 +1,6 @@
 //! Integration suite of liger-burn: one module per fused op (forward and every gradient against f64 and stock Burn, on the test device), plus the decorator, records and validation.
 
+mod adamw;
 mod attention;
 mod cross_entropy;
 mod decorator;
@@ -11,6 +12,7 @@ mod gelu;
 mod layer_norm;
 mod log_softmax;
 mod matmul;
+mod optim;
 mod records;
 mod rms_norm;
 mod rope;

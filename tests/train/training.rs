@@ -8,8 +8,7 @@
 //! Random seeds are fresh each run (`LIGER_SEED` reruns one; failures name it).
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
-use burn::optim::record::AdaptorRecord;
-use burn::optim::{AdamW, GradientsParams, Optimizer};
+use burn::optim::{GradientsParams, Optimizer};
 use burn::record::{FullPrecisionSettings, Record};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
@@ -24,13 +23,13 @@ use liger_train::data::{self, BadLinePolicy, DataOptions, Dataset, TooLongPolicy
 use liger_train::metrics::TrainSummary;
 use liger_train::schedule::LrSchedule;
 use liger_train::tokenizer::TextTokenizer;
-use liger_train::trainer::{self, Resume, Run, TrainConfig};
+use liger_train::trainer::{self, Resume, Run, TrainBackend, TrainConfig};
 use liger_train::{TrainError, bundled};
 use liger_verify::conformance::Rng;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-type Rec<B> = AdaptorRecord<AdamW, B>;
+type Rec<B> = trainer::ParamRecord<B>;
 
 /// A fresh directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -98,10 +97,11 @@ fn train_config(seed: u64, steps: usize, save_every: usize) -> TrainConfig {
         max_grad_norm: Some(1.0),
         seed,
         save_every,
+        pure_low_precision: false,
     }
 }
 
-fn run<B: AutodiffBackend + FusedOps>(
+fn run<B: TrainBackend>(
     model: CausalLm<B>,
     dataset: &Dataset,
     tok: &TextTokenizer,
@@ -733,4 +733,180 @@ fn global_norm_clipping_matches_a_hand_computation() {
         }
     }
     on_model_backends(T);
+}
+
+/// The id of the first 2-D parameter of a model (visit order).
+fn first_matrix_id<B: burn::tensor::backend::Backend, M: burn::module::Module<B>>(
+    model: &M,
+) -> burn::module::ParamId {
+    struct First(Option<burn::module::ParamId>);
+    impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for First {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if D == 2 && self.0.is_none() {
+                self.0 = Some(param.id);
+            }
+        }
+    }
+    let mut first = First(None);
+    model.visit(&mut first);
+    first.0.expect("the model has a matrix")
+}
+
+/// Mixed precision (issue 14), on every f16/bf16 dtype of the test device: the checkpoint
+/// holds the weights in the run's dtype and, in the optimizer state, the f32 master
+/// weights they are the rounding of (none with `pure_low_precision`); a run resumed from
+/// it repeats the uninterrupted one.
+#[test]
+fn low_precision_runs_keep_f32_masters_and_resume() {
+    struct T;
+    impl Case for T {
+        fn run<X: FusedOps>(&mut self, label: &str, device: &X::Device, rng: &mut Rng) {
+            type B<X> = Liger<burn::backend::Autodiff<X>>;
+            let low: Vec<DType> = [DType::F16, DType::BF16]
+                .into_iter()
+                .filter(|d| X::supports_dtype(device, *d))
+                .collect();
+            if low.is_empty() {
+                eprintln!("{label}: no f16/bf16 on this device; nothing to run");
+                return;
+            }
+            let tok = bundled::tokenizer();
+            let data = dataset(&tok, 40, 64);
+            for dtype in low {
+                for pure in [false, true] {
+                    let seed = rng.next_u64() >> 1;
+                    let mut config = train_config(seed, 4, 2);
+                    config.pure_low_precision = pure;
+                    if pure {
+                        // Pure f16 moments lose the second moment of small gradients (it
+                        // underflows) and then take steps of up to ~100·lr: at lr 3e-3 the
+                        // loss of a random model is NaN within a few steps, as with Burn's
+                        // or PyTorch's AdamW on an f16 model.
+                        config.schedule.peak_lr = 2e-5;
+                    }
+                    let ctx = format!("{label} {dtype:?} pure {pure}: {config:?}");
+                    let (a, b) = (TempDir::new("low-full"), TempDir::new("low-resumed"));
+                    let model = trainer::random_model::<B<X>>(
+                        &model_config(),
+                        LigerConfig::all(),
+                        dtype,
+                        device,
+                        seed,
+                    );
+                    let full = run(model, &data, &tok, config.clone(), &a.0, None).expect(&ctx);
+                    let dir = checkpoint::checkpoint_dir(&a.0, 2);
+                    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+                    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+                    let want = match dtype {
+                        DType::F16 => safetensors::Dtype::F16,
+                        _ => safetensors::Dtype::BF16,
+                    };
+                    for (name, view) in st.tensors() {
+                        assert_eq!(view.dtype(), want, "{ctx}: {name}");
+                    }
+                    let loaded = checkpoint::load::<B<X>, Rec<B<X>>>(
+                        &dir,
+                        dtype,
+                        LigerConfig::all(),
+                        device,
+                    )
+                    .expect(&ctx);
+                    let id = first_matrix_id::<B<X>, _>(&loaded.model);
+                    let state = loaded.optimizer[&id].clone().into_state::<2>();
+                    assert_eq!(state.momentum.time, 2, "{ctx}");
+                    let weight = {
+                        struct Find(burn::module::ParamId, Option<Vec<f32>>);
+                        impl<I: burn::tensor::backend::Backend> ModuleVisitor<I> for Find {
+                            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<I, D>>) {
+                                if p.id == self.0 {
+                                    self.1 = Some(
+                                        p.val().cast(DType::F32).into_data().to_vec().unwrap(),
+                                    );
+                                }
+                            }
+                        }
+                        let mut f = Find(id, None);
+                        burn::module::Module::visit(&loaded.model, &mut f);
+                        f.1.expect("the matrix")
+                    };
+                    match state.master {
+                        Some(master) => {
+                            assert!(!pure, "{ctx}: a pure run keeps no master copy");
+                            assert_eq!(master.dtype(), DType::F32, "{ctx}");
+                            let rounded: Vec<f32> = master
+                                .clone()
+                                .cast(dtype)
+                                .cast(DType::F32)
+                                .into_data()
+                                .to_vec()
+                                .unwrap();
+                            assert_eq!(
+                                rounded, weight,
+                                "{ctx}: weights are not the masters rounded"
+                            );
+                            let master: Vec<f32> = master.into_data().to_vec().unwrap();
+                            let finer = master.iter().zip(&weight).filter(|(m, w)| m != w).count();
+                            eprintln!(
+                                "{ctx}: {finer} of {} master weights finer than their {dtype:?} copy",
+                                master.len()
+                            );
+                            assert!(finer > 0, "{ctx}: the masters carry nothing the copy lacks");
+                        }
+                        None => assert!(pure, "{ctx}: mixed precision keeps f32 master weights"),
+                    }
+
+                    let resume = Resume {
+                        optimizer: loaded.optimizer,
+                        state: loaded.state,
+                    };
+                    let rest =
+                        run(loaded.model, &data, &tok, config, &b.0, Some(resume)).expect(&ctx);
+                    let losses = |h: &[liger_train::metrics::StepMetrics]| {
+                        h.iter().map(|m| m.loss).collect::<Vec<_>>()
+                    };
+                    let (want, got) = (losses(&full.history[2..]), losses(&rest.history));
+                    let worst = want
+                        .iter()
+                        .zip(&got)
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(0.0, f64::max);
+                    let load = |d: &Path| {
+                        params_f32(
+                            &checkpoint::load::<B<X>, Rec<B<X>>>(
+                                &checkpoint::checkpoint_dir(d, 4),
+                                dtype,
+                                LigerConfig::all(),
+                                device,
+                            )
+                            .expect(&ctx)
+                            .model,
+                        )
+                    };
+                    let params = max_diff(&load(&a.0), &load(&b.0));
+                    eprintln!(
+                        "{ctx}: resumed losses max diff {worst:e}, final weights max diff {params:e}"
+                    );
+                    // As the f32 resume test: 1e-6 relative for the losses (autotuned
+                    // reductions); the weights bit for bit (a resume that lost the masters or
+                    // the moments moves them by many ulps).
+                    let scale = want.iter().map(|l| l.abs()).fold(1.0, f64::max);
+                    assert!(
+                        worst <= 1e-6 * scale && params == 0.0,
+                        "{ctx}: losses {want:?} vs {got:?}, weights differ by {params:e}"
+                    );
+                }
+            }
+        }
+    }
+    on_model_backends(T);
+}
+
+/// A checkpoint written before `pure_low_precision` existed reads as mixed precision.
+#[test]
+fn train_configs_without_the_precision_flag_read_as_mixed_precision() {
+    let mut value = serde_json::to_value(train_config(7, 10, 5)).unwrap();
+    value.as_object_mut().unwrap().remove("pure_low_precision");
+    let config: TrainConfig = serde_json::from_value(value).unwrap();
+    assert!(!config.pure_low_precision);
+    assert_eq!(config, train_config(7, 10, 5));
 }

@@ -3,7 +3,9 @@
 //! - `config.json` + `model.safetensors`: the model in Hugging Face layout
 //!   ([`CausalLm::save`]), loadable by transformers and by `liger train --model`;
 //! - `tokenizer.json`: the tokenizer the run used, unchanged;
-//! - `optimizer.mpk`: the AdamW state, a Burn record (full precision). Burn keys it by
+//! - `optimizer.mpk`: the AdamW state (step counts and moments, and in a mixed-precision
+//!   f16/bf16 run the f32 master weights, of which `model.safetensors` holds the rounded
+//!   working copy), a Burn record (full precision). Burn keys it by
 //!   parameter id, which is random per process; here it is keyed by the parameter's
 //!   position in the module (visit order, fixed by the architecture) so it can be matched
 //!   to a model loaded again;

@@ -4,7 +4,7 @@
 use crate::batching::Layout;
 use crate::error::TrainError;
 use crate::schedule::LrSchedule;
-use burn::optim::AdamWConfig;
+use liger_burn::optim::{AdamWConfig, LowPrecisionUpdate};
 use serde::{Deserialize, Serialize};
 
 /// The settings that determine the numbers of a run (stored in every checkpoint; a resume
@@ -29,6 +29,12 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Save a checkpoint every this many steps (0: only at the end).
     pub save_every: usize,
+    /// f16/bf16 runs: keep the AdamW moments in the parameters' dtype and update the
+    /// parameters there, with no f32 master copy (updates below half an ulp are lost).
+    /// Off (the default): f32 master weights and moments, forward and backward in the low
+    /// dtype. No effect on f32 runs.
+    #[serde(default)]
+    pub pure_low_precision: bool,
 }
 
 impl TrainConfig {
@@ -61,8 +67,9 @@ impl TrainConfig {
         self.schedule.validate().map_err(TrainError::Config)
     }
 
-    /// AdamW as PyTorch's defaults (betas 0.9/0.999, eps 1e-8) with this weight decay.
-    /// Clipping is not Burn's (per tensor) but
+    /// liger-burn's fused AdamW with PyTorch's defaults (betas 0.9/0.999, eps 1e-8) and
+    /// this weight decay; f16/bf16 parameters through f32 master weights unless
+    /// `pure_low_precision`. Clipping is not Burn's (per tensor) but
     /// [`clip_global_norm`](crate::clipping::clip_global_norm).
     pub fn adamw(&self) -> AdamWConfig {
         AdamWConfig::new()
@@ -70,5 +77,10 @@ impl TrainConfig {
             .with_beta_2(0.999)
             .with_epsilon(1e-8)
             .with_weight_decay(self.weight_decay as f32)
+            .with_low_precision(if self.pure_low_precision {
+                LowPrecisionUpdate::Pure
+            } else {
+                LowPrecisionUpdate::MasterWeights
+            })
     }
 }

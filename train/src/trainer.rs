@@ -2,9 +2,12 @@
 //! `grad_accum` micro-batches → global-norm clipping → AdamW step at the scheduled
 //! learning rate → metrics, checkpoints.
 //!
-//! Generic over `B: AutodiffBackend + FusedOps`: `Liger<Autodiff<X>>` trains with the
-//! fused kernels (README, "Wrapping order"), `Autodiff<X>` with `LigerConfig::none()` is
-//! stock Burn.
+//! Generic over [`TrainBackend`]: `Liger<Autodiff<X>>` trains with the fused kernels
+//! (README, "Wrapping order"), `Autodiff<X>` with `LigerConfig::none()` with stock Burn
+//! ops. The optimizer is liger-burn's AdamW either way (one fused kernel per parameter on
+//! CubeCL devices, Burn's AdamW numbers); f16/bf16 runs train in mixed precision (f32
+//! master weights and moments in its state, forward and backward in the low dtype) unless
+//! [`TrainConfig::pure_low_precision`].
 //!
 //! Determinism: the data order is a function of the seed ([`crate::batching`]), the model
 //! is initialized from it ([`random_model`]), and every parameter is made contiguous
@@ -24,11 +27,12 @@ use crate::tokenizer::TextTokenizer;
 use burn::module::{AutodiffModule, Module, ModuleMapper, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::record::AdaptorRecord;
-use burn::optim::{AdamW, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 use hashbrown::HashMap;
 use liger_burn::ops::FusedOps;
+use liger_burn::optim::AdamW;
 use liger_models::{CausalLm, LigerConfig, ModelConfig};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -60,10 +64,19 @@ pub fn steps_for_epochs(
     micro.div_ceil(config.grad_accum).max(1)
 }
 
+/// A backend the trainer runs on: an autodiff backend with the fused ops, whose inner
+/// backend (where the optimizer steps) has them too.
+pub trait TrainBackend: AutodiffBackend<InnerBackend: FusedOps> + FusedOps {}
+
+impl<B: AutodiffBackend<InnerBackend: FusedOps> + FusedOps> TrainBackend for B {}
+
 /// The optimizer.
 pub type Optim<B> = OptimizerAdaptor<AdamW, CausalLm<B>, B>;
-/// Its state, by parameter id.
-pub type OptimRecord<B> = HashMap<ParamId, AdaptorRecord<AdamW, B>>;
+/// The optimizer state of one parameter (moments, and the f32 master weights of an
+/// f16/bf16 run in mixed precision).
+pub type ParamRecord<B> = AdaptorRecord<AdamW, B>;
+/// The optimizer state, by parameter id.
+pub type OptimRecord<B> = HashMap<ParamId, ParamRecord<B>>;
 
 /// A randomly initialized model, deterministic in `seed` (the backend's generator is
 /// seeded first).
@@ -119,15 +132,15 @@ pub trait TrainObserver {
 impl TrainObserver for () {}
 
 /// A checkpoint to continue from: optimizer state (keyed by the model's ids) and trainer state.
-pub struct Resume<B: AutodiffBackend + FusedOps> {
-    /// The AdamW state.
+pub struct Resume<B: TrainBackend> {
+    /// The AdamW state (moments; f32 master weights in mixed precision).
     pub optimizer: OptimRecord<B>,
     /// Step, cursor, settings, history.
     pub state: TrainerState,
 }
 
 /// Everything a run needs.
-pub struct Run<'a, B: AutodiffBackend + FusedOps> {
+pub struct Run<'a, B: TrainBackend> {
     /// The model to train (random or loaded; the checkpoint's when resuming).
     pub model: CausalLm<B>,
     /// Tokenized examples.
@@ -156,7 +169,7 @@ struct StepGrads<B: AutodiffBackend> {
 /// Forward and backward of `batches`; each micro-batch's mean loss is weighted by its
 /// share of the step's trained tokens, so the accumulated gradient is that of the mean
 /// loss over all of them (not the mean of per-micro-batch means).
-fn step_grads<B: AutodiffBackend + FusedOps>(
+fn step_grads<B: TrainBackend>(
     model: &CausalLm<B>,
     batches: &[Batch],
     trained_total: usize,
@@ -203,7 +216,7 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 /// Stops with [`TrainError::NonFinite`] when a step's loss or gradient norm is NaN/inf and
 /// with [`TrainError::Panicked`] when a step panics, after saving the last good state
 /// (the previous step's) as a checkpoint.
-pub fn train<B: AutodiffBackend + FusedOps>(
+pub fn train<B: TrainBackend>(
     run: Run<'_, B>,
     observer: &mut dyn TrainObserver,
 ) -> Result<TrainSummary, TrainError>
@@ -363,7 +376,8 @@ where
                 });
             }
         }
-        // Handles on the pre-step state (no copy) so a panicking update can still save it.
+        // Handles on the pre-step state (no copy) so a panicking update can still save it
+        // (the fused step then writes fresh buffers instead of updating in place).
         let (backup_model, backup_optim) = (model.clone(), optim.to_record());
         // Contiguous parameters, materialized by the sync, are what a resumed run starts
         // from: the next step then computes (and fuses) the same operations in both.

@@ -195,6 +195,20 @@ pub struct BenchArgs {
     /// kernels. The off mode is always eager (stock Burn).
     #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
     pub e2e_liger_attention: OnOff,
+    /// --e2e: the liger-on mode's AdamW (liger-burn's fused step) keeps f32 master weights
+    /// and f32 moments (mixed precision, `liger train`'s default) instead of moments in
+    /// --dtype, the state of the off mode's Burn AdamW and of PyTorch's. No effect in f32.
+    #[arg(long, value_enum, default_value = "off", value_name = "on|off")]
+    pub e2e_master_weights: OnOff,
+    /// Time one AdamW step over a model's parameters instead of ops: liger-burn's fused
+    /// AdamW (moments in --dtype; and, for f16/bf16, with f32 master weights) against Burn's
+    /// AdamW, over the parameter sizes of each --e2e-models model (with --e2e-layers), or
+    /// one parameter per --shape when given. Per step: ms, and GB/s of the minimal bytes
+    /// (parameter, gradient and moments read once, parameter and moments written once)
+    /// against the measured copy. Uses --warmup, --iters (steps per sample), --repeats,
+    /// --csv (kernel adamw_step, mode optimizer, x = model or shapes).
+    #[arg(long)]
+    pub optimizer_step: bool,
     /// CubeCL's device memory pool in this process (and, with --e2e, in every case's):
     /// `default` = CubeCL's own pools (on CUDA, slices of pages of device memory / 4^k,
     /// kept until a cleanup); `exact` = every allocation exactly sized and reused by the

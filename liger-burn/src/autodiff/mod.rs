@@ -419,6 +419,23 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     fn fused_matmul_uses_vendor_library(device: &B::Device, dtype: burn::tensor::DType) -> bool {
         B::fused_matmul_uses_vendor_library(device, dtype)
     }
+
+    fn fused_adamw_step(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<crate::ops::AdamWMoments<Self>>,
+        options: crate::ops::AdamWStepOptions,
+    ) -> crate::ops::AdamWStepOutput<Self> {
+        // An optimizer update is not part of the graph: B's step on the primitives, the
+        // results untracked.
+        B::fused_adamw_step(
+            param.primitive,
+            grad.primitive,
+            moments.map(|m| m.map(|t| t.primitive)),
+            options,
+        )
+        .map(Self::from_inner)
+    }
 }
 
 fn softmax<B: FusedOps, C: CheckpointStrategy>(

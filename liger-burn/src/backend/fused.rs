@@ -264,6 +264,15 @@ impl<B: FusedOps> FusedOps for Liger<B> {
     ) -> bool {
         B::fused_matmul_uses_vendor_library(device, dtype)
     }
+
+    fn fused_adamw_step(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<crate::ops::AdamWMoments<Self>>,
+        options: crate::ops::AdamWStepOptions,
+    ) -> crate::ops::AdamWStepOutput<Self> {
+        B::fused_adamw_step(param, grad, moments.map(|m| m.map(|t| t)), options).map(|t| t)
+    }
 }
 
 fn lift_grads<B: FusedOps>(grads: NormGrads<B>) -> NormGrads<Liger<B>> {

@@ -6,6 +6,7 @@
 //! clear panic naming the op, the shapes and the dtypes rather than a device fault.
 
 mod activation;
+mod adamw;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 pub mod cublaslt;
@@ -194,6 +195,15 @@ where
 
     fn fused_matmul_uses_vendor_library(device: &R::Device, dtype: DType) -> bool {
         matmul::uses_vendor_library::<R>(device, dtype)
+    }
+
+    fn fused_adamw_step(
+        param: CubeTensor<R>,
+        grad: CubeTensor<R>,
+        moments: Option<crate::ops::AdamWMoments<Self>>,
+        options: crate::ops::AdamWStepOptions,
+    ) -> crate::ops::AdamWStepOutput<Self> {
+        adamw::step::<Self, R>(param, grad, moments, options)
     }
 }
 

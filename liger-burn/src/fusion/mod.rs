@@ -5,6 +5,7 @@
 //! Inputs are validated here, eagerly: the stream executes later (possibly on another
 //! thread), and bad input must fail where the user called the op.
 
+mod adamw;
 mod cross_entropy;
 mod custom_op;
 mod glu;
@@ -353,6 +354,15 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
 
     fn fused_matmul_uses_vendor_library(device: &B::Device, dtype: DType) -> bool {
         B::fused_matmul_uses_vendor_library(device, dtype)
+    }
+
+    fn fused_adamw_step(
+        param: FusionTensor<B::FusionRuntime>,
+        grad: FusionTensor<B::FusionRuntime>,
+        moments: Option<crate::ops::AdamWMoments<Self>>,
+        options: crate::ops::AdamWStepOptions,
+    ) -> crate::ops::AdamWStepOutput<Self> {
+        adamw::step::<B>(param, grad, moments, options)
     }
 }
 

@@ -9,10 +9,12 @@
 //! Shapes: `x` is `[..., d]` of any rank; the fused dimension is always the last
 //! one. Per-row statistics (`rstd`, `mean`) are f32 tensors of shape `[..., 1]`.
 
+mod adamw;
 pub mod compose;
 mod options;
 pub mod validate;
 
+pub use adamw::*;
 pub use options::*;
 
 use burn::tensor::{
@@ -412,6 +414,26 @@ pub trait FusedOps: Backend {
         options: AttentionOptions,
     ) -> AttentionGrads<Self> {
         compose::attention::backward::<Self>(grad_output, q, k, v, mask, options)
+    }
+
+    /// One AdamW step of one parameter: Burn 0.21's `AdamW` update (decoupled weight
+    /// decay, bias-corrected moments, ε added to the root; see [`compose::adamw`]) in f32,
+    /// every buffer read and written once. Not differentiable: call it on the inner
+    /// backend's tensors, as optimizers do.
+    ///
+    /// `param`, `grad`: one shape, any float dtypes (a bf16 gradient may update an f32
+    /// master copy). `moments`: shaped like `param`, one dtype; `None` on the first step
+    /// (then they start at zero and are created in `options.state_dtype`). Returns the
+    /// updated parameter and moments in their input dtypes, and the parameter rounded to
+    /// `options.copy_dtype` when that is set. The fused kernel updates the parameter and
+    /// the moments in place when nothing else holds their buffers.
+    fn fused_adamw_step(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<AdamWMoments<Self>>,
+        options: AdamWStepOptions,
+    ) -> AdamWStepOutput<Self> {
+        compose::adamw::step::<Self>(param, grad, moments, options)
     }
 }
 

@@ -157,9 +157,11 @@ pub fn elementwise_tensors<T: TensorMetadata>(
     let refs: Vec<(&str, &Shape, DType)> = meta.iter().map(|(n, s, d)| (*n, s, *d)).collect();
     elementwise(op, &refs, kernel_dtypes)
 }
+mod adamw;
 mod attention;
 mod matmul;
 mod rope;
+pub use adamw::{AdamWInputs, adamw_step, adamw_step_tensors};
 pub use attention::{AttentionInputs, attention};
 pub use matmul::{matmul, matmul_tensors};
 pub use rope::{RopeInputs, rope, rope_tensors};

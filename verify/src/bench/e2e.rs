@@ -288,6 +288,17 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         }
     );
     println!(
+        "optimizer: AdamW lr {:e}, Burn's AdamWConfig defaults; on = liger-burn's fused AdamW \
+         (one kernel per parameter), {}; off = Burn's AdamW, moments in {}",
+        e2e_case::LR,
+        if args.e2e_master_weights.on() {
+            "f32 master weights and moments".to_string()
+        } else {
+            format!("moments in {}", args.dtype)
+        },
+        args.dtype
+    );
+    println!(
         "memory:    pool {}; peak reserved = largest CubeCL pool bytes reserved over the timed \
          steps and one more step (pool emptied before the last warm-up step); in use read \
          after each timed step and after forward+loss, backward and optimizer of the last",
@@ -427,6 +438,9 @@ fn child_args(args: &BenchArgs, case: E2eCase) -> Vec<String> {
     }
     if !args.e2e_liger_attention.on() {
         a.extend(["--e2e-liger-attention".into(), "off".into()]);
+    }
+    if args.e2e_master_weights.on() {
+        a.extend(["--e2e-master-weights".into(), "on".into()]);
     }
     a.extend(["--memory-pool".into(), args.memory_pool.name().into()]);
     a
@@ -622,14 +636,16 @@ fn print_progress(index: usize, total: usize, r: &CaseResult) {
 fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
     let nan = f64::NAN;
     let mut config = format!(
-        "status={} batch={} dtype={} warmup={} steps={} optimizer={} attention={} autotune={} \
-         memory_pool={}",
+        "status={} batch={} dtype={} warmup={} steps={} optimizer={} optimizer_impl={} \
+         optimizer_state={} attention={} autotune={} memory_pool={}",
         r.status.name(),
         r.case.batch,
         args.dtype,
         args.e2e_warmup,
         args.e2e_steps,
         e2e_case::OPTIMIZER,
+        e2e_case::optimizer_impl(r.case.liger),
+        e2e_case::optimizer_state(args, r.case.liger),
         attention_name(args, r.case.liger),
         if cfg!(feature = "autotune") {
             "on"
@@ -946,6 +962,11 @@ mod tests {
                 f("weight_decay")
             )
         );
+        // The liger-on mode's fused AdamW has the same defaults.
+        let ours = serde_json::to_value(liger_burn::optim::AdamWConfig::new()).unwrap();
+        for key in ["beta_1", "beta_2", "epsilon", "weight_decay", "amsgrad"] {
+            assert_eq!(ours[key], c[key], "{key}");
+        }
     }
 
     #[test]
@@ -982,6 +1003,12 @@ mod tests {
             assert_eq!(row.x, "4096");
             assert!(row.config.starts_with("status=ok batch=1 dtype=bf16"));
             assert!(row.config.contains(" memory_pool=exact"), "{}", row.config);
+            assert!(
+                row.config
+                    .contains(" optimizer_impl=liger-fused optimizer_state=bf16 "),
+                "{}",
+                row.config
+            );
             assert!(row.config.contains(" losses=11.5000/nan/11.2500"));
         }
         // tokens/s from the median step; its 20th percentile from the 80th of the time.

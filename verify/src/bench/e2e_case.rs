@@ -7,7 +7,8 @@
 //! What is measured (see also [`super::e2e`]; scripts/device/anchor_e2e.py measures
 //! PyTorch the same way):
 //! - a training step = `model.loss(ids, labels)` (forward + next-token loss) +
-//!   `loss.backward()` + `GradientsParams::from_grads` + `AdamW::step`, then a device
+//!   `loss.backward()` + `GradientsParams::from_grads` + an AdamW step (liger-burn's fused
+//!   AdamW with liger on, Burn's with liger off; see [`optimizer_impl`]), then a device
 //!   synchronization; its wall time, per step.
 //! - `--e2e-warmup` untimed steps first (JIT compilation, autotune, pool growth), the
 //!   pool emptied before the last of them (a cleanup: pages with no live allocation go back
@@ -36,9 +37,10 @@ use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::Liger;
 use liger_burn::ops::FusedOps;
+use liger_burn::optim::LowPrecisionUpdate;
 use liger_models::{CausalLm, LigerConfig};
 use serde::{Deserialize, Serialize};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -53,8 +55,30 @@ pub const RESULT_PREFIX: &str = "E2E_RESULT ";
 pub(super) const LR: f64 = 1e-5;
 
 /// The optimizer of the steps as the CSV's config names it: `AdamWConfig::new()`'s
-/// defaults (tested in `super::e2e`) and [`LR`]. The PyTorch anchor trains with the same.
+/// defaults (Burn's and liger-burn's are the same; tested in `super::e2e`) and [`LR`].
+/// The PyTorch anchor trains with the same.
 pub const OPTIMIZER: &str = "adamw:lr=1e-5:betas=0.9/0.999:eps=1e-5:wd=1e-4";
+
+/// Which AdamW a mode runs, as the CSV's `optimizer_impl` names it: liger-burn's fused
+/// step (`liger-fused`) with liger on, Burn's (`burn`) with liger off.
+pub fn optimizer_impl(mode: LigerMode) -> &'static str {
+    match mode {
+        LigerMode::On => "liger-fused",
+        LigerMode::Off => "burn",
+    }
+}
+
+/// Where a mode's AdamW keeps its state, as the CSV's `optimizer_state` names it: the
+/// moments' dtype, or `f32-master` (f32 master weights and moments) for the liger-on mode
+/// with `--e2e-master-weights on` in f16/bf16.
+pub fn optimizer_state(args: &BenchArgs, mode: LigerMode) -> String {
+    let low = matches!(args.dtype.dtype(), DType::F16 | DType::BF16);
+    if mode == LigerMode::On && args.e2e_master_weights.on() && low {
+        "f32-master".into()
+    } else {
+        args.dtype.to_string()
+    }
+}
 
 /// What a case process reports.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -140,10 +164,18 @@ impl OnDevice for CaseRun {
                         attention: args.e2e_liger_attention.on(),
                         ..LigerConfig::all()
                     };
-                    measure::<Liger<Autodiff<B>>, B>(&ctx, args, &self.case, liger)
+                    let optim = liger_burn::optim::AdamWConfig::new()
+                        .with_low_precision(if args.e2e_master_weights.on() {
+                            LowPrecisionUpdate::MasterWeights
+                        } else {
+                            LowPrecisionUpdate::Pure
+                        })
+                        .init::<Liger<Autodiff<B>>, CausalLm<Liger<Autodiff<B>>>>();
+                    measure::<Liger<Autodiff<B>>, B, _>(&ctx, args, &self.case, liger, optim)
                 }
                 LigerMode::Off => {
-                    measure::<Autodiff<B>, B>(&ctx, args, &self.case, LigerConfig::none())
+                    let optim = AdamWConfig::new().init::<Autodiff<B>, CausalLm<Autodiff<B>>>();
+                    measure::<Autodiff<B>, B, _>(&ctx, args, &self.case, LigerConfig::none(), optim)
                 }
             }));
             match result {
@@ -181,13 +213,20 @@ impl Peak {
     }
 }
 
-/// Builds the model on autodiff backend `A` (over `B`) and measures the steps.
-fn measure<A, B>(ctx: &Ctx<B>, args: &BenchArgs, case: &E2eCase, liger: LigerConfig) -> CaseOutput
+/// Builds the model on autodiff backend `A` (over `B`) and measures the steps of `optim`.
+fn measure<A, B, O>(
+    ctx: &Ctx<B>,
+    args: &BenchArgs,
+    case: &E2eCase,
+    liger: LigerConfig,
+    mut optim: O,
+) -> CaseOutput
 where
     B: FusedOps,
     A: AutodiffBackend + FusedOps<Device = B::Device>,
     A::InnerBackend: FusedOps,
     CausalLm<A>: AutodiffModule<A>,
+    O: Optimizer<CausalLm<A>, A>,
 {
     let config = case.model.config(args.e2e_layers);
     let device = &ctx.device;
@@ -196,7 +235,6 @@ where
     A::seed(device, 0xE2E);
     let mut model = CausalLm::<A>::init(&config, liger, args.dtype.dtype(), device);
     let params = config.num_params();
-    let mut optim = AdamWConfig::new().init::<A, CausalLm<A>>();
     // Random token ids (uniform over the vocabulary), labels = ids: every position
     // scored, as in pre-training.
     let mut rng = SplitMix64::new(0xE2E);

@@ -23,11 +23,13 @@
 //!
 //! `--e2e` benchmarks whole training steps of 1B-class models instead: see [`e2e`];
 //! `--op matmul` the models' matrix products: see [`matmul`].
+//! `--optimizer-step` one AdamW step over a model's parameters: see [`optimizer`].
 
 pub mod e2e;
 mod e2e_case;
 mod matmul;
 mod ops;
+mod optimizer;
 
 pub use ops::{BenchOp, Shape};
 
@@ -58,6 +60,9 @@ const MAX_SETS: usize = 16;
 /// Runs `liger bench`.
 pub fn run(args: BenchArgs) -> Result<ExitCode> {
     crate::pool::configure(args.memory_pool)?;
+    if args.optimizer_step {
+        return optimizer::run(args);
+    }
     if args.e2e || args.e2e_case.is_some() {
         return e2e::run(args);
     }

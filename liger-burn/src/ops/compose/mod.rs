@@ -5,6 +5,7 @@
 //! serve as the fallback on backends without CubeCL (NdArray, LibTorch, ...).
 
 pub mod activation;
+pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;
 pub mod glu;
