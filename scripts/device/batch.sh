@@ -5,9 +5,13 @@
 # binary (built with `--features cuda`) at .gpu/liger and the commit hash in .gpu/commit.
 # Writes logs and CSVs under $OUT.
 #
-#   usage: scripts/gpu_batch.sh [check] [bench] [elementwise] [ce] [ce-hold] [flce] [vulkan]
-#                               [converge] [train] [e2e-llama] [e2e-qwen] [optimizer]
-#                               [cache-out]
+#   usage: scripts/device/batch.sh [check] [check-full] [cuda-tests] [bench] [matmul]
+#                                  [elementwise] [ce] [ce-hold] [flce] [vulkan] [converge]
+#                                  [train] [e2e-llama] [e2e-qwen] [optimizer] [cache-out]
+#
+# check-full: the full conformance sweep of every op (f32 and bf16). cuda-tests: the
+# liger_burn test suite on CUDA from .gpu/liger_burn_tests (TESTS filters it).
+# matmul: the models' GEMMs through cuBLASLt (both ordering protocols) against Burn's.
 #
 # elementwise: after a change to the shared elementwise kernel, the quick CUDA checks of its
 # ops (f32, bf16), the gated units' bench at the default --hold-gib and at 24, and ncu's
@@ -18,7 +22,7 @@
 # E2E_BATCH (default 1), E2E_LAYERS (default: the preset's), E2E_BUDGET (550 s) and
 # E2E_WALL (585 s) override the flags; E2E_LIGER_ATTENTION=off gives the liger-on mode
 # eager attention (the fused kernels alone); E2E_MEMORY_POOL=exact runs every case with
-# `--memory-pool exact` (examples/src/pool.rs). e2e and train use $TRAIN_BIN (gpu_env.sh).
+# `--memory-pool exact` (verify/src/pool.rs). e2e and train use $TRAIN_BIN (env.sh).
 # E2E_MASTER_WEIGHTS=on gives the liger-on mode's fused AdamW f32 master weights.
 #
 # optimizer: one AdamW step over Llama 3.2 1B's parameters (1.24 B, 146 tensors), bf16 then
@@ -40,11 +44,23 @@ for step in $steps; do
       done
       ;;
     check-full)
-      # The full sweep, one op family per process so a slow one does not hide the rest.
-      for op in rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear; do
-        timeout 200 $BIN check --device cuda --dtype "${DTYPE:-bf16}" --op $op >"$OUT/check_full_${op}.log" 2>&1 || status=1
-        echo "$op: $(tail -n 2 "$OUT/check_full_${op}.log" | head -1)"
+      # The full sweep of every op in f32 and bf16 (DTYPES overrides), one op family per
+      # process so a slow one does not hide the rest; CHECK_TIMEOUT per family (200 s).
+      for dtype in ${DTYPES:-f32 bf16}; do
+        for op in rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear; do
+          log="$OUT/check_full_${dtype}.log"
+          echo "== $op" >>"$log"
+          timeout "${CHECK_TIMEOUT:-200}" $BIN check --device cuda --dtype "$dtype" --op $op >>"$log" 2>&1 || status=1
+          echo "$dtype $op: $(tail -n 2 "$log" | head -1)"
+        done
       done
+      ;;
+    cuda-tests)
+      # The liger_burn suite on CUDA (matmul through cuBLASLt, AdamW, attention, every op on
+      # both reduction paths): TESTS filters (default: all of it).
+      LIGER_TEST_DEVICE=cuda timeout "${TESTS_TIMEOUT:-400}" $TEST_BIN ${TESTS:-} --test-threads 4 \
+        >"$OUT/cuda_tests.log" 2>&1 || status=1
+      grep -E "^test .*FAILED|^test result|panicked" "$OUT/cuda_tests.log" | head -40
       ;;
     bench)
       $BIN bench --device cuda --dtype bf16 --op rms_norm,layer_norm,softmax,log_softmax,fused_add_rms_norm,rope,swiglu,geglu \
@@ -75,6 +91,13 @@ for step in $steps; do
         --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active \
         $BIN bench --device cuda --dtype bf16 --op swiglu,geglu --warmup 1 --iters 1 --repeats 1 \
         >>"$OUT/bench_elementwise.log" 2>&1 || status=1
+      ;;
+    matmul)
+      for dtype in bf16 f32; do
+        $BIN bench --device cuda --dtype $dtype --op matmul --warmup 3 --iters 10 --repeats 5 \
+          --csv "$OUT/bench_matmul.csv" >"$OUT/bench_matmul_$dtype.log" 2>&1 || status=1
+        tail -n 40 "$OUT/bench_matmul_$dtype.log"
+      done
       ;;
     ce)
       # Both shapes in one process: the second is where stock Burn ran out of memory.

@@ -1,15 +1,19 @@
-# Sourced by the device-side scripts: the output folder, the binary, and the CSV columns
-# that name the GPU and the commit. The binary travels gzipped (the device tool carries
-# 64 MiB at most): unpack it when only the .gz is there.
+# Sourced by the device-side scripts: the output folder, the binaries, and the CSV columns
+# that name the GPU and the commit. Binaries travel compressed (the device tool carries
+# 64 MiB at most): each is unpacked when only its .xz or .gz is there.
 OUT=${OUT:-/tmp/liger-out}
 mkdir -p "$OUT"
 # Two builds of one commit: .gpu/liger (`--features cuda,autotune`: kernel checks and
 # benchmarks, stock Burn as a default dependency runs it) and, when present,
 # .gpu/liger-train (`--features cuda`: Burn autotune off, for whole training steps,
 # where autotune compiles every matmul candidate of every new shape first).
+# .gpu/liger_burn_tests, when present, is the `liger_burn` test binary built with
+# `--features cuda` (`cargo test --release -p liger-tests --features cuda --no-run`).
 BIN=.gpu/liger
 TRAIN_BIN=.gpu/liger-train
-for b in "$BIN" "$TRAIN_BIN"; do
+TEST_BIN=.gpu/liger_burn_tests
+for b in "$BIN" "$TRAIN_BIN" "$TEST_BIN"; do
+  if [ ! -x "$b" ] && [ -f "$b.xz" ]; then xz -dkf "$b.xz" && chmod +x "$b"; fi
   if [ ! -x "$b" ] && [ -f "$b.gz" ]; then gunzip -f "$b.gz" && chmod +x "$b"; fi
 done
 [ -x "$TRAIN_BIN" ] || TRAIN_BIN=$BIN
