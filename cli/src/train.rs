@@ -7,6 +7,7 @@
 
 use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::module::AutodiffModule;
 use burn::tensor::DType;
 use clap::{Args, ValueEnum};
@@ -117,6 +118,12 @@ pub struct TrainArgs {
     /// `Autodiff<B>`, stock Burn ops. The five flags below override single kernels.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub liger: OnOff,
+    /// Trade recomputation for memory with Burn's balanced checkpointing strategy
+    /// (`Autodiff<B, BalancedCheckpointing>`, Burn's counterpart of transformers'
+    /// `gradient_checkpointing`): the outputs of memory-bound ops are recomputed in the
+    /// backward instead of kept. Same losses; less activation memory, more time.
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
     /// Fused RoPE of q and k (default: as --liger).
     #[arg(long, value_enum, value_name = "on|off")]
     pub rope: Option<OnOff>,
@@ -706,9 +713,12 @@ impl OnDevice for TrainJob {
             .cube
             .as_ref()
             .map(|c| Box::new(move || c.usage().reserved) as Box<dyn Fn() -> u64>);
-        match self.args.liger {
-            OnOff::On => self.train::<Liger<Autodiff<B>>>(&ctx.device, memory),
-            OnOff::Off => self.train::<Autodiff<B>>(&ctx.device, memory),
+        type Checkpointed<B> = Autodiff<B, BalancedCheckpointing>;
+        match (self.args.liger, self.args.gradient_checkpointing) {
+            (OnOff::On, false) => self.train::<Liger<Autodiff<B>>>(&ctx.device, memory),
+            (OnOff::Off, false) => self.train::<Autodiff<B>>(&ctx.device, memory),
+            (OnOff::On, true) => self.train::<Liger<Checkpointed<B>>>(&ctx.device, memory),
+            (OnOff::Off, true) => self.train::<Checkpointed<B>>(&ctx.device, memory),
         }
     }
 }

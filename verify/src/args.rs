@@ -200,6 +200,10 @@ pub struct BenchArgs {
     /// --dtype, the state of the off mode's Burn AdamW and of PyTorch's. No effect in f32.
     #[arg(long, value_enum, default_value = "off", value_name = "on|off")]
     pub e2e_master_weights: OnOff,
+    /// --e2e: both modes with Burn's balanced gradient checkpointing
+    /// (`Autodiff<B, BalancedCheckpointing>`: memory-bound ops recomputed in the backward).
+    #[arg(long, value_enum, default_value = "off", value_name = "on|off")]
+    pub e2e_gradient_checkpointing: OnOff,
     /// Time one AdamW step over a model's parameters instead of ops: liger-burn's fused
     /// AdamW (moments in --dtype; and, for f16/bf16, with f32 master weights) against Burn's
     /// AdamW, over the parameter sizes of each --e2e-models model (with --e2e-layers), or

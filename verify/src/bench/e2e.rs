@@ -442,6 +442,9 @@ fn child_args(args: &BenchArgs, case: E2eCase) -> Vec<String> {
     if args.e2e_master_weights.on() {
         a.extend(["--e2e-master-weights".into(), "on".into()]);
     }
+    if args.e2e_gradient_checkpointing.on() {
+        a.extend(["--e2e-gradient-checkpointing".into(), "on".into()]);
+    }
     a.extend(["--memory-pool".into(), args.memory_pool.name().into()]);
     a
 }
@@ -656,6 +659,9 @@ fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
     );
     if let Some(n) = args.e2e_layers {
         config.push_str(&format!(" layers={n}"));
+    }
+    if args.e2e_gradient_checkpointing.on() {
+        config.push_str(" gradient_checkpointing=balanced");
     }
     let out = r.output.as_ref();
     if let Some(o) = out.filter(|o| o.params > 0) {

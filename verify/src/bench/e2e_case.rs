@@ -34,6 +34,7 @@ use crate::convergence::SplitMix64;
 use crate::device::{self, Ctx, OnDevice, PoolUsage, payload_text};
 use anyhow::Result;
 use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
@@ -158,7 +159,34 @@ impl OnDevice for CaseRun {
             out.detail = format!("{} not supported on this device", args.dtype);
         } else {
             // The panic hook still prints to stderr, which the parent keeps for the log.
+            type Checkpointed<B> = Autodiff<B, BalancedCheckpointing>;
+            let checkpointing = args.e2e_gradient_checkpointing.on();
             let result = catch_unwind(AssertUnwindSafe(|| match self.case.liger {
+                LigerMode::On if checkpointing => {
+                    let liger = LigerConfig {
+                        attention: args.e2e_liger_attention.on(),
+                        ..LigerConfig::all()
+                    };
+                    let optim = liger_burn::optim::AdamWConfig::new()
+                        .with_low_precision(if args.e2e_master_weights.on() {
+                            LowPrecisionUpdate::MasterWeights
+                        } else {
+                            LowPrecisionUpdate::Pure
+                        })
+                        .init::<Liger<Checkpointed<B>>, CausalLm<Liger<Checkpointed<B>>>>();
+                    measure::<Liger<Checkpointed<B>>, B, _>(&ctx, args, &self.case, liger, optim)
+                }
+                LigerMode::Off if checkpointing => {
+                    let optim =
+                        AdamWConfig::new().init::<Checkpointed<B>, CausalLm<Checkpointed<B>>>();
+                    measure::<Checkpointed<B>, B, _>(
+                        &ctx,
+                        args,
+                        &self.case,
+                        LigerConfig::none(),
+                        optim,
+                    )
+                }
                 LigerMode::On => {
                     let liger = LigerConfig {
                         attention: args.e2e_liger_attention.on(),
