@@ -44,6 +44,11 @@ pub fn chunk_rows(n: usize, h: usize, v: usize) -> usize {
     if forced > 0 {
         return forced.min(n).max(1);
     }
+    automatic_chunk_rows(n, h, v)
+}
+
+/// [`chunk_rows`] without the override: the size the module docs describe.
+pub fn automatic_chunk_rows(n: usize, h: usize, v: usize) -> usize {
     let liger = (n * h).div_ceil(v.max(1));
     let wanted = liger.max(h).clamp(1, n.max(1));
     // Equal chunks: the same number of chunks, spread evenly.
