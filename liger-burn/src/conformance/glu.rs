@@ -237,7 +237,9 @@ fn draw(op: Op, n: usize, rng: &mut Rng) -> Inputs {
 ///
 /// Bounds: each stored result is off by its store `u|e|` and flush, plus the f32 error
 /// of its formula: the activation's ([`activation`]) times the exact factors multiplying
-/// it (`up`, `g`), plus one f32 operation per product.
+/// it (`up`, `g`), plus one f32 operation per product. The sigmoid's gradient is computed
+/// from the forward's output as stored (Burn's `sigmoid_backward`), which adds that
+/// store's error through `σ(1 − σ)`.
 fn expected_with_stock(
     op: Op,
     dtype: DType,
@@ -252,7 +254,13 @@ fn expected_with_stock(
     let n = x.len();
     let mut columns = vec![vec![0.0; n]; 9];
     for i in 0..n {
-        let a = activation(op, x[i]);
+        let mut a = activation(op, x[i]);
+        if op == Op::Sigmoid {
+            // Burn's sigmoid backward takes the forward's stored output `ŷ`: `σ(1 − σ)`
+            // from `ŷ` rounded to the dtype is off by `|1 − 2σ|·δŷ`.
+            let s = a.value;
+            a.derivative_error += (1.0 - 2.0 * s).abs() * (u * s + flush(dtype, s));
+        }
         let (y, dgate, dup) = if gated {
             (a.value * up[i], g[i] * up[i] * a.derivative, g[i] * a.value)
         } else {

@@ -636,3 +636,211 @@ pub(crate) fn run<B: FusedOps>(
         compare_all(actual, &expected)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bf16(v: f32) -> f32 {
+        burn::tensor::bf16::from_f32(v).to_f32()
+    }
+
+    /// What the chunked path computes on a device in bf16, every rounding in place
+    /// (round-to-nearest stores to bf16, f32 arithmetic in between): the logits, the
+    /// cross entropy's gradient `G` stored in bf16, each chunk's `Gᵀx` accumulated in f32
+    /// and stored in bf16, those added into an f32 accumulator stored in bf16 at the end,
+    /// `G·W` per row stored in bf16, `Σ_rows G` in f32. Reduction none (per-row factors),
+    /// no bias, no label smoothing, as the `_none` variant.
+    fn emulate_none(
+        options: &CrossEntropyOptions,
+        (n, h, v): (usize, usize, usize),
+        x: &[f64],
+        w: &[f64],
+        targets: &[i64],
+        cw: &[f64],
+        g: &[f64],
+        chunk: usize,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let lambda = options.lse_square_scale as f32;
+        let cap = options.softcap.map(|c| c as f32);
+        let mut grad = vec![0f32; n * v];
+        for i in 0..n {
+            let t = targets[i];
+            if t < 0 || t >= v as i64 {
+                continue;
+            }
+            let y = t as usize;
+            let logits: Vec<f32> = (0..v)
+                .map(|c| {
+                    let mut d = 0f32;
+                    for k in 0..h {
+                        d += (x[i * h + k] as f32) * (w[c * h + k] as f32);
+                    }
+                    bf16(d)
+                })
+                .collect();
+            let z: Vec<f32> = logits
+                .iter()
+                .map(|&l| cap.map_or(l, |c| (l / c).tanh() * c))
+                .collect();
+            let m = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let s: f32 = z.iter().map(|&zc| (zc - m).exp()).sum();
+            let lse = m + s.ln();
+            let scale = g[i] as f32;
+            let a = cw[y] as f32 * scale;
+            let coef = a + 2.0 * lambda * lse * scale;
+            for c in 0..v {
+                let p = (z[c] - lse).exp();
+                let mut gc = p * coef - if c == y { a } else { 0.0 };
+                if let Some(cp) = cap {
+                    let tc = logits[c] / cp;
+                    let th = tc.tanh();
+                    gc *= 1.0 - th * th;
+                }
+                grad[i * v + c] = bf16(gc);
+            }
+        }
+        let mut acc = vec![0f32; v * h];
+        let mut grad_x = vec![0f64; n * h];
+        let mut r0 = 0;
+        while r0 < n {
+            let r1 = (r0 + chunk).min(n);
+            for c in 0..v {
+                for k in 0..h {
+                    let mut p = 0f32;
+                    for i in r0..r1 {
+                        p += grad[i * v + c] * x[i * h + k] as f32;
+                    }
+                    acc[c * h + k] += bf16(p);
+                }
+            }
+            for i in r0..r1 {
+                for k in 0..h {
+                    let mut p = 0f32;
+                    for c in 0..v {
+                        p += grad[i * v + c] * w[c * h + k] as f32;
+                    }
+                    grad_x[i * h + k] = f64::from(bf16(p));
+                }
+            }
+            r0 = r1;
+        }
+        let grad_w = acc.iter().map(|&a| f64::from(bf16(a))).collect();
+        (grad_x, grad_w)
+    }
+
+    /// The H200's `fused_linear_cross_entropy_none` failure: a correctly rounded bf16
+    /// chunked computation exceeds the old bound `u·Σ|terms|` (plus `2e-2·|e|` and an
+    /// absolute `5e-2` on values scaled by `V`), which counted the rounding of each term of
+    /// `Gᵀx` but not that of each chunk's product. Where a class is the target of two rows
+    /// in different chunks whose terms nearly cancel, each chunk's large product is
+    /// rounded on its own while the result is small: that rounding is as large as the
+    /// terms' own. The case has such pairs (row `P + p` holds `−x` of row `p`, the same
+    /// target and upstream factor); the old bound rejects the honest computation at some
+    /// of their elements, the bounds of [`expected`] accept every element.
+    #[test]
+    fn chunk_products_rounding_is_within_the_bound_and_beyond_the_old_one() {
+        let op = Op::FusedLinearCrossEntropyNone;
+        let pairs = 60;
+        let (n, h, v) = (2 * pairs, HIDDEN, 10 * pairs);
+        let chunk = 5;
+        let dtype = DType::BF16;
+        let u = unit_roundoff(dtype);
+        let (mut old_rejections, mut worst, mut used_new) = (0, 0.0f64, 0.0f64);
+        for seed in 0..2 {
+            let mut rng = Rng::new(seed);
+            let mut inputs = draw(op, n, v, &mut rng);
+            for p in 0..pairs {
+                inputs.targets[p] = p as i64;
+                inputs.targets[pairs + p] = p as i64;
+                inputs.g[pairs + p] = inputs.g[p];
+                for k in 0..h {
+                    inputs.x[(pairs + p) * h + k] = -inputs.x[p * h + k];
+                }
+            }
+            let options = variant(op, v).options;
+            let (x, w) = (host_input(&inputs.x, dtype), host_input(&inputs.w, dtype));
+            let cw = f64s(inputs.class_weight.as_deref().expect("weighted variant"));
+            let g = f64s(&inputs.g);
+            let inp = LinearInputs {
+                x: &x,
+                w: &w,
+                b: None,
+                targets: &inputs.targets,
+                class_weight: Some(&cw),
+                g: &g,
+            };
+            let expected = expected(&options, dtype, (n, h, v), &inp, chunk, &[n])
+                .pop()
+                .expect("one reference");
+            let (grad_x, grad_w) =
+                emulate_none(&options, (n, h, v), &x, &w, &inputs.targets, &cw, &g, chunk);
+            let tensor = |name: &str| expected.iter().find(|e| e.tensor == name).unwrap();
+            for (name, actual) in [("grad_x", &grad_x), ("grad_weight", &grad_w)] {
+                let c = tensor(name).check(actual);
+                assert!(
+                    c.passed,
+                    "seed {seed} {name}: the honest bf16 computation is rejected (used {:.2})",
+                    c.max_used
+                );
+                used_new = used_new.max(c.max_used);
+            }
+            // The old bound on `grad_weight`, in the units it was applied in (values
+            // times V under reduction none), its `Σ|terms|` recomputed here.
+            let gw = tensor("grad_weight");
+            let reference = reference_rows(&options, dtype, (n, h, v), &inp);
+            for (k, (&a, &e)) in grad_w.iter().zip(&gw.values).enumerate() {
+                let (c, hk) = (k / h, k % h);
+                let terms: f64 = (0..n)
+                    .map(|i| (reference[i * v + c] * x[i * h + hk]).abs())
+                    .sum();
+                let scale = v as f64;
+                let old = 5e-2 + 2e-2 * (e * scale).abs() + u * terms * scale;
+                let used = (a - e).abs() * scale / old;
+                worst = worst.max(used);
+                if used > 1.0 {
+                    old_rejections += 1;
+                }
+            }
+        }
+        eprintln!(
+            "old bound: {old_rejections} rejections, worst {worst:.2} of it; \
+             new bounds: at most {used_new:.2} used"
+        );
+        assert!(
+            old_rejections > 0,
+            "the old bound accepted every element: the case does not reach its weakness"
+        );
+    }
+
+    /// The reference's `G` (row factors applied), to recompute the old bound's terms.
+    fn reference_rows(
+        options: &CrossEntropyOptions,
+        dtype: DType,
+        (n, h, v): (usize, usize, usize),
+        inp: &LinearInputs,
+    ) -> Vec<f64> {
+        let tot = totals(inp.targets, v, inp.class_weight, options);
+        let mut out = vec![0.0; n * v];
+        for i in 0..n {
+            let (z, dz): (Vec<f64>, Vec<f64>) = (0..v).map(|c| logit(inp, h, dtype, i, c)).unzip();
+            let stats = row_stats(&z, Some(&dz), inp.targets[i], inp.class_weight, options);
+            let f = factors(options, inp.g, tot, i);
+            for c in 0..v {
+                out[i * v + c] = element(
+                    &stats,
+                    c,
+                    z[c],
+                    0.0,
+                    inp.class_weight,
+                    options,
+                    f,
+                    dtype,
+                    1.0,
+                )
+                .grad;
+            }
+        }
+        out
+    }
+}
