@@ -5,9 +5,17 @@
 //! Inputs are fresh random values each run (seeded from the clock unless `LIGER_SEED`
 //! is set; the seed is reported), rounded to the tested dtype before the reference sees
 //! them, so only the op's own error is measured. The upstream gradient is random too
-//! (never all ones). Output buffers of the same sizes are filled with NaN and released
-//! right before each op, so a kernel that leaves an element unwritten reads back NaN
-//! from the reused pool memory instead of a plausible stale value.
+//! (never all ones). Output buffers of the same sizes (in the dtype and in f32) are
+//! filled with NaN and released right before each op, so a kernel that leaves an element
+//! unwritten reads back NaN from the reused pool memory instead of a plausible stale
+//! value.
+//!
+//! Each reference returns, with every expected value, the largest error an
+//! implementation of the op's definition may make there, derived from the rounding of
+//! the dtype ([`bounds`]); a result passes when every element is finite and within its
+//! bound. The wrong-output tests (`wrong_outputs.rs`) show that every comparison rejects
+//! zeros, doubled values, missing rows, transposed and shifted results at the widest and
+//! tallest shapes of the full sweep, in every dtype.
 
 pub mod bounds;
 pub mod cross_entropy;
@@ -353,13 +361,15 @@ fn param<B: Backend>(
     )
 }
 
-/// Fills and drops NaN buffers of the given element counts, so the next allocations
-/// of those sizes reuse poisoned memory.
+/// Fills and drops NaN buffers of the given element counts, in `dtype` and in f32 (the
+/// kernels' f32 statistics and accumulators), so the next allocations of those sizes
+/// reuse poisoned memory.
 fn poison<B: Backend>(sizes: &[usize], dtype: DType, device: &B::Device) {
     for &n in sizes {
-        let t = Tensor::<B, 1>::full([n], f32::NAN, device).cast(dtype);
+        let t = Tensor::<B, 1>::full([n], f32::NAN, device);
+        let cast = (dtype != DType::F32).then(|| t.clone().cast(dtype));
         let _ = B::sync(device);
-        drop(t);
+        drop((t, cast));
     }
 }
 
