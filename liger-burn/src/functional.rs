@@ -363,6 +363,7 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
             targets: (targets.shape(), targets.dtype()),
             class_weight: class_weight.as_ref().map(|w| (w.shape(), w.dtype())),
             grad_scale: None,
+            z_loss_scale: None,
             kernel_dtypes: false,
         },
         &options,
@@ -374,6 +375,19 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
         .then(|| target_bounds(&targets, options.ignore_index));
     // Class weights are constants of the loss.
     let class_weight = class_weight.map(|w| w.detach());
+    // A mean divides the z-loss by the non-ignored rows and the rest by the denominator
+    // (`Σ w[y]` by default): they differ with class weights or another denominator.
+    let z_scale = (options.reduction == Reduction::Mean
+        && options.lse_square_scale != 0.0
+        && (class_weight.is_some() || denominator.is_some()))
+    .then(|| {
+        reciprocal_or_zero(non_ignored_weight(
+            &targets,
+            None,
+            vocab,
+            options.ignore_index,
+        ))
+    });
     let scale = match options.reduction {
         Reduction::Mean => Some(reciprocal_or_zero(denominator.unwrap_or_else(|| {
             non_ignored_weight(&targets, class_weight.as_ref(), vocab, options.ignore_index)
@@ -386,21 +400,36 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
             Tensor::<B, 1>::ones([1], &logits.device()).cast(burn::tensor::DType::F32)
         })
     });
+    let kernel_options = options.with_return_z_loss(options.return_z_loss || z_scale.is_some());
     let rows = B::fused_cross_entropy(
         prim(logits),
         targets.into_primitive(),
         class_weight.map(prim),
-        grad_scale.map(prim),
-        options,
+        grad_scale.clone().map(prim),
+        grad_scale.and(z_scale.clone()).map(prim),
+        kernel_options,
     );
-    let reduce = |t: Tensor<B, 1>| match (&scale, options.reduction) {
+    let reduce = |t: Tensor<B, 1>, s: &Option<Tensor<B, 1>>| match (s, options.reduction) {
         (Some(s), _) => t.sum() * s.clone(),
         (None, Reduction::Sum) => t.sum(),
         (None, _) => t,
     };
+    let z_rows = rows.z_loss.map(wrap);
+    let loss = match (&z_scale, &scale, &z_rows) {
+        // `Σ loss_i · s + Σ zl_i · (s_z − s)`: the rows' losses hold the z-loss at the
+        // scale `s`; only the loss rows are differentiated (the forward's gradient
+        // already has each part at its own scale).
+        (Some(s_z), Some(s), Some(z)) => {
+            reduce(wrap(rows.loss), &scale) + z.clone().sum() * (s_z.clone() - s.clone())
+        }
+        _ => reduce(wrap(rows.loss), &scale),
+    };
+    let z_loss_scale = z_scale.or(scale);
     let out = CrossEntropyOutput {
-        loss: reduce(wrap(rows.loss)),
-        z_loss: rows.z_loss.map(|z| reduce(wrap(z))),
+        loss,
+        z_loss: z_rows
+            .filter(|_| options.return_z_loss)
+            .map(|z| reduce(z, &z_loss_scale)),
     };
     if let Some(bounds) = bounds {
         check_target_bounds(OP, bounds, vocab, options.ignore_index, &logits_shape);

@@ -10,7 +10,8 @@
 //! - `grad_c = s · (1 - (z_c/softcap)²) · ((1-ε) w_y (p_c - δ_cy) + (ε/V)(p_c Σw - w_c) + 2λ lse p_c)`
 //!
 //! with `p = softmax(z)` and `s` the device-side gradient scale (e.g. `1/Σ w_y` for a mean),
-//! one for every row or one per row.
+//! one for every row or one per row. The z-loss term `2λ lse p_c` may take its own scale
+//! `s_z` instead (a mean divides the z-loss by the number of non-ignored rows).
 //! Other rows get loss 0 and a zero gradient row, and their target is never used as an index.
 //!
 //! Pass 1 reads the row once with an online max and rescaled sum of `exp` (plus `Σ w_c z_c`
@@ -49,6 +50,7 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
     class_weight: &Array<Vector<f32, N>>,
     weight_sum: &Array<f32>,
     grad_scale: &Array<f32>,
+    z_grad_scale: &Array<f32>,
     loss: &mut Array<f32>,
     z_loss: &mut Array<f32>,
     rows: u32,
@@ -64,6 +66,7 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
     #[comptime] write_z: bool,
     #[comptime] compute_grad: bool,
     #[comptime] per_row_scale: bool,
+    #[comptime] z_scaled: bool,
     #[comptime] in_place: bool,
     #[comptime] units: u32,
     #[comptime] cached_chunks: u32,
@@ -243,9 +246,13 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
             if per_row_scale {
                 s = grad_scale[row];
             }
+            let mut s_z = s;
+            if z_scaled {
+                s_z = z_grad_scale[0];
+            }
             let a = (1.0f32 - eps) * w_y * s;
             let b = eps / vocab * s;
-            let coef_p = a + b * sum_w + 2.0f32 * lse_square_scale * lse * s;
+            let coef_p = a + b * sum_w + 2.0f32 * lse_square_scale * lse * s_z;
             if valid {
                 if cached_chunks > 0 {
                     #[unroll]
@@ -404,6 +411,9 @@ pub struct CrossEntropyBuffers<'a> {
     /// `[1]` (every row) or `[rows]` (per row) f32 scale of the gradient, and whether it
     /// is per row; required unless `grad` is [`GradTarget::None`].
     pub grad_scale: Option<(&'a Handle, bool)>,
+    /// `[1]` f32 scale of the z-loss part of the gradient when it differs from
+    /// `grad_scale` (which must then be `[1]`).
+    pub z_loss_scale: Option<&'a Handle>,
     /// Where the gradient goes.
     pub grad: GradTarget<'a>,
     /// `[rows]` f32 per-row loss (z-loss included).
@@ -477,6 +487,7 @@ pub fn cross_entropy<R: Runtime>(
     let w_dummy = scratch(4 * launch.vector_size);
     let ws_dummy = scratch(4);
     let gs_dummy = scratch(4);
+    let zs_dummy = scratch(4);
     let z_dummy = scratch(4);
     let in_place = matches!(buffers.grad, GradTarget::InPlace);
     let (logits_arg, grad_arg) = match buffers.grad {
@@ -494,6 +505,11 @@ pub fn cross_entropy<R: Runtime>(
         Some((s, false)) => array::<R>(s, 1),
         None => array::<R>(&gs_dummy, 1),
     };
+    assert!(
+        buffers.z_loss_scale.is_none() || !per_row_scale,
+        "{OP}: a z-loss scale goes with a [1] grad_scale"
+    );
+    let z_scale_arg = array::<R>(buffers.z_loss_scale.unwrap_or(&zs_dummy), 1);
     let z_arg = match buffers.z_loss {
         Some(z) => array::<R>(z, rows),
         None => array::<R>(&z_dummy, 1),
@@ -523,6 +539,7 @@ pub fn cross_entropy<R: Runtime>(
             weight_arg,
             weight_sum_arg,
             grad_scale_arg,
+            z_scale_arg,
             array::<R>(buffers.loss, rows),
             z_arg,
             rows as u32,
@@ -538,6 +555,7 @@ pub fn cross_entropy<R: Runtime>(
             buffers.z_loss.is_some(),
             compute_grad,
             per_row_scale,
+            buffers.z_loss_scale.is_some(),
             in_place,
             launch.units,
             launch.cached_chunks(vocab),

@@ -295,6 +295,7 @@ impl BackendVisitor for SpecialCases {
                         .into_primitive()
                         .tensor(),
                 ),
+                None,
                 opts,
             );
             let wrap2 = |t| Tensor::<B, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(t));
@@ -412,6 +413,7 @@ impl BackendVisitor for BadInputs {
                 ints::<B>(&[0, 1], device).into_primitive(),
                 None,
                 None,
+                None,
                 opts,
             );
         });
@@ -460,6 +462,7 @@ fn dtype_checks_name_op_shape_and_dtype() {
         targets: (Shape::new([4]), targets),
         class_weight: None,
         grad_scale: None,
+        z_loss_scale: None,
         kernel_dtypes: kernel,
     };
     // Non-integer targets.
@@ -611,6 +614,7 @@ fn cube_primitive_rejects_float_targets() {
         let _ = Plain::fused_cross_entropy(
             logits.into_primitive().tensor(),
             targets.into_primitive().tensor(),
+            None,
             None,
             None,
             CrossEntropyOptions::default(),

@@ -126,11 +126,12 @@ fn sweep(select: impl Fn(Op) -> bool, quick: bool, what: &str) {
                         self.cases += 1;
                         for c in result.comparisons.iter().filter(|c| !c.passed) {
                             self.failures.push(format!(
-                                "{label} {} {dtype:?} [{rows}, {width}] {}: max abs {:.3e}, max rel {:.3e}",
+                                "{label} {} {dtype:?} [{rows}, {width}] {}: max abs {:.3e}, max rel {:.3e}, {:.2} of its bound",
                                 op.name(),
                                 c.tensor,
                                 c.max_abs,
-                                c.max_rel
+                                c.max_rel,
+                                c.max_used
                             ));
                         }
                     }

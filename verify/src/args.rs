@@ -296,10 +296,12 @@ pub struct ConvergeArgs {
     /// exceeds max(1.5 x stock's, 2u), u the dtype's unit roundoff: a bias in a fused
     /// gradient shows here before any optimizer step, and the same gradients with one
     /// kernel switch at a time then say which kernel it comes from. Decides the verdict
-    /// when given (over --f32-reference and --control): parameter tensors out of tolerance
-    /// are excused only when every gradient passed at both points and their difference is
-    /// within 2 x lr x steps (AdamW's steps are about lr each: as far as two runs can drift
-    /// apart); losses are never excused.
+    /// when given (over --f32-reference and --control): with --control-jitter, parameter
+    /// tensors out of tolerance are excused only when every gradient passed at both points
+    /// and their difference is no larger than the jitter control's on the same tensor
+    /// (stock's own drift from a start one rounding away); without it the parameters are
+    /// not judged and only the losses and the gradients decide (the report says so).
+    /// Losses are never excused.
     #[arg(long)]
     pub gradient_check: bool,
     /// Sequences per batch.

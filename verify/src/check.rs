@@ -1,8 +1,11 @@
 //! `liger check`: the f64 conformance suite of liger-burn on one device and dtype.
 //!
 //! Runs [`crate::conformance::run_suite`] (through `Autodiff<B>`: outputs and every
-//! gradient against the naive f64 reference), once per reduction path asked for, with
-//! the same seed for each path, then prints one row per compared tensor.
+//! gradient against the naive f64 reference, each element within an error bound derived
+//! from the dtype's rounding), once per reduction path asked for, with the same seed for
+//! each path, then prints one row per compared tensor: its largest absolute and relative
+//! errors, and the largest error as a fraction of its element's bound (`err/bound`, above
+//! 1 where it failed).
 
 use crate::args::CheckArgs;
 use crate::conformance::{self, CaseResult, Op, Rng};
@@ -145,6 +148,7 @@ fn report(runs: &[PathRun], show_path: bool, seed: u64) -> ExitCode {
         ("tensor", Align::Left),
         ("max_abs", Align::Right),
         ("max_rel", Align::Right),
+        ("err/bound", Align::Right),
         ("result", Align::Left),
     ]);
     let mut table = Table::new(&columns);
@@ -169,6 +173,7 @@ fn report(runs: &[PathRun], show_path: bool, seed: u64) -> ExitCode {
                     c.tensor.to_string(),
                     sci(c.max_abs),
                     sci(c.max_rel),
+                    format!("{:.2}", c.max_used),
                     if c.passed { "PASS" } else { "FAIL" }.to_string(),
                 ]);
                 table.row(row);

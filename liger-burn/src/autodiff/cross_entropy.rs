@@ -38,10 +38,12 @@ pub(crate) fn forward<B: FusedOps, C: CheckpointStrategy>(
     targets: IntTensor<B>,
     class_weight: Option<FloatTensor<Autodiff<B, C>>>,
     grad_scale: Option<FloatTensor<Autodiff<B, C>>>,
+    z_loss_scale: Option<FloatTensor<Autodiff<B, C>>>,
     options: CrossEntropyOptions,
 ) -> CrossEntropyRows<Autodiff<B, C>> {
     type A<B, C> = Autodiff<B, C>;
     let class_weight = class_weight.map(|w| w.primitive);
+    let z_loss_scale = z_loss_scale.map(|s| s.primitive);
     match CrossEntropyBackward
         .prepare::<C>([logits.node.clone()])
         .compute_bound()
@@ -60,6 +62,7 @@ pub(crate) fn forward<B: FusedOps, C: CheckpointStrategy>(
                 targets,
                 class_weight,
                 Some(scale.clone()),
+                z_loss_scale,
                 options,
             );
             let grad = rows
@@ -74,8 +77,14 @@ pub(crate) fn forward<B: FusedOps, C: CheckpointStrategy>(
         }
         OpsKind::UnTracked(prep) => {
             // Nothing needs the gradient: forward only, whatever the caller asked for.
-            let rows =
-                B::fused_cross_entropy(logits.primitive, targets, class_weight, None, options);
+            let rows = B::fused_cross_entropy(
+                logits.primitive,
+                targets,
+                class_weight,
+                None,
+                None,
+                options,
+            );
             CrossEntropyRows {
                 loss: prep.finish(rows.loss),
                 z_loss: rows.z_loss.map(A::<B, C>::from_inner),

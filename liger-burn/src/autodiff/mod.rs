@@ -353,9 +353,17 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         targets: burn::tensor::ops::IntTensor<Self>,
         class_weight: Option<FloatTensor<Self>>,
         grad_scale: Option<FloatTensor<Self>>,
+        z_loss_scale: Option<FloatTensor<Self>>,
         options: crate::ops::CrossEntropyOptions,
     ) -> crate::ops::CrossEntropyRows<Self> {
-        cross_entropy::forward::<B, C>(logits, targets, class_weight, grad_scale, options)
+        cross_entropy::forward::<B, C>(
+            logits,
+            targets,
+            class_weight,
+            grad_scale,
+            z_loss_scale,
+            options,
+        )
     }
 
     /// Not tracked (nothing differentiates a backward): `B`'s on the inner tensors.

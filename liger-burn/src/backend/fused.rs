@@ -167,13 +167,21 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         targets: burn::tensor::ops::IntTensor<Self>,
         class_weight: Option<FloatTensor<Self>>,
         grad_scale: Option<FloatTensor<Self>>,
+        z_loss_scale: Option<FloatTensor<Self>>,
         options: crate::ops::CrossEntropyOptions,
     ) -> crate::ops::CrossEntropyRows<Self> {
         let crate::ops::CrossEntropyRows {
             loss,
             z_loss,
             grad_logits,
-        } = B::fused_cross_entropy(logits, targets, class_weight, grad_scale, options);
+        } = B::fused_cross_entropy(
+            logits,
+            targets,
+            class_weight,
+            grad_scale,
+            z_loss_scale,
+            options,
+        );
         crate::ops::CrossEntropyRows {
             loss,
             z_loss,

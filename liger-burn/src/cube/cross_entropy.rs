@@ -28,6 +28,7 @@ pub(crate) fn forward<B, R: CubeRuntime>(
     targets: CubeTensor<R>,
     class_weight: Option<CubeTensor<R>>,
     grad_scale: Option<CubeTensor<R>>,
+    z_loss_scale: Option<CubeTensor<R>>,
     options: CrossEntropyOptions,
 ) -> CrossEntropyRows<B>
 where
@@ -39,6 +40,7 @@ where
         &targets,
         class_weight.as_ref(),
         grad_scale.as_ref(),
+        z_loss_scale.as_ref(),
         true,
         &options,
     ));
@@ -58,6 +60,10 @@ where
         (w, sum)
     });
     let grad_scale = grad_scale.map(to_f32::<B, R>);
+    // Without a gradient the z-loss scale has nothing to scale.
+    let z_loss_scale = z_loss_scale
+        .filter(|_| grad_scale.is_some())
+        .map(to_f32::<B, R>);
     let loss = empty_like(&logits, Shape::new([rows]), DType::F32);
     let z_loss = options
         .return_z_loss
@@ -84,6 +90,7 @@ where
             grad_scale: grad_scale
                 .as_ref()
                 .map(|s| (&s.handle, s.shape().num_elements() != 1)),
+            z_loss_scale: z_loss_scale.as_ref().map(|s| &s.handle),
             grad,
             loss: &loss.handle,
             z_loss: z_loss.as_ref().map(|z| &z.handle),

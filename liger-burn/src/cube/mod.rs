@@ -176,9 +176,17 @@ where
         targets: CubeTensor<R>,
         class_weight: Option<CubeTensor<R>>,
         grad_scale: Option<CubeTensor<R>>,
+        z_loss_scale: Option<CubeTensor<R>>,
         options: crate::ops::CrossEntropyOptions,
     ) -> crate::ops::CrossEntropyRows<Self> {
-        cross_entropy::forward::<Self, R>(logits, targets, class_weight, grad_scale, options)
+        cross_entropy::forward::<Self, R>(
+            logits,
+            targets,
+            class_weight,
+            grad_scale,
+            z_loss_scale,
+            options,
+        )
     }
 
     fn fused_cross_entropy_backward(

@@ -11,11 +11,12 @@ struct CrossEntropyKernel {
     options: CrossEntropyOptions,
     weighted: bool,
     with_grad: bool,
+    z_scaled: bool,
 }
 
 impl<B: FusionBackend + FusedOps> CustomKernel<B> for CrossEntropyKernel {
     fn run(&self, inputs: &[TensorIr], handles: &mut Handles<B>) -> Vec<B::FloatTensorPrimitive> {
-        // Inputs: logits, targets (int), [class_weight], [grad_scale].
+        // Inputs: logits, targets (int), [class_weight], [grad_scale], [z_loss_scale].
         let logits = handles.get_float_tensor::<B>(&inputs[0]);
         let targets = handles.get_int_tensor::<B>(&inputs[1]);
         let mut floats = inputs[2..].iter();
@@ -25,7 +26,17 @@ impl<B: FusionBackend + FusedOps> CustomKernel<B> for CrossEntropyKernel {
         let grad_scale = self
             .with_grad
             .then(|| handles.get_float_tensor::<B>(floats.next().expect("grad_scale")));
-        let rows = B::fused_cross_entropy(logits, targets, class_weight, grad_scale, self.options);
+        let z_loss_scale = self
+            .z_scaled
+            .then(|| handles.get_float_tensor::<B>(floats.next().expect("z_loss_scale")));
+        let rows = B::fused_cross_entropy(
+            logits,
+            targets,
+            class_weight,
+            grad_scale,
+            z_loss_scale,
+            self.options,
+        );
         // Outputs: loss, [z_loss], [grad_logits].
         let mut outputs = vec![rows.loss];
         outputs.extend(rows.z_loss);
@@ -39,6 +50,7 @@ pub(crate) fn forward<B: FusionBackend + FusedOps>(
     targets: FusionTensor<B::FusionRuntime>,
     class_weight: Option<FusionTensor<B::FusionRuntime>>,
     grad_scale: Option<FusionTensor<B::FusionRuntime>>,
+    z_loss_scale: Option<FusionTensor<B::FusionRuntime>>,
     options: CrossEntropyOptions,
 ) -> CrossEntropyRows<burn_fusion::Fusion<B>> {
     // Validated here, eagerly: the stream executes later.
@@ -48,6 +60,7 @@ pub(crate) fn forward<B: FusionBackend + FusedOps>(
         &targets,
         class_weight.as_ref(),
         grad_scale.as_ref(),
+        z_loss_scale.as_ref(),
         true,
         &options,
     ));
@@ -56,9 +69,11 @@ pub(crate) fn forward<B: FusionBackend + FusedOps>(
     let rows = shape[0];
     let weighted = class_weight.is_some();
     let with_grad = grad_scale.is_some();
+    let z_scaled = z_loss_scale.is_some();
     let mut inputs = vec![logits, targets];
     inputs.extend(class_weight);
     inputs.extend(grad_scale);
+    inputs.extend(z_loss_scale);
     let mut out_specs = vec![(Shape::new([rows]), DType::F32)];
     if options.return_z_loss {
         out_specs.push((Shape::new([rows]), DType::F32));
@@ -70,6 +85,7 @@ pub(crate) fn forward<B: FusionBackend + FusedOps>(
         options,
         weighted,
         with_grad,
+        z_scaled,
     };
     let mut outs =
         custom_op::register::<B, _>("liger_cross_entropy", inputs, &out_specs, kernel).into_iter();

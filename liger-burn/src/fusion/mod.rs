@@ -332,9 +332,17 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         targets: FusionTensor<B::FusionRuntime>,
         class_weight: Option<FusionTensor<B::FusionRuntime>>,
         grad_scale: Option<FusionTensor<B::FusionRuntime>>,
+        z_loss_scale: Option<FusionTensor<B::FusionRuntime>>,
         options: crate::ops::CrossEntropyOptions,
     ) -> crate::ops::CrossEntropyRows<Self> {
-        cross_entropy::forward::<B>(logits, targets, class_weight, grad_scale, options)
+        cross_entropy::forward::<B>(
+            logits,
+            targets,
+            class_weight,
+            grad_scale,
+            z_loss_scale,
+            options,
+        )
     }
 
     fn fused_cross_entropy_backward(

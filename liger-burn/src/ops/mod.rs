@@ -295,14 +295,27 @@ pub trait FusedOps: Backend {
     /// per-row gradient divided by `s` (a no-op, skipping the `[N, V]` pass, when the
     /// incoming gradient is exactly `s` on every row, as under a mean or sum followed by
     /// `backward()`). Class weights get no gradient.
+    ///
+    /// With `z_loss_scale: Some(s_z)` (a `[1]` f32 tensor, only with a `[1]` `grad_scale`),
+    /// the z-loss part of every row's gradient is scaled by `s_z` instead of `s`: a mean
+    /// divides the z-loss by the number of non-ignored rows and the rest by `Σ w[y]`
+    /// (see [`CrossEntropyOptions`]). The per-row losses are never scaled.
     fn fused_cross_entropy(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
         class_weight: Option<FloatTensor<Self>>,
         grad_scale: Option<FloatTensor<Self>>,
+        z_loss_scale: Option<FloatTensor<Self>>,
         options: CrossEntropyOptions,
     ) -> CrossEntropyRows<Self> {
-        compose::cross_entropy::forward::<Self>(logits, targets, class_weight, grad_scale, options)
+        compose::cross_entropy::forward::<Self>(
+            logits,
+            targets,
+            class_weight,
+            grad_scale,
+            z_loss_scale,
+            options,
+        )
     }
 
     /// Backward of [`fused_cross_entropy`](FusedOps::fused_cross_entropy)'s per-row loss

@@ -148,8 +148,9 @@ impl Llama3RopeScaling {
     Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
 )]
 pub enum Reduction {
-    /// `Σ_i loss_i / W` with `W = Σ_{non-ignored i} w[y_i]` (the number of non-ignored
-    /// rows without class weights): PyTorch's denominator. A `[1]` tensor.
+    /// `Σ_i ce_i / W + Σ_i zl_i / n` with `W = Σ_{non-ignored i} w[y_i]` (PyTorch's
+    /// denominator; the number of non-ignored rows `n` without class weights) and `n` for
+    /// the z-loss (see [`CrossEntropyOptions`]). A `[1]` tensor.
     #[default]
     Mean,
     /// `Σ_i loss_i`. A `[1]` tensor.
@@ -170,10 +171,12 @@ pub enum Reduction {
 /// - `zl_i = λ lse²` (Liger-Kernel's z-loss, `λ = lse_square_scale`),
 /// - `loss_i = ce_i + zl_i`.
 ///
-/// Ignored rows contribute 0 loss and 0 gradient. [`Reduction::Mean`] divides everything
-/// (the z-loss too) by `W = Σ_{non-ignored} w[y_i]`. When every row is ignored (`W = 0`)
-/// the mean is defined as 0 with zero gradients (PyTorch gives NaN), so a batch of pure
-/// padding does not poison a training run.
+/// Ignored rows contribute 0 loss and 0 gradient. [`Reduction::Mean`] is
+/// `Σ_i ce_i / W + Σ_i zl_i / n` with `W = Σ_{non-ignored} w[y_i]` and `n` the number of
+/// non-ignored rows: the z-loss is divided by `n` whatever the class weights, as
+/// Liger-Kernel's `cross_entropy.py` does (its z-loss is not weighted); without weights
+/// `W = n`. When every row is ignored the mean is defined as 0 with zero gradients
+/// (PyTorch gives NaN), so a batch of pure padding does not poison a training run.
 ///
 /// Targets must lie in `[0, V)` unless they equal `ignore_index`. With `check_targets`
 /// (the default) every call checks that and panics naming the op, the offending value

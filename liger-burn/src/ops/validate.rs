@@ -166,7 +166,8 @@ pub use attention::{AttentionInputs, attention};
 pub use matmul::{matmul, matmul_tensors};
 pub use rope::{RopeInputs, rope, rope_tensors};
 /// A cross-entropy call's inputs: `logits: [N, V]`, `targets: [N]` (integers),
-/// `class_weight: [V]`, `grad_scale: [1]`.
+/// `class_weight: [V]`, `grad_scale: [1]` or `[N]`, `z_loss_scale: [1]` (with a `[1]`
+/// `grad_scale`).
 pub struct CrossEntropyInputs {
     /// Op name for messages.
     pub op: &'static str,
@@ -178,6 +179,8 @@ pub struct CrossEntropyInputs {
     pub class_weight: Option<(Shape, DType)>,
     /// Gradient scale shape and dtype (`[1]` or `[N]`), if any.
     pub grad_scale: Option<(Shape, DType)>,
+    /// Shape and dtype of the z-loss part's gradient scale (`[1]`), if any.
+    pub z_loss_scale: Option<(Shape, DType)>,
     /// Whether the logits dtype must be one the kernels read.
     pub kernel_dtypes: bool,
 }
@@ -228,6 +231,17 @@ pub fn cross_entropy(
             ));
         }
     }
+    if let Some((z_shape, z_dtype)) = &inputs.z_loss_scale {
+        let uniform = inputs
+            .grad_scale
+            .as_ref()
+            .is_none_or(|(s, _)| s.num_elements() == 1);
+        if z_shape.num_elements() != 1 || !z_dtype.is_float() || !uniform {
+            return fail(format!(
+                "{op}: z_loss_scale must be a float tensor of shape [1], with a grad_scale of shape [1] (logits {shape:?}), got shape {z_shape:?} and dtype {z_dtype:?}"
+            ));
+        }
+    }
     let eps = options.label_smoothing;
     if !(0.0..=1.0).contains(&eps) {
         return fail(format!(
@@ -257,6 +271,7 @@ pub fn cross_entropy_tensors<F: TensorMetadata, I: TensorMetadata>(
     targets: &I,
     class_weight: Option<&F>,
     grad_scale: Option<&F>,
+    z_loss_scale: Option<&F>,
     kernel_dtypes: bool,
     options: &crate::ops::CrossEntropyOptions,
 ) -> Result<(), LigerError> {
@@ -267,6 +282,7 @@ pub fn cross_entropy_tensors<F: TensorMetadata, I: TensorMetadata>(
             targets: (targets.shape(), targets.dtype()),
             class_weight: class_weight.map(|w| (w.shape(), w.dtype())),
             grad_scale: grad_scale.map(|s| (s.shape(), s.dtype())),
+            z_loss_scale: z_loss_scale.map(|s| (s.shape(), s.dtype())),
             kernel_dtypes,
         },
         options,
@@ -383,6 +399,7 @@ pub fn linear_cross_entropy(
             targets,
             class_weight,
             grad_scale: None,
+            z_loss_scale: None,
             kernel_dtypes: false,
         },
         options,

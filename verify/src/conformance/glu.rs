@@ -5,9 +5,11 @@
 //! only the fused op's own rounding is measured.
 //!
 //! Inputs span `[-8, 8]`, where `tanh` and `sigmoid` saturate, so the tails of every
-//! activation and derivative are exercised.
+//! activation and derivative are exercised. Error bounds: [`activation`] and
+//! [`expected_with_stock`].
 
-use super::{Comparison, Op, Rng, Tolerance, compare, input, poison, to_f64};
+use super::bounds::{U32, check, exp_error, flush, tanh_error, unit_roundoff};
+use super::{Comparison, Expected, HostCase, Op, Rng, host_input, input, poison, to_f64};
 use burn::backend::Autodiff;
 use burn::tensor::activation;
 use burn::tensor::{DType, Tensor};
@@ -117,6 +119,233 @@ pub mod reference {
 
 type A<B> = Autodiff<B>;
 
+/// An activation's value and derivative at `x`, with the error bounds of evaluating each
+/// in f32, and the extra error of stock Burn's formula where it differs.
+struct Activation {
+    value: f64,
+    derivative: f64,
+    value_error: f64,
+    derivative_error: f64,
+    /// Added for the comparison against stock Burn's f32 composition.
+    stock_value_error: f64,
+    stock_derivative_error: f64,
+}
+
+/// `(√(2/π), 0.044715)` of the tanh GELU.
+const GELU_TANH: (f64, f64) = (0.797_884_560_802_865_4, 0.044715);
+
+/// Abramowitz and Stegun's 7.1.26, stock Burn's `erf` on CubeCL devices: absolute error
+/// at most 1.5e-7.
+const STOCK_ERF_ERROR: f64 = 1.5e-7;
+
+/// `op`'s activation at `x` with its f32 error bounds ([`U32`] = 2⁻²⁴, `E(y)` =
+/// [`exp_error`], `T(y)` = [`tanh_error`]); each covers the fused kernels' forms and the
+/// textbook forms of the compositions (stock ops on NdArray, stock Burn):
+/// - sigmoid `σ = 1/(1 + e⁻ˣ)` (or `e^(−|x|)/(1 + e^(−|x|))`): `E(x) + 4u₃₂` relative;
+///   `σ(1 − σ)`: twice that plus one operation, and `2u₃₂σ` for `1 − σ` formed by
+///   cancellation.
+/// - SiLU `xσ`: one more operation; `σ + xσ(1 − σ)`: `E(x) + 8u₃₂` on the magnitudes
+///   `σ + |x|σ(1 − σ)`, and `2u₃₂|x|σ` for `1 − σ` by cancellation.
+/// - tanh GELU `½x(1 + tanh a)`, `a = √(2/π)(x + 0.044715x³)`, computed as `xσ(2a)`:
+///   `E(2a) + 8u₃₂|a| + 6u₃₂` relative (the argument's own error through `σ`), and
+///   `½|x|T(a)` absolute for `1 + tanh a` formed by cancellation. Its derivative: the same
+///   relative error on its terms' magnitudes, and `T(a)` times the magnitude of what
+///   multiplies `1 + t` and `1 − t²`.
+/// - exact GELU `xΦ(x)`: `E(x²/2) + 6u₃₂` relative (`Φ` from an `erfc` within 2 ulp), and
+///   `u₃₂|x|` for `1 + erf` by cancellation; its derivative `Φ + xφ` likewise. Stock
+///   Burn's `erf` adds [`STOCK_ERF_ERROR`].
+fn activation(op: Op, x: f64) -> Activation {
+    use reference::*;
+    let s = sigmoid(x);
+    match op {
+        Op::Sigmoid => Activation {
+            value: s,
+            derivative: s * (1.0 - s),
+            value_error: (exp_error(x) + 4.0 * U32) * s,
+            derivative_error: (2.0 * exp_error(x) + 9.0 * U32) * s * (1.0 - s) + 2.0 * U32 * s,
+            stock_value_error: 0.0,
+            stock_derivative_error: 0.0,
+        },
+        Op::SwiGlu => {
+            let (v, d) = silu(x);
+            let mag = s + x.abs() * s * (1.0 - s);
+            Activation {
+                value: v,
+                derivative: d,
+                value_error: (exp_error(x) + 5.0 * U32) * v.abs(),
+                derivative_error: (exp_error(x) + 8.0 * U32) * mag + 2.0 * U32 * x.abs() * s,
+                stock_value_error: 0.0,
+                stock_derivative_error: 0.0,
+            }
+        }
+        Op::GeGlu => {
+            let (v, d) = gelu_tanh(x);
+            let (k, c) = GELU_TANH;
+            let a = k * (x + c * x.powi(3));
+            let t = a.tanh();
+            let da = k * (1.0 + 3.0 * c * x * x);
+            let rel = exp_error(2.0 * a) + 8.0 * U32 * a.abs() + 10.0 * U32;
+            let mag = 0.5 * (1.0 + t.abs()) + 0.5 * x.abs() * (1.0 - t * t) * da;
+            Activation {
+                value: v,
+                derivative: d,
+                value_error: rel * v.abs() + 0.5 * x.abs() * tanh_error(a),
+                derivative_error: rel * mag + tanh_error(a) * (0.5 + x.abs() * da),
+                stock_value_error: 0.0,
+                stock_derivative_error: 0.0,
+            }
+        }
+        Op::Gelu => {
+            let (v, d) = gelu(x);
+            let rel = exp_error(x * x / 2.0) + 6.0 * U32;
+            let cdf = 0.5 * (1.0 + erf(x / 2f64.sqrt()));
+            let pdf = (-0.5 * x * x).exp() / (2.0 * PI).sqrt();
+            Activation {
+                value: v,
+                derivative: d,
+                value_error: rel * v.abs() + U32 * x.abs(),
+                derivative_error: rel * (cdf + x.abs() * pdf) + 2.0 * U32,
+                stock_value_error: 0.5 * x.abs() * STOCK_ERF_ERROR,
+                stock_derivative_error: 0.5 * STOCK_ERF_ERROR * (1.0 + x.abs()),
+            }
+        }
+        other => unreachable!("{other:?} is not an elementwise op"),
+    }
+}
+
+/// The inputs of an elementwise case, as drawn: `x` (the gate of a gated unit) in
+/// `[-8, 8]`, `up` in `[-2, 2]` (gated units), the upstream gradient in `[-1.5, 1.5]`.
+struct Inputs {
+    x: Vec<f32>,
+    up: Vec<f32>,
+    g: Vec<f32>,
+}
+
+fn draw(op: Op, n: usize, rng: &mut Rng) -> Inputs {
+    let x = rng.vec(n, -8.0, 8.0, 0.0);
+    let g = rng.vec(n, -1.5, 1.5, 0.0);
+    let up = if matches!(op, Op::SwiGlu | Op::GeGlu) {
+        rng.vec(n, -2.0, 2.0, 0.0)
+    } else {
+        vec![]
+    };
+    Inputs { x, up, g }
+}
+
+/// The reference of an elementwise case from its rounded inputs (`up` empty for the
+/// unary ops), and the bounds against stock Burn's f32 composition.
+///
+/// Bounds: each stored result is off by its store `u|e|` and flush, plus the f32 error
+/// of its formula: the activation's ([`activation`]) times the exact factors multiplying
+/// it (`up`, `g`), plus one f32 operation per product. The sigmoid's gradient is computed
+/// from the forward's output as stored (Burn's `sigmoid_backward`), which adds that
+/// store's error through `σ(1 − σ)`.
+fn expected_with_stock(
+    op: Op,
+    dtype: DType,
+    rows: usize,
+    x: &[f64],
+    up: &[f64],
+    g: &[f64],
+) -> (Vec<Expected>, Vec<Vec<f64>>) {
+    let u = unit_roundoff(dtype);
+    let store = |e: f64, f32_error: f64| u * e.abs() + f32_error + flush(dtype, e);
+    let gated = !up.is_empty();
+    let n = x.len();
+    let mut columns = vec![vec![0.0; n]; 9];
+    for i in 0..n {
+        let mut a = activation(op, x[i]);
+        if op == Op::Sigmoid {
+            // Burn's sigmoid backward takes the forward's stored output `ŷ`: `σ(1 − σ)`
+            // from `ŷ` rounded to the dtype is off by `|1 − 2σ|·δŷ`.
+            let s = a.value;
+            a.derivative_error += (1.0 - 2.0 * s).abs() * (u * s + flush(dtype, s));
+        }
+        let (y, dgate, dup) = if gated {
+            (a.value * up[i], g[i] * up[i] * a.derivative, g[i] * a.value)
+        } else {
+            (a.value, g[i] * a.derivative, 0.0)
+        };
+        let upm = if gated { up[i].abs() } else { 1.0 };
+        let ops = if gated { 1.0 } else { 0.0 };
+        let by = store(y, upm * a.value_error + ops * U32 * y.abs());
+        let bg = store(
+            dgate,
+            (g[i] * upm).abs() * a.derivative_error + (1.0 + ops) * U32 * dgate.abs(),
+        );
+        let bu = store(dup, g[i].abs() * a.value_error + U32 * dup.abs());
+        columns[0][i] = y;
+        columns[1][i] = by;
+        columns[2][i] = dgate;
+        columns[3][i] = bg;
+        columns[4][i] = dup;
+        columns[5][i] = bu;
+        columns[6][i] = by + upm * (a.value_error + a.stock_value_error);
+        columns[7][i] = bg + (g[i] * upm).abs() * (a.derivative_error + a.stock_derivative_error);
+        columns[8][i] = bu + g[i].abs() * (a.value_error + a.stock_value_error);
+    }
+    let take = |k: usize, c: &mut Vec<Vec<f64>>| std::mem::take(&mut c[k]);
+    let mut expected = vec![Expected::new(
+        "output",
+        take(0, &mut columns),
+        take(1, &mut columns),
+        rows,
+    )];
+    if gated {
+        expected.push(Expected::new(
+            "grad_gate",
+            take(2, &mut columns),
+            take(3, &mut columns),
+            rows,
+        ));
+        expected.push(Expected::new(
+            "grad_up",
+            take(4, &mut columns),
+            take(5, &mut columns),
+            rows,
+        ));
+    } else {
+        expected.push(Expected::new(
+            "grad_x",
+            take(2, &mut columns),
+            take(3, &mut columns),
+            rows,
+        ));
+    }
+    let stock = if gated {
+        vec![
+            take(6, &mut columns),
+            take(7, &mut columns),
+            take(8, &mut columns),
+        ]
+    } else {
+        vec![take(6, &mut columns), take(7, &mut columns)]
+    };
+    (expected, stock)
+}
+
+/// See [`super::host_case`]: no reduction over rows here.
+pub(super) fn host_case(
+    op: Op,
+    rows: usize,
+    width: usize,
+    dtype: DType,
+    rng: &mut Rng,
+    _live: usize,
+) -> HostCase {
+    let inputs = draw(op, rows * width, rng);
+    let (x, up, g) = (
+        host_input(&inputs.x, dtype),
+        host_input(&inputs.up, dtype),
+        host_input(&inputs.g, dtype),
+    );
+    let (expected, _) = expected_with_stock(op, dtype, rows, &x, &up, &g);
+    HostCase {
+        without_last_rows: expected.clone(),
+        expected,
+    }
+}
+
 fn leaf<B: FusedOps>(t: &Tensor<B, 2>) -> Tensor<A<B>, 2> {
     Tensor::<A<B>, 2>::from_inner(t.clone()).require_grad()
 }
@@ -127,7 +356,8 @@ fn leaf_f32<B: FusedOps>(t: &Tensor<B, 2>) -> Tensor<A<B>, 2> {
 }
 
 /// Runs one of [`Op::SwiGlu`], [`Op::GeGlu`], [`Op::Gelu`], [`Op::Sigmoid`] at
-/// `[rows, width]`; returns every comparison.
+/// `[rows, width]`; returns every comparison: against the f64 reference, and against
+/// stock Burn's f32 composition (within the reference's bound plus stock's own error).
 pub(super) fn run_case<B: FusedOps>(
     op: Op,
     rows: usize,
@@ -136,15 +366,15 @@ pub(super) fn run_case<B: FusedOps>(
     device: &B::Device,
     rng: &mut Rng,
 ) -> Vec<Comparison> {
-    let tol = Tolerance::for_dtype(dtype);
     let n = rows * width;
     let shape = vec![rows, width];
-    let (x, xr) = input::<B>(rng.vec(n, -8.0, 8.0, 0.0), shape.clone(), dtype, device);
-    let (g, gr) = input::<B>(rng.vec(n, -1.5, 1.5, 0.0), shape.clone(), dtype, device);
+    let inputs = draw(op, n, rng);
+    let (x, xr) = input::<B>(inputs.x, shape.clone(), dtype, device);
+    let (g, gr) = input::<B>(inputs.g, shape.clone(), dtype, device);
     let mut out = Vec::new();
     match op {
         Op::SwiGlu | Op::GeGlu => {
-            let (up, upr) = input::<B>(rng.vec(n, -2.0, 2.0, 0.0), shape, dtype, device);
+            let (up, upr) = input::<B>(inputs.up, shape, dtype, device);
             let (gate_ad, up_ad) = (leaf(&x), leaf(&up));
             poison::<B>(&[n, n, n, n], dtype, device);
             let y = if op == Op::SwiGlu {
@@ -156,16 +386,10 @@ pub(super) fn run_case<B: FusedOps>(
             let y = to_f64(y.inner());
             let dgate = to_f64(gate_ad.grad(&grads).unwrap());
             let dup = to_f64(up_ad.grad(&grads).unwrap());
-
-            let act = if op == Op::SwiGlu {
-                reference::silu
-            } else {
-                reference::gelu_tanh
-            };
-            let (yr, dgr, dur) = reference::glu(act, &gr, &xr, &upr);
-            out.push(compare("output", &y, &yr, tol));
-            out.push(compare("grad_gate", &dgate, &dgr, tol));
-            out.push(compare("grad_up", &dup, &dur, tol));
+            let (expected, stock) = expected_with_stock(op, dtype, rows, &xr, &upr, &gr);
+            out.push(expected[0].check(&y));
+            out.push(expected[1].check(&dgate));
+            out.push(expected[2].check(&dup));
 
             let (gate_s, up_s) = (leaf_f32(&x), leaf_f32(&up));
             let act_s = if op == Op::SwiGlu {
@@ -176,18 +400,18 @@ pub(super) fn run_case<B: FusedOps>(
             let y_s = act_s * up_s.clone();
             let g_s = Tensor::<A<B>, 2>::from_inner(g.cast(DType::F32));
             let grads = (y_s.clone() * g_s).sum().backward();
-            out.push(compare("output_vs_burn", &y, &to_f64(y_s.inner()), tol));
-            out.push(compare(
+            out.push(check("output_vs_burn", &y, &to_f64(y_s.inner()), &stock[0]));
+            out.push(check(
                 "grad_gate_vs_burn",
                 &dgate,
                 &to_f64(gate_s.grad(&grads).unwrap()),
-                tol,
+                &stock[1],
             ));
-            out.push(compare(
+            out.push(check(
                 "grad_up_vs_burn",
                 &dup,
                 &to_f64(up_s.grad(&grads).unwrap()),
-                tol,
+                &stock[2],
             ));
         }
         Op::Gelu | Op::Sigmoid => {
@@ -201,14 +425,9 @@ pub(super) fn run_case<B: FusedOps>(
             let grads = (y.clone() * Tensor::from_inner(g.clone())).sum().backward();
             let y = to_f64(y.inner());
             let dx = to_f64(x_ad.grad(&grads).unwrap());
-            let act = if op == Op::Gelu {
-                reference::gelu
-            } else {
-                reference::sigmoid_pair
-            };
-            let (yr, dxr) = reference::unary(act, &gr, &xr);
-            out.push(compare("output", &y, &yr, tol));
-            out.push(compare("grad_x", &dx, &dxr, tol));
+            let (expected, stock) = expected_with_stock(op, dtype, rows, &xr, &[], &gr);
+            out.push(expected[0].check(&y));
+            out.push(expected[1].check(&dx));
 
             let x_s = leaf_f32(&x);
             let y_s = if op == Op::Gelu {
@@ -216,11 +435,11 @@ pub(super) fn run_case<B: FusedOps>(
             } else {
                 activation::sigmoid(x_s.clone())
             };
-            out.push(compare(
+            out.push(check(
                 "output_vs_burn",
                 &y,
                 &to_f64(y_s.clone().inner()),
-                tol,
+                &stock[0],
             ));
             // Stock `gelu`'s backward differentiates the tanh approximation (up to ~9e-4
             // off); the exact derivative of stock Burn is that of its erf formula.
@@ -232,11 +451,11 @@ pub(super) fn run_case<B: FusedOps>(
             };
             let g_s = Tensor::<A<B>, 2>::from_inner(g.cast(DType::F32));
             let grads = (y_s * g_s).sum().backward();
-            out.push(compare(
+            out.push(check(
                 "grad_x_vs_burn",
                 &dx,
                 &to_f64(x_s.grad(&grads).unwrap()),
-                tol,
+                &stock[1],
             ));
         }
         other => unreachable!("{other:?} is not an elementwise op"),

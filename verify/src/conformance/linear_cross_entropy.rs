@@ -1,114 +1,294 @@
-//! Fused linear cross entropy in the conformance suite: the naive f64 reference and the
-//! case runner. `width` is the vocabulary `V`; the hidden size is [`HIDDEN`].
+//! Fused linear cross entropy in the conformance suite: the naive f64 reference with its
+//! error bounds, and the case runner. `width` is the vocabulary `V`; the hidden size is
+//! [`HIDDEN`].
 //!
-//! The logits are an intermediate stored in the input dtype (the matmul's output, then
-//! the bias add), exactly as in the unfused composition, so the reference rounds them the
-//! same way before the cross entropy: only the op's own error is measured. Gradients are
-//! compared after multiplying both sides by the same exact factor (`W/g` for `x`,
-//! `V·W/g` for the weight and bias under a mean; see `conformance::cross_entropy`), with
-//! the reduction tolerances (`sum_rtol · Σ|terms|`) plus the storage floor of the
-//! gradient logits (each may be a flushed subnormal).
+//! # What an implementation computes, and how far it may be from the reference
+//!
+//! The op is defined as the unfused composition it replaces, chunked over rows (see
+//! `ops::compose::linear_cross_entropy`):
+//!
+//! - `logits = round(round(x Wᵀ) + b)`: the matmul's output and the bias add are each
+//!   stored in the input dtype (Burn's fusion keeps both roundings: a fused matmul writes
+//!   its result to a local of the output dtype before the add);
+//! - per chunk of rows, the cross entropy's logits gradient `G` stored in the dtype, then
+//!   `grad_x = G·W` and the chunk's `Gᵀ·x` (each an f32-accumulated matmul stored in the
+//!   dtype), the chunk products added into an f32 accumulator stored in the dtype at the
+//!   end, and `grad_b = Σ_rows G` in f32;
+//! - under a mean or sum, the backward multiplies the stored gradients by the upstream
+//!   gradient (one more store); under none it recomputes them with per-row factors.
+//!
+//! The reference rounds the logits exactly as that definition says. A device sums
+//! `x·W` in f32 in its own order, so where the exact product lies within that sum's error
+//! of a rounding boundary it may round to the other neighbour: the reference finds those
+//! logits (the rounding is monotone, so the device's logit lies between the roundings of
+//! the product's lower and upper error bounds) and carries their uncertainty through the
+//! cross entropy ([`super::cross_entropy::row_stats`], [`super::cross_entropy::element`]).
+//!
+//! Each reduction's bound then adds the roundings of its terms, independent across rows
+//! (√N-style, [`Terms::independent`]), the f32 accumulation, and its stores. For
+//! `grad_weight` that includes one rounding of every chunk's `[V, H]` product: with a
+//! class that is the target of two rows in different chunks whose terms nearly cancel,
+//! the result is tiny while each chunk's product, rounded on its own, is large; this
+//! rounding is as large as that of `G` itself and must be counted next to it.
 //!
 //! At f32 on a device whose f32 matmul is TF32 (Burn's CUDA backend on tensor cores),
 //! detected from the backend's own products at the case's shapes, every result is compared
 //! norm-wise instead (`‖out − ref‖ / ‖ref‖ ≤ 1e-3`): the op is defined on the backend's
 //! matmul and inherits its precision.
 
-use super::cross_entropy::{reference as ce_reference, storage_floor};
+use super::bounds::{Expected, Terms, U32, flush, par_ranges, round_to as round, unit_roundoff};
+use super::cross_entropy::{Factors, RowStats, element, factors, loss_tensors, row_stats, totals};
 use super::{
-    Comparison, Op, Rng, Tolerance, compare, compare_impl, compare_normwise, input, poison, to_f64,
+    Comparison, HostCase, Op, Rng, compare_all, compare_normwise, host_input, input, poison, to_f64,
 };
 use burn::backend::Autodiff;
-use burn::tensor::{DType, Int, Tensor, TensorData, bf16, f16};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::functional;
+use liger_burn::ops::compose::linear_cross_entropy::automatic_chunk_rows;
 use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction};
 use liger_burn::test_hooks::{OverrideGuard, override_chunk_rows};
+
+pub use super::bounds::round_to;
 
 /// Hidden size of the cases (odd, so no kernel sees a friendly width).
 pub const HIDDEN: usize = 45;
 
-/// `v` rounded to `dtype`, as the device stores it.
-pub fn round_to(dtype: DType, v: f64) -> f64 {
-    match dtype {
-        DType::F16 => f16::from_f64(v).to_f64(),
-        DType::BF16 => bf16::from_f64(v).to_f64(),
-        DType::F64 => v,
-        _ => v as f32 as f64,
+/// The rounded inputs of a case.
+pub struct LinearInputs<'a> {
+    /// `[N, H]`.
+    pub x: &'a [f64],
+    /// `[V, H]`.
+    pub w: &'a [f64],
+    /// `[V]`.
+    pub b: Option<&'a [f64]>,
+    /// `[N]`.
+    pub targets: &'a [i64],
+    /// `[V]`.
+    pub class_weight: Option<&'a [f64]>,
+    /// The upstream gradient: one value (mean, sum) or one per row (none).
+    pub g: &'a [f64],
+}
+
+/// `(z, δz)`: the logit of row `i`, class `c` as the definition rounds it, and how far a
+/// device's may be from it (see the module docs). The device's f32 sum of the `H`
+/// products is within `2·H·u₃₂·Σ|x w|` of the exact one: the deterministic bound of
+/// recursive summation, doubled for accumulators that truncate instead of rounding (the
+/// products of two half-precision values are exact in f32; of two f32 values, one
+/// more `u₃₂`).
+fn logit(inp: &LinearInputs, h: usize, dtype: DType, i: usize, c: usize) -> (f64, f64) {
+    let (xr, wr) = (&inp.x[i * h..(i + 1) * h], &inp.w[c * h..(c + 1) * h]);
+    let (mut d, mut l1) = (0.0, 0.0);
+    for k in 0..h {
+        let t = xr[k] * wr[k];
+        d += t;
+        l1 += t.abs();
     }
+    let products = if dtype == DType::F32 { U32 * l1 } else { 0.0 };
+    let slack = 2.0 * h as f64 * U32 * l1 + products;
+    let defined = |d: f64| {
+        let z = round(dtype, d);
+        match inp.b {
+            Some(b) => round(dtype, z + b[c]),
+            None => z,
+        }
+    };
+    let z = defined(d);
+    let (lo, hi) = (defined(d - slack), defined(d + slack));
+    (z, (hi - z).max(z - lo))
 }
 
-/// Reference gradients of a linear cross entropy, with the magnitudes their error scales with.
-#[derive(Clone, Debug)]
-pub struct LinearReference {
-    /// Per-row loss and z-loss, and the mean's denominator, of the cross entropy.
-    pub rows: super::cross_entropy::CrossEntropyReference,
-    /// `∂L/∂x`, `[N, H]`.
-    pub grad_x: Vec<f64>,
-    /// `∂L/∂W`, `[V, H]`.
-    pub grad_w: Vec<f64>,
-    /// `∂L/∂b`, `[V]`.
-    pub grad_b: Vec<f64>,
-    /// `Σ_c |G_ic W_ch|`, `Σ_i |G_ic x_ih|`, `Σ_i |G_ic|`: what the f32 sums' error scales with.
-    pub sums: [Vec<f64>; 3],
-    /// `Σ_c |W_ch|`, `Σ_i |x_ih|`, `N`: what the flushed-subnormal error of `G` scales with.
-    pub floor_terms: [Vec<f64>; 3],
-}
-
-/// Naive f64 linear cross entropy: `logits = round(round(x Wᵀ) + b)` in `dtype`, the
-/// cross entropy of [`super::cross_entropy::reference`], and the gradients of
-/// `L = Σ_i f_i loss_i` for the per-row factors `f` (the reduction and upstream gradient).
-#[allow(clippy::too_many_arguments)]
-pub fn reference(
-    x: &[f64],
-    w: &[f64],
-    b: Option<&[f64]>,
-    (n, h, v): (usize, usize, usize),
-    targets: &[i64],
-    class_weight: Option<&[f64]>,
+/// The reference of a fused linear cross entropy, for each number of rows in `lives`
+/// taking part (the first `live` rows; the others get no gradient and are left out of the
+/// reductions): the loss (and z-loss), `grad_x`, `grad_weight` and `grad_bias` with their
+/// bounds. `chunk` is the rows per chunk of the implementation (the chunk products' own
+/// rounding depends on it).
+pub fn expected(
     options: &CrossEntropyOptions,
     dtype: DType,
-    factor: impl Fn(usize, f64) -> f64,
-) -> LinearReference {
-    let mut logits = vec![0.0; n * v];
-    for i in 0..n {
-        for c in 0..v {
-            let dot: f64 = (0..h).map(|k| x[i * h + k] * w[c * h + k]).sum();
-            let mut z = round_to(dtype, dot);
-            if let Some(b) = b {
-                z = round_to(dtype, z + b[c]);
-            }
-            logits[i * v + c] = z;
-        }
-    }
-    let rows = ce_reference(&logits, v, targets, class_weight, options);
-    let g: Vec<f64> = (0..n * v)
-        .map(|k| rows.grad[k] * factor(k / v, rows.weight_total))
-        .collect();
-    let mut out = LinearReference {
-        grad_x: vec![0.0; n * h],
-        grad_w: vec![0.0; v * h],
-        grad_b: vec![0.0; v],
-        sums: [vec![0.0; n * h], vec![0.0; v * h], vec![0.0; v]],
-        floor_terms: [vec![0.0; n * h], vec![0.0; v * h], vec![n as f64; v]],
-        rows,
+    (n, h, v): (usize, usize, usize),
+    inp: &LinearInputs,
+    chunk: usize,
+    lives: &[usize],
+) -> Vec<Vec<Expected>> {
+    let u = unit_roundoff(dtype);
+    let tot = totals(inp.targets, v, inp.class_weight, options);
+    // Pass 1, over rows: each row's logits with their uncertainty, and its statistics.
+    let stats: Vec<RowStats> = par_ranges(n, |range| {
+        let mut z = vec![0.0; v];
+        let mut dz = vec![0.0; v];
+        range
+            .map(|i| {
+                for c in 0..v {
+                    (z[c], dz[c]) = logit(inp, h, dtype, i, c);
+                }
+                row_stats(&z, Some(&dz), inp.targets[i], inp.class_weight, options)
+            })
+            .collect::<Vec<_>>()
+    })
+    .concat();
+    let row_factors: Vec<Factors> = (0..n).map(|i| factors(options, inp.g, tot, i)).collect();
+    // A mean or sum multiplies the stored gradients by the upstream gradient afterwards.
+    let stores = if options.reduction == Reduction::None {
+        1.0
+    } else {
+        2.0
     };
-    for i in 0..n {
-        for c in 0..v {
-            let gic = g[i * v + c];
-            for k in 0..h {
-                let (xv, wv) = (x[i * h + k], w[c * h + k]);
-                out.grad_x[i * h + k] += gic * wv;
-                out.sums[0][i * h + k] += (gic * wv).abs();
-                out.floor_terms[0][i * h + k] += wv.abs();
-                out.grad_w[c * h + k] += gic * xv;
-                out.sums[1][c * h + k] += (gic * xv).abs();
-                out.floor_terms[1][c * h + k] += xv.abs();
+    let store = |e: f64| stores * (u * e.abs() + flush(dtype, e)) + (stores - 1.0) * U32 * e.abs();
+    let chunk = chunk.max(1);
+
+    // Pass 2, over classes: every gradient element of the class, its terms and errors.
+    struct Sums {
+        value: f64,
+        terms: Terms,
+        errors: Terms,
+        chunks: Terms,
+    }
+    impl Sums {
+        fn new() -> Self {
+            Sums {
+                value: 0.0,
+                terms: Terms::default(),
+                errors: Terms::default(),
+                chunks: Terms::default(),
             }
-            out.grad_b[c] += gic;
-            out.sums[2][c] += gic.abs();
         }
     }
-    out
+    // Per `live`: grad_w [V·H] and grad_b [V] as (value, bound), grad_x partials [N·H] as
+    // (value, l1 of terms, independent errors, shared coefficient).
+    type Part = (Vec<[f64; 2]>, Vec<[f64; 2]>, Vec<[f64; 4]>, Vec<Terms>);
+    let parts: Vec<Vec<Part>> = par_ranges(v, |classes| {
+        let mut out: Vec<Part> = lives
+            .iter()
+            .map(|_| {
+                (
+                    Vec::with_capacity(classes.len() * h),
+                    Vec::with_capacity(classes.len()),
+                    vec![[0.0; 4]; n * h],
+                    vec![Terms::default(); n * h],
+                )
+            })
+            .collect();
+        for c in classes {
+            let mut gw: Vec<Vec<Sums>> = lives
+                .iter()
+                .map(|_| (0..h).map(|_| Sums::new()).collect())
+                .collect();
+            let mut gb: Vec<Sums> = lives.iter().map(|_| Sums::new()).collect();
+            let mut chunk_sum = vec![vec![0.0; h]; lives.len()];
+            for i in 0..n {
+                let (z, dz) = logit(inp, h, dtype, i, c);
+                let e = element(
+                    &stats[i],
+                    c,
+                    z,
+                    dz,
+                    inp.class_weight,
+                    options,
+                    row_factors[i],
+                    dtype,
+                    1.0,
+                );
+                let shared = e.per_lse * stats[i].lse_error;
+                for (l, &live) in lives.iter().enumerate() {
+                    if i >= live {
+                        continue;
+                    }
+                    for k in 0..h {
+                        let xv = inp.x[i * h + k];
+                        let t = e.grad * xv;
+                        let s = &mut gw[l][k];
+                        s.value += t;
+                        s.terms.push(t);
+                        s.errors.push((e.independent + shared) * xv.abs());
+                        chunk_sum[l][k] += t;
+                        let wv = inp.w[c * h + k];
+                        let gx = &mut out[l].2[i * h + k];
+                        gx[0] += e.grad * wv;
+                        gx[1] += (e.grad * wv).abs();
+                        gx[3] += e.per_lse * wv.abs();
+                        out[l].3[i * h + k].push(e.independent * wv.abs());
+                    }
+                    gb[l].value += e.grad;
+                    gb[l].terms.push(e.grad);
+                    gb[l].errors.push(e.independent + shared);
+                }
+                let chunk_ends = (i + 1) % chunk == 0 || i + 1 == n;
+                if chunk_ends {
+                    for l in 0..lives.len() {
+                        for k in 0..h {
+                            let sk = chunk_sum[l][k];
+                            gw[l][k].chunks.push(u * sk.abs() + flush(dtype, sk));
+                            chunk_sum[l][k] = 0.0;
+                        }
+                    }
+                }
+            }
+            for l in 0..lives.len() {
+                for s in &gw[l] {
+                    let bound = store(s.value)
+                        + s.errors.independent()
+                        + s.chunks.independent()
+                        + s.terms.accumulation();
+                    out[l].0.push([s.value, bound]);
+                }
+                let s = &gb[l];
+                let bound = store(s.value) + s.errors.independent() + s.terms.accumulation();
+                out[l].1.push([s.value, bound]);
+            }
+        }
+        out
+    });
+    lives
+        .iter()
+        .enumerate()
+        .map(|(l, &live)| {
+            let mut grad_w = Vec::with_capacity(v * h);
+            let mut grad_b = Vec::with_capacity(v);
+            let mut gx = vec![[0.0; 4]; n * h];
+            let mut gx_errors = vec![Terms::default(); n * h];
+            for part in &parts {
+                let (w, b, x, xe) = &part[l];
+                grad_w.extend_from_slice(w);
+                grad_b.extend_from_slice(b);
+                for (k, p) in x.iter().enumerate() {
+                    for m in 0..4 {
+                        gx[k][m] += p[m];
+                    }
+                    gx_errors[k].merge(&xe[k]);
+                }
+            }
+            let (gx_values, gx_bounds): (Vec<f64>, Vec<f64>) = gx
+                .iter()
+                .zip(&gx_errors)
+                .enumerate()
+                .map(|(k, (p, errors))| {
+                    let i = k / h;
+                    let bound = store(p[0])
+                        + errors.independent()
+                        + p[3] * stats[i].lse_error
+                        + super::bounds::accumulation(v, p[1]);
+                    (p[0], bound)
+                })
+                .unzip();
+            let mut out = loss_tensors(&stats, options, tot, live);
+            out.push(Expected::new("grad_x", gx_values, gx_bounds, n));
+            out.push(Expected::new(
+                "grad_weight",
+                grad_w.iter().map(|p| p[0]).collect(),
+                grad_w.iter().map(|p| p[1]).collect(),
+                v,
+            ));
+            if inp.b.is_some() {
+                out.push(Expected::new(
+                    "grad_bias",
+                    grad_b.iter().map(|p| p[0]).collect(),
+                    grad_b.iter().map(|p| p[1]).collect(),
+                    1,
+                ));
+            }
+            out
+        })
+        .collect()
 }
 
 impl Op {
@@ -187,6 +367,81 @@ fn variant(op: Op, v: usize) -> Variant {
             chunk: None,
         },
         other => unreachable!("{other:?} is not a linear cross-entropy variant"),
+    }
+}
+
+/// The inputs of a case, as drawn.
+struct Inputs {
+    x: Vec<f32>,
+    w: Vec<f32>,
+    b: Option<Vec<f32>>,
+    targets: Vec<i64>,
+    class_weight: Option<Vec<f32>>,
+    g: Vec<f32>,
+}
+
+fn draw(op: Op, n: usize, v: usize, rng: &mut Rng) -> Inputs {
+    let var = variant(op, v);
+    let h = HIDDEN;
+    let x = rng.vec(n * h, -1.0, 1.0, 0.0);
+    let w = rng.vec(v * h, -0.5, 0.5, 0.0);
+    let b = var.bias.then(|| rng.vec(v, -0.5, 0.5, 0.0));
+    let targets = (0..n)
+        .map(|_| {
+            if rng.uniform() < 0.1 {
+                var.options.ignore_index
+            } else {
+                rng.below(v) as i64
+            }
+        })
+        .collect();
+    let class_weight = var.weighted.then(|| rng.vec(v, 0.5, 2.0, 0.0));
+    let per_row = var.options.reduction == Reduction::None;
+    let g = rng.vec(if per_row { n } else { 1 }, 0.5, 1.5, 0.0);
+    Inputs {
+        x,
+        w,
+        b,
+        targets,
+        class_weight,
+        g,
+    }
+}
+
+fn f64s(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&c| f64::from(c)).collect()
+}
+
+/// See [`super::host_case`].
+pub(super) fn host_case(
+    op: Op,
+    rows: usize,
+    width: usize,
+    dtype: DType,
+    rng: &mut Rng,
+    live: usize,
+) -> HostCase {
+    let (n, v, h) = (rows, width, HIDDEN);
+    let var = variant(op, v);
+    let inputs = draw(op, n, v, rng);
+    let (x, w) = (host_input(&inputs.x, dtype), host_input(&inputs.w, dtype));
+    let b = inputs.b.as_ref().map(|b| host_input(b, dtype));
+    let cw = inputs.class_weight.as_deref().map(f64s);
+    let g = f64s(&inputs.g);
+    let inp = LinearInputs {
+        x: &x,
+        w: &w,
+        b: b.as_deref(),
+        targets: &inputs.targets,
+        class_weight: cw.as_deref(),
+        g: &g,
+    };
+    let chunk = var.chunk.unwrap_or_else(|| automatic_chunk_rows(n, h, v));
+    let mut both = expected(&var.options, dtype, (n, h, v), &inp, chunk, &[rows, live]);
+    let without_last_rows = both.pop().expect("two references");
+    HostCase {
+        expected: both.pop().expect("two references"),
+        without_last_rows,
     }
 }
 
@@ -298,50 +553,13 @@ pub(crate) fn run<B: FusedOps>(
 ) -> Vec<Comparison> {
     type A<B> = Autodiff<B>;
     let (n, v, h) = (rows, width, HIDDEN);
-    let Variant {
-        options,
-        bias,
-        weighted,
-        chunk,
-    } = variant(op, v);
-    let (x, xr) = input::<B>(rng.vec(n * h, -1.0, 1.0, 0.0), vec![n, h], dtype, device);
-    let (w, wr) = input::<B>(rng.vec(v * h, -0.5, 0.5, 0.0), vec![v, h], dtype, device);
-    let b = bias.then(|| input::<B>(rng.vec(v, -0.5, 0.5, 0.0), vec![v], dtype, device));
-    let targets: Vec<i64> = (0..n)
-        .map(|_| {
-            if rng.uniform() < 0.1 {
-                options.ignore_index
-            } else {
-                rng.below(v) as i64
-            }
-        })
-        .collect();
-    let class_weight: Option<Vec<f32>> = weighted.then(|| rng.vec(v, 0.5, 2.0, 0.0));
-    let per_row = options.reduction == Reduction::None;
-    let g: Vec<f32> = rng.vec(if per_row { n } else { 1 }, 0.5, 1.5, 0.0);
-
-    let factor = |i: usize, total: f64| -> f64 {
-        match options.reduction {
-            Reduction::None => f64::from(g[i]),
-            Reduction::Sum => f64::from(g[0]),
-            Reduction::Mean if total == 0.0 => 0.0,
-            Reduction::Mean => f64::from(g[0]) / total,
-        }
-    };
-    let cw_r: Option<Vec<f64>> = class_weight
-        .as_ref()
-        .map(|w| w.iter().map(|&c| f64::from(c)).collect());
-    let expected = reference(
-        &xr,
-        &wr,
-        b.as_ref().map(|b| b.1.as_slice()),
-        (n, h, v),
-        &targets,
-        cw_r.as_deref(),
-        &options,
-        dtype,
-        factor,
-    );
+    let Variant { options, chunk, .. } = variant(op, v);
+    let inputs = draw(op, n, v, rng);
+    let (x, xr) = input::<B>(inputs.x, vec![n, h], dtype, device);
+    let (w, wr) = input::<B>(inputs.w, vec![v, h], dtype, device);
+    let b = inputs.b.map(|b| input::<B>(b, vec![v], dtype, device));
+    let cw_r = inputs.class_weight.as_deref().map(f64s);
+    let g_r = f64s(&inputs.g);
 
     // The op is defined on the backend's matmul. Where that runs at reduced precision
     // at f32 (TF32 tensor cores) at any of the op's shapes, every result inherits its
@@ -352,10 +570,19 @@ pub(crate) fn run<B: FusedOps>(
 
     let x = Tensor::<A<B>, 2>::from_inner(x).require_grad();
     let w = Tensor::<A<B>, 2>::from_inner(w).require_grad();
-    let b = b.map(|(b, _)| Tensor::<A<B>, 2>::from_inner(b).reshape([v]).require_grad());
-    let t = Tensor::<A<B>, 1, Int>::from_data(TensorData::new(targets, [n]), device);
-    let cw = class_weight.map(|c| Tensor::<A<B>, 1>::from_data(TensorData::new(c, [v]), device));
-    let g_t = Tensor::<A<B>, 1>::from_data(TensorData::new(g.clone(), [g.len()]), device);
+    let (b, br) = match b {
+        Some((b, br)) => (
+            Some(Tensor::<A<B>, 2>::from_inner(b).reshape([v]).require_grad()),
+            Some(br),
+        ),
+        None => (None, None),
+    };
+    let t = Tensor::<A<B>, 1, Int>::from_data(TensorData::new(inputs.targets.clone(), [n]), device);
+    let cw = inputs
+        .class_weight
+        .map(|c| Tensor::<A<B>, 1>::from_data(TensorData::new(c, [v]), device));
+    let g_t =
+        Tensor::<A<B>, 1>::from_data(TensorData::new(inputs.g.clone(), [inputs.g.len()]), device);
     poison::<B>(&[n * h, v * h, v], dtype, device);
     let (out, grads) = {
         let _chunk = ChunkOverride::set(chunk);
@@ -364,98 +591,250 @@ pub(crate) fn run<B: FusedOps>(
         let grads = (out.loss.clone() * g_t).sum().backward();
         (out, grads)
     };
-
-    let loss_tol = Tolerance::for_dtype(dtype);
-    let compare = |name: &'static str, a: &[f64], e: &[f64], tol: Tolerance| {
-        if reduced_matmul {
-            compare_normwise(name, a, e, TF32_NORMWISE)
-        } else {
-            compare(name, a, e, tol)
-        }
+    let mut actual = vec![
+        ("loss", to_f64(out.loss.inner())),
+        ("grad_x", to_f64(x.grad(&grads).expect("grad_x"))),
+        ("grad_weight", to_f64(w.grad(&grads).expect("grad_weight"))),
+    ];
+    if let Some(z) = out.z_loss {
+        actual.push(("z_loss", to_f64(z.inner())));
+    }
+    if let Some(b) = &b {
+        actual.push(("grad_bias", to_f64(b.grad(&grads).expect("grad_bias"))));
+    }
+    let inp = LinearInputs {
+        x: &xr,
+        w: &wr,
+        b: br.as_deref(),
+        targets: &inputs.targets,
+        class_weight: cw_r.as_deref(),
+        g: &g_r,
     };
-    let reduce = |values: &[f64]| -> Vec<f64> {
-        match options.reduction {
-            Reduction::None => values.to_vec(),
-            Reduction::Sum => vec![values.iter().sum()],
-            Reduction::Mean => {
-                let total = expected.rows.weight_total;
-                let s: f64 = values.iter().sum();
-                vec![if total == 0.0 { 0.0 } else { s / total }]
+    let chunk = chunk.unwrap_or_else(|| automatic_chunk_rows(n, h, v));
+    let expected = expected(&options, dtype, (n, h, v), &inp, chunk, &[n])
+        .pop()
+        .expect("one reference");
+    if reduced_matmul {
+        expected
+            .iter()
+            .map(|e| {
+                let a = &actual
+                    .iter()
+                    .find(|(name, _)| *name == e.tensor)
+                    .expect("result")
+                    .1;
+                compare_normwise(e.tensor, a, &e.values, TF32_NORMWISE)
+            })
+            .collect()
+    } else {
+        compare_all(actual, &expected)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bf16(v: f32) -> f32 {
+        burn::tensor::bf16::from_f32(v).to_f32()
+    }
+
+    /// What the chunked path computes on a device in bf16, every rounding in place
+    /// (round-to-nearest stores to bf16, f32 arithmetic in between): the logits, the
+    /// cross entropy's gradient `G` stored in bf16, each chunk's `Gᵀx` accumulated in f32
+    /// and stored in bf16, those added into an f32 accumulator stored in bf16 at the end,
+    /// `G·W` per row stored in bf16, `Σ_rows G` in f32. Reduction none (per-row factors),
+    /// no bias, no label smoothing, as the `_none` variant.
+    fn emulate_none(
+        options: &CrossEntropyOptions,
+        (n, h, v): (usize, usize, usize),
+        x: &[f64],
+        w: &[f64],
+        targets: &[i64],
+        cw: &[f64],
+        g: &[f64],
+        chunk: usize,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let lambda = options.lse_square_scale as f32;
+        let cap = options.softcap.map(|c| c as f32);
+        let mut grad = vec![0f32; n * v];
+        for i in 0..n {
+            let t = targets[i];
+            if t < 0 || t >= v as i64 {
+                continue;
+            }
+            let y = t as usize;
+            let logits: Vec<f32> = (0..v)
+                .map(|c| {
+                    let mut d = 0f32;
+                    for k in 0..h {
+                        d += (x[i * h + k] as f32) * (w[c * h + k] as f32);
+                    }
+                    bf16(d)
+                })
+                .collect();
+            let z: Vec<f32> = logits
+                .iter()
+                .map(|&l| cap.map_or(l, |c| (l / c).tanh() * c))
+                .collect();
+            let m = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let s: f32 = z.iter().map(|&zc| (zc - m).exp()).sum();
+            let lse = m + s.ln();
+            let scale = g[i] as f32;
+            let a = cw[y] as f32 * scale;
+            let coef = a + 2.0 * lambda * lse * scale;
+            for c in 0..v {
+                let p = (z[c] - lse).exp();
+                let mut gc = p * coef - if c == y { a } else { 0.0 };
+                if let Some(cp) = cap {
+                    let tc = logits[c] / cp;
+                    let th = tc.tanh();
+                    gc *= 1.0 - th * th;
+                }
+                grad[i * v + c] = bf16(gc);
             }
         }
-    };
-    let mut comparisons = vec![compare(
-        "loss",
-        &to_f64(out.loss.inner()),
-        &reduce(&expected.rows.loss),
-        loss_tol,
-    )];
-    if let Some(z) = out.z_loss {
-        comparisons.push(compare(
-            "z_loss",
-            &to_f64(z.inner()),
-            &reduce(&expected.rows.z_loss),
-            loss_tol,
-        ));
+        let mut acc = vec![0f32; v * h];
+        let mut grad_x = vec![0f64; n * h];
+        let mut r0 = 0;
+        while r0 < n {
+            let r1 = (r0 + chunk).min(n);
+            for c in 0..v {
+                for k in 0..h {
+                    let mut p = 0f32;
+                    for i in r0..r1 {
+                        p += grad[i * v + c] * x[i * h + k] as f32;
+                    }
+                    acc[c * h + k] += bf16(p);
+                }
+            }
+            for i in r0..r1 {
+                for k in 0..h {
+                    let mut p = 0f32;
+                    for c in 0..v {
+                        p += grad[i * v + c] * w[c * h + k] as f32;
+                    }
+                    grad_x[i * h + k] = f64::from(bf16(p));
+                }
+            }
+            r0 = r1;
+        }
+        let grad_w = acc.iter().map(|&a| f64::from(bf16(a))).collect();
+        (grad_x, grad_w)
     }
 
-    // Both sides times the same factor, so the gradients are of order one.
-    let total = expected.rows.weight_total;
-    let k_x = match options.reduction {
-        Reduction::Mean if total > 0.0 => total / f64::from(g[0]),
-        Reduction::Sum | Reduction::Mean => 1.0 / f64::from(g[0]),
-        Reduction::None => 1.0,
-    };
-    let k_w = k_x * v as f64;
-    let tol = Tolerance::for_dtype(dtype);
-    let floor = storage_floor(dtype);
-    let chunks = n.div_ceil(chunk.unwrap_or(n)) as f64;
-    let mut check = |name: &'static str, actual: Vec<f64>, which: usize, k: f64| {
-        let (exp, sums, terms) = match which {
-            0 => (
-                &expected.grad_x,
-                &expected.sums[0],
-                &expected.floor_terms[0],
-            ),
-            1 => (
-                &expected.grad_w,
-                &expected.sums[1],
-                &expected.floor_terms[1],
-            ),
-            _ => (
-                &expected.grad_b,
-                &expected.sums[2],
-                &expected.floor_terms[2],
-            ),
-        };
-        let a: Vec<f64> = actual.iter().map(|v| v * k).collect();
-        let e: Vec<f64> = exp.iter().map(|v| v * k).collect();
-        // `compare_impl` allows `sum_rtol · scale[i]` on top of the tolerance.
-        let scale: Vec<f64> = sums
-            .iter()
-            .zip(terms)
-            .map(|(s, t)| s * k + floor * (t + chunks + 1.0) * k / tol.sum_rtol)
-            .collect();
-        comparisons.push(if reduced_matmul {
-            compare_normwise(name, &a, &e, TF32_NORMWISE)
-        } else {
-            compare_impl(name, &a, &e, Some(&scale), tol)
-        });
-    };
-    check("grad_x", to_f64(x.grad(&grads).expect("grad_x")), 0, k_x);
-    check(
-        "grad_weight",
-        to_f64(w.grad(&grads).expect("grad_weight")),
-        1,
-        k_w,
-    );
-    if let Some(b) = b {
-        check(
-            "grad_bias",
-            to_f64(b.grad(&grads).expect("grad_bias")),
-            2,
-            k_w,
+    /// The H200's `fused_linear_cross_entropy_none` failure: a correctly rounded bf16
+    /// chunked computation exceeds the old bound `u·Σ|terms|` (plus `2e-2·|e|` and an
+    /// absolute `5e-2` on values scaled by `V`), which counted the rounding of each term of
+    /// `Gᵀx` but not that of each chunk's product. Where a class is the target of two rows
+    /// in different chunks whose terms nearly cancel, each chunk's large product is
+    /// rounded on its own while the result is small: that rounding is as large as the
+    /// terms' own. The case has such pairs (row `P + p` holds `−x` of row `p`, the same
+    /// target and upstream factor); the old bound rejects the honest computation at some
+    /// of their elements, the bounds of [`expected`] accept every element.
+    #[test]
+    fn chunk_products_rounding_is_within_the_bound_and_beyond_the_old_one() {
+        let op = Op::FusedLinearCrossEntropyNone;
+        let pairs = 60;
+        let (n, h, v) = (2 * pairs, HIDDEN, 10 * pairs);
+        let chunk = 5;
+        let dtype = DType::BF16;
+        let u = unit_roundoff(dtype);
+        let (mut old_rejections, mut worst, mut used_new) = (0, 0.0f64, 0.0f64);
+        for seed in 0..2 {
+            let mut rng = Rng::new(seed);
+            let mut inputs = draw(op, n, v, &mut rng);
+            for p in 0..pairs {
+                inputs.targets[p] = p as i64;
+                inputs.targets[pairs + p] = p as i64;
+                inputs.g[pairs + p] = inputs.g[p];
+                for k in 0..h {
+                    inputs.x[(pairs + p) * h + k] = -inputs.x[p * h + k];
+                }
+            }
+            let options = variant(op, v).options;
+            let (x, w) = (host_input(&inputs.x, dtype), host_input(&inputs.w, dtype));
+            let cw = f64s(inputs.class_weight.as_deref().expect("weighted variant"));
+            let g = f64s(&inputs.g);
+            let inp = LinearInputs {
+                x: &x,
+                w: &w,
+                b: None,
+                targets: &inputs.targets,
+                class_weight: Some(&cw),
+                g: &g,
+            };
+            let expected = expected(&options, dtype, (n, h, v), &inp, chunk, &[n])
+                .pop()
+                .expect("one reference");
+            let (grad_x, grad_w) =
+                emulate_none(&options, (n, h, v), &x, &w, &inputs.targets, &cw, &g, chunk);
+            let tensor = |name: &str| expected.iter().find(|e| e.tensor == name).unwrap();
+            for (name, actual) in [("grad_x", &grad_x), ("grad_weight", &grad_w)] {
+                let c = tensor(name).check(actual);
+                assert!(
+                    c.passed,
+                    "seed {seed} {name}: the honest bf16 computation is rejected (used {:.2})",
+                    c.max_used
+                );
+                used_new = used_new.max(c.max_used);
+            }
+            // The old bound on `grad_weight`, in the units it was applied in (values
+            // times V under reduction none), its `Σ|terms|` recomputed here.
+            let gw = tensor("grad_weight");
+            let reference = reference_rows(&options, dtype, (n, h, v), &inp);
+            for (k, (&a, &e)) in grad_w.iter().zip(&gw.values).enumerate() {
+                let (c, hk) = (k / h, k % h);
+                let terms: f64 = (0..n)
+                    .map(|i| (reference[i * v + c] * x[i * h + hk]).abs())
+                    .sum();
+                let scale = v as f64;
+                let old = 5e-2 + 2e-2 * (e * scale).abs() + u * terms * scale;
+                let used = (a - e).abs() * scale / old;
+                worst = worst.max(used);
+                if used > 1.0 {
+                    old_rejections += 1;
+                }
+            }
+        }
+        eprintln!(
+            "old bound: {old_rejections} rejections, worst {worst:.2} of it; \
+             new bounds: at most {used_new:.2} used"
+        );
+        assert!(
+            old_rejections > 0,
+            "the old bound accepted every element: the case does not reach its weakness"
         );
     }
-    comparisons
+
+    /// The reference's `G` (row factors applied), to recompute the old bound's terms.
+    fn reference_rows(
+        options: &CrossEntropyOptions,
+        dtype: DType,
+        (n, h, v): (usize, usize, usize),
+        inp: &LinearInputs,
+    ) -> Vec<f64> {
+        let tot = totals(inp.targets, v, inp.class_weight, options);
+        let mut out = vec![0.0; n * v];
+        for i in 0..n {
+            let (z, dz): (Vec<f64>, Vec<f64>) = (0..v).map(|c| logit(inp, h, dtype, i, c)).unzip();
+            let stats = row_stats(&z, Some(&dz), inp.targets[i], inp.class_weight, options);
+            let f = factors(options, inp.g, tot, i);
+            for c in 0..v {
+                out[i * v + c] = element(
+                    &stats,
+                    c,
+                    z[c],
+                    0.0,
+                    inp.class_weight,
+                    options,
+                    f,
+                    dtype,
+                    1.0,
+                )
+                .grad;
+            }
+        }
+        out
+    }
 }

@@ -5,18 +5,32 @@
 //! Inputs are fresh random values each run (seeded from the clock unless `LIGER_SEED`
 //! is set; the seed is reported), rounded to the tested dtype before the reference sees
 //! them, so only the op's own error is measured. The upstream gradient is random too
-//! (never all ones). Output buffers of the same sizes are filled with NaN and released
-//! right before each op, so a kernel that leaves an element unwritten reads back NaN
-//! from the reused pool memory instead of a plausible stale value.
+//! (never all ones). Output buffers of the same sizes (in the dtype and in f32) are
+//! filled with NaN and released right before each op, so a kernel that leaves an element
+//! unwritten reads back NaN from the reused pool memory instead of a plausible stale
+//! value.
+//!
+//! Each reference returns, with every expected value, the largest error an
+//! implementation of the op's definition may make there, derived from the rounding of
+//! the dtype ([`bounds`]); a result passes when every element is finite and within its
+//! bound. The wrong-output tests (`wrong_outputs.rs`) show that every comparison rejects
+//! zeros, doubled values, missing rows, transposed and shifted results at the widest and
+//! tallest shapes of the full sweep, in every dtype.
 
+pub mod bounds;
 pub mod cross_entropy;
 pub mod glu;
 pub mod linear_cross_entropy;
 pub mod reference;
 mod rng;
 pub mod rope;
+#[cfg(test)]
+mod wrong_outputs;
 
+pub use bounds::Expected;
 pub use rng::Rng;
+
+use bounds::{round_to, unit_roundoff};
 
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
@@ -133,44 +147,33 @@ impl Op {
     }
 }
 
-/// Allowed error: `|actual - expected| <= atol + rtol * |expected|` elementwise, plus
-/// `sum_rtol * Σ|terms|` for values reduced over rows (weight/bias gradients), whose
-/// rounding error scales with the magnitude of the summed terms, not of the (possibly
-/// cancelling) result.
+/// A tolerance of the form `|actual − expected| ≤ atol + rtol·|expected|`, for comparisons
+/// outside the conformance suite (two f32 computations of the same quantity in the
+/// per-op test suites). The suite itself compares against per-element bounds derived
+/// from the rounding of each dtype ([`bounds`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Tolerance {
     /// Absolute part.
     pub atol: f64,
     /// Relative part.
     pub rtol: f64,
-    /// Part relative to the sum of the absolute terms of a row reduction.
-    pub sum_rtol: f64,
 }
 
 impl Tolerance {
-    /// Tolerance for results stored in `dtype` (accumulation is always f32). The half
-    /// precision ones are the rounding of the stored result (2⁻⁸ for bf16, 2⁻¹¹ for
-    /// f16) with headroom for the rounded intermediates the casting conventions define.
+    /// For two evaluations of the same quantity from the same inputs, accumulating in f32
+    /// in different orders (a fused kernel against stock ops): `n·u₃₂` relative is
+    /// `1e-4` for sums of up to `n ≈ 1700` terms, and the absolute `1e-5` is that
+    /// relative error on terms of order 0.1 whose sum cancels. Half-precision results are
+    /// stored once more on each side: `2u` relative on top, and f16's smallest normal
+    /// absolute (a store may flush what lies below it).
     pub fn for_dtype(dtype: DType) -> Self {
-        match dtype {
-            // Terms of a reduction may each carry one rounding of a half-precision
-            // intermediate (Llama casting rounds x̂): 2⁻⁸ for bf16, 2⁻¹¹ for f16.
-            DType::BF16 => Tolerance {
-                atol: 5e-2,
-                rtol: 2e-2,
-                sum_rtol: 1.0 / 256.0,
-            },
-            DType::F16 => Tolerance {
-                atol: 5e-3,
-                rtol: 5e-3,
-                sum_rtol: 1.0 / 2048.0,
-            },
-            // f32 accumulation: 16 ulps of the absolute sum.
-            _ => Tolerance {
-                atol: 1e-5,
-                rtol: 1e-4,
-                sum_rtol: 1e-6,
-            },
+        let (store, flush) = match dtype {
+            DType::BF16 | DType::F16 => (unit_roundoff(dtype), bounds::min_normal(dtype)),
+            _ => (0.0, 0.0),
+        };
+        Tolerance {
+            atol: 1e-5 + flush,
+            rtol: 1e-4 + 2.0 * store,
         }
     }
 }
@@ -182,11 +185,13 @@ pub struct Comparison {
     pub tensor: &'static str,
     /// Largest absolute error.
     pub max_abs: f64,
-    /// Largest error relative to `|expected|` (over elements with `|expected| > 1e-3`).
+    /// Largest error relative to `|expected|` (over elements with `expected ≠ 0`).
     pub max_rel: f64,
+    /// Largest error as a fraction of its allowed bound (above 1: failed there).
+    pub max_used: f64,
     /// Elements checked.
     pub len: usize,
-    /// Whether every element is within tolerance and finite where expected is.
+    /// Whether every element is within its bound and finite.
     pub passed: bool,
 }
 
@@ -197,18 +202,11 @@ pub fn compare(
     expected: &[f64],
     tol: Tolerance,
 ) -> Comparison {
-    compare_impl(tensor, actual, expected, None, tol)
-}
-
-/// Compares a row-reduced tensor, `scale[i]` being the sum of the absolute terms of `expected[i]`.
-pub fn compare_sum(
-    tensor: &'static str,
-    actual: &[f64],
-    expected: &[f64],
-    scale: &[f64],
-    tol: Tolerance,
-) -> Comparison {
-    compare_impl(tensor, actual, expected, Some(scale), tol)
+    let allowed: Vec<f64> = expected
+        .iter()
+        .map(|e| tol.atol + tol.rtol * e.abs())
+        .collect();
+    bounds::check(tensor, actual, expected, &allowed)
 }
 
 /// Compares `actual` with `expected` norm-wise: passes when every element is finite and
@@ -224,17 +222,8 @@ pub fn compare_normwise(
     expected: &[f64],
     bound: f64,
 ) -> Comparison {
-    let mut c = compare_impl(
-        tensor,
-        actual,
-        expected,
-        None,
-        Tolerance {
-            atol: f64::INFINITY,
-            rtol: 0.0,
-            sum_rtol: 0.0,
-        },
-    );
+    let infinite = vec![f64::INFINITY; expected.len()];
+    let mut c = bounds::check(tensor, actual, expected, &infinite);
     let diff: f64 = actual
         .iter()
         .zip(expected)
@@ -246,39 +235,9 @@ pub fn compare_normwise(
     } else {
         diff.sqrt()
     };
+    c.max_used = rel / bound;
     c.passed = c.passed && rel <= bound;
     c
-}
-
-fn compare_impl(
-    tensor: &'static str,
-    actual: &[f64],
-    expected: &[f64],
-    scale: Option<&[f64]>,
-    tol: Tolerance,
-) -> Comparison {
-    let mut max_abs: f64 = 0.0;
-    let mut max_rel: f64 = 0.0;
-    let mut passed = actual.len() == expected.len();
-    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
-        let err = (a - e).abs();
-        let allowed = tol.atol + tol.rtol * e.abs() + scale.map_or(0.0, |s| tol.sum_rtol * s[i]);
-        if !a.is_finite() || !(err <= allowed) {
-            passed = false;
-        }
-        let err = if a.is_finite() { err } else { f64::INFINITY };
-        max_abs = max_abs.max(err);
-        if e.abs() > 1e-3 {
-            max_rel = max_rel.max(err / e.abs());
-        }
-    }
-    Comparison {
-        tensor,
-        max_abs,
-        max_rel,
-        len: expected.len(),
-        passed,
-    }
 }
 
 /// One op at one shape: every tensor compared.
@@ -353,6 +312,15 @@ fn to_f64<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
         .collect()
 }
 
+/// Values below 2⁻¹³ in magnitude become 0: every input is then zero or a normal number of
+/// every dtype (f16's smallest normal is 2⁻¹⁴), so no device flushes an input it reads.
+fn no_subnormals(values: Vec<f32>) -> Vec<f32> {
+    values
+        .into_iter()
+        .map(|v| if v.abs() < 2f32.powi(-13) { 0.0 } else { v })
+        .collect()
+}
+
 /// A device tensor of `dtype` from values, and the values as the device rounded them.
 fn input<B: Backend>(
     values: Vec<f32>,
@@ -365,20 +333,28 @@ fn input<B: Backend>(
     } else {
         shape
     };
-    let t = Tensor::<B, 2>::from_data(TensorData::new(values, shape2), device).cast(dtype);
+    let t = Tensor::<B, 2>::from_data(TensorData::new(no_subnormals(values), shape2), device)
+        .cast(dtype);
     let rounded = to_f64(t.clone());
     (t, rounded)
 }
 
+/// `values` rounded to `dtype` on the host, as [`input`] has the device do it.
+pub fn host_input(values: &[f32], dtype: DType) -> Vec<f64> {
+    no_subnormals(values.to_vec())
+        .into_iter()
+        .map(|v| round_to(dtype, f64::from(v)))
+        .collect()
+}
+
 /// A trainable `[width]` parameter of `dtype` (autodiff leaf) and its rounded values.
 fn param<B: Backend>(
-    rng: &mut Rng,
-    width: usize,
-    (lo, hi, shift): (f64, f64, f64),
+    values: Vec<f32>,
     dtype: DType,
     device: &B::Device,
 ) -> (Tensor<Autodiff<B>, 1>, Vec<f64>) {
-    let (t, rounded) = input::<B>(rng.vec(width, lo, hi, shift), vec![width], dtype, device);
+    let width = values.len();
+    let (t, rounded) = input::<B>(values, vec![width], dtype, device);
     (
         Tensor::<Autodiff<B>, 2>::from_inner(t)
             .reshape([width])
@@ -387,14 +363,160 @@ fn param<B: Backend>(
     )
 }
 
-/// Fills and drops NaN buffers of the given element counts, so the next allocations
-/// of those sizes reuse poisoned memory.
+/// Fills and drops NaN buffers of the given element counts, in `dtype` and in f32 (the
+/// kernels' f32 statistics and accumulators), so the next allocations of those sizes
+/// reuse poisoned memory.
 fn poison<B: Backend>(sizes: &[usize], dtype: DType, device: &B::Device) {
     for &n in sizes {
-        let t = Tensor::<B, 1>::full([n], f32::NAN, device).cast(dtype);
+        let t = Tensor::<B, 1>::full([n], f32::NAN, device);
+        let cast = (dtype != DType::F32).then(|| t.clone().cast(dtype));
         let _ = B::sync(device);
-        drop(t);
+        drop((t, cast));
     }
+}
+
+/// The inputs of a norm or softmax case, as drawn (f32, before rounding to the dtype).
+#[derive(Clone, Debug)]
+pub struct RowInputs {
+    /// `[rows, width]` input.
+    pub x: Vec<f32>,
+    /// `[rows, width]` upstream gradient of the output.
+    pub g: Vec<f32>,
+    /// `[width]` weight (norms).
+    pub w: Vec<f32>,
+    /// `[width]` bias (LayerNorm with bias).
+    pub b: Vec<f32>,
+    /// `[rows, width]` residual (add + RMSNorm).
+    pub r: Vec<f32>,
+    /// `[rows, width]` upstream gradient of the sum (add + RMSNorm).
+    pub g2: Vec<f32>,
+}
+
+/// Draws the inputs of `op` at `[rows, width]` (norms and softmaxes).
+///
+/// Softmax rows get one logit `2 + ln(width)` above the bulk in `[-2, 2]`, as real
+/// attention and logit rows are peaked: without it every probability of a wide row is
+/// about `1/width`, below f16's smallest normal from width 10⁴ on, where a device may
+/// flush them all and no check of the values could tell zeros from the right answer.
+pub fn draw_row_inputs(op: Op, rows: usize, width: usize, rng: &mut Rng) -> RowInputs {
+    let n = rows * width;
+    let shift = if matches!(op, Op::LayerNorm | Op::LayerNormNoBias) {
+        3.0
+    } else {
+        0.0
+    };
+    let mut x = rng.vec(n, -2.0, 2.0, shift);
+    if op.is_softmax() {
+        let peak = (2.0 + (width as f64).ln()) as f32;
+        for i in 0..rows {
+            x[i * width + rng.below(width)] = peak;
+        }
+    }
+    let g = rng.vec(n, -1.5, 1.5, 0.0);
+    let (w, b, r, g2) = match op {
+        Op::RmsNorm | Op::RmsNormGemma => (rng.vec(width, -1.0, 1.0, 0.5), vec![], vec![], vec![]),
+        Op::AddRmsNorm => {
+            let r = rng.vec(n, -2.0, 2.0, 0.0);
+            let g2 = rng.vec(n, -1.0, 1.0, 0.0);
+            (rng.vec(width, -1.0, 1.0, 0.5), vec![], r, g2)
+        }
+        Op::LayerNorm => (
+            rng.vec(width, -1.0, 1.0, 0.5),
+            rng.vec(width, -1.0, 1.0, 0.0),
+            vec![],
+            vec![],
+        ),
+        Op::LayerNormNoBias => (rng.vec(width, -1.0, 1.0, 0.5), vec![], vec![], vec![]),
+        _ => (vec![], vec![], vec![], vec![]),
+    };
+    RowInputs { x, g, w, b, r, g2 }
+}
+
+const NORM_EPS: f64 = 1e-6;
+const LAYER_NORM_EPS: f64 = 1e-5;
+
+/// The reference of a norm or softmax case from its rounded inputs (`x, g, w, b, r, g2`
+/// as in [`RowInputs`]); the reductions over rows take the first `live` rows.
+#[allow(clippy::too_many_arguments)]
+fn row_expected(
+    op: Op,
+    dtype: DType,
+    width: usize,
+    [x, g, w, b, r, g2]: [&[f64]; 6],
+    live: usize,
+) -> Vec<Expected> {
+    match op {
+        Op::RmsNorm => reference::rms_norm(dtype, x, w, g, width, NORM_EPS, 0.0, true, live),
+        Op::RmsNormGemma => reference::rms_norm(dtype, x, w, g, width, NORM_EPS, 1.0, false, live),
+        Op::AddRmsNorm => reference::add_rms_norm(dtype, x, r, w, g, g2, width, NORM_EPS, live),
+        Op::LayerNorm => {
+            reference::layer_norm(dtype, x, w, Some(b), g, width, LAYER_NORM_EPS, live)
+        }
+        Op::LayerNormNoBias => {
+            reference::layer_norm(dtype, x, w, None, g, width, LAYER_NORM_EPS, live)
+        }
+        Op::Softmax => reference::softmax(dtype, x, g, width),
+        Op::LogSoftmax => reference::log_softmax(dtype, x, g, width),
+        other => unreachable!("{other:?} is not a norm or softmax"),
+    }
+}
+
+/// A case's reference built on the host alone: its inputs drawn as [`run_case`] draws
+/// them and rounded to the dtype, the reference, and the reference of a result whose
+/// reductions over rows miss the last tenth of the rows (what the wrong-output tests
+/// feed the comparisons).
+pub struct HostCase {
+    /// The reference.
+    pub expected: Vec<Expected>,
+    /// The reductions over rows without the last `rows / 10` rows (other tensors as in
+    /// `expected`).
+    pub without_last_rows: Vec<Expected>,
+}
+
+/// See [`HostCase`].
+pub fn host_case(op: Op, rows: usize, width: usize, dtype: DType, rng: &mut Rng) -> HostCase {
+    let live = rows - (rows / 10).max(1).min(rows);
+    if op.is_elementwise() {
+        return glu::host_case(op, rows, width, dtype, rng, live);
+    }
+    if matches!(op, Op::RopeRotateHalf | Op::RopeInterleaved) {
+        return rope::host_case(op, rows, width, dtype, rng, live);
+    }
+    if op.is_cross_entropy() {
+        return cross_entropy::host_case(op, rows, width, dtype, rng, live);
+    }
+    if op.is_linear_cross_entropy() {
+        return linear_cross_entropy::host_case(op, rows, width, dtype, rng, live);
+    }
+    let inputs = draw_row_inputs(op, rows, width, rng);
+    let r = |v: &Vec<f32>| host_input(v, dtype);
+    let (x, g, w, b, res, g2) = (
+        r(&inputs.x),
+        r(&inputs.g),
+        r(&inputs.w),
+        r(&inputs.b),
+        r(&inputs.r),
+        r(&inputs.g2),
+    );
+    let all = [&x[..], &g, &w, &b, &res, &g2];
+    HostCase {
+        expected: row_expected(op, dtype, width, all, rows),
+        without_last_rows: row_expected(op, dtype, width, all, live),
+    }
+}
+
+/// Compares each actual tensor with the expected tensor of the same name.
+fn compare_all(actual: Vec<(&'static str, Vec<f64>)>, expected: &[Expected]) -> Vec<Comparison> {
+    expected
+        .iter()
+        .map(|e| {
+            let a = actual
+                .iter()
+                .find(|(name, _)| *name == e.tensor)
+                .unwrap_or_else(|| panic!("no device result for {}", e.tensor));
+            e.check(&a.1)
+        })
+        .collect()
 }
 
 /// Runs `op` at `[rows, width]` in `dtype` on `device` (through `Autodiff<B>`).
@@ -406,189 +528,19 @@ pub fn run_case<B: FusedOps>(
     device: &B::Device,
     rng: &mut Rng,
 ) -> CaseResult {
-    type A<B> = Autodiff<B>;
-    let tol = Tolerance::for_dtype(dtype);
-    let n = rows * width;
-    let shift = if matches!(op, Op::LayerNorm | Op::LayerNormNoBias) {
-        3.0
-    } else {
-        0.0
-    };
-    let (x, xr) = input::<B>(
-        rng.vec(n, -2.0, 2.0, shift),
-        vec![rows, width],
-        dtype,
-        device,
-    );
-    let (g, gr) = input::<B>(rng.vec(n, -1.5, 1.5, 0.0), vec![rows, width], dtype, device);
-    let x = Tensor::<A<B>, 2>::from_inner(x).require_grad();
-    let g_ad = Tensor::<A<B>, 2>::from_inner(g.clone());
-    let mut comparisons = Vec::new();
-    let eps = 1e-6;
-    poison::<B>(&[n, n, width, rows], dtype, device);
-    match op {
-        Op::RmsNorm | Op::RmsNormGemma => {
-            let (w, wr) = param::<B>(rng, width, (-1.0, 1.0, 0.5), dtype, device);
-            let options = if op == Op::RmsNorm {
-                RmsNormOptions::llama(eps)
-            } else {
-                RmsNormOptions::gemma(eps)
-            };
-            let y = functional::rms_norm(x.clone(), w.clone(), options);
-            let grads = (y.clone() * g_ad).sum().backward();
-            let (yr, _) = reference::rms_norm(&xr, &wr, width, eps, options.offset);
-            let (dxr, dwr, dws) =
-                reference::rms_norm_backward(&gr, &xr, &wr, width, eps, options.offset);
-            comparisons.push(compare("output", &to_f64(y.inner()), &yr, tol));
-            comparisons.push(compare(
-                "grad_x",
-                &to_f64(x.grad(&grads).unwrap()),
-                &dxr,
-                tol,
-            ));
-            comparisons.push(compare_sum(
-                "grad_weight",
-                &to_f64(w.grad(&grads).unwrap()),
-                &dwr,
-                &dws,
-                tol,
-            ));
-        }
-        Op::AddRmsNorm => {
-            let (r, rr) = input::<B>(rng.vec(n, -2.0, 2.0, 0.0), vec![rows, width], dtype, device);
-            let (g2, g2r) =
-                input::<B>(rng.vec(n, -1.0, 1.0, 0.0), vec![rows, width], dtype, device);
-            let (w, wr) = param::<B>(rng, width, (-1.0, 1.0, 0.5), dtype, device);
-            let r = Tensor::<A<B>, 2>::from_inner(r).require_grad();
-            let (y, s) = functional::fused_add_rms_norm(
-                x.clone(),
-                r.clone(),
-                w.clone(),
-                RmsNormOptions::llama(eps),
-            );
-            let grads =
-                ((y.clone() * g_ad).sum() + (s.clone() * Tensor::from_inner(g2)).sum()).backward();
-            // The sum is stored in the input dtype: round it like the device did.
-            let sr = to_f64(s.clone().inner());
-            let sr_exact: Vec<f64> = xr.iter().zip(&rr).map(|(a, b)| a + b).collect();
-            let (yr, _) = reference::rms_norm(&sr, &wr, width, eps, 0.0);
-            let (mut dsr, dwr, dws) = reference::rms_norm_backward(&gr, &sr, &wr, width, eps, 0.0);
-            dsr.iter_mut().zip(&g2r).for_each(|(a, b)| *a += b);
-            comparisons.push(compare("sum", &sr, &sr_exact, tol));
-            comparisons.push(compare("output", &to_f64(y.inner()), &yr, tol));
-            comparisons.push(compare(
-                "grad_x",
-                &to_f64(x.grad(&grads).unwrap()),
-                &dsr,
-                tol,
-            ));
-            comparisons.push(compare(
-                "grad_residual",
-                &to_f64(r.grad(&grads).unwrap()),
-                &dsr,
-                tol,
-            ));
-            comparisons.push(compare_sum(
-                "grad_weight",
-                &to_f64(w.grad(&grads).unwrap()),
-                &dwr,
-                &dws,
-                tol,
-            ));
-        }
-        Op::LayerNorm | Op::LayerNormNoBias => {
-            let (w, wr) = param::<B>(rng, width, (-1.0, 1.0, 0.5), dtype, device);
-            let bias = (op == Op::LayerNorm)
-                .then(|| param::<B>(rng, width, (-1.0, 1.0, 0.0), dtype, device));
-            let y = functional::layer_norm(
-                x.clone(),
-                w.clone(),
-                bias.as_ref().map(|b| b.0.clone()),
-                1e-5,
-            );
-            let grads = (y.clone() * g_ad).sum().backward();
-            let yr =
-                reference::layer_norm(&xr, &wr, bias.as_ref().map(|b| b.1.as_slice()), width, 1e-5);
-            let r = reference::layer_norm_backward(&gr, &xr, &wr, width, 1e-5);
-            comparisons.push(compare("output", &to_f64(y.inner()), &yr, tol));
-            comparisons.push(compare(
-                "grad_x",
-                &to_f64(x.grad(&grads).unwrap()),
-                &r.dx,
-                tol,
-            ));
-            comparisons.push(compare_sum(
-                "grad_weight",
-                &to_f64(w.grad(&grads).unwrap()),
-                &r.dgamma,
-                &r.dgamma_scale,
-                tol,
-            ));
-            if let Some((b, _)) = bias {
-                comparisons.push(compare_sum(
-                    "grad_bias",
-                    &to_f64(b.grad(&grads).unwrap()),
-                    &r.dbeta,
-                    &r.dbeta_scale,
-                    tol,
-                ));
-            }
-        }
-        Op::Softmax | Op::LogSoftmax => {
-            let log = op == Op::LogSoftmax;
-            let y = if log {
-                functional::log_softmax(x.clone(), 1)
-            } else {
-                functional::softmax(x.clone(), 1)
-            };
-            let grads = (y.clone() * g_ad).sum().backward();
-            let (yr, dxr) = if log {
-                (
-                    reference::log_softmax(&xr, width),
-                    reference::log_softmax_backward(&gr, &xr, width),
-                )
-            } else {
-                (
-                    reference::softmax(&xr, width),
-                    reference::softmax_backward(&gr, &xr, width),
-                )
-            };
-            comparisons.push(compare("output", &to_f64(y.inner()), &yr, tol));
-            comparisons.push(compare(
-                "grad_x",
-                &to_f64(x.grad(&grads).unwrap()),
-                &dxr,
-                tol,
-            ));
-        }
+    let comparisons = match op {
         Op::SwiGlu | Op::GeGlu | Op::Gelu | Op::Sigmoid => {
-            comparisons = glu::run_case::<B>(op, rows, width, dtype, device, rng);
+            glu::run_case::<B>(op, rows, width, dtype, device, rng)
         }
-
         Op::RopeRotateHalf | Op::RopeInterleaved => {
-            let layout = if op == Op::RopeInterleaved {
-                liger_burn::ops::RopeLayout::Interleaved
-            } else {
-                liger_burn::ops::RopeLayout::RotateHalf
-            };
-            comparisons.extend(rope::run_case::<B>(layout, rows, width, dtype, device, rng));
+            rope::run_case::<B>(op, rows, width, dtype, device, rng)
         }
-
-        Op::CrossEntropy
-        | Op::CrossEntropySmoothWeighted
-        | Op::CrossEntropyZLossSoftcap
-        | Op::CrossEntropyNone
-        | Op::CrossEntropySum => {
-            comparisons.extend(cross_entropy::run::<B>(op, rows, width, dtype, device, rng));
+        _ if op.is_cross_entropy() => cross_entropy::run::<B>(op, rows, width, dtype, device, rng),
+        _ if op.is_linear_cross_entropy() => {
+            linear_cross_entropy::run::<B>(op, rows, width, dtype, device, rng)
         }
-        Op::FusedLinearCrossEntropy
-        | Op::FusedLinearCrossEntropyNone
-        | Op::FusedLinearCrossEntropySum => {
-            comparisons.extend(linear_cross_entropy::run::<B>(
-                op, rows, width, dtype, device, rng,
-            ));
-        }
-    }
+        _ => run_row_case::<B>(op, rows, width, dtype, device, rng),
+    };
     CaseResult {
         op,
         rows,
@@ -596,6 +548,104 @@ pub fn run_case<B: FusedOps>(
         dtype,
         comparisons,
     }
+}
+
+/// A norm or softmax case on the device.
+fn run_row_case<B: FusedOps>(
+    op: Op,
+    rows: usize,
+    width: usize,
+    dtype: DType,
+    device: &B::Device,
+    rng: &mut Rng,
+) -> Vec<Comparison> {
+    type A<B> = Autodiff<B>;
+    let n = rows * width;
+    let inputs = draw_row_inputs(op, rows, width, rng);
+    let shape = vec![rows, width];
+    let (x, xr) = input::<B>(inputs.x, shape.clone(), dtype, device);
+    let (g, gr) = input::<B>(inputs.g, shape.clone(), dtype, device);
+    let x = Tensor::<A<B>, 2>::from_inner(x).require_grad();
+    let g_ad = Tensor::<A<B>, 2>::from_inner(g);
+    let mut actual = Vec::new();
+    let mut expected_inputs = [xr, gr, vec![], vec![], vec![], vec![]];
+    match op {
+        Op::RmsNorm | Op::RmsNormGemma => {
+            let (w, wr) = param::<B>(inputs.w, dtype, device);
+            expected_inputs[2] = wr;
+            let options = if op == Op::RmsNorm {
+                RmsNormOptions::llama(NORM_EPS)
+            } else {
+                RmsNormOptions::gemma(NORM_EPS)
+            };
+            poison::<B>(&[n, n, width, rows], dtype, device);
+            let y = functional::rms_norm(x.clone(), w.clone(), options);
+            let grads = (y.clone() * g_ad).sum().backward();
+            actual.push(("output", to_f64(y.inner())));
+            actual.push(("grad_x", to_f64(x.grad(&grads).unwrap())));
+            actual.push(("grad_weight", to_f64(w.grad(&grads).unwrap())));
+        }
+        Op::AddRmsNorm => {
+            let (r, rr) = input::<B>(inputs.r, shape.clone(), dtype, device);
+            let (g2, g2r) = input::<B>(inputs.g2, shape, dtype, device);
+            let (w, wr) = param::<B>(inputs.w, dtype, device);
+            expected_inputs[2] = wr;
+            expected_inputs[4] = rr;
+            expected_inputs[5] = g2r;
+            let r = Tensor::<A<B>, 2>::from_inner(r).require_grad();
+            poison::<B>(&[n, n, n, n, width, rows], dtype, device);
+            let (y, s) = functional::fused_add_rms_norm(
+                x.clone(),
+                r.clone(),
+                w.clone(),
+                RmsNormOptions::llama(NORM_EPS),
+            );
+            let grads =
+                ((y.clone() * g_ad).sum() + (s.clone() * Tensor::from_inner(g2)).sum()).backward();
+            actual.push(("sum", to_f64(s.inner())));
+            actual.push(("output", to_f64(y.inner())));
+            actual.push(("grad_x", to_f64(x.grad(&grads).unwrap())));
+            actual.push(("grad_residual", to_f64(r.grad(&grads).unwrap())));
+            actual.push(("grad_weight", to_f64(w.grad(&grads).unwrap())));
+        }
+        Op::LayerNorm | Op::LayerNormNoBias => {
+            let (w, wr) = param::<B>(inputs.w, dtype, device);
+            expected_inputs[2] = wr;
+            let bias = (op == Op::LayerNorm).then(|| param::<B>(inputs.b, dtype, device));
+            if let Some((_, br)) = &bias {
+                expected_inputs[3] = br.clone();
+            }
+            poison::<B>(&[n, n, width, width, rows], dtype, device);
+            let y = functional::layer_norm(
+                x.clone(),
+                w.clone(),
+                bias.as_ref().map(|b| b.0.clone()),
+                LAYER_NORM_EPS,
+            );
+            let grads = (y.clone() * g_ad).sum().backward();
+            actual.push(("output", to_f64(y.inner())));
+            actual.push(("grad_x", to_f64(x.grad(&grads).unwrap())));
+            actual.push(("grad_weight", to_f64(w.grad(&grads).unwrap())));
+            if let Some((b, _)) = bias {
+                actual.push(("grad_bias", to_f64(b.grad(&grads).unwrap())));
+            }
+        }
+        Op::Softmax | Op::LogSoftmax => {
+            poison::<B>(&[n, n], dtype, device);
+            let y = if op == Op::LogSoftmax {
+                functional::log_softmax(x.clone(), 1)
+            } else {
+                functional::softmax(x.clone(), 1)
+            };
+            let grads = (y.clone() * g_ad).sum().backward();
+            actual.push(("output", to_f64(y.inner())));
+            actual.push(("grad_x", to_f64(x.grad(&grads).unwrap())));
+        }
+        other => unreachable!("{other:?} is not a norm or softmax"),
+    }
+    let [x, g, w, b, r, g2] = &expected_inputs;
+    let expected = row_expected(op, dtype, width, [x, g, w, b, r, g2], rows);
+    compare_all(actual, &expected)
 }
 
 /// Runs the whole sweep for the ops whose name contains `filter` (all when `None`).

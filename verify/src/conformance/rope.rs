@@ -4,7 +4,8 @@
 //! of q and k, whether the tables are per batch, how q and k are laid out in memory) come
 //! from the table [`CASES`], so reports still read `tokens × head_dim`.
 
-use super::{Comparison, Rng, Tolerance, compare, poison, to_f64};
+use super::bounds::{Expected, U32, flush, unit_roundoff};
+use super::{Comparison, HostCase, Op, Rng, host_input, poison, to_f64};
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use liger_burn::functional;
@@ -134,7 +135,23 @@ pub fn reference(
     layout: RopeLayout,
     backward: bool,
 ) -> Vec<f64> {
+    rotate(x, dims, cos, sin, batched_tables, layout, backward, false)
+}
+
+/// [`reference`], or with `magnitudes` the same sums of the terms' absolute values.
+#[allow(clippy::too_many_arguments)]
+fn rotate(
+    x: &[f64],
+    dims: [usize; 4],
+    cos: &[f64],
+    sin: &[f64],
+    batched_tables: bool,
+    layout: RopeLayout,
+    backward: bool,
+    magnitudes: bool,
+) -> Vec<f64> {
     let [batch, heads, seq, d] = dims;
+    let f = |v: f64| if magnitudes { v.abs() } else { v };
     let mut out = vec![0.0; x.len()];
     for b in 0..batch {
         for h in 0..heads {
@@ -145,16 +162,99 @@ pub fn reference(
                     let (p, sign) = partner(j, d, layout);
                     let (c, sn) = (cos[table + j], sin[table + j]);
                     if backward {
-                        out[row + j] += c * x[row + j];
-                        out[row + p] += sign * sn * x[row + j];
+                        out[row + j] += f(c * x[row + j]);
+                        out[row + p] += f(sign * sn * x[row + j]);
                     } else {
-                        out[row + j] += c * x[row + j] + sn * sign * x[row + p];
+                        out[row + j] += f(c * x[row + j]) + f(sn * sign * x[row + p]);
                     }
                 }
             }
         }
     }
     out
+}
+
+/// The reference of one rotated tensor with its bounds: each element is a sum of two
+/// products of dtype values computed in f32 (two roundings of `u₃₂` on the terms'
+/// magnitudes) and stored (`u|e|` and a flush).
+#[allow(clippy::too_many_arguments)]
+fn expected(
+    name: &'static str,
+    dtype: DType,
+    x: &[f64],
+    dims: [usize; 4],
+    cos: &[f64],
+    sin: &[f64],
+    batched_tables: bool,
+    layout: RopeLayout,
+    backward: bool,
+) -> Expected {
+    let u = unit_roundoff(dtype);
+    let values = rotate(x, dims, cos, sin, batched_tables, layout, backward, false);
+    let mags = rotate(x, dims, cos, sin, batched_tables, layout, backward, true);
+    let bounds = values
+        .iter()
+        .zip(&mags)
+        .map(|(e, m)| u * e.abs() + 2.0 * U32 * m + flush(dtype, *e))
+        .collect();
+    Expected::new(name, values, bounds, dims[0] * dims[1] * dims[2])
+}
+
+/// The expected q, k and their gradients of case `c` from rounded values.
+#[allow(clippy::too_many_arguments)]
+fn case_expected(
+    c: &RopeCase,
+    dtype: DType,
+    layout: RopeLayout,
+    [q, k, cos, sin, gq, gk]: [&[f64]; 6],
+) -> Vec<Expected> {
+    let (b, s, d) = (c.batch, c.seq, c.head_dim);
+    let qdims = [b, c.q_heads, s, d];
+    let kdims = [b, c.kv_heads, s, d];
+    let bt = c.batched_tables;
+    vec![
+        expected("q", dtype, q, qdims, cos, sin, bt, layout, false),
+        expected("k", dtype, k, kdims, cos, sin, bt, layout, false),
+        expected("grad_q", dtype, gq, qdims, cos, sin, bt, layout, true),
+        expected("grad_k", dtype, gk, kdims, cos, sin, bt, layout, true),
+    ]
+}
+
+fn layout_of(op: Op) -> RopeLayout {
+    if op == Op::RopeInterleaved {
+        RopeLayout::Interleaved
+    } else {
+        RopeLayout::RotateHalf
+    }
+}
+
+/// See [`super::host_case`]: the case's tensors drawn contiguous (the layout in memory
+/// only matters on the device); no reduction over rows.
+pub(super) fn host_case(
+    op: Op,
+    rows: usize,
+    width: usize,
+    dtype: DType,
+    rng: &mut Rng,
+    _live: usize,
+) -> HostCase {
+    let c = case_of(rows, width);
+    let (b, s, d) = (c.batch, c.seq, c.head_dim);
+    let bc = if c.batched_tables { b } else { 1 };
+    let nq = b * c.q_heads * s * d;
+    let nk = b * c.kv_heads * s * d;
+    let mut draw = |n: usize, lo: f64, hi: f64| host_input(&rng.vec(n, lo, hi, 0.0), dtype);
+    let q = draw(nq, -2.0, 2.0);
+    let k = draw(nk, -2.0, 2.0);
+    let cos = draw(bc * s * d, -1.0, 1.0);
+    let sin = draw(bc * s * d, -1.0, 1.0);
+    let gq = draw(nq, -1.5, 1.5);
+    let gk = draw(nk, -1.5, 1.5);
+    let expected = case_expected(&c, dtype, layout_of(op), [&q, &k, &cos, &sin, &gq, &gk]);
+    HostCase {
+        without_last_rows: expected.clone(),
+        expected,
+    }
 }
 
 /// Random q `[batch, q_heads, seq, d]` and k `[batch, kv_heads, seq, d]` of `dtype`, laid
@@ -206,7 +306,7 @@ fn rotated_inputs<B: Backend>(
 /// Runs one RoPE case through `Autodiff<B>`: rotated q and k and both gradients (with a
 /// random upstream gradient) against [`reference`].
 pub(super) fn run_case<B: FusedOps>(
-    layout: RopeLayout,
+    op: Op,
     rows: usize,
     width: usize,
     dtype: DType,
@@ -214,7 +314,7 @@ pub(super) fn run_case<B: FusedOps>(
     rng: &mut Rng,
 ) -> Vec<Comparison> {
     type A<B> = Autodiff<B>;
-    let tol = Tolerance::for_dtype(dtype);
+    let layout = layout_of(op);
     let c = case_of(rows, width);
     let (b, s, d) = (c.batch, c.seq, c.head_dim);
     let bc = if c.batched_tables { b } else { 1 };
@@ -258,34 +358,15 @@ pub(super) fn run_case<B: FusedOps>(
     let loss =
         (qo.clone() * Tensor::from_inner(gq)).sum() + (ko.clone() * Tensor::from_inner(gk)).sum();
     let grads = loss.backward();
-
-    let qdims = [b, c.q_heads, s, d];
-    let kdims = [b, c.kv_heads, s, d];
-    let bt = c.batched_tables;
-    vec![
-        compare(
-            "q",
-            &to_f64(qo.inner()),
-            &reference(&qr, qdims, &cr, &sr, bt, layout, false),
-            tol,
-        ),
-        compare(
-            "k",
-            &to_f64(ko.inner()),
-            &reference(&kr, kdims, &cr, &sr, bt, layout, false),
-            tol,
-        ),
-        compare(
-            "grad_q",
-            &to_f64(q.grad(&grads).expect("q has a gradient")),
-            &reference(&gqr, qdims, &cr, &sr, bt, layout, true),
-            tol,
-        ),
-        compare(
-            "grad_k",
-            &to_f64(k.grad(&grads).expect("k has a gradient")),
-            &reference(&gkr, kdims, &cr, &sr, bt, layout, true),
-            tol,
-        ),
-    ]
+    let actual = [
+        to_f64(qo.inner()),
+        to_f64(ko.inner()),
+        to_f64(q.grad(&grads).expect("q has a gradient")),
+        to_f64(k.grad(&grads).expect("k has a gradient")),
+    ];
+    case_expected(&c, dtype, layout, [&qr, &kr, &cr, &sr, &gqr, &gkr])
+        .iter()
+        .zip(&actual)
+        .map(|(e, a)| e.check(a))
+        .collect()
 }

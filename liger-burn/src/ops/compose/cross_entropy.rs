@@ -43,6 +43,7 @@ pub fn forward<B: Backend>(
     targets: IntTensor<B>,
     class_weight: Option<FloatTensor<B>>,
     grad_scale: Option<FloatTensor<B>>,
+    z_loss_scale: Option<FloatTensor<B>>,
     options: CrossEntropyOptions,
 ) -> CrossEntropyRows<B> {
     validate::check(validate::cross_entropy_tensors(
@@ -51,6 +52,7 @@ pub fn forward<B: Backend>(
         &targets,
         class_weight.as_ref(),
         grad_scale.as_ref(),
+        z_loss_scale.as_ref(),
         false,
         &options,
     ));
@@ -111,10 +113,14 @@ pub fn forward<B: Backend>(
         // `[1]` (every row) or `[n]` (per row), broadcast over the classes.
         let k = s.shape().num_elements();
         let s = float::<B, 1>(to_f32::<B>(s)).reshape([k, 1]);
+        let s_z = match z_loss_scale {
+            Some(sz) => float::<B, 1>(to_f32::<B>(sz)).reshape([1, 1]),
+            None => s.clone(),
+        };
         let p = (z.clone() - lse.clone()).exp();
         let a = w_y * s.clone() * (1.0 - eps);
         let b = s.clone() * (eps / v as f64);
-        let coef_p = a.clone() + b.clone() * sum_w + lse * s * (2.0 * lambda);
+        let coef_p = a.clone() + b.clone() * sum_w + lse * s_z * (2.0 * lambda);
         let mut g = p * coef_p;
         if eps != 0.0 {
             g = match &weights {

@@ -34,6 +34,11 @@ pub fn chunk_rows(n: usize, h: usize, v: usize) -> usize {
     if let Some(forced) = crate::test_hooks::chunk_rows_override() {
         return forced.min(n).max(1);
     }
+    automatic_chunk_rows(n, h, v)
+}
+
+/// [`chunk_rows`] without the override: the size the module docs describe.
+pub fn automatic_chunk_rows(n: usize, h: usize, v: usize) -> usize {
     let liger = (n * h).div_ceil(v.max(1));
     let wanted = liger.max(h).clamp(1, n.max(1));
     // Equal chunks: the same number of chunks, spread evenly.
@@ -123,6 +128,12 @@ pub(crate) fn chunked<B: FusedOps>(
         )),
         Reduction::Sum | Reduction::None => Tensor::<B, 1>::ones([1], &device).cast(DType::F32),
     };
+    // A mean divides the z-loss by the non-ignored rows, the rest by their weights.
+    let z_scale: Option<Tensor<B, 1>> = (options.reduction == Reduction::Mean
+        && options.lse_square_scale != 0.0
+        && class_weight.is_some())
+    .then(|| reciprocal_or_zero(non_ignored_weight(&targets, None, v, options.ignore_index)));
+    let kernel_options = options.with_return_z_loss(options.return_z_loss || z_scale.is_some());
     let (with_grad, row_factors) = match grads {
         Gradients::Skip => (false, None),
         Gradients::Reduced => (true, None),
@@ -144,16 +155,17 @@ pub(crate) fn chunked<B: FusedOps>(
             logits = logits + b.clone();
         }
         // Per-row factors go into the kernel's per-row gradient scale: one rounding.
-        let chunk_scale = match &row_factors {
-            Some(r) => r.clone().slice(r0..r1),
-            None => scale.clone(),
+        let (chunk_scale, chunk_z_scale) = match &row_factors {
+            Some(r) => (r.clone().slice(r0..r1), None),
+            None => (scale.clone(), z_scale.clone()),
         };
         let rows = B::fused_cross_entropy(
             prim(logits),
             targets.clone().slice(r0..r1).into_primitive(),
             class_weight.clone().map(prim),
             with_grad.then(|| prim(chunk_scale)),
-            options,
+            chunk_z_scale.filter(|_| with_grad).map(prim),
+            kernel_options,
         );
         losses.push(float::<B, 1>(rows.loss));
         z_losses.extend(rows.z_loss.map(float::<B, 1>));
@@ -176,16 +188,24 @@ pub(crate) fn chunked<B: FusedOps>(
         r0 = r1;
     }
 
-    let reduce = |parts: Vec<Tensor<B, 1>>| -> Tensor<B, 1> {
+    let reduce = |parts: Vec<Tensor<B, 1>>, s: &Tensor<B, 1>| -> Tensor<B, 1> {
         let rows = Tensor::cat(parts, 0);
         match options.reduction {
-            Reduction::Mean => rows.sum() * scale.clone(),
+            Reduction::Mean => rows.sum() * s.clone(),
             Reduction::Sum => rows.sum(),
             Reduction::None => rows,
         }
     };
-    let loss = reduce(losses);
-    let z_loss = options.return_z_loss.then(|| reduce(z_losses));
+    let mut loss = reduce(losses, &scale);
+    let z_loss_scale = z_scale.clone().unwrap_or_else(|| scale.clone());
+    if let Some(s_z) = &z_scale {
+        // The rows' losses hold the z-loss at the scale `s`: move it to `s_z`.
+        let z_total = Tensor::cat(z_losses.clone(), 0).sum();
+        loss = loss + z_total * (s_z.clone() - scale.clone());
+    }
+    let z_loss = options
+        .return_z_loss
+        .then(|| reduce(z_losses, &z_loss_scale));
     LinearCrossEntropyOutput {
         loss: prim(loss),
         z_loss: z_loss.map(prim),
