@@ -384,3 +384,314 @@ fn bad_attention_input_names_the_op_and_the_shapes() {
     let _guard = lock();
     for_each_backend(&mut T);
 }
+
+/// The flash-attention kernels of `liger_cubecl_kernels::attention` launched directly on the
+/// test device's runtime: every variant the device runs (the FMA path everywhere, so CI on
+/// lavapipe checks the flash algorithm itself; tensor cores where the device has `cmma`,
+/// e.g. `LIGER_TEST_DEVICE=cuda`), against the f64 reference, with NaN-poisoned outputs.
+mod flash_kernel {
+    use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
+    use burn_cubecl::tensor::CubeTensor;
+    use burn_cubecl::{CubeBackend, CubeRuntime};
+    use liger_burn::conformance::Rng;
+    use liger_cubecl_kernels::attention::{
+        AttentionMask, FlashBackwardArgs, FlashForwardArgs, FlashProblem, FlashVariant,
+        flash_attention, flash_attention_backward, flash_plan, tensor_cores_supported,
+    };
+    use liger_tests::attention::{
+        Problem, compare_lse, compare_rows, random_documents, reference, row_tolerance,
+    };
+    use liger_tests::tensors::values;
+    use liger_tests::{device_name, lock};
+
+    type Plain<R> = CubeBackend<R, f32, i32, u32>;
+
+    /// Something to run on the runtime of the test device.
+    trait RuntimeVisitor {
+        fn visit<R: CubeRuntime>(&mut self, label: &str, device: &R::Device);
+    }
+
+    fn for_each_runtime(v: &mut impl RuntimeVisitor) {
+        let name = device_name();
+        match name.as_str() {
+            "wgpu-cpu" | "vulkan" => {
+                use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
+                let device = if name == "wgpu-cpu" {
+                    WgpuDevice::Cpu
+                } else {
+                    WgpuDevice::DefaultDevice
+                };
+                v.visit::<WgpuRuntime>(&name, &device);
+            }
+            #[cfg(feature = "cuda")]
+            "cuda" => {
+                v.visit::<cubecl::cuda::CudaRuntime>("cuda", &Default::default());
+            }
+            _ => eprintln!("note: no CubeCL runtime on {name}; the flash kernels are not run"),
+        }
+    }
+
+    fn upload<R: CubeRuntime>(
+        values: Vec<f32>,
+        shape: Vec<usize>,
+        dtype: DType,
+        device: &R::Device,
+    ) -> CubeTensor<R> {
+        let t = Tensor::<Plain<R>, 1>::from_data(
+            TensorData::new(values, [shape.iter().product::<usize>()]),
+            device,
+        )
+        .cast(dtype);
+        let dims: [usize; 4] = match shape.len() {
+            3 => [shape[0], shape[1], shape[2], 1],
+            _ => [shape[0], shape[1], shape[2], shape[3]],
+        };
+        t.reshape(dims).into_primitive().tensor()
+    }
+
+    fn read<R: CubeRuntime>(t: &CubeTensor<R>) -> Vec<f64> {
+        values(Tensor::<Plain<R>, 4>::from_primitive(
+            TensorPrimitive::Float(t.clone()),
+        ))
+    }
+
+    /// Runs `p` forward and backward through the kernels; the results against the reference.
+    fn check<R: CubeRuntime>(
+        device: &R::Device,
+        p: &Problem,
+        dtype: DType,
+        variant: FlashVariant,
+        rng: &mut Rng,
+        grow_keys: bool,
+    ) -> Result<(), String> {
+        let (b, hq, hk, s, d) = (p.batch, p.q_heads, p.kv_heads, p.seq, p.head_dim);
+        let mut k_values = rng.vec(p.kv_len(), -2.0, 2.0, 0.0);
+        if grow_keys {
+            // Scores that grow along the keys: the running max of a causal row moves by
+            // more than the lazy-rescale threshold from block to block.
+            for (i, x) in k_values.iter_mut().enumerate() {
+                let pos = (i / d) % s;
+                *x *= 1.0 + pos as f32 / 4.0;
+            }
+        }
+        let q = upload::<R>(
+            rng.vec(p.q_len(), -2.0, 2.0, 0.0),
+            vec![b, hq, s, d],
+            dtype,
+            device,
+        );
+        let k = upload::<R>(k_values, vec![b, hk, s, d], dtype, device);
+        let v = upload::<R>(
+            rng.vec(p.kv_len(), -1.0, 1.0, 0.0),
+            vec![b, hk, s, d],
+            dtype,
+            device,
+        );
+        let g = upload::<R>(
+            rng.vec(p.q_len(), -1.0, 1.0, 0.0),
+            vec![b, hq, s, d],
+            dtype,
+            device,
+        );
+        let nan = |shape: Vec<usize>, dtype| {
+            let n = shape.iter().product();
+            upload::<R>(vec![f32::NAN; n], shape, dtype, device)
+        };
+        let out = nan(vec![b, hq, s, d], dtype);
+        let lse = nan(vec![b, hq, s], DType::F32);
+        let ids: Option<CubeTensor<R>> = p.documents.as_ref().map(|ids| {
+            let t = Tensor::<Plain<R>, 2, Int>::from_data(
+                TensorData::new(ids.iter().map(|&x| x as i32).collect::<Vec<_>>(), [b, s]),
+                device,
+            );
+            t.into_primitive()
+        });
+        let problem = FlashProblem {
+            batch: b,
+            q_heads: hq,
+            kv_heads: hk,
+            seq: s,
+            head_dim: d,
+            scale: (d as f64).powf(-0.5),
+            mask: AttentionMask {
+                causal: p.causal,
+                window: p.window.is_some(),
+                documents: p.documents.is_some(),
+            },
+            window: p.window.unwrap_or(0),
+        };
+        let client = q.client.clone();
+        flash_attention::<R>(
+            &client,
+            FlashForwardArgs {
+                q: &q.handle,
+                k: &k.handle,
+                v: &v.handle,
+                document_ids: ids.as_ref().map(|t| &t.handle),
+                output: &out.handle,
+                lse: &lse.handle,
+            },
+            problem,
+            variant,
+            dtype.into(),
+        )
+        .map_err(|e| e.to_string())?;
+        let (gq, gk, gv) = (
+            nan(vec![b, hq, s, d], dtype),
+            nan(vec![b, hk, s, d], dtype),
+            nan(vec![b, hk, s, d], dtype),
+        );
+        flash_attention_backward::<R>(
+            &client,
+            FlashBackwardArgs {
+                grad_output: &g.handle,
+                q: &q.handle,
+                k: &k.handle,
+                v: &v.handle,
+                output: &out.handle,
+                lse: &lse.handle,
+                document_ids: ids.as_ref().map(|t| &t.handle),
+                grad_q: &gq.handle,
+                grad_k: &gk.handle,
+                grad_v: &gv.handle,
+            },
+            problem,
+            variant,
+            dtype.into(),
+        )
+        .map_err(|e| e.to_string())?;
+        let expected = reference(p, &read(&q), &read(&k), &read(&v), &read(&g));
+        let tol = row_tolerance(dtype);
+        let bounds = |which| expected.row_bounds(which, d, tol, dtype);
+        compare_rows("output", &read(&out), &expected.out, &bounds(0))?;
+        compare_lse(&read(&lse), &expected.lse, tol)?;
+        compare_rows("grad_q", &read(&gq), &expected.grad_q, &bounds(1))?;
+        compare_rows("grad_k", &read(&gk), &expected.grad_k, &bounds(2))?;
+        compare_rows("grad_v", &read(&gv), &expected.grad_v, &bounds(3))?;
+        Ok(())
+    }
+
+    /// The problems: odd lengths (1, 17, 100: partial last blocks), head_dim 64 and 128 (and
+    /// 16, 32), GQA ratios 1, 2, 4, every mask kind and combination.
+    fn problems(rng: &mut Rng) -> Vec<(Problem, bool)> {
+        let c = Problem::causal;
+        let docs =
+            |rng: &mut Rng, b, s, len, shuffled| Some(random_documents(rng, b, s, len, shuffled));
+        vec![
+            (c(1, 1, 1, 1, 64), false),
+            (c(2, 4, 2, 17, 64), false),
+            (c(1, 4, 1, 100, 128), false),
+            (c(1, 2, 2, 100, 64), true),
+            (
+                Problem {
+                    causal: false,
+                    ..c(1, 2, 1, 17, 32)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    window: Some(5),
+                    ..c(1, 4, 2, 100, 64)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    window: Some(1),
+                    ..c(1, 2, 2, 17, 16)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    causal: false,
+                    documents: docs(rng, 2, 100, 30, false),
+                    ..c(2, 2, 1, 100, 64)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    documents: docs(rng, 2, 100, 40, false),
+                    ..c(2, 4, 1, 100, 128)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    documents: docs(rng, 1, 17, 5, true),
+                    ..c(1, 2, 1, 17, 64)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    window: Some(9),
+                    documents: docs(rng, 1, 100, 50, false),
+                    ..c(1, 4, 2, 100, 64)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    causal: false,
+                    window: Some(7),
+                    documents: docs(rng, 1, 17, 8, false),
+                    ..c(1, 2, 2, 17, 128)
+                },
+                false,
+            ),
+        ]
+    }
+
+    #[test]
+    fn flash_kernels_match_the_f64_reference() {
+        struct T {
+            rng: Rng,
+            ran: usize,
+        }
+        impl RuntimeVisitor for T {
+            fn visit<R: CubeRuntime>(&mut self, label: &str, device: &R::Device) {
+                let seed = self.rng.seed();
+                let client = R::client(device);
+                for dtype in [DType::F32, DType::F16, DType::BF16] {
+                    if !<Plain<R> as burn::tensor::backend::Backend>::supports_dtype(device, dtype)
+                    {
+                        eprintln!("note: {dtype:?} not on {label}; not tested");
+                        continue;
+                    }
+                    let mut variants = vec![FlashVariant::Fma];
+                    if tensor_cores_supported(&client, dtype.into()) {
+                        variants.push(FlashVariant::TensorCores);
+                    } else {
+                        assert!(
+                            flash_plan(&client, 64, dtype.into(), FlashVariant::TensorCores)
+                                .is_err()
+                        );
+                    }
+                    for variant in variants {
+                        for (p, grow) in problems(&mut self.rng) {
+                            check::<R>(device, &p, dtype, variant, &mut self.rng, grow)
+                                .unwrap_or_else(|e| {
+                                    panic!(
+                                        "{label} {dtype:?} {variant:?} {}{}: {e} (seed {seed}, rerun with LIGER_SEED={seed})",
+                                        p.describe(),
+                                        if grow { " growing keys" } else { "" }
+                                    )
+                                });
+                            self.ran += 1;
+                        }
+                    }
+                }
+            }
+        }
+        let _guard = lock();
+        let mut t = T {
+            rng: Rng::from_env(),
+            ran: 0,
+        };
+        for_each_runtime(&mut t);
+        eprintln!("flash kernel cases run: {}", t.ran);
+    }
+}

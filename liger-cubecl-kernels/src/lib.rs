@@ -11,6 +11,7 @@
 //! [`reduce`].
 
 pub mod activation;
+pub mod attention;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod glu;
@@ -66,6 +67,8 @@ pub mod counters {
         rope_backward,
         cross_entropy,
         cross_entropy_backward,
+        flash_attention_forward,
+        flash_attention_backward,
     );
 
     /// Records one launch.
