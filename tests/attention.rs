@@ -13,7 +13,7 @@ use burn::tensor::{Bool, DType, Tensor, TensorData};
 use liger_burn::conformance::{Rng, compare_normwise};
 use liger_burn::functional::attention;
 use liger_burn::ops::compose::attention::{block_rows, set_block_score_elements};
-use liger_burn::ops::{AttentionOptions, FusedOps};
+use liger_burn::ops::{AttentionKernel, AttentionOptions, FusedOps};
 use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::tensors::{check, values};
 use liger_tests::{BackendVisitor, dtypes, for_each_backend, lock};
@@ -259,6 +259,7 @@ fn attention_matches_the_f64_reference_and_stock_eager_attention() {
                         scale: (d as f64).powf(-0.5),
                         causal: !c.bidirectional,
                         window: c.window,
+                        kernel: AttentionKernel::Blockwise,
                     };
                     // The mask given as a tensor, and (causal cases) built from positions.
                     let given = run::<B>([&q, &k, &v], &mask, &g, |q, k, v, m| {
@@ -562,7 +563,7 @@ mod flash_kernel {
         .map_err(|e| e.to_string())?;
         let expected = reference(p, &read(&q), &read(&k), &read(&v), &read(&g));
         let tol = row_tolerance(dtype);
-        let bounds = |which| expected.row_bounds(which, d, tol, dtype);
+        let bounds = |which| expected.row_bounds(which, d, tol, dtype, DType::F32);
         compare_rows("output", &read(&out), &expected.out, &bounds(0))?;
         compare_lse(&read(&lse), &expected.lse, tol)?;
         compare_rows("grad_q", &read(&gq), &expected.grad_q, &bounds(1))?;
@@ -693,5 +694,153 @@ mod flash_kernel {
         };
         for_each_runtime(&mut t);
         eprintln!("flash kernel cases run: {}", t.ran);
+    }
+}
+
+/// `functional::attention` / `attention_with_documents` on every backend of the test device
+/// (fusion and plain CubeCL backends, NdArray) under each implementation it has: the
+/// blockwise composition everywhere, the flash kernels on CubeCL backends
+/// (`AttentionKernel::Flash`: the FMA variant on lavapipe, tensor cores on CUDA half
+/// precision), and `Auto`; forward and the gradients of q, k, v through `Autodiff<B>`
+/// (upstream gradient random), against the f64 reference, for every mask kind.
+mod paths {
+    use burn::backend::Autodiff;
+    use burn::tensor::{DType, Int, Tensor, TensorData};
+    use liger_burn::conformance::Rng;
+    use liger_burn::functional::{attention, attention_with_documents};
+    use liger_burn::ops::{AttentionKernel, AttentionOptions, FusedOps};
+    use liger_tests::attention::{
+        Problem, compare_rows, random_documents, reference, row_tolerance,
+    };
+    use liger_tests::tensors::values;
+    use liger_tests::{BackendVisitor, dtypes, for_each_backend, lock};
+
+    fn problems(rng: &mut Rng) -> Vec<Problem> {
+        let c = Problem::causal;
+        let docs = |rng: &mut Rng, b, s, len| Some(random_documents(rng, b, s, len, false));
+        vec![
+            c(1, 2, 1, 1, 16),
+            c(2, 4, 2, 17, 64),
+            Problem {
+                window: Some(6),
+                ..c(1, 4, 1, 37, 128)
+            },
+            Problem {
+                documents: docs(rng, 2, 37, 12),
+                ..c(2, 2, 2, 37, 32)
+            },
+            Problem {
+                causal: false,
+                documents: docs(rng, 1, 17, 6),
+                ..c(1, 4, 4, 17, 64)
+            },
+            Problem {
+                window: Some(4),
+                documents: docs(rng, 1, 37, 20),
+                ..c(1, 2, 1, 37, 16)
+            },
+        ]
+    }
+
+    /// Output and gradients of `sum(attention(q, k, v) · g)` on `Autodiff<B>`.
+    fn run<B: FusedOps>(
+        p: &Problem,
+        dtype: DType,
+        kernel: AttentionKernel,
+        rng: &mut Rng,
+        device: &B::Device,
+    ) -> ([Vec<f64>; 4], [Vec<f64>; 4]) {
+        let (b, hq, hk, s, d) = (p.batch, p.q_heads, p.kv_heads, p.seq, p.head_dim);
+        let mut random = |h: usize, lo: f64, hi: f64| {
+            Tensor::<Autodiff<B>, 4>::from_data(
+                TensorData::new(rng.vec(b * h * s * d, lo, hi, 0.0), [b, h, s, d]),
+                device,
+            )
+            .cast(dtype)
+        };
+        let (q, k, v, g) = (
+            random(hq, -2.0, 2.0).require_grad(),
+            random(hk, -2.0, 2.0).require_grad(),
+            random(hk, -1.0, 1.0).require_grad(),
+            random(hq, -1.0, 1.0),
+        );
+        let options = AttentionOptions {
+            scale: (d as f64).powf(-0.5),
+            causal: p.causal,
+            window: p.window,
+            kernel,
+        };
+        let out = match &p.documents {
+            Some(ids) => {
+                let ids = Tensor::<Autodiff<B>, 2, Int>::from_data(
+                    TensorData::new(ids.clone(), [b, s]),
+                    device,
+                );
+                attention_with_documents(q.clone(), k.clone(), v.clone(), ids, options)
+            }
+            None => attention(q.clone(), k.clone(), v.clone(), None, options),
+        };
+        let grads = (out.clone() * g.clone()).sum().backward();
+        let grad = |t: &Tensor<Autodiff<B>, 4>| values(t.grad(&grads).expect("a gradient"));
+        let inputs = [q.clone(), k.clone(), v.clone(), g].map(|t| values(t.inner()));
+        ([values(out.inner()), grad(&q), grad(&k), grad(&v)], inputs)
+    }
+
+    #[test]
+    fn attention_paths_match_the_f64_reference() {
+        struct T(Rng);
+        impl BackendVisitor for T {
+            fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+                let seed = self.0.seed();
+                for dtype in dtypes::<B>(device) {
+                    for p in problems(&mut self.0) {
+                        let flash_here = B::flash_attention_available(
+                            device,
+                            dtype,
+                            p.head_dim,
+                            &AttentionOptions::causal(p.head_dim)
+                                .with_kernel(AttentionKernel::Flash),
+                        );
+                        let mut kernels = vec![AttentionKernel::Blockwise, AttentionKernel::Auto];
+                        if flash_here {
+                            kernels.push(AttentionKernel::Flash);
+                        }
+                        for kernel in kernels {
+                            let (ours, [q, k, v, g]) =
+                                run::<B>(&p, dtype, kernel, &mut self.0, device);
+                            let expected = reference(&p, &q, &k, &v, &g);
+                            let tol = row_tolerance(dtype);
+                            // Blockwise (and `Auto` where it picks blockwise): scores in the
+                            // input dtype, as eager attention.
+                            let scores = if kernel == AttentionKernel::Flash {
+                                DType::F32
+                            } else {
+                                dtype
+                            };
+                            let want = [
+                                &expected.out,
+                                &expected.grad_q,
+                                &expected.grad_k,
+                                &expected.grad_v,
+                            ];
+                            for (i, name) in ["output", "grad_q", "grad_k", "grad_v"]
+                                .into_iter()
+                                .enumerate()
+                            {
+                                let bounds = expected.row_bounds(i, p.head_dim, tol, dtype, scores);
+                                if let Err(e) = compare_rows(name, &ours[i], want[i], &bounds) {
+                                    panic!(
+                                        "{label} {dtype:?} {kernel:?} {}: {e} (seed {seed}, rerun with LIGER_SEED={seed})",
+                                        p.describe()
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let _guard = lock();
+        for_each_backend(&mut T(Rng::from_env()));
     }
 }

@@ -146,17 +146,26 @@ pub struct Reference {
 
 impl Reference {
     /// The error bound of each `row_len`-wide row of tensor `which` (0 out, 1 grad_q,
-    /// 2 grad_k, 3 grad_v) in `dtype`: `tol·‖magnitude_r‖ + 8·u_f32·‖exp_magnitude_r‖ +
-    /// 2·step·‖absolute_magnitude_r‖`, `step` the dtype's absolute rounding step below its
-    /// smallest normal.
-    pub fn row_bounds(&self, which: usize, row_len: usize, tol: f64, dtype: DType) -> Vec<f64> {
+    /// 2 grad_k, 3 grad_v) in `dtype`, the scores rounded to `scores`:
+    /// `tol·‖magnitude_r‖ + 8·u_scores·‖exp_magnitude_r‖ + 2·step·‖absolute_magnitude_r‖`,
+    /// `step` the dtype's absolute rounding step below its smallest normal. The flash
+    /// kernels keep scores in f32; the blockwise path rounds them to the input dtype, as
+    /// eager attention does.
+    pub fn row_bounds(
+        &self,
+        which: usize,
+        row_len: usize,
+        tol: f64,
+        dtype: DType,
+        scores: DType,
+    ) -> Vec<f64> {
         let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
         let (m, e, a) = (
             &self.magnitude[which],
             &self.exp_magnitude[which],
             &self.absolute_magnitude[which],
         );
-        let u32_ = unit_roundoff(DType::F32);
+        let u32_ = unit_roundoff(scores);
         let step = match dtype {
             DType::F16 => 2f64.powi(-25),
             _ => 0.0,

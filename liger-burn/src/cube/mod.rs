@@ -6,6 +6,7 @@
 //! clear panic naming the op, the shapes and the dtypes rather than a device fault.
 
 mod activation;
+mod attention;
 mod cross_entropy;
 mod glu;
 mod layer_norm;
@@ -174,6 +175,39 @@ where
         grad_scale: CubeTensor<R>,
     ) -> CubeTensor<R> {
         cross_entropy::backward::<Self, R>(grad, grad_rows, grad_scale)
+    }
+
+    fn fused_attention(
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        v: CubeTensor<R>,
+        mask: Option<burn::tensor::ops::BoolTensor<Self>>,
+        document_ids: Option<CubeTensor<R>>,
+        options: crate::ops::AttentionOptions,
+    ) -> crate::ops::AttentionOutput<Self> {
+        attention::forward(q, k, v, mask, document_ids, options)
+    }
+
+    fn fused_attention_backward(
+        grad_output: CubeTensor<R>,
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        v: CubeTensor<R>,
+        mask: Option<burn::tensor::ops::BoolTensor<Self>>,
+        document_ids: Option<CubeTensor<R>>,
+        forward: Option<crate::ops::AttentionOutput<Self>>,
+        options: crate::ops::AttentionOptions,
+    ) -> crate::ops::AttentionGrads<Self> {
+        attention::backward(grad_output, q, k, v, mask, document_ids, forward, options)
+    }
+
+    fn flash_attention_available(
+        device: &R::Device,
+        dtype: DType,
+        head_dim: usize,
+        options: &crate::ops::AttentionOptions,
+    ) -> bool {
+        attention::available::<R>(device, dtype, head_dim, options)
     }
 }
 
