@@ -844,3 +844,332 @@ mod paths {
         for_each_backend(&mut T(Rng::from_env()));
     }
 }
+
+/// The blockwise path with a given (padding) mask and `causal`: the same results whatever
+/// the block size (the causal mask is enforced on top of the given one, so dropping the
+/// keys after a block's last query never changes anything), and queries whose every key
+/// the mask hides get output 0 and no gradient, not NaN.
+mod given_mask {
+    use super::Blocks;
+    use burn::backend::Autodiff;
+    use burn::tensor::{Bool, DType, Tensor, TensorData};
+    use liger_burn::conformance::Rng;
+    use liger_burn::functional::attention;
+    use liger_burn::ops::{AttentionKernel, AttentionOptions, FusedOps};
+    use liger_tests::attention::{Problem, compare_rows, reference, row_tolerance};
+    use liger_tests::tensors::values;
+    use liger_tests::{BackendVisitor, dtypes, for_each_backend, lock};
+
+    #[test]
+    fn results_do_not_depend_on_the_block_size() {
+        struct T(Rng);
+        impl BackendVisitor for T {
+            fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+                let seed = self.0.seed();
+                let (b, h, s, d) = (2, 2, 23, 16);
+                // Left padding (keys 0..3 hidden: queries 0..3 see nothing under causal),
+                // right padding (keys 20.. hidden) and random holes.
+                let mut mask = vec![false; s * s];
+                for i in 0..s {
+                    for j in 0..s {
+                        mask[i * s + j] = j < 3 || j >= 20 || (i != j && self.0.uniform() < 0.2);
+                    }
+                }
+                let p = Problem {
+                    mask: Some(mask.clone()),
+                    ..Problem::causal(b, h, h, s, d)
+                };
+                for dtype in dtypes::<B>(device) {
+                    let mut random = |lo: f64, hi: f64| {
+                        Tensor::<Autodiff<B>, 4>::from_data(
+                            TensorData::new(self.0.vec(b * h * s * d, lo, hi, 0.0), [b, h, s, d]),
+                            device,
+                        )
+                        .cast(dtype)
+                    };
+                    let (q, k, v, g) = (
+                        random(-2.0, 2.0).require_grad(),
+                        random(-2.0, 2.0).require_grad(),
+                        random(-1.0, 1.0).require_grad(),
+                        random(-1.0, 1.0),
+                    );
+                    let m = Tensor::<Autodiff<B>, 2, Bool>::from_data(
+                        TensorData::new(mask.clone(), [s, s]),
+                        device,
+                    );
+                    let options =
+                        AttentionOptions::causal(d).with_kernel(AttentionKernel::Blockwise);
+                    let inputs = [&q, &k, &v, &g].map(|t| values(t.clone().inner()));
+                    let expected = reference(&p, &inputs[0], &inputs[1], &inputs[2], &inputs[3]);
+                    let want = [
+                        &expected.out,
+                        &expected.grad_q,
+                        &expected.grad_k,
+                        &expected.grad_v,
+                    ];
+                    // One block, blocks of 5 rows (a partial last one), blocks of one row.
+                    let mut results = Vec::new();
+                    for block in [None, Some(b * h * 5 * s), Some(1)] {
+                        let _b = Blocks::set(block);
+                        let out =
+                            attention(q.clone(), k.clone(), v.clone(), Some(m.clone()), options);
+                        let grads = (out.clone() * g.clone()).sum().backward();
+                        let grad = |t: &Tensor<Autodiff<B>, 4>| values(t.grad(&grads).unwrap());
+                        let ours = [values(out.inner()), grad(&q), grad(&k), grad(&v)];
+                        for (i, name) in ["output", "grad_q", "grad_k", "grad_v"]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            let bounds =
+                                expected.row_bounds(i, d, row_tolerance(dtype), dtype, dtype);
+                            compare_rows(name, &ours[i], want[i], &bounds).unwrap_or_else(|e| {
+                                panic!("{label} {dtype:?} block {block:?}: {e} (seed {seed})")
+                            });
+                        }
+                        // Queries 0..3 see no key: exactly zero.
+                        assert!(
+                            (0..b * h).all(|bh| (0..3 * d).all(|e| ours[0][bh * s * d + e] == 0.0)),
+                            "{label} {dtype:?} block {block:?}: a query that sees no key must give 0"
+                        );
+                        results.push(ours);
+                    }
+                    for r in &results[1..] {
+                        for i in 0..4 {
+                            let bounds =
+                                expected.row_bounds(i, d, row_tolerance(dtype), dtype, dtype);
+                            compare_rows("block vs one block", &r[i], &results[0][i], &bounds)
+                                .unwrap_or_else(|e| panic!("{label} {dtype:?}: {e} (seed {seed})"));
+                        }
+                    }
+                }
+            }
+        }
+        let _guard = lock();
+        for_each_backend(&mut T(Rng::from_env()));
+    }
+
+    #[test]
+    fn a_window_of_zero_keys_is_refused_at_the_entry() {
+        struct T;
+        impl BackendVisitor for T {
+            fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+                let t = || Tensor::<B, 4>::ones([1, 2, 4, 8], device);
+                let msg = liger_tests::errors::panic_message(|| {
+                    attention(
+                        t(),
+                        t(),
+                        t(),
+                        None,
+                        AttentionOptions::causal(8).with_window(Some(0)),
+                    );
+                });
+                liger_tests::errors::assert_mentions(label, &msg, &["attention", "window of 0"]);
+                let _ = DType::F32;
+            }
+        }
+        let _guard = lock();
+        for_each_backend(&mut T);
+    }
+}
+
+/// The row-wise comparison the attention suites use rejects wrong results: zeros, 2×, a
+/// dropped last row, a permuted gradient, dk and dv swapped; and accepts the reference with
+/// noise within the tolerance.
+#[test]
+fn the_attention_comparison_rejects_wrong_results() {
+    use liger_tests::attention::{
+        Problem, compare_rows, random_documents, reference, row_tolerance,
+    };
+    let mut rng = liger_burn::conformance::Rng::from_env();
+    let seed = rng.seed();
+    for p in [
+        Problem::causal(2, 4, 2, 33, 16),
+        Problem {
+            window: Some(5),
+            documents: Some(random_documents(&mut rng, 1, 40, 15, false)),
+            ..Problem::causal(1, 2, 1, 40, 32)
+        },
+    ] {
+        let q: Vec<f64> = rng
+            .vec(p.q_len(), -2.0, 2.0, 0.0)
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let k: Vec<f64> = rng
+            .vec(p.kv_len(), -2.0, 2.0, 0.0)
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let v: Vec<f64> = rng
+            .vec(p.kv_len(), -1.0, 1.0, 0.0)
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let g: Vec<f64> = rng
+            .vec(p.q_len(), -1.0, 1.0, 0.0)
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let r = reference(&p, &q, &k, &v, &g);
+        let d = p.head_dim;
+        for dtype in [burn::tensor::DType::F32, burn::tensor::DType::BF16] {
+            let tol = row_tolerance(dtype);
+            let bounds = |i| r.row_bounds(i, d, tol, dtype, burn::tensor::DType::F32);
+            let tensors = [&r.out, &r.grad_q, &r.grad_k, &r.grad_v];
+            for (i, t) in tensors.iter().enumerate() {
+                let b = bounds(i);
+                // Accepted: the reference, and the reference with noise at half the bound.
+                assert!(compare_rows("same", t, t, &b).is_ok());
+                let noisy: Vec<f64> = t
+                    .iter()
+                    .enumerate()
+                    .map(|(e, x)| {
+                        x + 0.4 * b[e / d] / (d as f64).sqrt() * if e % 2 == 0 { 1.0 } else { -1.0 }
+                    })
+                    .collect();
+                assert!(
+                    compare_rows("noise", &noisy, t, &b).is_ok(),
+                    "noise rejected (seed {seed})"
+                );
+                let wrong: Vec<(&str, Vec<f64>)> = vec![
+                    ("zeros", vec![0.0; t.len()]),
+                    ("2x", t.iter().map(|x| 2.0 * x).collect()),
+                    ("last row dropped", {
+                        let mut w = (*t).clone();
+                        let n = w.len();
+                        w[n - d..].iter_mut().for_each(|x| *x = 0.0);
+                        w
+                    }),
+                    ("rows reversed", {
+                        let mut w: Vec<f64> = t.chunks(d).rev().flatten().copied().collect();
+                        w.truncate(t.len());
+                        w
+                    }),
+                    (
+                        "transposed within rows",
+                        t.chunks(d).flat_map(|c| c.iter().rev()).copied().collect(),
+                    ),
+                ];
+                for (what, w) in wrong {
+                    assert!(
+                        compare_rows("wrong", &w, t, &b).is_err(),
+                        "{what} of tensor {i} accepted ({}, {dtype:?}, seed {seed})",
+                        p.describe()
+                    );
+                }
+            }
+            // dk and dv swapped.
+            assert!(compare_rows("swap", &r.grad_v, &r.grad_k, &bounds(2)).is_err());
+            assert!(compare_rows("swap", &r.grad_k, &r.grad_v, &bounds(3)).is_err());
+        }
+    }
+}
+
+/// Stock Burn's `burn::tensor::module::attention` on `Liger<Autodiff<B>>` runs
+/// `fused_attention` (the blockwise path's fused softmax on lavapipe, the flash kernels on
+/// CUDA in half precision) and trains through its node: output and gradients against the
+/// f64 reference; with a bias (which liger does not take) it runs Burn's own.
+mod module_op {
+    use burn::backend::Autodiff;
+    use burn::tensor::backend::AutodiffBackend;
+    use burn::tensor::module::attention;
+    use burn::tensor::ops::AttentionModuleOptions;
+    use burn::tensor::{DType, Tensor, TensorData};
+    use liger_burn::Liger;
+    use liger_burn::conformance::Rng;
+    use liger_cubecl_kernels::counters::{self, Kernel};
+    use liger_tests::attention::{Problem, compare_rows, reference, row_tolerance};
+    use liger_tests::tensors::values;
+
+    fn launches() -> u64 {
+        counters::get(Kernel::softmax_forward) + counters::get(Kernel::flash_attention_forward)
+    }
+
+    fn check<B: liger_burn::ops::FusedOps>(label: &str, device: &B::Device)
+    where
+        Liger<Autodiff<B>>: AutodiffBackend<Device = B::Device>,
+    {
+        type L<B> = Liger<Autodiff<B>>;
+        let mut rng = Rng::from_env();
+        let seed = rng.seed();
+        let (b, h, s, d) = (2, 3, 19, 32);
+        for dtype in liger_tests::dtypes::<B>(device) {
+            for causal in [true, false] {
+                let mut random = |lo: f64, hi: f64| {
+                    Tensor::<L<B>, 4>::from_data(
+                        TensorData::new(rng.vec(b * h * s * d, lo, hi, 0.0), [b, h, s, d]),
+                        device,
+                    )
+                    .cast(dtype)
+                };
+                let (q, k, v, g) = (
+                    random(-2.0, 2.0).require_grad(),
+                    random(-2.0, 2.0).require_grad(),
+                    random(-1.0, 1.0).require_grad(),
+                    random(-1.0, 1.0),
+                );
+                let options = AttentionModuleOptions {
+                    scale: None,
+                    softcap: None,
+                    is_causal: causal,
+                };
+                // The fusion stream runs lazily: the counters are read after the values.
+                let before = launches();
+                let out = attention(q.clone(), k.clone(), v.clone(), None, None, options);
+                let out_values = values(out.clone().inner());
+                assert!(
+                    launches() > before,
+                    "{label} {dtype:?}: ModuleOps::attention did not reach fused_attention"
+                );
+                let grads = (out.clone() * g.clone()).sum().backward();
+                let grad = |t: &Tensor<L<B>, 4>| values(t.grad(&grads).expect("a gradient"));
+                let ours = [out_values, grad(&q), grad(&k), grad(&v)];
+                let p = Problem {
+                    causal,
+                    ..Problem::causal(b, h, h, s, d)
+                };
+                let inputs = [&q, &k, &v, &g].map(|t| values(t.clone().inner()));
+                let r = reference(&p, &inputs[0], &inputs[1], &inputs[2], &inputs[3]);
+                let want = [&r.out, &r.grad_q, &r.grad_k, &r.grad_v];
+                for (i, name) in ["output", "grad_q", "grad_k", "grad_v"]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let bounds = r.row_bounds(i, d, row_tolerance(dtype), dtype, dtype);
+                    compare_rows(name, &ours[i], want[i], &bounds).unwrap_or_else(|e| {
+                        panic!("{label} {dtype:?} causal {causal}: {e} (seed {seed})")
+                    });
+                }
+                // A bias goes to Burn's own attention (no fused launch), same result.
+                let bias = Tensor::<L<B>, 4>::zeros([b, h, s, s], device).cast(dtype);
+                let before = launches();
+                let stock = attention(q.clone(), k.clone(), v.clone(), None, Some(bias), options);
+                let stock = values(stock.inner());
+                assert_eq!(
+                    launches(),
+                    before,
+                    "{label}: a bias must go to Burn's attention"
+                );
+                let bounds = r.row_bounds(0, d, 4.0 * row_tolerance(dtype), dtype, dtype);
+                compare_rows("stock output", &stock, &r.out, &bounds)
+                    .unwrap_or_else(|e| panic!("{label} {dtype:?} stock: {e} (seed {seed})"));
+                let _ = DType::F32;
+            }
+        }
+    }
+
+    #[test]
+    fn burn_attention_runs_fused_attention_and_trains_through_it() {
+        let _guard = liger_tests::lock();
+        match liger_tests::device_name().as_str() {
+            "wgpu-cpu" => {
+                use burn::backend::wgpu::{Wgpu, WgpuDevice};
+                check::<Wgpu>("wgpu-cpu/fusion", &WgpuDevice::Cpu);
+            }
+            "vulkan" => check::<burn::backend::wgpu::Wgpu>("vulkan/fusion", &Default::default()),
+            #[cfg(feature = "cuda")]
+            "cuda" => check::<burn::backend::Cuda>("cuda/fusion", &Default::default()),
+            other => eprintln!("note: no CubeCL device for {other}; not run"),
+        }
+    }
+}
