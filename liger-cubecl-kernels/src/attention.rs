@@ -1918,3 +1918,7 @@ pub fn flash_attention_backward<R: Runtime>(
     counters::record(Kernel::flash_attention_backward);
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "attention_codegen.rs"]
+mod codegen;
