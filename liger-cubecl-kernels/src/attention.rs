@@ -802,7 +802,6 @@ fn flash_forward_kernel<F: Float, N: Size>(
     let qpos = q0 + r;
     let mut m_used = f32::min_value();
     let mut l = 0.0f32;
-    let mut xs = Array::<f32>::new(comptime!(cols_per_unit as usize));
 
     let mut acc = accumulator_new::<N>(g);
 
@@ -838,17 +837,19 @@ fn flash_forward_kernel<F: Float, N: Size>(
             scores::<F, N>(&q_tile, &k_tile, &mut scratch, 0u32, br, bc, g);
             sync_cube();
 
-            // Online softmax of the block's rows.
+            // Online softmax of the block's rows. Each unit rewrites its own scores scaled,
+            // or the floor where hidden, so the second pass reads them back (shared memory,
+            // not `cols_per_unit` registers a unit).
             let mut local_max = f32::min_value();
-            #[unroll]
             for j in 0..cols_per_unit {
                 let c = lane + j * upr;
+                let at = (r * comptime!(g.s_stride()) + c) as usize;
                 let mut x = f32::min_value();
                 if visible(qpos, k0 + c, seq, window, doc_ids, doc_base, mask) {
-                    x = scratch[(r * comptime!(g.s_stride()) + c) as usize] * scale;
+                    x = scratch[at] * scale;
                     local_max = f32::max(local_max, x);
                 }
-                xs[j as usize] = x;
+                scratch[at] = x;
             }
             red_max[UNIT_POS as usize] = local_max;
             sync_cube();
@@ -863,10 +864,9 @@ fn flash_forward_kernel<F: Float, N: Size>(
                 m_used = row_max;
             }
             let mut local_sum = 0.0f32;
-            #[unroll]
             for j in 0..cols_per_unit {
                 let c = lane + j * upr;
-                let x = xs[j as usize];
+                let x = scratch[(r * comptime!(g.s_stride()) + c) as usize];
                 let mut p = 0.0f32;
                 if x > f32::min_value() {
                     p = f32::exp(x - m_used);

@@ -139,8 +139,8 @@ pub struct Reference {
     /// (large scores make it dominant), `[out, grad_q, grad_k, grad_v]`.
     pub exp_magnitude: [Vec<f64>; 4],
     /// The sums of the other factor alone (`Σ_j |v_j|` for the output, …): probabilities
-    /// and `dS` below the dtype's smallest normal are rounded to an absolute step (f16:
-    /// 2⁻²⁵), `[out, grad_q, grad_k, grad_v]`.
+    /// and `dS` below the smallest normal are rounded to an absolute step (f16: 2⁻²⁵; f32
+    /// flushed to zero: 2⁻¹²⁶), `[out, grad_q, grad_k, grad_v]`.
     pub absolute_magnitude: [Vec<f64>; 4],
 }
 
@@ -166,9 +166,11 @@ impl Reference {
             &self.absolute_magnitude[which],
         );
         let u32_ = unit_roundoff(scores);
+        // f32 products may flush results below the smallest normal (2⁻¹²⁶) to zero (GPU
+        // drivers run f32 with flush-to-zero); f16 stores numbers below 2⁻¹⁴ in steps of 2⁻²⁴.
         let step = match dtype {
             DType::F16 => 2f64.powi(-25),
-            _ => 0.0,
+            _ => 2f64.powi(-126),
         };
         (0..m.len() / row_len.max(1))
             .map(|r| {

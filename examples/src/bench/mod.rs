@@ -23,6 +23,7 @@
 //!
 //! `--e2e` benchmarks whole training steps of 1B-class models instead: see [`e2e`].
 
+pub mod attention;
 pub mod e2e;
 mod e2e_case;
 mod ops;
@@ -56,6 +57,9 @@ const MAX_SETS: usize = 16;
 pub fn run(args: BenchArgs) -> Result<ExitCode> {
     if args.e2e || args.e2e_case.is_some() {
         return e2e::run(args);
+    }
+    if args.attention {
+        return attention::run(args);
     }
     if args.reduction == crate::ReductionArg::Both {
         bail!("--reduction both is for `liger check`; bench takes auto, plane or shared");
