@@ -204,7 +204,7 @@ pub fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) -> usiz
 
 /// Whether query `qpos` sees key `kpos`.
 #[cube]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::collapsible_if)]
 fn visible(
     qpos: u32,
     kpos: u32,
@@ -806,8 +806,8 @@ fn flash_forward_kernel<F: Float, N: Size>(
     let mut acc = accumulator_new::<N>(g);
 
     let k_blocks = seq.div_ceil(bc);
-    let mut doc_lo = i32::max_value();
-    let mut doc_hi = i32::min_value();
+    let mut doc_lo = 0i32;
+    let mut doc_hi = 0i32;
     if comptime!(mask.documents) {
         let at = ((batch * q_blocks + qb) * 2u32) as usize;
         doc_lo = q_ranges[at];
@@ -1117,8 +1117,8 @@ fn flash_backward_kv_kernel<F: Float, N: Size>(
 
     let k_blocks = seq.div_ceil(bk);
     let q_blocks = seq.div_ceil(bq);
-    let mut doc_lo = i32::max_value();
-    let mut doc_hi = i32::min_value();
+    let mut doc_lo = 0i32;
+    let mut doc_hi = 0i32;
     if comptime!(mask.documents) {
         let at = ((batch * k_blocks + kb) * 2u32) as usize;
         doc_lo = k_ranges[at];
@@ -1303,8 +1303,8 @@ fn flash_backward_q_kernel<F: Float, N: Size>(
     let mut acc = accumulator_new::<N>(g);
 
     let k_blocks = seq.div_ceil(bk);
-    let mut doc_lo = i32::max_value();
-    let mut doc_hi = i32::min_value();
+    let mut doc_lo = 0i32;
+    let mut doc_hi = 0i32;
     if comptime!(mask.documents) {
         let at = ((batch * q_blocks + qb) * 2u32) as usize;
         doc_lo = q_ranges[at];
@@ -1500,7 +1500,7 @@ pub fn flash_plan<R: Runtime>(
     let op = "flash_attention";
     let unsupported = |reason: String| Err(KernelError::Unsupported { op, reason });
     check_float_dtype(op, dtype)?;
-    if head_dim == 0 || head_dim % 16 != 0 || head_dim > MAX_HEAD_DIM {
+    if head_dim == 0 || !head_dim.is_multiple_of(16) || head_dim > MAX_HEAD_DIM {
         return unsupported(format!(
             "head_dim {head_dim} (the flash kernels take multiples of 16 up to {MAX_HEAD_DIM})"
         ));
@@ -1513,7 +1513,7 @@ pub fn flash_plan<R: Runtime>(
     let props = client.properties();
     let vector = client
         .io_optimized_vector_sizes(dtype.size())
-        .filter(|v| *v <= 8 && head_dim % v == 0)
+        .filter(|v| *v <= 8 && head_dim.is_multiple_of(*v))
         .max()
         .unwrap_or(1);
     let max = props.hardware.max_shared_memory_size;
@@ -1586,7 +1586,7 @@ impl FlashProblem {
         if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.seq == 0 {
             return bad(format!("empty problem {self:?}"));
         }
-        if self.q_heads % self.kv_heads != 0 {
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "q_heads {} is not a multiple of kv_heads {}",
                 self.q_heads, self.kv_heads
