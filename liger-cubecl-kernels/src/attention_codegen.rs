@@ -1,7 +1,7 @@
 //! The tensor-core variant of the flash kernels expanded (the `#[cube]` code run into CubeCL
-//! IR) and compiled to CUDA C++ by CubeCL's own CUDA compiler, on any machine: a device
-//! without `cmma` (lavapipe in CI) cannot run them, but this catches expansion panics and
-//! checks the generated `wmma` calls. `LIGER_DUMP_CUDA=DIR` writes the sources there for
+//! IR, on the default wgpu adapter's client) and compiled to CUDA C++ by CubeCL's own CUDA
+//! compiler, on any machine: a device without `cmma` (lavapipe in CI) cannot run them, but
+//! this catches expansion panics and checks the generated `wmma` calls. `LIGER_DUMP_CUDA=DIR` writes the sources there for
 //! review (a test-only switch, not a library knob).
 
 use super::*;
@@ -50,7 +50,7 @@ fn check_source(name: &str, source: &str) {
 
 #[test]
 fn tensor_core_kernels_compile_to_cuda() {
-    let client = R::client(&WgpuDevice::Cpu);
+    let client = R::client(&WgpuDevice::DefaultDevice);
     let bf16: StorageType = ElemType::Float(FloatKind::BF16).into();
     let n = 8usize;
     let empty = || client.empty(64);
