@@ -38,6 +38,7 @@ FUSED_OVERRIDES = {
     ("ActivationOps", "softmax"): "softmax",
     ("ActivationOps", "log_softmax"): "log_softmax",
     ("ModuleOps", "layer_norm"): "layer_norm",
+    ("ModuleOps", "attention"): "attention",
     ("ActivationOps", "gelu"): "gelu",
     ("ActivationOps", "gelu_backward"): "gelu_backward",
     ("ActivationOps", "sigmoid"): "sigmoid",

@@ -201,28 +201,64 @@ pub fn rope<B: FusedOps>(
     (wrap(out.q), wrap(out.k))
 }
 
-/// Causal softmax attention that keeps nothing `[seq, seq]`-sized for the backward:
-/// transformers' eager attention (`softmax(mask(q·kᵀ·scale))·v`, scores in the input dtype,
-/// the masked softmax in f32), computed in blocks of query rows; the backward recomputes
-/// each block's probabilities. Exact: no approximation beyond eager attention's own
-/// rounding. See [`compose::attention`](crate::ops::compose::attention) for the blocks.
+/// Softmax attention that keeps nothing `[seq, seq]`-sized for the backward:
+/// `softmax(mask(q·kᵀ·scale))·v`. On CubeCL backends with tensor cores for the dtype
+/// (CUDA in f16/bf16, head_dim a multiple of 16 up to 256) the flash kernels run it;
+/// elsewhere, transformers' eager attention (scores in the input dtype, the masked softmax
+/// in f32) in blocks of query rows, the backward recomputing each block's probabilities.
+/// Exact either way: no approximation beyond the rounding of the input dtype.
+/// [`AttentionOptions::kernel`](crate::ops::AttentionOptions::kernel) overrides the choice;
+/// see [`FusedOps::fused_attention`](crate::ops::FusedOps::fused_attention).
 ///
 /// - `q`: `[batch, q_heads, seq, head_dim]`
 /// - `k`, `v`: `[batch, kv_heads, seq, head_dim]`, `q_heads` a multiple of `kv_heads`
 ///   (grouped-query attention: each k/v head serves `q_heads / kv_heads` query heads)
-/// - `mask`: `[seq, seq]`, `true` where query `i` must not see key `j` (with
-///   `options.causal`, it must hide every `j > i`); or `None`: the mask of `options`
-///   (`causal`: `j > i`; `window`: `i - j >= window`), built per block from positions, so
-///   no `[seq, seq]` tensor exists (it would pass 32-bit indexing at 46K tokens)
+/// - `mask`: `[seq, seq]`, `true` where query `i` must not see key `j`, combined with the
+///   mask of `options` (`causal`: `j > i`; `window`: `i - j >= window`); or `None`: only
+///   the mask of `options`, built per block from positions, so no `[seq, seq]` tensor exists
+///   (it would pass 32-bit indexing at 46K tokens). A given mask always takes the blockwise
+///   path. A query that sees no key gets output 0 and no gradient.
 /// - returns `[batch, q_heads, seq, head_dim]`, q's dtype
 ///
 /// # Panics
-/// On mismatched shapes or dtypes, naming them.
+/// On mismatched shapes or dtypes, naming them, and on `options.window == Some(0)`.
 pub fn attention<B: FusedOps>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
     mask: Option<Tensor<B, 2, burn::tensor::Bool>>,
+    options: crate::ops::AttentionOptions,
+) -> Tensor<B, 4> {
+    attend(q, k, v, mask, None, options)
+}
+
+/// [`attention`] over packed sequences: query `i` of batch row `b` sees only the keys of its
+/// own document, `document_ids[b, j] == document_ids[b, i]` (and, with the options, only
+/// earlier keys, within the window). The flash kernels skip every key block outside the
+/// query block's documents when ids do not decrease along a row (documents laid end to
+/// end); any ids are correct.
+///
+/// - `document_ids`: `[batch, seq]`, int
+/// - the rest as [`attention`]
+///
+/// # Panics
+/// On mismatched shapes or dtypes, naming them.
+pub fn attention_with_documents<B: FusedOps>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    document_ids: Tensor<B, 2, burn::tensor::Int>,
+    options: crate::ops::AttentionOptions,
+) -> Tensor<B, 4> {
+    attend(q, k, v, None, Some(document_ids), options)
+}
+
+fn attend<B: FusedOps>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: Option<Tensor<B, 2, burn::tensor::Bool>>,
+    document_ids: Option<Tensor<B, 2, burn::tensor::Int>>,
     options: crate::ops::AttentionOptions,
 ) -> Tensor<B, 4> {
     validate::check(validate::attention(&validate::AttentionInputs {
@@ -231,14 +267,20 @@ pub fn attention<B: FusedOps>(
         k: (k.shape(), k.dtype()),
         v: (v.shape(), v.dtype()),
         mask: mask.as_ref().map(|m| m.shape()),
+        document_ids: document_ids.as_ref().map(|d| (d.shape(), d.dtype())),
+        window: options.window,
     }));
-    wrap(B::fused_attention(
-        prim(q),
-        prim(k),
-        prim(v),
-        mask.map(|m| m.into_primitive()),
-        options,
-    ))
+    wrap(
+        B::fused_attention(
+            prim(q),
+            prim(k),
+            prim(v),
+            mask.map(|m| m.into_primitive()),
+            document_ids.map(|d| d.into_primitive()),
+            options,
+        )
+        .output,
+    )
 }
 
 /// cos/sin tables for [`rope`], as Hugging Face builds them: inverse frequencies

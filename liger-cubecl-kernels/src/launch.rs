@@ -28,6 +28,8 @@ pub enum KernelError {
         width: usize,
         max: usize,
     },
+    /// The problem or the device is outside what the kernel handles.
+    Unsupported { op: &'static str, reason: String },
 }
 
 impl core::fmt::Display for KernelError {
@@ -45,6 +47,7 @@ impl core::fmt::Display for KernelError {
                     "{op}: row width {width} exceeds the kernel's maximum of {max}"
                 )
             }
+            KernelError::Unsupported { op, reason } => write!(f, "{op}: unsupported: {reason}"),
         }
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod activation;
 pub mod adamw;
+pub mod attention;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod glu;
@@ -71,6 +72,8 @@ pub mod counters {
         matmul_backend,
         adamw_step,
         adamw_step_in_place,
+        flash_attention_forward,
+        flash_attention_backward,
     );
 
     // Launches are counted per scope: each thread starts in a scope of its own, and a

@@ -8,10 +8,17 @@
 #   usage: scripts/device/batch.sh [check] [check-full] [cuda-tests] [bench] [matmul]
 #                                  [elementwise] [ce] [ce-hold] [flce] [vulkan] [converge]
 #                                  [train] [e2e-llama] [e2e-qwen] [optimizer] [cache-out]
+#                                  [attention-test] [attention] [sdpa]
 #
 # check-full: the full conformance sweep of every op (f32 and bf16). cuda-tests: the
 # liger_burn test suite on CUDA from .gpu/liger_burn_tests (TESTS filters it).
 # matmul: the models' GEMMs through cuBLASLt (both ordering protocols) against Burn's.
+#
+# attention-test: the attention module of the liger_burn suite on CUDA (flash kernels' FMA
+# and tensor-core variants in f32/f16/bf16, the Burn glue) from .gpu/liger_burn_tests.
+# attention / sdpa: `liger bench --attention` and torch SDPA's anchor rows (same CSV schema);
+# ATTN_SHAPES (comma list BATCHxSEQxQ_HEADSxKV_HEADSxHEAD_DIM) and ATTN_PROVIDERS
+# (flash,blockwise) narrow them to fit one device call.
 #
 # elementwise: after a change to the shared elementwise kernel, the quick CUDA checks of its
 # ops (f32, bf16), the gated units' bench at the default --hold-gib and at 24, and ncu's
@@ -175,6 +182,21 @@ for step in $steps; do
       timeout "${TRAIN_TIMEOUT:-150}" $TRAIN_BIN train --device cuda --packing \
         --steps "${TRAIN_STEPS:-200}" --output "$OUT/train" >"$OUT/train_cuda.log" 2>&1 || status=1
       tail -n 8 "$OUT/train_cuda.log"
+      ;;
+    attention-test)
+      LIGER_TEST_DEVICE=cuda timeout 560 $TEST_BIN attention >"$OUT/test_attention_cuda.log" 2>&1 || status=1
+      grep -E "^test |test result|panicked" "$OUT/test_attention_cuda.log" | tail -n 20
+      ;;
+    attention)
+      timeout 560 $BIN bench --attention --device cuda --dtype bf16 \
+        ${ATTN_SHAPES:+--attention-shape "$ATTN_SHAPES"} ${ATTN_PROVIDERS:+--attention-provider "$ATTN_PROVIDERS"} \
+        --csv "$OUT/bench_attention.csv" >"$OUT/bench_attention.log" 2>&1 || status=1
+      tail -n 60 "$OUT/bench_attention.log"
+      ;;
+    sdpa)
+      timeout 560 python3 scripts/device/sdpa_anchor.py --header ${ATTN_SHAPES:+--shape "$ATTN_SHAPES"} \
+        >"$OUT/sdpa_anchor.csv" 2>"$OUT/sdpa_anchor.log" || status=1
+      grep -E ",(ms|TFLOP/s)," "$OUT/sdpa_anchor.csv" | cut -d, -f2-7 | head -n 60
       ;;
     cache-out)
       # CubeCL's compiled-kernel and autotune caches, to carry into a later call.

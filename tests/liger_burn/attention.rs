@@ -12,7 +12,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, DType, Tensor, TensorData};
 use liger_burn::functional::attention;
 use liger_burn::ops::compose::attention::block_rows;
-use liger_burn::ops::{AttentionOptions, FusedOps};
+use liger_burn::ops::{AttentionKernel, AttentionOptions, FusedOps};
 use liger_burn::test_hooks::{OverrideGuard, override_attention_block};
 use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::tensors::{check, values};
@@ -253,6 +253,7 @@ fn attention_matches_the_f64_reference_and_stock_eager_attention() {
                         scale: (d as f64).powf(-0.5),
                         causal: !c.bidirectional,
                         window: c.window,
+                        kernel: AttentionKernel::Blockwise,
                     };
                     // The mask given as a tensor, and (causal cases) built from positions.
                     let given = run::<B>([&q, &k, &v], &mask, &g, |q, k, v, m| {
@@ -374,4 +375,801 @@ fn bad_attention_input_names_the_op_and_the_shapes() {
         }
     }
     for_each_backend(&mut T);
+}
+
+/// The flash-attention kernels of `liger_cubecl_kernels::attention` launched directly on the
+/// test device's runtime: every variant the device runs (the FMA path everywhere, so CI on
+/// lavapipe checks the flash algorithm itself; tensor cores where the device has `cmma`,
+/// e.g. `LIGER_TEST_DEVICE=cuda`), against the f64 reference, with NaN-poisoned outputs.
+mod flash_kernel {
+    use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
+    use burn_cubecl::tensor::CubeTensor;
+    use burn_cubecl::{CubeBackend, CubeRuntime};
+    use liger_cubecl_kernels::attention::{
+        AttentionMask, FlashBackwardArgs, FlashForwardArgs, FlashProblem, FlashVariant,
+        flash_attention, flash_attention_backward, flash_plan, tensor_cores_supported,
+    };
+    use liger_tests::attention::{
+        Problem, compare_lse, compare_rows, random_documents, reference, row_tolerance,
+    };
+    use liger_tests::device_name;
+    use liger_tests::tensors::values;
+    use liger_verify::conformance::Rng;
+
+    type Plain<R> = CubeBackend<R, f32, i32, u32>;
+
+    /// Something to run on the runtime of the test device.
+    trait RuntimeVisitor {
+        fn visit<R: CubeRuntime>(&mut self, label: &str, device: &R::Device);
+    }
+
+    fn for_each_runtime(v: &mut impl RuntimeVisitor) {
+        let name = device_name();
+        match name.as_str() {
+            "wgpu-cpu" | "vulkan" => {
+                use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
+                let device = if name == "wgpu-cpu" {
+                    WgpuDevice::Cpu
+                } else {
+                    WgpuDevice::DefaultDevice
+                };
+                v.visit::<WgpuRuntime>(&name, &device);
+            }
+            #[cfg(feature = "cuda")]
+            "cuda" => {
+                v.visit::<cubecl::cuda::CudaRuntime>("cuda", &Default::default());
+            }
+            _ => eprintln!("note: no CubeCL runtime on {name}; the flash kernels are not run"),
+        }
+    }
+
+    fn upload<R: CubeRuntime>(
+        values: Vec<f32>,
+        shape: Vec<usize>,
+        dtype: DType,
+        device: &R::Device,
+    ) -> CubeTensor<R> {
+        let t = Tensor::<Plain<R>, 1>::from_data(
+            TensorData::new(values, [shape.iter().product::<usize>()]),
+            device,
+        )
+        .cast(dtype);
+        let dims: [usize; 4] = match shape.len() {
+            3 => [shape[0], shape[1], shape[2], 1],
+            _ => [shape[0], shape[1], shape[2], shape[3]],
+        };
+        t.reshape(dims).into_primitive().tensor()
+    }
+
+    fn read<R: CubeRuntime>(t: &CubeTensor<R>) -> Vec<f64> {
+        values(Tensor::<Plain<R>, 4>::from_primitive(
+            TensorPrimitive::Float(t.clone()),
+        ))
+    }
+
+    /// Runs `p` forward and backward through the kernels; the results against the reference.
+    fn check<R: CubeRuntime>(
+        device: &R::Device,
+        p: &Problem,
+        dtype: DType,
+        variant: FlashVariant,
+        rng: &mut Rng,
+        grow_keys: bool,
+    ) -> Result<(), String> {
+        let (b, hq, hk, s, d) = (p.batch, p.q_heads, p.kv_heads, p.seq, p.head_dim);
+        let mut k_values = rng.vec(p.kv_len(), -2.0, 2.0, 0.0);
+        if grow_keys {
+            // Scores that grow along the keys: the running max of a causal row moves by
+            // more than the lazy-rescale threshold from block to block.
+            for (i, x) in k_values.iter_mut().enumerate() {
+                let pos = (i / d) % s;
+                *x *= 1.0 + pos as f32 / 4.0;
+            }
+        }
+        let q = upload::<R>(
+            rng.vec(p.q_len(), -2.0, 2.0, 0.0),
+            vec![b, hq, s, d],
+            dtype,
+            device,
+        );
+        let k = upload::<R>(k_values, vec![b, hk, s, d], dtype, device);
+        let v = upload::<R>(
+            rng.vec(p.kv_len(), -1.0, 1.0, 0.0),
+            vec![b, hk, s, d],
+            dtype,
+            device,
+        );
+        let g = upload::<R>(
+            rng.vec(p.q_len(), -1.0, 1.0, 0.0),
+            vec![b, hq, s, d],
+            dtype,
+            device,
+        );
+        let nan = |shape: Vec<usize>, dtype| {
+            let n = shape.iter().product();
+            upload::<R>(vec![f32::NAN; n], shape, dtype, device)
+        };
+        let out = nan(vec![b, hq, s, d], dtype);
+        let lse = nan(vec![b, hq, s], DType::F32);
+        let ids: Option<CubeTensor<R>> = p.documents.as_ref().map(|ids| {
+            let t = Tensor::<Plain<R>, 2, Int>::from_data(
+                TensorData::new(ids.iter().map(|&x| x as i32).collect::<Vec<_>>(), [b, s]),
+                device,
+            );
+            t.into_primitive()
+        });
+        let problem = FlashProblem {
+            batch: b,
+            q_heads: hq,
+            kv_heads: hk,
+            seq: s,
+            head_dim: d,
+            scale: (d as f64).powf(-0.5),
+            mask: AttentionMask {
+                causal: p.causal,
+                window: p.window.is_some(),
+                documents: p.documents.is_some(),
+            },
+            window: p.window.unwrap_or(0),
+        };
+        let client = q.client.clone();
+        flash_attention::<R>(
+            &client,
+            FlashForwardArgs {
+                q: &q.handle,
+                k: &k.handle,
+                v: &v.handle,
+                document_ids: ids.as_ref().map(|t| &t.handle),
+                output: &out.handle,
+                lse: &lse.handle,
+            },
+            problem,
+            variant,
+            dtype.into(),
+        )
+        .map_err(|e| e.to_string())?;
+        let (gq, gk, gv) = (
+            nan(vec![b, hq, s, d], dtype),
+            nan(vec![b, hk, s, d], dtype),
+            nan(vec![b, hk, s, d], dtype),
+        );
+        flash_attention_backward::<R>(
+            &client,
+            FlashBackwardArgs {
+                grad_output: &g.handle,
+                q: &q.handle,
+                k: &k.handle,
+                v: &v.handle,
+                output: &out.handle,
+                lse: &lse.handle,
+                document_ids: ids.as_ref().map(|t| &t.handle),
+                grad_q: &gq.handle,
+                grad_k: &gk.handle,
+                grad_v: &gv.handle,
+            },
+            problem,
+            variant,
+            dtype.into(),
+        )
+        .map_err(|e| e.to_string())?;
+        let expected = reference(p, &read(&q), &read(&k), &read(&v), &read(&g));
+        let tol = row_tolerance(dtype);
+        let bounds = |which| expected.row_bounds(which, d, tol, dtype, DType::F32);
+        compare_rows("output", &read(&out), &expected.out, &bounds(0))?;
+        compare_lse(&read(&lse), &expected.lse, tol)?;
+        compare_rows("grad_q", &read(&gq), &expected.grad_q, &bounds(1))?;
+        compare_rows("grad_k", &read(&gk), &expected.grad_k, &bounds(2))?;
+        compare_rows("grad_v", &read(&gv), &expected.grad_v, &bounds(3))?;
+        Ok(())
+    }
+
+    /// The problems: odd lengths (1, 17, 100: partial last blocks), head_dim 64 and 128 (and
+    /// 16, 32), GQA ratios 1, 2, 4, every mask kind and combination.
+    fn problems(rng: &mut Rng) -> Vec<(Problem, bool)> {
+        let c = Problem::causal;
+        let docs =
+            |rng: &mut Rng, b, s, len, shuffled| Some(random_documents(rng, b, s, len, shuffled));
+        vec![
+            (c(1, 1, 1, 1, 64), false),
+            (c(2, 4, 2, 17, 64), false),
+            (c(1, 4, 1, 100, 128), false),
+            (c(1, 2, 2, 100, 64), true),
+            (
+                Problem {
+                    causal: false,
+                    ..c(1, 2, 1, 17, 32)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    window: Some(5),
+                    ..c(1, 4, 2, 100, 64)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    window: Some(1),
+                    ..c(1, 2, 2, 17, 16)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    causal: false,
+                    documents: docs(rng, 2, 100, 30, false),
+                    ..c(2, 2, 1, 100, 64)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    documents: docs(rng, 2, 100, 40, false),
+                    ..c(2, 4, 1, 100, 128)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    documents: docs(rng, 1, 17, 5, true),
+                    ..c(1, 2, 1, 17, 64)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    window: Some(9),
+                    documents: docs(rng, 1, 100, 50, false),
+                    ..c(1, 4, 2, 100, 64)
+                },
+                false,
+            ),
+            (
+                Problem {
+                    causal: false,
+                    window: Some(7),
+                    documents: docs(rng, 1, 17, 8, false),
+                    ..c(1, 2, 2, 17, 128)
+                },
+                false,
+            ),
+        ]
+    }
+
+    #[test]
+    fn flash_kernels_match_the_f64_reference() {
+        struct T {
+            rng: Rng,
+            ran: usize,
+        }
+        impl RuntimeVisitor for T {
+            fn visit<R: CubeRuntime>(&mut self, label: &str, device: &R::Device) {
+                let seed = self.rng.seed();
+                let client = R::client(device);
+                for dtype in [DType::F32, DType::F16, DType::BF16] {
+                    if !<Plain<R> as burn::tensor::backend::Backend>::supports_dtype(device, dtype)
+                    {
+                        eprintln!("note: {dtype:?} not on {label}; not tested");
+                        continue;
+                    }
+                    let mut variants = vec![FlashVariant::Fma];
+                    if tensor_cores_supported(&client, dtype.into()) {
+                        variants.push(FlashVariant::TensorCores);
+                    } else {
+                        assert!(
+                            flash_plan(&client, 64, dtype.into(), FlashVariant::TensorCores)
+                                .is_err()
+                        );
+                    }
+                    for variant in variants {
+                        for (p, grow) in problems(&mut self.rng) {
+                            check::<R>(device, &p, dtype, variant, &mut self.rng, grow)
+                                .unwrap_or_else(|e| {
+                                    panic!(
+                                        "{label} {dtype:?} {variant:?} {}{}: {e} (seed {seed}, rerun with LIGER_SEED={seed})",
+                                        p.describe(),
+                                        if grow { " growing keys" } else { "" }
+                                    )
+                                });
+                            self.ran += 1;
+                        }
+                    }
+                }
+            }
+        }
+        let mut t = T {
+            rng: Rng::from_env(),
+            ran: 0,
+        };
+        for_each_runtime(&mut t);
+        eprintln!("flash kernel cases run: {}", t.ran);
+    }
+}
+
+/// `functional::attention` / `attention_with_documents` on every backend of the test device
+/// (fusion and plain CubeCL backends, NdArray) under each implementation it has: the
+/// blockwise composition everywhere, the flash kernels on CubeCL backends
+/// (`AttentionKernel::Flash`: the FMA variant on lavapipe, tensor cores on CUDA half
+/// precision), and `Auto`; forward and the gradients of q, k, v through `Autodiff<B>`
+/// (upstream gradient random), against the f64 reference, for every mask kind.
+mod paths {
+    use burn::backend::Autodiff;
+    use burn::tensor::{DType, Int, Tensor, TensorData};
+    use liger_burn::functional::{attention, attention_with_documents};
+    use liger_burn::ops::{AttentionKernel, AttentionOptions, FusedOps};
+    use liger_tests::attention::{
+        Problem, compare_rows, random_documents, reference, row_tolerance,
+    };
+    use liger_tests::tensors::values;
+    use liger_tests::{BackendVisitor, dtypes, for_each_backend};
+    use liger_verify::conformance::Rng;
+
+    fn problems(rng: &mut Rng) -> Vec<Problem> {
+        let c = Problem::causal;
+        let docs = |rng: &mut Rng, b, s, len| Some(random_documents(rng, b, s, len, false));
+        vec![
+            c(1, 2, 1, 1, 16),
+            c(2, 4, 2, 17, 64),
+            Problem {
+                window: Some(6),
+                ..c(1, 4, 1, 37, 128)
+            },
+            Problem {
+                documents: docs(rng, 2, 37, 12),
+                ..c(2, 2, 2, 37, 32)
+            },
+            Problem {
+                causal: false,
+                documents: docs(rng, 1, 17, 6),
+                ..c(1, 4, 4, 17, 64)
+            },
+            Problem {
+                window: Some(4),
+                documents: docs(rng, 1, 37, 20),
+                ..c(1, 2, 1, 37, 16)
+            },
+        ]
+    }
+
+    /// Output and gradients of `sum(attention(q, k, v) · g)` on `Autodiff<B>`.
+    fn run<B: FusedOps>(
+        p: &Problem,
+        dtype: DType,
+        kernel: AttentionKernel,
+        rng: &mut Rng,
+        device: &B::Device,
+    ) -> ([Vec<f64>; 4], [Vec<f64>; 4]) {
+        let (b, hq, hk, s, d) = (p.batch, p.q_heads, p.kv_heads, p.seq, p.head_dim);
+        let mut random = |h: usize, lo: f64, hi: f64| {
+            Tensor::<Autodiff<B>, 4>::from_data(
+                TensorData::new(rng.vec(b * h * s * d, lo, hi, 0.0), [b, h, s, d]),
+                device,
+            )
+            .cast(dtype)
+        };
+        let (q, k, v, g) = (
+            random(hq, -2.0, 2.0).require_grad(),
+            random(hk, -2.0, 2.0).require_grad(),
+            random(hk, -1.0, 1.0).require_grad(),
+            random(hq, -1.0, 1.0),
+        );
+        let options = AttentionOptions {
+            scale: (d as f64).powf(-0.5),
+            causal: p.causal,
+            window: p.window,
+            kernel,
+        };
+        let out = match &p.documents {
+            Some(ids) => {
+                let ids = Tensor::<Autodiff<B>, 2, Int>::from_data(
+                    TensorData::new(ids.clone(), [b, s]),
+                    device,
+                );
+                attention_with_documents(q.clone(), k.clone(), v.clone(), ids, options)
+            }
+            None => attention(q.clone(), k.clone(), v.clone(), None, options),
+        };
+        let grads = (out.clone() * g.clone()).sum().backward();
+        let grad = |t: &Tensor<Autodiff<B>, 4>| values(t.grad(&grads).expect("a gradient"));
+        let inputs = [q.clone(), k.clone(), v.clone(), g].map(|t| values(t.inner()));
+        ([values(out.inner()), grad(&q), grad(&k), grad(&v)], inputs)
+    }
+
+    #[test]
+    fn attention_paths_match_the_f64_reference() {
+        struct T(Rng);
+        impl BackendVisitor for T {
+            fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+                let seed = self.0.seed();
+                for dtype in dtypes::<B>(device) {
+                    for p in problems(&mut self.0) {
+                        let flash_here = B::flash_attention_available(
+                            device,
+                            dtype,
+                            p.head_dim,
+                            &AttentionOptions::causal(p.head_dim)
+                                .with_kernel(AttentionKernel::Flash),
+                        );
+                        let mut kernels = vec![AttentionKernel::Blockwise, AttentionKernel::Auto];
+                        if flash_here {
+                            kernels.push(AttentionKernel::Flash);
+                        }
+                        for kernel in kernels {
+                            let (ours, [q, k, v, g]) =
+                                run::<B>(&p, dtype, kernel, &mut self.0, device);
+                            let expected = reference(&p, &q, &k, &v, &g);
+                            let tol = row_tolerance(dtype);
+                            // Blockwise (and `Auto` where it picks blockwise): scores in the
+                            // input dtype, as eager attention.
+                            let scores = if kernel == AttentionKernel::Flash {
+                                DType::F32
+                            } else {
+                                dtype
+                            };
+                            let want = [
+                                &expected.out,
+                                &expected.grad_q,
+                                &expected.grad_k,
+                                &expected.grad_v,
+                            ];
+                            for (i, name) in ["output", "grad_q", "grad_k", "grad_v"]
+                                .into_iter()
+                                .enumerate()
+                            {
+                                let bounds = expected.row_bounds(i, p.head_dim, tol, dtype, scores);
+                                if let Err(e) = compare_rows(name, &ours[i], want[i], &bounds) {
+                                    panic!(
+                                        "{label} {dtype:?} {kernel:?} {}: {e} (seed {seed}, rerun with LIGER_SEED={seed})",
+                                        p.describe()
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for_each_backend(&mut T(Rng::from_env()));
+    }
+}
+
+/// The blockwise path with a given (padding) mask and `causal`: the same results whatever
+/// the block size (the causal mask is enforced on top of the given one, so dropping the
+/// keys after a block's last query never changes anything), and queries whose every key
+/// the mask hides get output 0 and no gradient, not NaN.
+mod given_mask {
+    use super::Blocks;
+    use burn::backend::Autodiff;
+    use burn::tensor::{Bool, DType, Tensor, TensorData};
+    use liger_burn::functional::attention;
+    use liger_burn::ops::{AttentionKernel, AttentionOptions, FusedOps};
+    use liger_tests::attention::{Problem, compare_rows, reference, row_tolerance};
+    use liger_tests::tensors::values;
+    use liger_tests::{BackendVisitor, dtypes, for_each_backend};
+    use liger_verify::conformance::Rng;
+
+    #[test]
+    fn results_do_not_depend_on_the_block_size() {
+        struct T(Rng);
+        impl BackendVisitor for T {
+            fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+                let seed = self.0.seed();
+                let (b, h, s, d) = (2, 2, 23, 16);
+                // Left padding (keys 0..3 hidden: queries 0..3 see nothing under causal),
+                // right padding (keys 20.. hidden) and random holes.
+                let mut mask = vec![false; s * s];
+                for i in 0..s {
+                    for j in 0..s {
+                        mask[i * s + j] = j < 3 || j >= 20 || (i != j && self.0.uniform() < 0.2);
+                    }
+                }
+                let p = Problem {
+                    mask: Some(mask.clone()),
+                    ..Problem::causal(b, h, h, s, d)
+                };
+                for dtype in dtypes::<B>(device) {
+                    let mut random = |lo: f64, hi: f64| {
+                        Tensor::<Autodiff<B>, 4>::from_data(
+                            TensorData::new(self.0.vec(b * h * s * d, lo, hi, 0.0), [b, h, s, d]),
+                            device,
+                        )
+                        .cast(dtype)
+                    };
+                    let (q, k, v, g) = (
+                        random(-2.0, 2.0).require_grad(),
+                        random(-2.0, 2.0).require_grad(),
+                        random(-1.0, 1.0).require_grad(),
+                        random(-1.0, 1.0),
+                    );
+                    let m = Tensor::<Autodiff<B>, 2, Bool>::from_data(
+                        TensorData::new(mask.clone(), [s, s]),
+                        device,
+                    );
+                    let options =
+                        AttentionOptions::causal(d).with_kernel(AttentionKernel::Blockwise);
+                    let inputs = [&q, &k, &v, &g].map(|t| values(t.clone().inner()));
+                    let expected = reference(&p, &inputs[0], &inputs[1], &inputs[2], &inputs[3]);
+                    let want = [
+                        &expected.out,
+                        &expected.grad_q,
+                        &expected.grad_k,
+                        &expected.grad_v,
+                    ];
+                    // One block, blocks of 5 rows (a partial last one), blocks of one row.
+                    let mut results = Vec::new();
+                    for block in [None, Some(b * h * 5 * s), Some(1)] {
+                        let _b = Blocks::set(block);
+                        let out =
+                            attention(q.clone(), k.clone(), v.clone(), Some(m.clone()), options);
+                        let grads = (out.clone() * g.clone()).sum().backward();
+                        let grad = |t: &Tensor<Autodiff<B>, 4>| values(t.grad(&grads).unwrap());
+                        let ours = [values(out.inner()), grad(&q), grad(&k), grad(&v)];
+                        for (i, name) in ["output", "grad_q", "grad_k", "grad_v"]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            let bounds =
+                                expected.row_bounds(i, d, row_tolerance(dtype), dtype, dtype);
+                            compare_rows(name, &ours[i], want[i], &bounds).unwrap_or_else(|e| {
+                                panic!("{label} {dtype:?} block {block:?}: {e} (seed {seed})")
+                            });
+                        }
+                        // Queries 0..3 see no key: exactly zero.
+                        assert!(
+                            (0..b * h).all(|bh| (0..3 * d).all(|e| ours[0][bh * s * d + e] == 0.0)),
+                            "{label} {dtype:?} block {block:?}: a query that sees no key must give 0"
+                        );
+                        results.push(ours);
+                    }
+                    for r in &results[1..] {
+                        for i in 0..4 {
+                            let bounds =
+                                expected.row_bounds(i, d, row_tolerance(dtype), dtype, dtype);
+                            compare_rows("block vs one block", &r[i], &results[0][i], &bounds)
+                                .unwrap_or_else(|e| panic!("{label} {dtype:?}: {e} (seed {seed})"));
+                        }
+                    }
+                }
+            }
+        }
+        for_each_backend(&mut T(Rng::from_env()));
+    }
+
+    #[test]
+    fn a_window_of_zero_keys_is_refused_at_the_entry() {
+        struct T;
+        impl BackendVisitor for T {
+            fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+                let t = || Tensor::<B, 4>::ones([1, 2, 4, 8], device);
+                let msg = liger_tests::errors::panic_message(|| {
+                    attention(
+                        t(),
+                        t(),
+                        t(),
+                        None,
+                        AttentionOptions::causal(8).with_window(Some(0)),
+                    );
+                });
+                liger_tests::errors::assert_mentions(label, &msg, &["attention", "window of 0"]);
+                let _ = DType::F32;
+            }
+        }
+        for_each_backend(&mut T);
+    }
+}
+
+/// The row-wise comparison the attention suites use rejects wrong results: zeros, 2×, a
+/// dropped last row, a permuted gradient, dk and dv swapped; and accepts the reference with
+/// noise within the tolerance.
+#[test]
+fn the_attention_comparison_rejects_wrong_results() {
+    use liger_tests::attention::{
+        Problem, compare_rows, random_documents, reference, row_tolerance,
+    };
+    let mut rng = liger_verify::conformance::Rng::from_env();
+    let seed = rng.seed();
+    for p in [
+        Problem::causal(2, 4, 2, 33, 16),
+        Problem {
+            window: Some(5),
+            documents: Some(random_documents(&mut rng, 1, 40, 15, false)),
+            ..Problem::causal(1, 2, 1, 40, 32)
+        },
+    ] {
+        let q: Vec<f64> = rng
+            .vec(p.q_len(), -2.0, 2.0, 0.0)
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let k: Vec<f64> = rng
+            .vec(p.kv_len(), -2.0, 2.0, 0.0)
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let v: Vec<f64> = rng
+            .vec(p.kv_len(), -1.0, 1.0, 0.0)
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let g: Vec<f64> = rng
+            .vec(p.q_len(), -1.0, 1.0, 0.0)
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let r = reference(&p, &q, &k, &v, &g);
+        let d = p.head_dim;
+        for dtype in [burn::tensor::DType::F32, burn::tensor::DType::BF16] {
+            let tol = row_tolerance(dtype);
+            let bounds = |i| r.row_bounds(i, d, tol, dtype, burn::tensor::DType::F32);
+            let tensors = [&r.out, &r.grad_q, &r.grad_k, &r.grad_v];
+            for (i, t) in tensors.iter().enumerate() {
+                let b = bounds(i);
+                // Accepted: the reference, and the reference with noise at half the bound.
+                assert!(compare_rows("same", t, t, &b).is_ok());
+                let noisy: Vec<f64> = t
+                    .iter()
+                    .enumerate()
+                    .map(|(e, x)| {
+                        x + 0.4 * b[e / d] / (d as f64).sqrt() * if e % 2 == 0 { 1.0 } else { -1.0 }
+                    })
+                    .collect();
+                assert!(
+                    compare_rows("noise", &noisy, t, &b).is_ok(),
+                    "noise rejected (seed {seed})"
+                );
+                let wrong: Vec<(&str, Vec<f64>)> = vec![
+                    ("zeros", vec![0.0; t.len()]),
+                    ("2x", t.iter().map(|x| 2.0 * x).collect()),
+                    // The last row that is not zero anyway (a query alone in its document
+                    // has no q gradient).
+                    ("last row dropped", {
+                        let mut w = (*t).clone();
+                        let norm = |r: usize| {
+                            t[r * d..(r + 1) * d]
+                                .iter()
+                                .map(|x| x * x)
+                                .sum::<f64>()
+                                .sqrt()
+                        };
+                        let last = (0..b.len())
+                            .rev()
+                            .find(|&r| norm(r) > 2.0 * b[r])
+                            .expect("a nonzero row");
+                        w[last * d..(last + 1) * d]
+                            .iter_mut()
+                            .for_each(|x| *x = 0.0);
+                        w
+                    }),
+                    ("rows reversed", {
+                        let mut w: Vec<f64> = t.chunks(d).rev().flatten().copied().collect();
+                        w.truncate(t.len());
+                        w
+                    }),
+                    (
+                        "transposed within rows",
+                        t.chunks(d).flat_map(|c| c.iter().rev()).copied().collect(),
+                    ),
+                ];
+                for (what, w) in wrong {
+                    assert!(
+                        compare_rows("wrong", &w, t, &b).is_err(),
+                        "{what} of tensor {i} accepted ({}, {dtype:?}, seed {seed})",
+                        p.describe()
+                    );
+                }
+            }
+            // dk and dv swapped.
+            assert!(compare_rows("swap", &r.grad_v, &r.grad_k, &bounds(2)).is_err());
+            assert!(compare_rows("swap", &r.grad_k, &r.grad_v, &bounds(3)).is_err());
+        }
+    }
+}
+
+/// Stock Burn's `burn::tensor::module::attention` on `Liger<Autodiff<B>>` runs
+/// `fused_attention` (the blockwise path's fused softmax on lavapipe, the flash kernels on
+/// CUDA in half precision) and trains through its node: output and gradients against the
+/// f64 reference; with a bias (which liger does not take) it runs Burn's own.
+mod module_op {
+    use burn::backend::Autodiff;
+    use burn::tensor::backend::AutodiffBackend;
+    use burn::tensor::module::attention;
+    use burn::tensor::ops::AttentionModuleOptions;
+    use burn::tensor::{DType, Tensor, TensorData};
+    use liger_burn::Liger;
+    use liger_cubecl_kernels::counters::{self, Kernel};
+    use liger_tests::attention::{Problem, compare_rows, reference, row_tolerance};
+    use liger_tests::tensors::values;
+    use liger_verify::conformance::Rng;
+
+    fn launches() -> u64 {
+        counters::get(Kernel::softmax_forward) + counters::get(Kernel::flash_attention_forward)
+    }
+
+    fn check<B: liger_burn::ops::FusedOps>(label: &str, device: &B::Device)
+    where
+        Liger<Autodiff<B>>: AutodiffBackend<Device = B::Device>,
+    {
+        type L<B> = Liger<Autodiff<B>>;
+        let mut rng = Rng::from_env();
+        let seed = rng.seed();
+        let (b, h, s, d) = (2, 3, 19, 32);
+        for dtype in liger_tests::dtypes::<B>(device) {
+            for causal in [true, false] {
+                let mut random = |lo: f64, hi: f64| {
+                    Tensor::<L<B>, 4>::from_data(
+                        TensorData::new(rng.vec(b * h * s * d, lo, hi, 0.0), [b, h, s, d]),
+                        device,
+                    )
+                    .cast(dtype)
+                };
+                let (q, k, v, g) = (
+                    random(-2.0, 2.0).require_grad(),
+                    random(-2.0, 2.0).require_grad(),
+                    random(-1.0, 1.0).require_grad(),
+                    random(-1.0, 1.0),
+                );
+                let options = AttentionModuleOptions {
+                    scale: None,
+                    softcap: None,
+                    is_causal: causal,
+                };
+                // The fusion stream runs lazily: the counters are read after the values.
+                let before = launches();
+                let out = attention(q.clone(), k.clone(), v.clone(), None, None, options);
+                let out_values = values(out.clone().inner());
+                assert!(
+                    launches() > before,
+                    "{label} {dtype:?}: ModuleOps::attention did not reach fused_attention"
+                );
+                let grads = (out.clone() * g.clone()).sum().backward();
+                let grad = |t: &Tensor<L<B>, 4>| values(t.grad(&grads).expect("a gradient"));
+                let ours = [out_values, grad(&q), grad(&k), grad(&v)];
+                let p = Problem {
+                    causal,
+                    ..Problem::causal(b, h, h, s, d)
+                };
+                let inputs = [&q, &k, &v, &g].map(|t| values(t.clone().inner()));
+                let r = reference(&p, &inputs[0], &inputs[1], &inputs[2], &inputs[3]);
+                let want = [&r.out, &r.grad_q, &r.grad_k, &r.grad_v];
+                for (i, name) in ["output", "grad_q", "grad_k", "grad_v"]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let bounds = r.row_bounds(i, d, row_tolerance(dtype), dtype, dtype);
+                    compare_rows(name, &ours[i], want[i], &bounds).unwrap_or_else(|e| {
+                        panic!("{label} {dtype:?} causal {causal}: {e} (seed {seed})")
+                    });
+                }
+                // A bias goes to Burn's own attention (no fused launch), same result.
+                let bias = Tensor::<L<B>, 4>::zeros([b, h, s, s], device).cast(dtype);
+                let before = launches();
+                let stock = attention(q.clone(), k.clone(), v.clone(), None, Some(bias), options);
+                let stock = values(stock.inner());
+                assert_eq!(
+                    launches(),
+                    before,
+                    "{label}: a bias must go to Burn's attention"
+                );
+                let bounds = r.row_bounds(0, d, 4.0 * row_tolerance(dtype), dtype, dtype);
+                compare_rows("stock output", &stock, &r.out, &bounds)
+                    .unwrap_or_else(|e| panic!("{label} {dtype:?} stock: {e} (seed {seed})"));
+                let _ = DType::F32;
+            }
+        }
+    }
+
+    #[test]
+    fn burn_attention_runs_fused_attention_and_trains_through_it() {
+        match liger_tests::device_name().as_str() {
+            "wgpu-cpu" => {
+                use burn::backend::wgpu::{Wgpu, WgpuDevice};
+                check::<Wgpu>("wgpu-cpu/fusion", &WgpuDevice::Cpu);
+            }
+            "vulkan" => check::<burn::backend::wgpu::Wgpu>("vulkan/fusion", &Default::default()),
+            #[cfg(feature = "cuda")]
+            "cuda" => check::<burn::backend::Cuda>("cuda/fusion", &Default::default()),
+            other => eprintln!("note: no CubeCL device for {other}; not run"),
+        }
+    }
 }

@@ -89,6 +89,7 @@ pub fn check_op(op: Op) {
     sweep(|o| o == op, true, op.name());
 }
 
+pub mod attention;
 pub mod errors;
 pub mod glu;
 pub mod tensors;

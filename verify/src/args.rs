@@ -147,6 +147,27 @@ pub struct BenchArgs {
     /// --gpu, --commit, --memory-pool; ignores --op, --shape and the op timing flags.
     #[arg(long)]
     pub e2e: bool,
+    /// liger-burn's attention instead of the ops: the flash kernels against the blockwise
+    /// composition (see --attention-provider), causal, for each --attention-shape;
+    /// forward, backward and full ms, TFLOP/s (FlashAttention's FLOP count) and memory,
+    /// the op CSV layout (kernel `attention`). Uses --device, --dtype, --warmup, --iters
+    /// (the most per sample; fewer at long sequences), --repeats, --csv, --gpu, --commit.
+    #[arg(long)]
+    pub attention: bool,
+    /// --attention: shapes `BATCHxSEQxQ_HEADSxKV_HEADSxHEAD_DIM` (comma list). Default:
+    /// 32/8 heads at head_dim 64, 16/2 and 12/2 at 128, batch 1 at 1K-32K tokens and batch
+    /// 4 at 1K and 4K.
+    #[arg(long, value_delimiter = ',', value_name = "SHAPE")]
+    pub attention_shape: Vec<bench::attention::AttentionShape>,
+    /// --attention: implementations to run (comma list), in this order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "flash,blockwise",
+        value_name = "PROVIDER"
+    )]
+    pub attention_provider: Vec<bench::attention::AttentionProvider>,
     /// --e2e: models, comma list: llama3.2-1b, qwen2.5-1.5b (the 1B-class shapes),
     /// tiny-llama, tiny-qwen3 (tiny models for a CPU check of the harness).
     #[arg(

@@ -404,9 +404,10 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: Option<burn::tensor::ops::BoolTensor<Self>>,
+        document_ids: Option<burn::tensor::ops::IntTensor<Self>>,
         options: crate::ops::AttentionOptions,
-    ) -> FloatTensor<Self> {
-        attention::forward::<B, C>(q, k, v, mask, options)
+    ) -> crate::ops::AttentionOutput<Self> {
+        attention::forward::<B, C>(q, k, v, mask, document_ids, options)
     }
 
     fn fused_attention_backward(
@@ -415,9 +416,20 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: Option<burn::tensor::ops::BoolTensor<Self>>,
+        document_ids: Option<burn::tensor::ops::IntTensor<Self>>,
+        forward: Option<crate::ops::AttentionOutput<Self>>,
         options: crate::ops::AttentionOptions,
     ) -> crate::ops::AttentionGrads<Self> {
-        attention::backward::<B, C>(grad_output, q, k, v, mask, options)
+        attention::backward::<B, C>(grad_output, q, k, v, mask, document_ids, forward, options)
+    }
+
+    fn flash_attention_available(
+        device: &Self::Device,
+        dtype: burn::tensor::DType,
+        head_dim: usize,
+        options: &crate::ops::AttentionOptions,
+    ) -> bool {
+        attention::flash_available::<B>(device, dtype, head_dim, options)
     }
 
     fn fused_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {

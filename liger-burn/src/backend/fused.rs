@@ -235,10 +235,15 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: Option<burn::tensor::ops::BoolTensor<Self>>,
+        document_ids: Option<burn::tensor::ops::IntTensor<Self>>,
         options: crate::ops::AttentionOptions,
-    ) -> FloatTensor<Self> {
-        // B's, so that `Liger<Autodiff<_>>` reaches Autodiff's recomputing node.
-        B::fused_attention(q, k, v, mask, options)
+    ) -> crate::ops::AttentionOutput<Self> {
+        // B's, so that `Liger<Autodiff<_>>` reaches Autodiff's node.
+        let out = B::fused_attention(q, k, v, mask, document_ids, options);
+        crate::ops::AttentionOutput {
+            output: out.output,
+            lse: out.lse,
+        }
     }
 
     fn fused_attention_backward(
@@ -247,13 +252,19 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: Option<burn::tensor::ops::BoolTensor<Self>>,
+        document_ids: Option<burn::tensor::ops::IntTensor<Self>>,
+        forward: Option<crate::ops::AttentionOutput<Self>>,
         options: crate::ops::AttentionOptions,
     ) -> crate::ops::AttentionGrads<Self> {
+        let forward = forward.map(|f| crate::ops::AttentionOutput {
+            output: f.output,
+            lse: f.lse,
+        });
         let crate::ops::AttentionGrads {
             grad_q,
             grad_k,
             grad_v,
-        } = B::fused_attention_backward(grad_output, q, k, v, mask, options);
+        } = B::fused_attention_backward(grad_output, q, k, v, mask, document_ids, forward, options);
         crate::ops::AttentionGrads {
             grad_q,
             grad_k,
@@ -280,6 +291,15 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         options: crate::ops::AdamWStepOptions,
     ) -> crate::ops::AdamWStepOutput<Self> {
         B::fused_adamw_step(param, grad, moments.map(|m| m.map(|t| t)), options).map(|t| t)
+    }
+
+    fn flash_attention_available(
+        device: &Self::Device,
+        dtype: burn::tensor::DType,
+        head_dim: usize,
+        options: &crate::ops::AttentionOptions,
+    ) -> bool {
+        B::flash_attention_available(device, dtype, head_dim, options)
     }
 }
 

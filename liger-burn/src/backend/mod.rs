@@ -10,6 +10,7 @@
 //! | `ActivationOps::softmax(x, dim)`       | `B::fused_softmax(x)` if `dim` is the last one, else `B::softmax` |
 //! | `ActivationOps::log_softmax(x, dim)`   | `B::fused_log_softmax(x)` if `dim` is the last one, else `B::log_softmax` |
 //! | `ModuleOps::layer_norm(x, g, b, eps)`  | `B::fused_layer_norm(x, g, b, eps).output`          |
+//! | `ModuleOps::attention(q, k, v, ..)`    | `B::fused_attention(..).output` without mask, bias or softcap (self-attention), else `B::attention` |
 //! | `ActivationOps::gelu(x)`               | `B::fused_gelu(x)` (exact erf GELU)                 |
 //! | `ActivationOps::gelu_backward(x, g)`   | `B::fused_gelu_backward(g, x)` (exact derivative)   |
 //! | `ActivationOps::sigmoid(x)`            | `B::fused_sigmoid(x)`                               |
@@ -66,6 +67,9 @@
 //!
 //! # Limits
 //!
+//! - `burn::tensor::module::attention` trains through `Liger<Autodiff<B>>`'s attention node
+//!   (burn-autodiff 0.21 has none: its `attention` decomposes into elementary ops that keep
+//!   the `[seq, seq]` probabilities). In `Autodiff<Liger<B>>` that decomposition runs first.
 //! - Only the primitives above are routed. Ops whose default body composes them *inside*
 //!   `B` (e.g. `softmin`, or `B`'s own `attention` fallback, which inlines its own softmax)
 //!   still run `B`'s versions.
@@ -96,8 +100,8 @@ mod overrides;
 use core::fmt;
 use core::marker::PhantomData;
 
-/// Backend decorator: `B` with Burn's `softmax`, `log_softmax`, `layer_norm`, `gelu`,
-/// `sigmoid`, `float_matmul` and `linear` primitives routed to
+/// Backend decorator: `B` with Burn's `softmax`, `log_softmax`, `layer_norm`, `attention`,
+/// `gelu`, `sigmoid`, `float_matmul` and `linear` primitives routed to
 /// [`FusedOps`](crate::ops::FusedOps). See the [module docs](self) for which wrapping order
 /// to use.
 ///

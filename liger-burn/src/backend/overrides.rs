@@ -46,6 +46,49 @@ pub(crate) fn layer_norm<B: FusedOps>(
     B::fused_layer_norm(tensor, gamma, beta, epsilon).output
 }
 
+/// `ModuleOps::attention`: [`FusedOps::fused_attention`] (the flash kernels where `B` has them,
+/// else the blockwise composition; on `Autodiff<_>` a node that keeps no probabilities)
+/// for what it computes exactly as Burn defines it: self-attention (`seq_q == seq_k`,
+/// value width = head_dim), causal or not, any scale, query heads a multiple of key heads,
+/// a dtype the kernels read. A mask, an additive bias or a softcap go to `B`'s own
+/// attention, as do empty and mismatched inputs (so `B` reports them).
+pub(crate) fn attention<B: FusedOps>(
+    query: FloatTensor<B>,
+    key: FloatTensor<B>,
+    value: FloatTensor<B>,
+    mask: Option<burn::tensor::ops::BoolTensor<B>>,
+    attn_bias: Option<FloatTensor<B>>,
+    options: burn::tensor::ops::AttentionModuleOptions,
+) -> FloatTensor<B> {
+    let (q, k, v) = (query.shape(), key.shape(), value.shape());
+    let dtype = query.dtype();
+    let routed = mask.is_none()
+        && attn_bias.is_none()
+        && options.softcap.is_none()
+        && q.num_dims() == 4
+        && k.num_dims() == 4
+        && k == v
+        && q.num_elements() > 0
+        && k.num_elements() > 0
+        && q[0] == k[0]
+        && q[2] == k[2]
+        && q[3] == k[3]
+        && q[1] % k[1] == 0
+        && key.dtype() == dtype
+        && value.dtype() == dtype
+        && crate::ops::validate::kernel_dtype(dtype);
+    if !routed {
+        return B::attention(query, key, value, mask, attn_bias, options);
+    }
+    let fused = crate::ops::AttentionOptions {
+        scale: options.scale.unwrap_or((q[3] as f64).powf(-0.5)),
+        causal: options.is_causal,
+        window: None,
+        kernel: crate::ops::AttentionKernel::Auto,
+    };
+    B::fused_attention(query, key, value, None, None, fused).output
+}
+
 /// `ActivationOps::gelu` (exact, erf): the fused kernel. Dtypes the kernels do not read
 /// (f64) go to stock `B::gelu`; an empty tensor is its own result (stock Burn 0.21's
 /// CubeCL `gelu` panics on one), so the override rejects nothing Burn accepts.

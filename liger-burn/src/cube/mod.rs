@@ -7,6 +7,7 @@
 
 mod activation;
 mod adamw;
+mod attention;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 pub mod cublaslt;
@@ -212,6 +213,39 @@ where
         options: crate::ops::AdamWStepOptions,
     ) -> crate::ops::AdamWStepOutput<Self> {
         adamw::step::<Self, R>(param, grad, moments, options)
+    }
+
+    fn fused_attention(
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        v: CubeTensor<R>,
+        mask: Option<burn::tensor::ops::BoolTensor<Self>>,
+        document_ids: Option<CubeTensor<R>>,
+        options: crate::ops::AttentionOptions,
+    ) -> crate::ops::AttentionOutput<Self> {
+        attention::forward(q, k, v, mask, document_ids, options)
+    }
+
+    fn fused_attention_backward(
+        grad_output: CubeTensor<R>,
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        v: CubeTensor<R>,
+        mask: Option<burn::tensor::ops::BoolTensor<Self>>,
+        document_ids: Option<CubeTensor<R>>,
+        forward: Option<crate::ops::AttentionOutput<Self>>,
+        options: crate::ops::AttentionOptions,
+    ) -> crate::ops::AttentionGrads<Self> {
+        attention::backward(grad_output, q, k, v, mask, document_ids, forward, options)
+    }
+
+    fn flash_attention_available(
+        device: &R::Device,
+        dtype: DType,
+        head_dim: usize,
+        options: &crate::ops::AttentionOptions,
+    ) -> bool {
+        attention::available::<R>(device, dtype, head_dim, options)
     }
 }
 

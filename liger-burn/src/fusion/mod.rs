@@ -6,6 +6,7 @@
 //! thread), and bad input must fail where the user called the op.
 
 mod adamw;
+mod attention;
 mod cross_entropy;
 mod custom_op;
 mod glu;
@@ -371,6 +372,39 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         options: crate::ops::AdamWStepOptions,
     ) -> crate::ops::AdamWStepOutput<Self> {
         adamw::step::<B>(param, grad, moments, options)
+    }
+
+    fn fused_attention(
+        q: FusionTensor<B::FusionRuntime>,
+        k: FusionTensor<B::FusionRuntime>,
+        v: FusionTensor<B::FusionRuntime>,
+        mask: Option<FusionTensor<B::FusionRuntime>>,
+        document_ids: Option<FusionTensor<B::FusionRuntime>>,
+        options: crate::ops::AttentionOptions,
+    ) -> crate::ops::AttentionOutput<Self> {
+        attention::forward::<B>(q, k, v, mask, document_ids, options)
+    }
+
+    fn fused_attention_backward(
+        grad_output: FusionTensor<B::FusionRuntime>,
+        q: FusionTensor<B::FusionRuntime>,
+        k: FusionTensor<B::FusionRuntime>,
+        v: FusionTensor<B::FusionRuntime>,
+        mask: Option<FusionTensor<B::FusionRuntime>>,
+        document_ids: Option<FusionTensor<B::FusionRuntime>>,
+        forward: Option<crate::ops::AttentionOutput<Self>>,
+        options: crate::ops::AttentionOptions,
+    ) -> crate::ops::AttentionGrads<Self> {
+        attention::backward::<B>(grad_output, q, k, v, mask, document_ids, forward, options)
+    }
+
+    fn flash_attention_available(
+        device: &B::Device,
+        dtype: DType,
+        head_dim: usize,
+        options: &crate::ops::AttentionOptions,
+    ) -> bool {
+        attention::available::<B>(device, dtype, head_dim, options)
     }
 }
 

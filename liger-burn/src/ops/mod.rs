@@ -77,6 +77,17 @@ pub struct CrossEntropyRows<B: Backend> {
     pub grad_logits: Option<FloatTensor<B>>,
 }
 
+/// Output of [`FusedOps::fused_attention`].
+#[derive(Debug, Clone)]
+pub struct AttentionOutput<B: Backend> {
+    /// `[batch, q_heads, seq, head_dim]`, q's dtype.
+    pub output: FloatTensor<B>,
+    /// `lse_i = log Σ_j exp(s_ij)` per query, `[batch, q_heads, seq]` f32, when the flash
+    /// kernels ran: their backward needs it, with the output. `f32::MAX` for a query that
+    /// sees no key. `None` from the blockwise path, whose backward recomputes everything.
+    pub lse: Option<FloatTensor<B>>,
+}
+
 /// Gradients of [`FusedOps::fused_attention`], shaped and typed like its inputs.
 #[derive(Debug, Clone)]
 pub struct AttentionGrads<B: Backend> {
@@ -392,41 +403,78 @@ pub trait FusedOps: Backend {
         false
     }
 
-    /// Causal softmax attention without the `[batch, heads, seq, seq]` probabilities kept:
-    /// transformers' eager attention (`softmax(mask(q·kᵀ·scale))·v`, scores in the input
-    /// dtype, the masked softmax in f32, the probabilities cast back before `·v`),
-    /// computed in blocks of query rows so that no block's scores exceed
-    /// [`compose::attention::BLOCK_SCORE_ELEMENTS`]. On `Autodiff<B>` only q, k, v and the
-    /// mask are kept; the backward recomputes each block's probabilities.
+    /// Softmax attention without the `[batch, heads, seq, seq]` probabilities kept:
+    /// `softmax(mask(q·kᵀ·scale))·v` with f32 softmax statistics.
+    ///
+    /// Two implementations, chosen by [`AttentionOptions::kernel`] and
+    /// [`flash_attention_available`](FusedOps::flash_attention_available):
+    /// - the flash kernels (CubeCL backends; `liger_cubecl_kernels::attention`): one pass
+    ///   over the key blocks the mask leaves, probabilities never leave the chip, `lse`
+    ///   returned for the backward;
+    /// - the blockwise composition of stock ops (every backend, the default body):
+    ///   transformers' eager attention (scores in the input dtype, the masked softmax in
+    ///   f32, probabilities cast back before `·v`) in blocks of query rows so that no
+    ///   block's scores exceed [`compose::attention::BLOCK_SCORE_ELEMENTS`]; the backward
+    ///   recomputes each block's probabilities.
+    ///
+    /// On `Autodiff<B>` the node keeps q, k, v, the mask, the document ids and, after the
+    /// flash kernels, the output and `lse`; never probabilities.
     ///
     /// `q: [batch, q_heads, seq, head_dim]`, `k, v: [batch, kv_heads, seq, head_dim]`
     /// (`q_heads` a multiple of `kv_heads`: grouped-query attention), one float dtype;
-    /// `mask: [seq, seq]`, `true` where query `i` must not see key `j`, or `None` for the
-    /// mask `options` describes (causal, sliding window), built block by block. Returns
+    /// `mask: [seq, seq]`, `true` where query `i` must not see key `j`, combined with the
+    /// mask `options` describes (causal, sliding window); `document_ids: [batch, seq]` int,
+    /// query `i` of a row seeing only keys with its id (packed sequences). A query that sees
+    /// no key (possible only through a given mask) gets output 0 and no gradient. Returns
     /// `[batch, q_heads, seq, head_dim]` in q's dtype.
     fn fused_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: Option<BoolTensor<Self>>,
+        document_ids: Option<IntTensor<Self>>,
         options: AttentionOptions,
-    ) -> FloatTensor<Self> {
-        compose::attention::forward::<Self>(q, k, v, mask, options)
+    ) -> AttentionOutput<Self> {
+        if options.kernel == AttentionKernel::Flash {
+            panic!(
+                "attention: AttentionKernel::Flash asked for, but backend {} has no flash \
+                 attention kernel (CubeCL backends have it)",
+                core::any::type_name::<Self>()
+            );
+        }
+        compose::attention::forward::<Self>(q, k, v, mask, document_ids, options)
     }
 
     /// Backward of [`fused_attention`](FusedOps::fused_attention) for the gradient of its
-    /// output `grad_output: [batch, q_heads, seq, head_dim]`: recomputes each block's
-    /// probabilities, then the gradients of q, k and v (k's and v's accumulated over the
-    /// blocks in f32).
+    /// output `grad_output: [batch, q_heads, seq, head_dim]`, from the same inputs and the
+    /// forward's result: with its `lse`, the flash backward kernels; without, the blockwise
+    /// recomputation (the gradients of k and v accumulated over the blocks in f32).
+    #[allow(clippy::too_many_arguments)]
     fn fused_attention_backward(
         grad_output: FloatTensor<Self>,
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         mask: Option<BoolTensor<Self>>,
+        document_ids: Option<IntTensor<Self>>,
+        forward: Option<AttentionOutput<Self>>,
         options: AttentionOptions,
     ) -> AttentionGrads<Self> {
-        compose::attention::backward::<Self>(grad_output, q, k, v, mask, options)
+        let _ = forward;
+        compose::attention::backward::<Self>(grad_output, q, k, v, mask, document_ids, options)
+    }
+
+    /// Whether [`fused_attention`](FusedOps::fused_attention) of inputs of `dtype` and
+    /// `head_dim`, without a mask tensor, runs the flash kernels on `device` (and returns
+    /// `lse`). The default bodies have none.
+    fn flash_attention_available(
+        device: &Self::Device,
+        dtype: burn::tensor::DType,
+        head_dim: usize,
+        options: &AttentionOptions,
+    ) -> bool {
+        let _ = (device, dtype, head_dim, options);
+        false
     }
 
     /// One AdamW step of one parameter: Burn 0.21's `AdamW` update (decoupled weight

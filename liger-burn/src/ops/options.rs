@@ -262,13 +262,36 @@ impl CrossEntropyOptions {
 pub struct AttentionOptions {
     /// Factor of the scores `q·kᵀ` (transformers: `head_dim^-0.5`).
     pub scale: f64,
-    /// The mask hides every key after its query (`j > i`, as every causal language model's
-    /// does): a block of queries then skips the keys after its last row, which it could
-    /// not see anyway (about half the work at long sequences). The mask is still applied.
+    /// Query `i` sees no key after it (`j > i`, as every causal language model): enforced
+    /// on top of any given mask, and the blockwise path skips the keys after each block's
+    /// last query, the flash kernels every key block above the diagonal.
     pub causal: bool,
-    /// Sliding window (Mistral): query `i` also does not see keys `j <= i - window`.
-    /// Applied with the mask built from positions (no `mask` tensor given).
+    /// Sliding window (Mistral): query `i` also does not see keys `j <= i - window`
+    /// (on top of any given mask). At least 1: a window of 0 would hide every key.
     pub window: Option<usize>,
+    /// Which implementation runs (see [`AttentionKernel`]).
+    #[serde(default)]
+    pub kernel: AttentionKernel,
+}
+
+/// Which implementation of [`FusedOps::fused_attention`](crate::ops::FusedOps::fused_attention)
+/// runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum AttentionKernel {
+    /// The flash kernels on tensor cores where the backend and device have them for the
+    /// dtype and head dimension (CubeCL backends with `cmma`: CUDA, and Vulkan/ROCm with
+    /// cooperative matrices), else the blockwise composition of stock ops. A `[seq, seq]`
+    /// mask tensor always takes the blockwise path.
+    #[default]
+    Auto,
+    /// The blockwise composition of stock ops everywhere
+    /// ([`compose::attention`](crate::ops::compose::attention)).
+    Blockwise,
+    /// The flash kernels on every CubeCL backend: on tensor cores where the device has
+    /// them, else their FMA variant (slow; for devices without cooperative matrices and for
+    /// testing the kernels there). Panics where no flash kernel can run (a backend without
+    /// CubeCL, a head dimension that is not a multiple of 16 up to 256, a mask tensor).
+    Flash,
 }
 
 impl AttentionOptions {
@@ -278,7 +301,13 @@ impl AttentionOptions {
             scale: (head_dim as f64).powf(-0.5),
             causal: true,
             window: None,
+            kernel: AttentionKernel::Auto,
         }
+    }
+
+    /// With another implementation choice.
+    pub fn with_kernel(self, kernel: AttentionKernel) -> Self {
+        Self { kernel, ..self }
     }
 
     /// With a sliding window of `window` keys (`None`: none).

@@ -25,6 +25,7 @@
 //! `--op matmul` the models' matrix products: see [`matmul`].
 //! `--optimizer-step` one AdamW step over a model's parameters: see [`optimizer`].
 
+pub mod attention;
 pub mod e2e;
 mod e2e_case;
 mod matmul;
@@ -65,6 +66,9 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     }
     if args.e2e || args.e2e_case.is_some() {
         return e2e::run(args);
+    }
+    if args.attention {
+        return attention::run(args);
     }
     if args.reduction == crate::args::ReductionArg::Both {
         bail!("--reduction both is for `liger check`; bench takes auto, plane or shared");

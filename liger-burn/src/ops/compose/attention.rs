@@ -1,4 +1,4 @@
-//! Exact causal attention in blocks of query rows, keeping nothing `[seq, seq]`-sized for
+//! Exact attention in blocks of query rows, keeping nothing `[seq, seq]`-sized for
 //! the backward: the default bodies of
 //! [`FusedOps::fused_attention`](crate::ops::FusedOps::fused_attention) and its backward,
 //! built from `matmul`, slicing and [`FusedOps::fused_softmax`] (so every backend runs
@@ -15,12 +15,15 @@
 //!
 //! # Blocks
 //!
-//! The mask is a `[seq, seq]` tensor when one is given; otherwise each block builds its own
-//! `[rows, keys]` slice from positions (causal, and the sliding window of
-//! [`AttentionOptions::window`]), so nothing `[seq, seq]`-sized exists at all.
+//! Each block builds its own `[rows, keys]` mask from positions (causal, the sliding window
+//! of [`AttentionOptions::window`]) and from the document ids (`[batch, rows, keys]`), and
+//! combines them with its slice of a given `[seq, seq]` mask tensor: without a mask tensor
+//! nothing `[seq, seq]`-sized exists at all.
 //!
 //! A block is `rows` queries of every head against the keys they can see: all of them,
-//! or under [`AttentionOptions::causal`] only those up to the block's last query. `rows`
+//! or under [`AttentionOptions::causal`] only those up to the block's last query (the
+//! causal mask is applied on top of any given mask, so dropping those keys never changes
+//! the result, whatever the block size). `rows`
 //! is the most that keeps a block's scores within [`BLOCK_SCORE_ELEMENTS`], a multiple of
 //! 64 when above it (matmul tiles), the last block partial. Below that size the whole
 //! sequence is one block, computed exactly as eager attention computes it.
@@ -32,11 +35,15 @@
 //! input dtype, `p·v`. The backward follows the chain rule of those same steps (softmax's
 //! backward in f32); with several blocks, the gradients of k and v are summed over the
 //! query heads sharing a key/value head and over the blocks in f32, cast once at the end.
+//!
+//! A query that sees no key (possible only through a given mask) has probabilities 0, so
+//! output 0 and no gradient, as Burn's own attention defines it (a plain softmax of
+//! nothing but `-inf` would be NaN).
 
-use crate::ops::{AttentionGrads, AttentionOptions, FusedOps};
+use crate::ops::{AttentionGrads, AttentionOptions, AttentionOutput, FusedOps};
 use burn::tensor::{
     Bool, DType, Int, Tensor, TensorPrimitive,
-    ops::{BoolTensor, FloatTensor},
+    ops::{BoolTensor, FloatTensor, IntTensor},
 };
 
 /// Most score elements one block may hold (`[batch, heads, rows, keys]`): 2²⁷, 0.5 GiB in
@@ -76,6 +83,7 @@ struct Inputs<B: FusedOps> {
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
     mask: Option<Tensor<B, 2, Bool>>,
+    document_ids: Option<Tensor<B, 2, Int>>,
     kv_heads: usize,
     dtype: DType,
 }
@@ -86,6 +94,7 @@ impl<B: FusedOps> Inputs<B> {
         k: FloatTensor<B>,
         v: FloatTensor<B>,
         mask: Option<BoolTensor<B>>,
+        document_ids: Option<IntTensor<B>>,
     ) -> Self {
         let q: Tensor<B, 4> = float(q);
         let (k, v): (Tensor<B, 4>, Tensor<B, 4>) = (float(k), float(v));
@@ -97,6 +106,7 @@ impl<B: FusedOps> Inputs<B> {
             k: repeat_kv(k, repeats),
             v: repeat_kv(v, repeats),
             mask: mask.map(Tensor::from_primitive),
+            document_ids: document_ids.map(Tensor::from_primitive),
             kv_heads,
             dtype,
         }
@@ -115,35 +125,67 @@ impl<B: FusedOps> Inputs<B> {
             .collect()
     }
 
-    /// The block's `[rows, keys]` mask: the given one's slice, or one built from positions
-    /// (`j > i` when causal, `i - j >= window` with a window), or none at all.
+    /// The block's mask, `[1 or batch, 1, rows, keys]` (`true`: hidden): the given mask's
+    /// slice, the causal and window masks built from positions (`j > i`, `i - j >= window`)
+    /// and the documents' (`doc[i] != doc[j]`), combined; or none at all.
     fn block_mask(
         &self,
         (start, end, keys): (usize, usize, usize),
         options: &AttentionOptions,
-    ) -> Option<Tensor<B, 2, Bool>> {
-        if let Some(mask) = &self.mask {
-            return Some(mask.clone().slice([start..end, 0..keys]));
-        }
-        if !options.causal && options.window.is_none() {
-            return None;
-        }
+    ) -> Option<Tensor<B, 4, Bool>> {
         let rows = end - start;
+        let batch = self.q.dims()[0];
         let device = self.q.device();
-        // i - j for every (query i, key j) of the block.
-        let i = Tensor::<B, 1, Int>::arange(start as i64..end as i64, &device)
-            .reshape([rows, 1])
-            .expand([rows, keys]);
-        let j = Tensor::<B, 1, Int>::arange(0..keys as i64, &device)
-            .reshape([1, keys])
-            .expand([rows, keys]);
-        let offset = i - j;
-        let causal = options.causal.then(|| offset.clone().lower_elem(0));
-        let window = options.window.map(|w| offset.greater_equal_elem(w as i64));
-        match (causal, window) {
-            (Some(c), Some(w)) => Some(c.bool_or(w)),
-            (c, w) => c.or(w),
+        let mut parts: Vec<Tensor<B, 4, Bool>> = Vec::new();
+        if let Some(mask) = &self.mask {
+            parts.push(
+                mask.clone()
+                    .slice([start..end, 0..keys])
+                    .reshape([1, 1, rows, keys]),
+            );
         }
+        if options.causal || options.window.is_some() {
+            // i - j for every (query i, key j) of the block.
+            let i = Tensor::<B, 1, Int>::arange(start as i64..end as i64, &device)
+                .reshape([rows, 1])
+                .expand([rows, keys]);
+            let j = Tensor::<B, 1, Int>::arange(0..keys as i64, &device)
+                .reshape([1, keys])
+                .expand([rows, keys]);
+            let offset = i - j;
+            if options.causal {
+                parts.push(offset.clone().lower_elem(0).reshape([1, 1, rows, keys]));
+            }
+            if let Some(w) = options.window {
+                parts.push(
+                    offset
+                        .greater_equal_elem(w as i64)
+                        .reshape([1, 1, rows, keys]),
+                );
+            }
+        }
+        if let Some(ids) = &self.document_ids {
+            let queries = ids
+                .clone()
+                .slice([0..batch, start..end])
+                .reshape([batch, rows, 1])
+                .expand([batch, rows, keys]);
+            let seen = ids
+                .clone()
+                .slice([0..batch, 0..keys])
+                .reshape([batch, 1, keys])
+                .expand([batch, rows, keys]);
+            parts.push(queries.not_equal(seen).reshape([batch, 1, rows, keys]));
+        }
+        let wide = if self.document_ids.is_some() {
+            batch
+        } else {
+            1
+        };
+        parts
+            .into_iter()
+            .map(|m| m.expand([wide, 1, rows, keys]))
+            .reduce(|a, b| a.bool_or(b))
     }
 
     /// The block's probabilities in f32 and in the input dtype, `[b, h, end - start, keys]`.
@@ -160,12 +202,18 @@ impl<B: FusedOps> Inputs<B> {
         let scores = scores.cast(DType::F32);
         let scores = match self.block_mask((start, end, keys), options) {
             Some(mask) => {
-                let mask = mask.unsqueeze::<4>().expand([b, h, end - start, keys]);
+                let mask = mask.expand([b, h, end - start, keys]);
                 scores.mask_fill(mask, f32::NEG_INFINITY)
             }
             None => scores,
         };
         let p32: Tensor<B, 4> = float(B::fused_softmax(prim(scores)));
+        // Only a given mask can hide every key of a query (the masks built here always show
+        // a query itself): such a row's softmax is NaN; its probabilities are 0.
+        let p32 = match &self.mask {
+            Some(_) => p32.clone().mask_fill(p32.is_nan(), 0.0),
+            None => p32,
+        };
         let p = p32.clone().cast(self.dtype);
         (p32, p)
     }
@@ -177,9 +225,10 @@ pub fn forward<B: FusedOps>(
     k: FloatTensor<B>,
     v: FloatTensor<B>,
     mask: Option<BoolTensor<B>>,
+    document_ids: Option<IntTensor<B>>,
     options: AttentionOptions,
-) -> FloatTensor<B> {
-    let inputs = Inputs::<B>::new(q, k, v, mask);
+) -> AttentionOutput<B> {
+    let inputs = Inputs::<B>::new(q, k, v, mask, document_ids);
     let outputs: Vec<Tensor<B, 4>> = inputs
         .blocks(&options)
         .into_iter()
@@ -188,11 +237,12 @@ pub fn forward<B: FusedOps>(
             p.matmul(inputs.v.clone().narrow(2, 0, block.2))
         })
         .collect();
-    prim(if outputs.len() == 1 {
+    let output = prim(if outputs.len() == 1 {
         outputs.into_iter().next().unwrap()
     } else {
         Tensor::cat(outputs, 2)
-    })
+    });
+    AttentionOutput { output, lse: None }
 }
 
 /// See [`FusedOps::fused_attention_backward`](crate::ops::FusedOps::fused_attention_backward).
@@ -202,9 +252,10 @@ pub fn backward<B: FusedOps>(
     k: FloatTensor<B>,
     v: FloatTensor<B>,
     mask: Option<BoolTensor<B>>,
+    document_ids: Option<IntTensor<B>>,
     options: AttentionOptions,
 ) -> AttentionGrads<B> {
-    let inputs = Inputs::<B>::new(q, k, v, mask);
+    let inputs = Inputs::<B>::new(q, k, v, mask, document_ids);
     let grad: Tensor<B, 4> = float(grad_output);
     let [b, _, s, d] = inputs.q.dims();
     let blocks = inputs.blocks(&options);

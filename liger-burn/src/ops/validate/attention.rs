@@ -1,6 +1,7 @@
 //! Validation of attention's inputs: `q: [batch, q_heads, seq, head_dim]`,
 //! `k, v: [batch, kv_heads, seq, head_dim]` with `q_heads` a multiple of `kv_heads`, one
-//! float dtype, `mask: [seq, seq]`, nothing empty.
+//! float dtype, `mask: [seq, seq]`, int `document_ids: [batch, seq]`, a window of at least
+//! one key, nothing empty.
 
 use super::{LigerError, fail};
 use burn::tensor::{DType, Shape};
@@ -17,6 +18,10 @@ pub struct AttentionInputs {
     pub v: (Shape, DType),
     /// Shape of the boolean mask, when one is given.
     pub mask: Option<Shape>,
+    /// Shape and dtype of the document ids, when given.
+    pub document_ids: Option<(Shape, DType)>,
+    /// The sliding window of the options.
+    pub window: Option<usize>,
 }
 
 /// Validates attention's inputs.
@@ -25,8 +30,8 @@ pub fn attention(inputs: &AttentionInputs) -> Result<(), LigerError> {
     let (q, k, v) = (&inputs.q, &inputs.k, &inputs.v);
     let describe = || {
         format!(
-            "q {:?} ({:?}), k {:?} ({:?}), v {:?} ({:?}), mask {:?}",
-            q.0, q.1, k.0, k.1, v.0, v.1, inputs.mask
+            "q {:?} ({:?}), k {:?} ({:?}), v {:?} ({:?}), mask {:?}, document_ids {:?}, window {:?}",
+            q.0, q.1, k.0, k.1, v.0, v.1, inputs.mask, inputs.document_ids, inputs.window
         )
     };
     for (name, (shape, dtype)) in [("q", q), ("k", k), ("v", v)] {
@@ -81,6 +86,29 @@ pub fn attention(inputs: &AttentionInputs) -> Result<(), LigerError> {
         return fail(format!(
             "{op}: mask must be [seq, seq] = [{0}, {0}]; got {1}",
             qd[2],
+            describe()
+        ));
+    }
+    if let Some((shape, dtype)) = &inputs.document_ids {
+        if shape.to_vec() != [qd[0], qd[2]] {
+            return fail(format!(
+                "{op}: document_ids must be [batch, seq] = [{}, {}]; got {}",
+                qd[0],
+                qd[2],
+                describe()
+            ));
+        }
+        if !dtype.is_int() && !dtype.is_uint() {
+            return fail(format!(
+                "{op}: document_ids must be an int tensor; got {}",
+                describe()
+            ));
+        }
+    }
+    if inputs.window == Some(0) {
+        return fail(format!(
+            "{op}: a sliding window of 0 keys hides every key (the window counts the query \
+             itself: use at least 1); got {}",
             describe()
         ));
     }

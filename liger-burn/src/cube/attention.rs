@@ -1,0 +1,278 @@
+//! Attention on CubeCL tensors: the flash kernels of `liger_cubecl_kernels::attention`
+//! when [`plan`] finds one for the device, dtype and head dimension, else the blockwise
+//! composition ([`compose::attention`](crate::ops::compose::attention)) on this backend.
+//!
+//! The choice ([`AttentionOptions::kernel`]): `Auto` takes the flash kernels on tensor
+//! cores (devices with 16×16×16 `cmma` of the dtype into f32: CUDA f16/bf16) and head
+//! dimensions that are multiples of 16 up to 256; `Flash` takes them everywhere (the FMA
+//! variant without tensor cores); `Blockwise` never. A mask tensor always goes blockwise.
+
+use super::{empty_like, launched};
+use crate::ops::{
+    AttentionGrads, AttentionKernel, AttentionOptions, AttentionOutput, compose, validate,
+};
+use burn::tensor::ops::{BoolTensor, IntTensorOps};
+use burn::tensor::{DType, IntDType, Shape, TensorMetadata};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl::prelude::ComputeClient;
+use liger_cubecl_kernels::attention::{
+    AttentionMask, FlashBackwardArgs, FlashForwardArgs, FlashPlan, FlashProblem, FlashVariant,
+    flash_attention, flash_attention_backward, flash_plan,
+};
+
+/// The flash kernels' plan for `head_dim`-wide heads of `dtype`, or `None` for the
+/// blockwise path (see the module docs). Panics when `AttentionKernel::Flash` is asked for
+/// and no variant runs here.
+pub(crate) fn plan<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    dtype: DType,
+    head_dim: usize,
+    options: &AttentionOptions,
+) -> Option<FlashPlan> {
+    if !validate::kernel_dtype(dtype) {
+        return None;
+    }
+    let tensor_cores = || flash_plan(client, head_dim, dtype.into(), FlashVariant::TensorCores);
+    match options.kernel {
+        AttentionKernel::Blockwise => None,
+        AttentionKernel::Auto => tensor_cores().ok(),
+        AttentionKernel::Flash => Some(
+            tensor_cores()
+                .or_else(|_| flash_plan(client, head_dim, dtype.into(), FlashVariant::Fma))
+                .unwrap_or_else(|e| panic!("attention: AttentionKernel::Flash asked for: {e}")),
+        ),
+    }
+}
+
+/// Whether the flash kernels run these inputs (no mask tensor) on `device`.
+pub(crate) fn available<R: CubeRuntime>(
+    device: &R::Device,
+    dtype: DType,
+    head_dim: usize,
+    options: &AttentionOptions,
+) -> bool {
+    plan(&R::client(device), dtype, head_dim, options).is_some()
+}
+
+fn problem(q: &Shape, k: &Shape, options: &AttentionOptions, documents: bool) -> FlashProblem {
+    FlashProblem {
+        batch: q[0],
+        q_heads: q[1],
+        kv_heads: k[1],
+        seq: q[2],
+        head_dim: q[3],
+        scale: options.scale,
+        mask: AttentionMask {
+            causal: options.causal,
+            window: options.window.is_some(),
+            documents,
+        },
+        window: options.window.unwrap_or(0),
+    }
+}
+
+fn check<R: CubeRuntime>(
+    op: &'static str,
+    q: &CubeTensor<R>,
+    k: &CubeTensor<R>,
+    v: &CubeTensor<R>,
+    document_ids: Option<&CubeTensor<R>>,
+    options: &AttentionOptions,
+) {
+    validate::check(validate::attention(&validate::AttentionInputs {
+        op,
+        q: (q.shape(), q.dtype),
+        k: (k.shape(), k.dtype),
+        v: (v.shape(), v.dtype),
+        mask: None,
+        document_ids: document_ids.map(|d| (d.shape(), d.dtype)),
+        window: options.window,
+    }));
+}
+
+/// Document ids as the kernels read them: dense i32.
+fn ids_i32<R, F, I, BT>(ids: CubeTensor<R>) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let ids = if ids.dtype == DType::I32 {
+        ids
+    } else {
+        <CubeBackend<R, F, I, BT> as IntTensorOps<CubeBackend<R, F, I, BT>>>::int_cast(
+            ids,
+            IntDType::I32,
+        )
+    };
+    into_contiguous(ids)
+}
+
+/// `fused_attention` for `CubeBackend`.
+pub(crate) fn forward<R, F, I, BT>(
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    mask: Option<BoolTensor<CubeBackend<R, F, I, BT>>>,
+    document_ids: Option<CubeTensor<R>>,
+    options: AttentionOptions,
+) -> AttentionOutput<CubeBackend<R, F, I, BT>>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let plan = match &mask {
+        None => plan(&q.client, q.dtype, q.shape()[3], &options),
+        Some(_) if options.kernel == AttentionKernel::Flash => {
+            panic!(
+                "attention: AttentionKernel::Flash cannot take a mask tensor (the flash kernels build causal, window and document masks from positions and ids)"
+            )
+        }
+        Some(_) => None,
+    };
+    let Some(plan) = plan else {
+        return compose::attention::forward::<CubeBackend<R, F, I, BT>>(
+            q,
+            k,
+            v,
+            mask,
+            document_ids,
+            options,
+        );
+    };
+    check("attention", &q, &k, &v, document_ids.as_ref(), &options);
+    let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
+    let ids = document_ids.map(ids_i32::<R, F, I, BT>);
+    let (q_shape, k_shape) = (q.shape(), k.shape());
+    let output = empty_like(&q, q_shape.clone(), q.dtype);
+    let lse = empty_like(
+        &q,
+        Shape::new([q_shape[0], q_shape[1], q_shape[2]]),
+        DType::F32,
+    );
+    launched(flash_attention::<R>(
+        &q.client,
+        FlashForwardArgs {
+            q: &q.handle,
+            k: &k.handle,
+            v: &v.handle,
+            document_ids: ids.as_ref().map(|t| &t.handle),
+            output: &output.handle,
+            lse: &lse.handle,
+        },
+        problem(&q_shape, &k_shape, &options, ids.is_some()),
+        plan.variant,
+        q.dtype.into(),
+    ));
+    AttentionOutput {
+        output,
+        lse: Some(lse),
+    }
+}
+
+/// `fused_attention_backward` for `CubeBackend`: the flash backward when the forward
+/// returned `lse`, else the blockwise one.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward<R, F, I, BT>(
+    grad_output: CubeTensor<R>,
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    mask: Option<BoolTensor<CubeBackend<R, F, I, BT>>>,
+    document_ids: Option<CubeTensor<R>>,
+    forward: Option<AttentionOutput<CubeBackend<R, F, I, BT>>>,
+    options: AttentionOptions,
+) -> AttentionGrads<CubeBackend<R, F, I, BT>>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let saved = forward.and_then(|f| Some((f.output, f.lse?)));
+    let (Some((output, lse)), None) = (saved, &mask) else {
+        return compose::attention::backward::<CubeBackend<R, F, I, BT>>(
+            grad_output,
+            q,
+            k,
+            v,
+            mask,
+            document_ids,
+            options,
+        );
+    };
+    let op = "attention_backward";
+    check(op, &q, &k, &v, document_ids.as_ref(), &options);
+    validate::check(validate::same_shape_dtype(
+        op,
+        ("grad_output", &grad_output.shape(), grad_output.dtype),
+        ("q", &q.shape(), q.dtype),
+    ));
+    validate::check(validate::same_shape_dtype(
+        op,
+        ("output", &output.shape(), output.dtype),
+        ("q", &q.shape(), q.dtype),
+    ));
+    let q_shape = q.shape();
+    let rows = Shape::new([q_shape[0], q_shape[1], q_shape[2]]);
+    if lse.shape() != rows || lse.dtype != DType::F32 {
+        panic!(
+            "{op}: lse must be [batch, q_heads, seq] = {rows:?} f32; got {:?} {:?}",
+            lse.shape(),
+            lse.dtype
+        );
+    }
+    // The forward's variant, or any this device runs: the backward only needs lse.
+    let variant = plan(&q.client, q.dtype, q_shape[3], &options)
+        .or_else(|| {
+            plan(
+                &q.client,
+                q.dtype,
+                q_shape[3],
+                &options.with_kernel(AttentionKernel::Flash),
+            )
+        })
+        .expect("attention_backward: the flash forward ran, so a flash variant runs here")
+        .variant;
+    let contiguous = into_contiguous::<R>;
+    let (grad_output, q, k, v) = (
+        contiguous(grad_output),
+        contiguous(q),
+        contiguous(k),
+        contiguous(v),
+    );
+    let (output, lse) = (contiguous(output), contiguous(lse));
+    let ids = document_ids.map(ids_i32::<R, F, I, BT>);
+    let k_shape = k.shape();
+    let grad_q = empty_like(&q, q_shape.clone(), q.dtype);
+    let grad_k = empty_like(&k, k_shape.clone(), k.dtype);
+    let grad_v = empty_like(&v, k_shape.clone(), v.dtype);
+    launched(flash_attention_backward::<R>(
+        &q.client,
+        FlashBackwardArgs {
+            grad_output: &grad_output.handle,
+            q: &q.handle,
+            k: &k.handle,
+            v: &v.handle,
+            output: &output.handle,
+            lse: &lse.handle,
+            document_ids: ids.as_ref().map(|t| &t.handle),
+            grad_q: &grad_q.handle,
+            grad_k: &grad_k.handle,
+            grad_v: &grad_v.handle,
+        },
+        problem(&q_shape, &k_shape, &options, ids.is_some()),
+        variant,
+        q.dtype.into(),
+    ));
+    AttentionGrads {
+        grad_q,
+        grad_k,
+        grad_v,
+    }
+}

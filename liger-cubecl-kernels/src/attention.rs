@@ -1,0 +1,1924 @@
+//! Flash attention (FlashAttention-2's algorithm), forward and backward, on tensor cores
+//! through CubeCL's `cmma` or on plain FMA units, one source for both.
+//!
+//! # Math
+//!
+//! `out_i = Σ_j p_ij v_j`, `p_ij = exp(s_ij - lse_i)`, `s_ij = scale · q_i·k_j` over the keys
+//! `j` query `i` sees ([`AttentionMask`]); `lse_i = log Σ_j exp(s_ij)`. Grouped-query
+//! attention: query head `h` reads key/value head `h / (q_heads / kv_heads)`; nothing is
+//! repeated in memory. Nothing `[seq, seq]`-sized is allocated: a cube holds one block of
+//! scores at a time in shared memory.
+//!
+//! Forward (one cube per query block, query head and batch): the key blocks the mask lets
+//! the block see are streamed; per block `S = Q·Kᵀ` (f32), then the online softmax in f32
+//! (running max `m`, running sum `l`), `P = exp(S - m)` rounded to the input dtype (as the
+//! reference rounds its probabilities before `P·V`), `O += P·V` in f32. The output is
+//! `O / l` in the input dtype, and `lse = m + ln l` (f32, `[batch, q_heads, seq]`) is kept
+//! for the backward.
+//!
+//! The running max is updated lazily: a row's `m` moves (and its `O`, `l` are rescaled by
+//! `exp(m_old - m_new)`) only when the block's max exceeds it by more than
+//! [`RESCALE_THRESHOLD`]; otherwise the block's `exp(s - m)` is up to `e^5.5 ≈ 245`,
+//! harmless in f32 and in f16/bf16 (relative rounding does not depend on magnitude). The
+//! result is the same function (the final `O / l` and `m + ln l` do not depend on which
+//! `m` was used); it saves the tensor-core path most of its accumulator round trips
+//! through shared memory (below).
+//!
+//! Backward (FA2): `D_i = Σ_e dO_ie · O_ie` (f32) first ([`attention_row_dot`]); then one
+//! cube per key block, key/value head and batch walks the query blocks of every query
+//! head of its group, recomputes `P` from `lse`, and accumulates `dV += Pᵀ·dO` and
+//! `dK += dSᵀ·Q` (`dS = P ∘ (dP - D)`, `dP = dO·Vᵀ`) in f32, writing `dK·scale` and `dV`
+//! once: the group's heads are summed in the cube, with no atomics, deterministically.
+//! A separate kernel per query block and query head walks the key blocks for
+//! `dQ = scale · dS·K` (deterministic too; it recomputes `S` and `dP`).
+//!
+//! # Masks and skipped blocks
+//!
+//! [`AttentionMask`] is comptime (each combination its own kernel): causal (`j ≤ i`),
+//! sliding window (`i - window < j`, Mistral), documents (`doc[i] == doc[j]`, from an int
+//! `[batch, seq]` tensor of document ids: packed rows). Blocks the mask hides entirely are
+//! never touched: causal skips the key blocks past the query block, the window those
+//! before it, documents those whose id range (per block `[min, max]`, from
+//! [`document_ranges`]) does not meet the query block's. Document ids rather than
+//! `cu_seqlens`: they are per row of the batch (every packed row has its own boundaries),
+//! their shape alone validates them, the kernel reads them where it needs them, and any
+//! ids work (non-adjacent pieces of one document see each other); with non-decreasing
+//! ids (documents laid end to end) the ranges skip every block outside the documents.
+//!
+//! A query that sees no key (impossible with these masks, which always show a query
+//! itself; possible only through bad ids or shapes) gets output 0, `lse =`
+//! [`NO_KEY_LSE`], and zero gradients, as Burn's own attention defines it.
+//!
+//! # Tensor cores (`cmma`) and the plain path
+//!
+//! [`FlashGeometry::tensor_cores`] is comptime. With it, each plane (warp) of the cube owns
+//! 16-row strips: `S` strips are `cmma` products of 16×16×16 `f16`/`bf16` fragments loaded
+//! from shared memory (`K` as a column-major B operand: `Kᵀ` for free) into f32
+//! accumulators, stored to a shared f32 tile for the softmax; `P` (input dtype, shared) is
+//! the A operand of `O += P·V`, whose accumulator fragments stay in registers across the
+//! whole key loop. `cmma` fragments are opaque, so a row rescale of `O` goes through
+//! shared memory (store, scale rows, load back), and only in the rare steps where some
+//! row's lazy max moved (a cube-wide flag). The plain path runs the same kernels with the
+//! products as FMA loops over the same shared tiles and `O` in per-unit registers: it
+//! runs anywhere (lavapipe in CI) and tests every part but the fragment calls.
+//!
+//! Shared tiles are padded by 16 bytes per row (fewer bank conflicts; `cmma` strides stay
+//! multiples of 8 elements and tile starts 32-byte aligned).
+
+use crate::counters::{self, Kernel};
+use crate::launch::{KernelError, check_float_dtype};
+use cubecl::cmma;
+use cubecl::ir::{ElemType, FloatKind};
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+/// A row's running max moves only when a block's max exceeds it by more than this (natural
+/// log units): the exponentials of a block stay below `e^5.5 ≈ 245`. See the module docs.
+pub const RESCALE_THRESHOLD: f32 = 5.5;
+
+/// `lse` of a query that sees no key: the backward's probabilities of that row are 0.
+pub const NO_KEY_LSE: f32 = f32::MAX;
+
+/// Which keys a query sees; each combination compiles its own kernels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AttentionMask {
+    /// Query `i` sees keys `j ≤ i`.
+    pub causal: bool,
+    /// Query `i` sees keys `j > i - window` (the window's size is a launch value).
+    pub window: bool,
+    /// Query `i` sees keys of its own document only (`doc[i] == doc[j]`).
+    pub documents: bool,
+}
+
+/// The comptime geometry of one flash kernel.
+///
+/// The cube keeps `own_rows` rows for its whole life (queries in the forward and dQ
+/// kernels, keys in the dK/dV kernel) and streams `step_rows` rows per step (keys, or
+/// queries). Score tiles are `[queries, keys]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlashGeometry {
+    /// Rows kept by the cube.
+    pub own_rows: u32,
+    /// Rows streamed per step.
+    pub step_rows: u32,
+    /// Units per cube (`planes × 32` with tensor cores).
+    pub units: u32,
+    /// Planes per cube (tensor cores: each owns `own_rows / 16 / planes` strips).
+    pub planes: u32,
+    /// Head dimension.
+    pub head_dim: u32,
+    /// Elements per vector of the input/output tensors and the q/k/v tiles.
+    pub vector: u32,
+    /// `cmma` products (else FMA loops).
+    pub tensor_cores: bool,
+    /// Score tile rows (queries).
+    pub s_rows: u32,
+    /// Score tile columns (keys).
+    pub s_cols: u32,
+}
+
+impl FlashGeometry {
+    /// Vectors per head row.
+    pub fn dv(&self) -> u32 {
+        self.head_dim / self.vector
+    }
+    /// Row stride of the q/k/v tiles, in vectors (16 bytes of padding for 2-byte inputs).
+    pub fn stride(&self) -> u32 {
+        self.dv() + (8 / self.vector).max(1)
+    }
+    /// Row stride of the f32 score tiles, in elements.
+    pub fn s_stride(&self) -> u32 {
+        self.s_cols + 4
+    }
+    /// Row stride of the input-dtype probability tiles, in elements.
+    pub fn p_stride(&self) -> u32 {
+        self.s_cols + 8
+    }
+    /// Row stride of the f32 accumulator bounce tile, in elements.
+    pub fn o_stride(&self) -> u32 {
+        self.head_dim + 4
+    }
+    /// Query rows per score tile unit group in the softmax (`units / s_rows` units a row).
+    fn units_per_row(&self) -> u32 {
+        self.units / self.s_rows
+    }
+}
+
+/// Which kernel a geometry is for (they keep different tiles).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlashKernel {
+    /// The forward.
+    Forward,
+    /// dK and dV.
+    BackwardKv,
+    /// dQ.
+    BackwardQ,
+}
+
+/// Bytes of shared memory a kernel of geometry `g` uses for inputs of `elem` bytes.
+pub fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) -> usize {
+    let tile = |rows: u32| rows as usize * g.stride() as usize * g.vector as usize * elem;
+    let s_tile = g.s_rows as usize * g.s_stride() as usize * 4;
+    let p_tile = g.s_rows as usize * g.p_stride() as usize * elem;
+    // The accumulator's bounce through shared memory: tensor cores only.
+    let bounce = if g.tensor_cores {
+        g.own_rows as usize * g.o_stride() as usize * 4
+    } else {
+        0
+    };
+    let rows = |n: u32| n as usize * 4;
+    match kernel {
+        // q, k, v, p, scratch (scores or the O bounce), two reductions, row scale, flag.
+        FlashKernel::Forward => {
+            tile(g.own_rows)
+                + 2 * tile(g.step_rows)
+                + p_tile
+                + s_tile.max(bounce)
+                + 2 * g.units as usize * 4
+                + rows(g.own_rows)
+                + 4
+        }
+        // k, v, q, dO, p, dS, scratch (S and dP, or the bounce), lse and D of the step.
+        FlashKernel::BackwardKv => {
+            2 * tile(g.own_rows)
+                + 2 * tile(g.step_rows)
+                + 2 * p_tile
+                + (2 * s_tile).max(bounce)
+                + 2 * rows(g.step_rows)
+                + rows(g.own_rows)
+        }
+        // q, dO, k, v, dS, scratch, lse and D of the own rows.
+        FlashKernel::BackwardQ => {
+            2 * tile(g.own_rows)
+                + 2 * tile(g.step_rows)
+                + p_tile
+                + (2 * s_tile).max(bounce)
+                + 3 * rows(g.own_rows)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared pieces
+// ---------------------------------------------------------------------------------------
+
+/// Whether query `qpos` sees key `kpos`.
+#[cube]
+#[allow(clippy::too_many_arguments, clippy::collapsible_if)]
+fn visible(
+    qpos: u32,
+    kpos: u32,
+    seq: u32,
+    window: u32,
+    doc_ids: &Array<i32>,
+    doc_base: usize,
+    #[comptime] mask: AttentionMask,
+) -> bool {
+    let mut v = qpos < seq && kpos < seq;
+    if comptime!(mask.causal) {
+        v = v && kpos <= qpos;
+    }
+    if comptime!(mask.window) {
+        v = v && kpos + window > qpos;
+    }
+    if comptime!(mask.documents) {
+        if v {
+            v = doc_ids[doc_base + qpos as usize] == doc_ids[doc_base + kpos as usize];
+        }
+    }
+    v
+}
+
+/// Copies rows `row0..row0 + rows` of a `[seq, head_dim]` slab starting at vector `base`
+/// into `tile` (zeros past `seq`).
+#[cube]
+fn load_rows<F: Float, N: Size>(
+    src: &Array<Vector<F, N>>,
+    base: usize,
+    row0: u32,
+    seq: u32,
+    tile: &mut SharedMemory<Vector<F, N>>,
+    #[comptime] rows: u32,
+    #[comptime] g: FlashGeometry,
+) {
+    let dv = comptime!(g.dv());
+    let stride = comptime!(g.stride());
+    let total = comptime!(rows * g.dv());
+    let mut i = UNIT_POS;
+    while i < total {
+        let r = i / dv;
+        let c = i % dv;
+        let row = row0 + r;
+        let mut value = Vector::<F, N>::new(F::new(0.0));
+        if row < seq {
+            value = src[base + (row * dv + c) as usize];
+        }
+        tile[(r * stride + c) as usize] = value;
+        i += comptime!(g.units);
+    }
+}
+
+/// Copies `rows` per-row f32 values starting at row `row0` of `src` (at `base`) into
+/// `dst`, `fill` past `seq`.
+#[cube]
+fn load_row_values(
+    src: &Array<f32>,
+    base: usize,
+    row0: u32,
+    seq: u32,
+    dst: &mut SharedMemory<f32>,
+    fill: f32,
+    #[comptime] rows: u32,
+    #[comptime] units: u32,
+) {
+    let mut i = UNIT_POS;
+    while i < rows {
+        let row = row0 + i;
+        let mut value = fill;
+        if row < seq {
+            value = src[base + row as usize];
+        }
+        dst[i as usize] = value;
+        i += units;
+    }
+}
+
+/// `out[offset + r·s_stride + c] = Σ_e a[r, e]·b[c, e]` for `r < rows`, `c < cols`: a score
+/// tile (`a`, `b`: `[rows | cols, head_dim]` tiles).
+#[cube]
+fn scores<F: Float, N: Size>(
+    a: &SharedMemory<Vector<F, N>>,
+    b: &SharedMemory<Vector<F, N>>,
+    out: &mut SharedMemory<f32>,
+    #[comptime] offset: u32,
+    #[comptime] rows: u32,
+    #[comptime] cols: u32,
+    #[comptime] g: FlashGeometry,
+) {
+    let stride = comptime!(g.stride());
+    let s_stride = comptime!(g.s_stride());
+    if comptime!(g.tensor_cores) {
+        let elems = comptime!(g.stride() * g.vector);
+        let a_len = a.len();
+        let b_len = b.len();
+        let o_len = out.len();
+        let plane = UNIT_POS / PLANE_DIM;
+        let strips = comptime!(rows / 16 / g.planes);
+        let col_tiles = comptime!(cols / 16);
+        let k_tiles = comptime!(g.head_dim / 16);
+        let k_step = comptime!(16 / g.vector);
+        #[unroll]
+        for s in 0..strips {
+            let strip = plane * strips + s;
+            let mut accs = Sequence::<cmma::Matrix<f32>>::new();
+            #[unroll]
+            for _n in 0..col_tiles {
+                accs.push(cmma::Matrix::<f32>::from_value(
+                    cmma::MatrixIdent::Accumulator,
+                    16usize,
+                    16usize,
+                    16usize,
+                    cmma::MatrixLayout::Undefined,
+                    0.0,
+                ));
+            }
+            #[unroll]
+            for kk in 0..k_tiles {
+                let a_frag = unsafe {
+                    cmma::Matrix::<F>::uninitialized(
+                        cmma::MatrixIdent::A,
+                        16usize,
+                        16usize,
+                        16usize,
+                        cmma::MatrixLayout::RowMajor,
+                    )
+                };
+                let a_start = (strip * 16 * stride + kk * k_step) as usize;
+                cmma::load(&a_frag, &a.slice(a_start, a_len), elems);
+                #[unroll]
+                for n in 0..col_tiles {
+                    // B[k = e, n = c] = b[c, e]: a row-major `b` is a column-major B.
+                    let b_frag = unsafe {
+                        cmma::Matrix::<F>::uninitialized(
+                            cmma::MatrixIdent::B,
+                            16usize,
+                            16usize,
+                            16usize,
+                            cmma::MatrixLayout::ColMajor,
+                        )
+                    };
+                    let b_start = (n * 16 * stride + kk * k_step) as usize;
+                    cmma::load(&b_frag, &b.slice(b_start, b_len), elems);
+                    let acc = accs.index(comptime!(n as usize));
+                    cmma::execute::<F, F, f32, f32>(&a_frag, &b_frag, acc, acc);
+                }
+            }
+            #[unroll]
+            for n in 0..col_tiles {
+                let o_start = (offset + strip * 16 * s_stride + n * 16) as usize;
+                cmma::store(
+                    &mut out.slice_mut(o_start, o_len),
+                    accs.index(comptime!(n as usize)),
+                    s_stride,
+                    cmma::MatrixLayout::RowMajor,
+                );
+            }
+        }
+    } else {
+        let dv = comptime!(g.dv());
+        let total = comptime!(rows * cols);
+        let mut i = UNIT_POS;
+        while i < total {
+            let r = i / cols;
+            let c = i % cols;
+            let mut acc = Vector::<f32, N>::new(0.0);
+            for e in 0..dv {
+                acc += Vector::<f32, N>::cast_from(a[(r * stride + e) as usize])
+                    * Vector::<f32, N>::cast_from(b[(c * stride + e) as usize]);
+            }
+            let mut sum = 0.0f32;
+            #[unroll]
+            for l in 0..N::value() {
+                sum += acc[l];
+            }
+            out[(offset + r * s_stride + c) as usize] = sum;
+            i += comptime!(g.units);
+        }
+    }
+}
+
+/// The f32 `[own_rows, head_dim]` accumulator of a cube: `cmma` fragments (each plane its
+/// 16-row strips, `head_dim / 16` fragments a strip) or per-unit registers (unit `u` holds
+/// vectors `u, u + units, …` of the row-major tile).
+#[derive(CubeType)]
+struct Accumulator<N: Size> {
+    fragments: Sequence<cmma::Matrix<f32>>,
+    registers: Array<Vector<f32, N>>,
+}
+
+/// f32 scratch elements: `tiles` score tiles, or the accumulator's bounce (tensor cores).
+fn scratch_len(g: &FlashGeometry, tiles: u32) -> u32 {
+    let scores = tiles * g.s_rows * g.s_stride();
+    if g.tensor_cores {
+        scores.max(g.own_rows * g.o_stride())
+    } else {
+        scores
+    }
+}
+
+/// Registers per unit on the plain path.
+fn registers_per_unit(g: &FlashGeometry) -> u32 {
+    (g.own_rows * g.dv()).div_ceil(g.units)
+}
+
+#[cube]
+fn accumulator_new<N: Size>(#[comptime] g: FlashGeometry) -> Accumulator<N> {
+    let mut fragments = Sequence::<cmma::Matrix<f32>>::new();
+    let mut registers = Array::<Vector<f32, N>>::new(comptime!(if g.tensor_cores {
+        1usize
+    } else {
+        registers_per_unit(&g) as usize
+    }));
+    if comptime!(g.tensor_cores) {
+        let count = comptime!(g.own_rows / 16 / g.planes * (g.head_dim / 16));
+        #[unroll]
+        for _i in 0..count {
+            fragments.push(cmma::Matrix::<f32>::from_value(
+                cmma::MatrixIdent::Accumulator,
+                16usize,
+                16usize,
+                16usize,
+                cmma::MatrixLayout::Undefined,
+                0.0,
+            ));
+        }
+    } else {
+        #[unroll]
+        for i in 0..comptime!(registers_per_unit(&g)) {
+            registers[i as usize] = Vector::<f32, N>::new(0.0);
+        }
+    }
+    Accumulator::<N> {
+        fragments,
+        registers,
+    }
+}
+
+/// `acc += A·B`: `A` is `[own_rows, inner]` from the input-dtype tile `a` (row-major with
+/// stride `p_stride`, or its transpose when `a_transposed`: `A[m, k] = a[k, m]`), `B` is
+/// `[inner, head_dim]`, the row-major tile `b`.
+#[cube]
+fn accumulate<F: Float, N: Size>(
+    acc: &mut Accumulator<N>,
+    a: &SharedMemory<F>,
+    b: &SharedMemory<Vector<F, N>>,
+    #[comptime] a_transposed: bool,
+    #[comptime] inner: u32,
+    #[comptime] g: FlashGeometry,
+) {
+    let stride = comptime!(g.stride());
+    let p_stride = comptime!(g.p_stride());
+    if comptime!(g.tensor_cores) {
+        let elems = comptime!(g.stride() * g.vector);
+        let a_len = a.len();
+        let b_len = b.len();
+        let plane = UNIT_POS / PLANE_DIM;
+        let strips = comptime!(g.own_rows / 16 / g.planes);
+        let d_tiles = comptime!(g.head_dim / 16);
+        let k_tiles = comptime!(inner / 16);
+        let d_step = comptime!(16 / g.vector);
+        #[unroll]
+        for s in 0..strips {
+            let strip = plane * strips + s;
+            #[unroll]
+            for kk in 0..k_tiles {
+                let a_frag = unsafe {
+                    cmma::Matrix::<F>::uninitialized(
+                        cmma::MatrixIdent::A,
+                        16usize,
+                        16usize,
+                        16usize,
+                        comptime!(if a_transposed {
+                            cmma::MatrixLayout::ColMajor
+                        } else {
+                            cmma::MatrixLayout::RowMajor
+                        }),
+                    )
+                };
+                let mut a_start = strip * 16 * p_stride + kk * 16;
+                if comptime!(a_transposed) {
+                    a_start = kk * 16 * p_stride + strip * 16;
+                }
+                cmma::load(&a_frag, &a.slice(a_start as usize, a_len), p_stride);
+                #[unroll]
+                for n in 0..d_tiles {
+                    let b_frag = unsafe {
+                        cmma::Matrix::<F>::uninitialized(
+                            cmma::MatrixIdent::B,
+                            16usize,
+                            16usize,
+                            16usize,
+                            cmma::MatrixLayout::RowMajor,
+                        )
+                    };
+                    let b_start = (kk * 16 * stride + n * d_step) as usize;
+                    cmma::load(&b_frag, &b.slice(b_start, b_len), elems);
+                    let frag = acc.fragments.index(comptime!((s * d_tiles + n) as usize));
+                    cmma::execute::<F, F, f32, f32>(&a_frag, &b_frag, frag, frag);
+                }
+            }
+        }
+    } else {
+        let dv = comptime!(g.dv());
+        let total = comptime!(g.own_rows * g.dv());
+        #[unroll]
+        for e in 0..comptime!(registers_per_unit(&g)) {
+            let idx = UNIT_POS + e * comptime!(g.units);
+            if idx < total {
+                let r = idx / dv;
+                let cv = idx % dv;
+                let mut sum = acc.registers[e as usize];
+                for kk in 0..inner {
+                    let mut a_at = r * p_stride + kk;
+                    if comptime!(a_transposed) {
+                        a_at = kk * p_stride + r;
+                    }
+                    let p = f32::cast_from(a[a_at as usize]);
+                    sum += Vector::<f32, N>::cast_from(b[(kk * stride + cv) as usize])
+                        * Vector::<f32, N>::new(p);
+                }
+                acc.registers[e as usize] = sum;
+            }
+        }
+    }
+}
+
+/// Stores the fragments to `bounce` (`[own_rows, o_stride]` f32, row-major).
+#[cube]
+fn fragments_to_shared<N: Size>(
+    acc: &Accumulator<N>,
+    bounce: &mut SharedMemory<f32>,
+    #[comptime] g: FlashGeometry,
+) {
+    let o_stride = comptime!(g.o_stride());
+    let len = bounce.len();
+    let plane = UNIT_POS / PLANE_DIM;
+    let strips = comptime!(g.own_rows / 16 / g.planes);
+    let d_tiles = comptime!(g.head_dim / 16);
+    #[unroll]
+    for s in 0..strips {
+        let strip = plane * strips + s;
+        #[unroll]
+        for n in 0..d_tiles {
+            let start = (strip * 16 * o_stride + n * 16) as usize;
+            cmma::store(
+                &mut bounce.slice_mut(start, len),
+                acc.fragments.index(comptime!((s * d_tiles + n) as usize)),
+                o_stride,
+                cmma::MatrixLayout::RowMajor,
+            );
+        }
+    }
+}
+
+/// Multiplies every row `r` of the accumulator by `row_scale[r]`. Tensor cores: through
+/// `bounce` (free when called; free again on return).
+#[cube]
+fn scale_rows<N: Size>(
+    acc: &mut Accumulator<N>,
+    row_scale: &SharedMemory<f32>,
+    bounce: &mut SharedMemory<f32>,
+    #[comptime] g: FlashGeometry,
+) {
+    if comptime!(g.tensor_cores) {
+        let o_stride = comptime!(g.o_stride());
+        fragments_to_shared::<N>(acc, bounce, g);
+        sync_cube();
+        let total = comptime!(g.own_rows * g.head_dim);
+        let mut i = UNIT_POS;
+        while i < total {
+            let r = i / comptime!(g.head_dim);
+            let c = i % comptime!(g.head_dim);
+            let at = (r * o_stride + c) as usize;
+            bounce[at] = bounce[at] * row_scale[r as usize];
+            i += comptime!(g.units);
+        }
+        sync_cube();
+        let len = bounce.len();
+        let plane = UNIT_POS / PLANE_DIM;
+        let strips = comptime!(g.own_rows / 16 / g.planes);
+        let d_tiles = comptime!(g.head_dim / 16);
+        #[unroll]
+        for s in 0..strips {
+            let strip = plane * strips + s;
+            #[unroll]
+            for n in 0..d_tiles {
+                let start = (strip * 16 * o_stride + n * 16) as usize;
+                cmma::load_with_layout(
+                    acc.fragments.index(comptime!((s * d_tiles + n) as usize)),
+                    &bounce.slice(start, len),
+                    o_stride,
+                    cmma::MatrixLayout::RowMajor,
+                );
+            }
+        }
+    } else {
+        let dv = comptime!(g.dv());
+        let total = comptime!(g.own_rows * g.dv());
+        #[unroll]
+        for e in 0..comptime!(registers_per_unit(&g)) {
+            let idx = UNIT_POS + e * comptime!(g.units);
+            if idx < total {
+                let r = idx / dv;
+                acc.registers[e as usize] =
+                    acc.registers[e as usize] * Vector::<f32, N>::new(row_scale[r as usize]);
+            }
+        }
+    }
+}
+
+/// Writes `acc[r] · row_factor[r] · factor` (rows `row0 + r < seq`) to the `[seq, head_dim]`
+/// slab at vector `base` of `out`, in the output dtype. `row_factor` is read only when
+/// `per_row`. Tensor cores: through `bounce` (free when called; free again on return).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_accumulator<F: Float, N: Size>(
+    acc: &Accumulator<N>,
+    out: &mut Array<Vector<F, N>>,
+    base: usize,
+    row0: u32,
+    seq: u32,
+    row_factor: &SharedMemory<f32>,
+    factor: f32,
+    bounce: &mut SharedMemory<f32>,
+    #[comptime] per_row: bool,
+    #[comptime] g: FlashGeometry,
+) {
+    let dv = comptime!(g.dv());
+    let total = comptime!(g.own_rows * g.dv());
+    if comptime!(g.tensor_cores) {
+        let o_stride = comptime!(g.o_stride());
+        fragments_to_shared::<N>(acc, bounce, g);
+        sync_cube();
+        let mut i = UNIT_POS;
+        while i < total {
+            let r = i / dv;
+            let cv = i % dv;
+            let row = row0 + r;
+            if row < seq {
+                let mut f = factor;
+                if comptime!(per_row) {
+                    f *= row_factor[r as usize];
+                }
+                let mut value = Vector::<f32, N>::empty();
+                #[unroll]
+                for l in 0..N::value() {
+                    value[l] = bounce[(r * o_stride) as usize + cv as usize * N::value() + l] * f;
+                }
+                out[base + (row * dv + cv) as usize] = Vector::<F, N>::cast_from(value);
+            }
+            i += comptime!(g.units);
+        }
+        sync_cube();
+    } else {
+        #[unroll]
+        for e in 0..comptime!(registers_per_unit(&g)) {
+            let idx = UNIT_POS + e * comptime!(g.units);
+            if idx < total {
+                let r = idx / dv;
+                let cv = idx % dv;
+                let row = row0 + r;
+                if row < seq {
+                    let mut f = factor;
+                    if comptime!(per_row) {
+                        f *= row_factor[r as usize];
+                    }
+                    out[base + (row * dv + cv) as usize] = Vector::<F, N>::cast_from(
+                        acc.registers[e as usize] * Vector::<f32, N>::new(f),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// First and one-past-last key block a query block `[q0, q0 + rows)` can see (causal and
+/// window; documents are checked per block).
+#[cube]
+fn key_block_range(
+    q0: u32,
+    seq: u32,
+    window: u32,
+    #[comptime] rows: u32,
+    #[comptime] cols: u32,
+    #[comptime] mask: AttentionMask,
+) -> (u32, u32) {
+    let mut first = 0u32;
+    if comptime!(mask.window) {
+        // The block's first query sees keys j > q0 - window.
+        if q0 + 1 > window {
+            first = (q0 + 1 - window) / cols;
+        }
+    }
+    let mut end = seq;
+    if comptime!(mask.causal) {
+        end = min(seq, q0 + rows);
+    }
+    (first, end.div_ceil(cols))
+}
+
+/// First and one-past-last query block a key block `[k0, k0 + rows)` is seen by.
+#[cube]
+fn query_block_range(
+    k0: u32,
+    seq: u32,
+    window: u32,
+    #[comptime] rows: u32,
+    #[comptime] step: u32,
+    #[comptime] mask: AttentionMask,
+) -> (u32, u32) {
+    let mut first = 0u32;
+    if comptime!(mask.causal) {
+        first = k0 / step;
+    }
+    let mut end = seq;
+    if comptime!(mask.window) {
+        // The block's last key is seen by queries i < k_last + window.
+        end = min(seq, k0 + rows - 1 + window);
+    }
+    (first, end.div_ceil(step))
+}
+
+/// Whether the documents of block `block` (of the `[batch, blocks, 2]` range table) meet
+/// `[lo, hi]`.
+#[cube]
+fn documents_meet(ranges: &Array<i32>, at: usize, lo: i32, hi: i32) -> bool {
+    ranges[at] <= hi && ranges[at + 1] >= lo
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------------------
+
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn flash_forward_kernel<F: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
+    doc_ids: &Array<i32>,
+    q_ranges: &Array<i32>,
+    k_ranges: &Array<i32>,
+    out: &mut Array<Vector<F, N>>,
+    lse: &mut Array<f32>,
+    seq: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    window: u32,
+    scale: f32,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+    #[define(F)] _dtype: StorageType,
+) {
+    let br = comptime!(g.own_rows);
+    let bc = comptime!(g.step_rows);
+    let dv = comptime!(g.dv());
+    let units = comptime!(g.units);
+    let q_blocks = seq.div_ceil(br);
+    // Heaviest (last, under a causal mask) query blocks first.
+    let qb = q_blocks - 1u32 - CUBE_POS_X;
+    let head = CUBE_POS_Y;
+    let batch = CUBE_POS_Z;
+    let kv_head = head / (q_heads / kv_heads);
+    let q0 = qb * br;
+    let seq_len = seq as usize;
+    let q_base = (batch * q_heads + head) as usize * seq_len * dv as usize;
+    let kv_base = (batch * kv_heads + kv_head) as usize * seq_len * dv as usize;
+    let row_base = (batch * q_heads + head) as usize * seq_len;
+    let doc_base = batch as usize * seq_len;
+
+    let mut q_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((br * g.stride()) as usize), 128usize);
+    let mut k_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bc * g.stride()) as usize), 128usize);
+    let mut v_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bc * g.stride()) as usize), 128usize);
+    let mut p_tile =
+        SharedMemory::<F>::new_aligned(comptime!((br * g.p_stride()) as usize), 128usize);
+    let mut scratch =
+        SharedMemory::<f32>::new_aligned(comptime!(scratch_len(&g, 1) as usize), 128usize);
+    let mut red_max = SharedMemory::<f32>::new(comptime!(units as usize));
+    let mut red_sum = SharedMemory::<f32>::new(comptime!(units as usize));
+    let mut row_scale = SharedMemory::<f32>::new(comptime!(br as usize));
+    let mut flag = SharedMemory::<u32>::new(1usize);
+
+    load_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, br, g);
+
+    // Softmax ownership: `upr` consecutive units per query row, each `bc / upr` columns.
+    let upr = comptime!(g.units_per_row());
+    let cols_per_unit = comptime!(g.step_rows / g.units_per_row());
+    let r = UNIT_POS / upr;
+    let lane = UNIT_POS % upr;
+    let qpos = q0 + r;
+    let mut m_used = f32::min_value();
+    let mut l = 0.0f32;
+
+    let mut acc = accumulator_new::<N>(g);
+
+    let k_blocks = seq.div_ceil(bc);
+    let mut doc_lo = 0i32;
+    let mut doc_hi = 0i32;
+    if comptime!(mask.documents) {
+        let at = ((batch * q_blocks + qb) * 2u32) as usize;
+        doc_lo = q_ranges[at];
+        doc_hi = q_ranges[at + 1];
+    }
+    let (kb_first, kb_end) = key_block_range(q0, seq, window, br, bc, mask);
+    for kb in kb_first..kb_end {
+        let mut live = true;
+        if comptime!(mask.documents) {
+            live = documents_meet(
+                k_ranges,
+                ((batch * k_blocks + kb) * 2u32) as usize,
+                doc_lo,
+                doc_hi,
+            );
+        }
+        if live {
+            let k0 = kb * bc;
+            // The previous step is done with the k/v tiles, the scratch and the flag.
+            sync_cube();
+            load_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bc, g);
+            load_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bc, g);
+            if UNIT_POS == 0 {
+                flag[0] = 0u32;
+            }
+            sync_cube();
+            scores::<F, N>(&q_tile, &k_tile, &mut scratch, 0u32, br, bc, g);
+            sync_cube();
+
+            // Online softmax of the block's rows. Each unit rewrites its own scores scaled,
+            // or the floor where hidden, so the second pass reads them back (shared memory,
+            // not `cols_per_unit` registers a unit).
+            let mut local_max = f32::min_value();
+            for j in 0..cols_per_unit {
+                let c = lane + j * upr;
+                let at = (r * comptime!(g.s_stride()) + c) as usize;
+                let mut x = f32::min_value();
+                if visible(qpos, k0 + c, seq, window, doc_ids, doc_base, mask) {
+                    x = scratch[at] * scale;
+                    local_max = f32::max(local_max, x);
+                }
+                scratch[at] = x;
+            }
+            red_max[UNIT_POS as usize] = local_max;
+            sync_cube();
+            let mut row_max = f32::min_value();
+            #[unroll]
+            for i in 0..upr {
+                row_max = f32::max(row_max, red_max[(r * upr + i) as usize]);
+            }
+            let mut alpha = 1.0f32;
+            if row_max > m_used + comptime!(RESCALE_THRESHOLD) {
+                alpha = f32::exp(m_used - row_max);
+                m_used = row_max;
+            }
+            let mut local_sum = 0.0f32;
+            for j in 0..cols_per_unit {
+                let c = lane + j * upr;
+                let x = scratch[(r * comptime!(g.s_stride()) + c) as usize];
+                let mut p = 0.0f32;
+                if x > f32::min_value() {
+                    p = f32::exp(x - m_used);
+                }
+                p_tile[(r * comptime!(g.p_stride()) + c) as usize] = F::cast_from(p);
+                local_sum += p;
+            }
+            red_sum[UNIT_POS as usize] = local_sum;
+            if lane == 0 {
+                row_scale[r as usize] = alpha;
+                if alpha != 1.0 {
+                    flag[0] = 1u32;
+                }
+            }
+            sync_cube();
+            let mut row_sum = 0.0f32;
+            #[unroll]
+            for i in 0..upr {
+                row_sum += red_sum[(r * upr + i) as usize];
+            }
+            l = l * alpha + row_sum;
+
+            // O = diag(alpha)·O + P·V (the scratch is free: P is in p_tile).
+            if comptime!(g.tensor_cores) {
+                if flag[0] == 1u32 {
+                    scale_rows::<N>(&mut acc, &row_scale, &mut scratch, g);
+                }
+            } else {
+                scale_rows::<N>(&mut acc, &row_scale, &mut scratch, g);
+            }
+            accumulate::<F, N>(&mut acc, &p_tile, &v_tile, false, bc, g);
+        }
+    }
+
+    // 1/l per row (0 for a row that saw no key), and lse.
+    sync_cube();
+    if lane == 0 {
+        let mut inv = 0.0f32;
+        if l > 0.0 {
+            inv = 1.0f32 / l;
+        }
+        row_scale[r as usize] = inv;
+        if qpos < seq {
+            let mut value = f32::max_value();
+            if l > 0.0 {
+                value = m_used + f32::ln(l);
+            }
+            lse[row_base + qpos as usize] = value;
+        }
+    }
+    sync_cube();
+    store_accumulator::<F, N>(
+        &acc,
+        out,
+        q_base,
+        q0,
+        seq,
+        &row_scale,
+        1.0,
+        &mut scratch,
+        true,
+        g,
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------
+
+/// `D_i = Σ_e dO_ie · O_ie` (f32) for every row of `[rows, head_dim]`: `lanes` units a row.
+#[cube(launch_unchecked)]
+fn attention_row_dot_kernel<F: Float, N: Size>(
+    output: &Array<Vector<F, N>>,
+    grad: &Array<Vector<F, N>>,
+    dot: &mut Array<f32>,
+    rows: u32,
+    #[comptime] dv: u32,
+    #[comptime] lanes: u32,
+    #[comptime] units: u32,
+    #[define(F)] _dtype: StorageType,
+) {
+    let mut partial = SharedMemory::<f32>::new(comptime!(units as usize));
+    let rows_per_cube = comptime!(units / lanes);
+    let r = UNIT_POS / lanes;
+    let lane = UNIT_POS % lanes;
+    let row = CUBE_POS_X * rows_per_cube + r;
+    let mut acc = Vector::<f32, N>::new(0.0);
+    if row < rows {
+        let base = row as usize * dv as usize;
+        let mut c = lane;
+        while c < dv {
+            acc += Vector::<f32, N>::cast_from(output[base + c as usize])
+                * Vector::<f32, N>::cast_from(grad[base + c as usize]);
+            c += lanes;
+        }
+    }
+    let mut sum = 0.0f32;
+    #[unroll]
+    for i in 0..N::value() {
+        sum += acc[i];
+    }
+    partial[UNIT_POS as usize] = sum;
+    sync_cube();
+    if lane == 0 && row < rows {
+        let mut total = 0.0f32;
+        for i in 0..lanes {
+            total += partial[(r * lanes + i) as usize];
+        }
+        dot[row as usize] = total;
+    }
+}
+
+/// Per block of `block` positions of each `[batch, seq]` row of ids: `[min, max]`.
+#[cube(launch_unchecked)]
+fn document_ranges_kernel(
+    ids: &Array<i32>,
+    ranges: &mut Array<i32>,
+    seq: u32,
+    blocks: u32,
+    total: u32,
+    block: u32,
+) {
+    let item = ABSOLUTE_POS as u32;
+    if item < total {
+        let batch = item / blocks;
+        let b = item % blocks;
+        let start = b * block;
+        let end = min(seq, start + block);
+        let base = batch as usize * seq as usize;
+        let mut lo = ids[base + start as usize];
+        let mut hi = lo;
+        for p in start + 1..end {
+            let id = ids[base + p as usize];
+            lo = min(lo, id);
+            hi = max(hi, id);
+        }
+        ranges[item as usize * 2] = lo;
+        ranges[item as usize * 2 + 1] = hi;
+    }
+}
+
+/// `P` and `dS = P ∘ (dP - D)` of a `[queries, keys]` step from the scores `S` (at 0 of
+/// `scratch`) and `dP` (at `dp_offset`), rounded to the input dtype: `dS` into `ds_tile`,
+/// `P` into `p_tile` when `with_p`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn probabilities_and_ds<F: Float>(
+    scratch: &SharedMemory<f32>,
+    lse_rows: &SharedMemory<f32>,
+    d_rows: &SharedMemory<f32>,
+    p_tile: &mut SharedMemory<F>,
+    ds_tile: &mut SharedMemory<F>,
+    q0: u32,
+    k0: u32,
+    seq: u32,
+    window: u32,
+    scale: f32,
+    doc_ids: &Array<i32>,
+    doc_base: usize,
+    #[comptime] dp_offset: u32,
+    #[comptime] with_p: bool,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+) {
+    let cols = comptime!(g.s_cols);
+    let total = comptime!(g.s_rows * g.s_cols);
+    let s_stride = comptime!(g.s_stride());
+    let p_stride = comptime!(g.p_stride());
+    let mut i = UNIT_POS;
+    while i < total {
+        let r = i / cols;
+        let c = i % cols;
+        let lse = lse_rows[r as usize];
+        let at = (r * s_stride + c) as usize;
+        let mut p = 0.0f32;
+        if lse < f32::max_value() && visible(q0 + r, k0 + c, seq, window, doc_ids, doc_base, mask) {
+            p = f32::exp(scratch[at] * scale - lse);
+        }
+        let ds = p * (scratch[at + dp_offset as usize] - d_rows[r as usize]);
+        let pt = (r * p_stride + c) as usize;
+        if comptime!(with_p) {
+            p_tile[pt] = F::cast_from(p);
+        }
+        ds_tile[pt] = F::cast_from(ds);
+        i += comptime!(g.units);
+    }
+}
+
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn flash_backward_kv_kernel<F: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
+    grad: &Array<Vector<F, N>>,
+    lse: &Array<f32>,
+    dot: &Array<f32>,
+    doc_ids: &Array<i32>,
+    q_ranges: &Array<i32>,
+    k_ranges: &Array<i32>,
+    grad_k: &mut Array<Vector<F, N>>,
+    grad_v: &mut Array<Vector<F, N>>,
+    seq: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    window: u32,
+    scale: f32,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+    #[define(F)] _dtype: StorageType,
+) {
+    let bk = comptime!(g.own_rows);
+    let bq = comptime!(g.step_rows);
+    let dv = comptime!(g.dv());
+    let kb = CUBE_POS_X;
+    let kv_head = CUBE_POS_Y;
+    let batch = CUBE_POS_Z;
+    let group = q_heads / kv_heads;
+    let k0 = kb * bk;
+    let seq_len = seq as usize;
+    let kv_base = (batch * kv_heads + kv_head) as usize * seq_len * dv as usize;
+    let doc_base = batch as usize * seq_len;
+    let s_len = comptime!(g.s_rows * g.s_stride());
+
+    let mut k_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * g.stride()) as usize), 128usize);
+    let mut v_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * g.stride()) as usize), 128usize);
+    let mut q_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bq * g.stride()) as usize), 128usize);
+    let mut do_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bq * g.stride()) as usize), 128usize);
+    let mut p_tile =
+        SharedMemory::<F>::new_aligned(comptime!((bq * g.p_stride()) as usize), 128usize);
+    let mut ds_tile =
+        SharedMemory::<F>::new_aligned(comptime!((bq * g.p_stride()) as usize), 128usize);
+    let mut scratch =
+        SharedMemory::<f32>::new_aligned(comptime!(scratch_len(&g, 2) as usize), 128usize);
+    let mut lse_rows = SharedMemory::<f32>::new(comptime!(bq as usize));
+    let mut d_rows = SharedMemory::<f32>::new(comptime!(bq as usize));
+    let unit_rows = SharedMemory::<f32>::new(comptime!(bk as usize));
+
+    load_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bk, g);
+    load_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bk, g);
+
+    let mut acc_k = accumulator_new::<N>(g);
+    let mut acc_v = accumulator_new::<N>(g);
+
+    let k_blocks = seq.div_ceil(bk);
+    let q_blocks = seq.div_ceil(bq);
+    let mut doc_lo = 0i32;
+    let mut doc_hi = 0i32;
+    if comptime!(mask.documents) {
+        let at = ((batch * k_blocks + kb) * 2u32) as usize;
+        doc_lo = k_ranges[at];
+        doc_hi = k_ranges[at + 1];
+    }
+    let (qb_first, qb_end) = query_block_range(k0, seq, window, bk, bq, mask);
+    for h in 0..group {
+        let head = kv_head * group + h;
+        let q_base = (batch * q_heads + head) as usize * seq_len * dv as usize;
+        let row_base = (batch * q_heads + head) as usize * seq_len;
+        for qb in qb_first..qb_end {
+            let mut live = true;
+            if comptime!(mask.documents) {
+                live = documents_meet(
+                    q_ranges,
+                    ((batch * q_blocks + qb) * 2u32) as usize,
+                    doc_lo,
+                    doc_hi,
+                );
+            }
+            if live {
+                let q0 = qb * bq;
+                sync_cube();
+                load_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, bq, g);
+                load_rows::<F, N>(grad, q_base, q0, seq, &mut do_tile, bq, g);
+                load_row_values(
+                    lse,
+                    row_base,
+                    q0,
+                    seq,
+                    &mut lse_rows,
+                    f32::max_value(),
+                    bq,
+                    comptime!(g.units),
+                );
+                load_row_values(
+                    dot,
+                    row_base,
+                    q0,
+                    seq,
+                    &mut d_rows,
+                    0.0,
+                    bq,
+                    comptime!(g.units),
+                );
+                sync_cube();
+                // S = Q·Kᵀ and dP = dO·Vᵀ, [queries, keys].
+                scores::<F, N>(&q_tile, &k_tile, &mut scratch, 0u32, bq, bk, g);
+                scores::<F, N>(&do_tile, &v_tile, &mut scratch, s_len, bq, bk, g);
+                sync_cube();
+                probabilities_and_ds::<F>(
+                    &scratch,
+                    &lse_rows,
+                    &d_rows,
+                    &mut p_tile,
+                    &mut ds_tile,
+                    q0,
+                    k0,
+                    seq,
+                    window,
+                    scale,
+                    doc_ids,
+                    doc_base,
+                    s_len,
+                    true,
+                    g,
+                    mask,
+                );
+                sync_cube();
+                // dV += Pᵀ·dO, dK += dSᵀ·Q (scaled once at the end).
+                accumulate::<F, N>(&mut acc_v, &p_tile, &do_tile, true, bq, g);
+                accumulate::<F, N>(&mut acc_k, &ds_tile, &q_tile, true, bq, g);
+            }
+        }
+    }
+    sync_cube();
+    store_accumulator::<F, N>(
+        &acc_k,
+        grad_k,
+        kv_base,
+        k0,
+        seq,
+        &unit_rows,
+        scale,
+        &mut scratch,
+        false,
+        g,
+    );
+    store_accumulator::<F, N>(
+        &acc_v,
+        grad_v,
+        kv_base,
+        k0,
+        seq,
+        &unit_rows,
+        1.0,
+        &mut scratch,
+        false,
+        g,
+    );
+}
+
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn flash_backward_q_kernel<F: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
+    grad: &Array<Vector<F, N>>,
+    lse: &Array<f32>,
+    dot: &Array<f32>,
+    doc_ids: &Array<i32>,
+    q_ranges: &Array<i32>,
+    k_ranges: &Array<i32>,
+    grad_q: &mut Array<Vector<F, N>>,
+    seq: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    window: u32,
+    scale: f32,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+    #[define(F)] _dtype: StorageType,
+) {
+    let bq = comptime!(g.own_rows);
+    let bk = comptime!(g.step_rows);
+    let dv = comptime!(g.dv());
+    let q_blocks = seq.div_ceil(bq);
+    let qb = q_blocks - 1u32 - CUBE_POS_X;
+    let head = CUBE_POS_Y;
+    let batch = CUBE_POS_Z;
+    let kv_head = head / (q_heads / kv_heads);
+    let q0 = qb * bq;
+    let seq_len = seq as usize;
+    let q_base = (batch * q_heads + head) as usize * seq_len * dv as usize;
+    let kv_base = (batch * kv_heads + kv_head) as usize * seq_len * dv as usize;
+    let row_base = (batch * q_heads + head) as usize * seq_len;
+    let doc_base = batch as usize * seq_len;
+    let s_len = comptime!(g.s_rows * g.s_stride());
+
+    let mut q_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bq * g.stride()) as usize), 128usize);
+    let mut do_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bq * g.stride()) as usize), 128usize);
+    let mut k_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * g.stride()) as usize), 128usize);
+    let mut v_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * g.stride()) as usize), 128usize);
+    let mut ds_tile =
+        SharedMemory::<F>::new_aligned(comptime!((bq * g.p_stride()) as usize), 128usize);
+    let mut scratch =
+        SharedMemory::<f32>::new_aligned(comptime!(scratch_len(&g, 2) as usize), 128usize);
+    let mut lse_rows = SharedMemory::<f32>::new(comptime!(bq as usize));
+    let mut d_rows = SharedMemory::<f32>::new(comptime!(bq as usize));
+    let unit_rows = SharedMemory::<f32>::new(comptime!(bq as usize));
+    // Never read: dQ does not need P.
+    let mut unused_p = SharedMemory::<F>::new(1usize);
+
+    load_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, bq, g);
+    load_rows::<F, N>(grad, q_base, q0, seq, &mut do_tile, bq, g);
+    load_row_values(
+        lse,
+        row_base,
+        q0,
+        seq,
+        &mut lse_rows,
+        f32::max_value(),
+        bq,
+        comptime!(g.units),
+    );
+    load_row_values(
+        dot,
+        row_base,
+        q0,
+        seq,
+        &mut d_rows,
+        0.0,
+        bq,
+        comptime!(g.units),
+    );
+
+    let mut acc = accumulator_new::<N>(g);
+
+    let k_blocks = seq.div_ceil(bk);
+    let mut doc_lo = 0i32;
+    let mut doc_hi = 0i32;
+    if comptime!(mask.documents) {
+        let at = ((batch * q_blocks + qb) * 2u32) as usize;
+        doc_lo = q_ranges[at];
+        doc_hi = q_ranges[at + 1];
+    }
+    let (kb_first, kb_end) = key_block_range(q0, seq, window, bq, bk, mask);
+    for kb in kb_first..kb_end {
+        let mut live = true;
+        if comptime!(mask.documents) {
+            live = documents_meet(
+                k_ranges,
+                ((batch * k_blocks + kb) * 2u32) as usize,
+                doc_lo,
+                doc_hi,
+            );
+        }
+        if live {
+            let k0 = kb * bk;
+            sync_cube();
+            load_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bk, g);
+            load_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bk, g);
+            sync_cube();
+            scores::<F, N>(&q_tile, &k_tile, &mut scratch, 0u32, bq, bk, g);
+            scores::<F, N>(&do_tile, &v_tile, &mut scratch, s_len, bq, bk, g);
+            sync_cube();
+            probabilities_and_ds::<F>(
+                &scratch,
+                &lse_rows,
+                &d_rows,
+                &mut unused_p,
+                &mut ds_tile,
+                q0,
+                k0,
+                seq,
+                window,
+                scale,
+                doc_ids,
+                doc_base,
+                s_len,
+                false,
+                g,
+                mask,
+            );
+            sync_cube();
+            // dQ += dS·K (scaled once at the end).
+            accumulate::<F, N>(&mut acc, &ds_tile, &k_tile, false, bk, g);
+        }
+    }
+    sync_cube();
+    store_accumulator::<F, N>(
+        &acc,
+        grad_q,
+        q_base,
+        q0,
+        seq,
+        &unit_rows,
+        scale,
+        &mut scratch,
+        false,
+        g,
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Launch
+// ---------------------------------------------------------------------------------------
+
+/// How the flash kernels compute their products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlashVariant {
+    /// `cmma` 16×16×16 fragments of the input dtype with f32 accumulators (tensor cores).
+    TensorCores,
+    /// FMA loops on every unit: any device (lavapipe), any float dtype.
+    Fma,
+}
+
+/// Units of one `cmma` plane: the tensor-core geometries assume 32-wide planes.
+const CMMA_PLANE: u32 = 32;
+
+/// The launch geometry of each kernel, by variant and head dimension.
+///
+/// | variant | kernel | head_dim | own rows | step rows | units |
+/// |---|---|---|---|---|---|
+/// | tensor cores | forward | ≤ 64 | 128 queries | 64 keys | 128 (4 planes, 2 strips each) |
+/// | tensor cores | forward | > 64 | 64 queries | 64 keys | 128 (4 planes, 1 strip each) |
+/// | tensor cores | dK/dV | any | 64 keys | 64 queries | 128 |
+/// | tensor cores | dQ | any | 64 queries | 64 keys | 128 |
+/// | FMA | all | any | `fma_rows` | `fma_rows` | 64 |
+///
+/// Tensor cores: each plane owns 16-row strips of the cube's rows; 64-key steps keep a
+/// step's score strips at four accumulator fragments per plane, and the `O` fragments of
+/// head_dim 128 at eight. At head_dim 64 the forward keeps 128 queries, as FlashAttention-2
+/// does, so each key/value tile loaded serves twice as many queries. Shared memory per
+/// cube ([`shared_bytes`]) at bf16: forward 90 KiB (head_dim 64) / 95 KiB (128), dK/dV
+/// 90 / 123 KiB, dQ 78 / 113 KiB. The FMA path exists for correctness on devices without
+/// cooperative matrices: its blocks are the largest of 16, 8 or 4 rows whose tiles fit the
+/// device's shared memory (lavapipe has 32 KiB: 16 rows up to head_dim 64 in f32).
+pub fn flash_geometry(
+    kernel: FlashKernel,
+    variant: FlashVariant,
+    head_dim: usize,
+    vector: usize,
+    fma_rows: u32,
+) -> FlashGeometry {
+    let (own, step, planes, tensor_cores) = match variant {
+        FlashVariant::TensorCores => {
+            let own = if kernel == FlashKernel::Forward && head_dim <= 64 {
+                128
+            } else {
+                64
+            };
+            (own, 64, 4, true)
+        }
+        FlashVariant::Fma => (fma_rows, fma_rows, 2, false),
+    };
+    let units = planes * CMMA_PLANE;
+    let (s_rows, s_cols) = match kernel {
+        FlashKernel::BackwardKv => (step, own),
+        FlashKernel::Forward | FlashKernel::BackwardQ => (own, step),
+    };
+    FlashGeometry {
+        own_rows: own,
+        step_rows: step,
+        units,
+        planes,
+        head_dim: head_dim as u32,
+        vector: vector as u32,
+        tensor_cores,
+        s_rows,
+        s_cols,
+    }
+}
+
+/// Whether the device runs `cmma` 16×16×16 products of `dtype` into f32 on 32-wide planes.
+pub fn tensor_cores_supported<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType) -> bool {
+    let props = client.properties();
+    let plane_ok =
+        props.hardware.plane_size_min == CMMA_PLANE && props.hardware.plane_size_max == CMMA_PLANE;
+    let half = matches!(
+        dtype.elem_type(),
+        ElemType::Float(FloatKind::F16 | FloatKind::BF16)
+    );
+    let f32_type: StorageType = ElemType::Float(FloatKind::F32).into();
+    plane_ok
+        && half
+        && props.features.matmul.cmma.iter().any(|c| {
+            c.a_type == dtype
+                && c.b_type == dtype
+                && c.cd_type == f32_type
+                && (c.m, c.n, c.k) == (16, 16, 16)
+        })
+}
+
+/// Largest head dimension the kernels take (a multiple of 16).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// How the flash kernels run attention of one head dimension and dtype on one device:
+/// the variant, the vector width and the FMA block size. From [`flash_plan`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashPlan {
+    /// Tensor cores or FMA.
+    pub variant: FlashVariant,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Elements per vector load (divides `head_dim`, at most 8).
+    pub vector: usize,
+    /// Rows of the FMA path's blocks.
+    pub fma_rows: u32,
+}
+
+impl FlashPlan {
+    /// The geometry of `kernel`.
+    pub fn geometry(&self, kernel: FlashKernel) -> FlashGeometry {
+        flash_geometry(
+            kernel,
+            self.variant,
+            self.head_dim,
+            self.vector,
+            self.fma_rows,
+        )
+    }
+}
+
+/// Plans `variant` for attention of `head_dim` in `dtype` on this device, checking the
+/// dtype, the head dimension (a multiple of 16, at most [`MAX_HEAD_DIM`]), `cmma` support
+/// for tensor cores, the units per cube, and every kernel's shared memory.
+pub fn flash_plan<R: Runtime>(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+    dtype: StorageType,
+    variant: FlashVariant,
+) -> Result<FlashPlan, KernelError> {
+    let op = "flash_attention";
+    let unsupported = |reason: String| Err(KernelError::Unsupported { op, reason });
+    check_float_dtype(op, dtype)?;
+    if head_dim == 0 || !head_dim.is_multiple_of(16) || head_dim > MAX_HEAD_DIM {
+        return unsupported(format!(
+            "head_dim {head_dim} (the flash kernels take multiples of 16 up to {MAX_HEAD_DIM})"
+        ));
+    }
+    if variant == FlashVariant::TensorCores && !tensor_cores_supported(client, dtype) {
+        return unsupported(format!(
+            "no 16x16x16 cooperative-matrix product of {dtype:?} into f32 on 32-wide planes on this device"
+        ));
+    }
+    let props = client.properties();
+    let vector = client
+        .io_optimized_vector_sizes(dtype.size())
+        .filter(|v| *v <= 8 && head_dim.is_multiple_of(*v))
+        .max()
+        .unwrap_or(1);
+    let max = props.hardware.max_shared_memory_size;
+    let kernels = [
+        FlashKernel::Forward,
+        FlashKernel::BackwardKv,
+        FlashKernel::BackwardQ,
+    ];
+    let fits = |plan: &FlashPlan| {
+        kernels
+            .iter()
+            .map(|k| (*k, shared_bytes(&plan.geometry(*k), *k, dtype.size())))
+            .find(|(_, bytes)| *bytes > max)
+    };
+    let candidates: &[u32] = match variant {
+        FlashVariant::TensorCores => &[16],
+        FlashVariant::Fma => &[16, 8, 4],
+    };
+    let mut last = None;
+    for &fma_rows in candidates {
+        let plan = FlashPlan {
+            variant,
+            head_dim,
+            vector,
+            fma_rows,
+        };
+        let units = plan.geometry(FlashKernel::Forward).units;
+        if units > props.hardware.max_units_per_cube {
+            return unsupported(format!(
+                "{units} units per cube; the device allows {}",
+                props.hardware.max_units_per_cube
+            ));
+        }
+        match fits(&plan) {
+            None => return Ok(plan),
+            Some(too_big) => last = Some(too_big),
+        }
+    }
+    let (kernel, bytes) = last.expect("at least one candidate");
+    unsupported(format!(
+        "{kernel:?} needs {bytes} bytes of shared memory at head_dim {head_dim}; the device has {max}"
+    ))
+}
+
+/// One attention problem: contiguous `q: [batch, q_heads, seq, head_dim]`,
+/// `k, v: [batch, kv_heads, seq, head_dim]` (`q_heads` a multiple of `kv_heads`).
+#[derive(Clone, Copy, Debug)]
+pub struct FlashProblem {
+    /// Batch.
+    pub batch: usize,
+    /// Query heads.
+    pub q_heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Sequence length (queries and keys).
+    pub seq: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Factor of the scores.
+    pub scale: f64,
+    /// Which keys a query sees.
+    pub mask: AttentionMask,
+    /// The sliding window's size when `mask.window` (at least 1).
+    pub window: usize,
+}
+
+impl FlashProblem {
+    fn check(&self, op: &'static str) -> Result<(), KernelError> {
+        let bad = |reason: String| Err(KernelError::Unsupported { op, reason });
+        if self.batch == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.seq == 0 {
+            return bad(format!("empty problem {self:?}"));
+        }
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
+            return bad(format!(
+                "q_heads {} is not a multiple of kv_heads {}",
+                self.q_heads, self.kv_heads
+            ));
+        }
+        if self.mask.window && self.window == 0 {
+            return bad("a sliding window of 0 keys hides every key".into());
+        }
+        let rows = self.batch * self.q_heads * self.seq * self.head_dim;
+        if rows > u32::MAX as usize || self.seq + self.window > u32::MAX as usize {
+            return bad(format!("{self:?} exceeds 32-bit positions"));
+        }
+        Ok(())
+    }
+}
+
+/// The buffers of the forward (contiguous, dtype `dtype` unless said otherwise).
+#[derive(Clone, Copy, Debug)]
+pub struct FlashForwardArgs<'a> {
+    /// `[batch, q_heads, seq, head_dim]`.
+    pub q: &'a Handle,
+    /// `[batch, kv_heads, seq, head_dim]`.
+    pub k: &'a Handle,
+    /// `[batch, kv_heads, seq, head_dim]`.
+    pub v: &'a Handle,
+    /// `[batch, seq]` i32 document ids, when `mask.documents`.
+    pub document_ids: Option<&'a Handle>,
+    /// Output `[batch, q_heads, seq, head_dim]`.
+    pub output: &'a Handle,
+    /// Output `[batch, q_heads, seq]` f32: `lse_i = log Σ_j exp(s_ij)` ([`NO_KEY_LSE`] for a
+    /// query that sees no key).
+    pub lse: &'a Handle,
+}
+
+/// The buffers of the backward.
+#[derive(Clone, Copy, Debug)]
+pub struct FlashBackwardArgs<'a> {
+    /// Gradient of the output, `[batch, q_heads, seq, head_dim]`.
+    pub grad_output: &'a Handle,
+    /// `[batch, q_heads, seq, head_dim]`.
+    pub q: &'a Handle,
+    /// `[batch, kv_heads, seq, head_dim]`.
+    pub k: &'a Handle,
+    /// `[batch, kv_heads, seq, head_dim]`.
+    pub v: &'a Handle,
+    /// The forward's output, `[batch, q_heads, seq, head_dim]`.
+    pub output: &'a Handle,
+    /// The forward's `lse`, `[batch, q_heads, seq]` f32.
+    pub lse: &'a Handle,
+    /// `[batch, seq]` i32 document ids, when `mask.documents`.
+    pub document_ids: Option<&'a Handle>,
+    /// Output `[batch, q_heads, seq, head_dim]`.
+    pub grad_q: &'a Handle,
+    /// Output `[batch, kv_heads, seq, head_dim]` (summed over each group's query heads).
+    pub grad_k: &'a Handle,
+    /// Output `[batch, kv_heads, seq, head_dim]`.
+    pub grad_v: &'a Handle,
+}
+
+fn arr<R: Runtime>(handle: &Handle, len: usize) -> ArrayArg<R> {
+    // Safety: the callers pass buffers of at least `len` items (the Burn glue allocates
+    // outputs of exactly these shapes and checks the inputs' shapes before launch).
+    unsafe { ArrayArg::from_raw_parts(handle.clone(), len.max(1)) }
+}
+
+fn cube_count<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    x: usize,
+    y: usize,
+    z: usize,
+) -> Result<CubeCount, KernelError> {
+    let (mx, my, mz) = client.properties().hardware.max_cube_count;
+    if x > mx as usize || y > my as usize || z > mz as usize {
+        return Err(KernelError::Unsupported {
+            op,
+            reason: format!("grid {x}×{y}×{z} exceeds the device's {mx}×{my}×{mz}"),
+        });
+    }
+    Ok(CubeCount::Static(x as u32, y as u32, z as u32))
+}
+
+/// `[batch, ceil(seq / block), 2]` i32: each block's `[min, max]` document id.
+pub fn document_ranges<R: Runtime>(
+    client: &ComputeClient<R>,
+    ids: &Handle,
+    batch: usize,
+    seq: usize,
+    block: usize,
+) -> Handle {
+    let blocks = seq.div_ceil(block);
+    let total = batch * blocks;
+    let ranges = client.empty(total * 2 * 4);
+    let units = 128u32;
+    // Safety: `ids` holds `batch · seq` i32 (checked by the callers); `ranges` was just
+    // allocated for `total · 2`; the kernel reads and writes only inside both.
+    unsafe {
+        document_ranges_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static((total as u32).div_ceil(units), 1, 1),
+            CubeDim::new_1d(units),
+            arr(ids, batch * seq),
+            arr(&ranges, total * 2),
+            seq as u32,
+            blocks as u32,
+            total as u32,
+            block as u32,
+        );
+    }
+    ranges
+}
+
+/// Document range tables of blocks of `a` and `b` positions, or one-item placeholders.
+fn ranges_for<R: Runtime>(
+    client: &ComputeClient<R>,
+    p: &FlashProblem,
+    ids: Option<&Handle>,
+    a: u32,
+    b: u32,
+) -> Result<(Handle, Handle, Handle), KernelError> {
+    match (p.mask.documents, ids) {
+        (true, Some(ids)) => Ok((
+            ids.clone(),
+            document_ranges(client, ids, p.batch, p.seq, a as usize),
+            document_ranges(client, ids, p.batch, p.seq, b as usize),
+        )),
+        (true, None) => Err(KernelError::Unsupported {
+            op: "flash_attention",
+            reason: "the document mask needs document ids".into(),
+        }),
+        (false, _) => {
+            let empty = || client.empty(4);
+            Ok((empty(), empty(), empty()))
+        }
+    }
+}
+
+/// Flash attention forward: writes `output` and `lse` (see the module docs).
+pub fn flash_attention<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: FlashForwardArgs<'_>,
+    p: FlashProblem,
+    variant: FlashVariant,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    let op = "flash_attention";
+    p.check(op)?;
+    let plan = flash_plan(client, p.head_dim, dtype, variant)?;
+    let n = plan.vector;
+    let g = plan.geometry(FlashKernel::Forward);
+    let (ids, q_ranges, k_ranges) =
+        ranges_for(client, &p, args.document_ids, g.own_rows, g.step_rows)?;
+    let q_len = p.batch * p.q_heads * p.seq * p.head_dim / n;
+    let kv_len = p.batch * p.kv_heads * p.seq * p.head_dim / n;
+    let q_blocks = p.seq.div_ceil(g.own_rows as usize);
+    let count = cube_count(client, op, q_blocks, p.q_heads, p.batch)?;
+    let table = |b: u32| p.batch * p.seq.div_ceil(b as usize) * 2;
+    // Safety: every buffer holds the items passed with it (see `arr`); the kernel indexes
+    // inside `[batch, heads, seq, head_dim]` (rows past `seq` are never read or written).
+    unsafe {
+        flash_forward_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            CubeDim::new_1d(g.units),
+            n,
+            arr(args.q, q_len),
+            arr(args.k, kv_len),
+            arr(args.v, kv_len),
+            arr(&ids, if p.mask.documents { p.batch * p.seq } else { 1 }),
+            arr(
+                &q_ranges,
+                if p.mask.documents {
+                    table(g.own_rows)
+                } else {
+                    1
+                },
+            ),
+            arr(
+                &k_ranges,
+                if p.mask.documents {
+                    table(g.step_rows)
+                } else {
+                    1
+                },
+            ),
+            arr(args.output, q_len),
+            arr(args.lse, p.batch * p.q_heads * p.seq),
+            p.seq as u32,
+            p.q_heads as u32,
+            p.kv_heads as u32,
+            p.window as u32,
+            p.scale as f32,
+            g,
+            p.mask,
+            dtype,
+        );
+    }
+    counters::record(Kernel::flash_attention_forward);
+    Ok(())
+}
+
+/// Flash attention backward: writes `grad_q`, `grad_k`, `grad_v` (see the module docs).
+pub fn flash_attention_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: FlashBackwardArgs<'_>,
+    p: FlashProblem,
+    variant: FlashVariant,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    let op = "flash_attention_backward";
+    p.check(op)?;
+    let plan = flash_plan(client, p.head_dim, dtype, variant)?;
+    let n = plan.vector;
+    let rows = p.batch * p.q_heads * p.seq;
+    let q_len = rows * p.head_dim / n;
+    let kv_len = p.batch * p.kv_heads * p.seq * p.head_dim / n;
+
+    // D = rowsum(dO ∘ O).
+    let dot = client.empty(rows * 4);
+    let dv = (p.head_dim / n) as u32;
+    let lanes = dv.next_power_of_two().min(32);
+    let units = 256u32.max(lanes);
+    // Safety: `output` and `grad_output` hold `rows · head_dim` elements, `dot` `rows`.
+    unsafe {
+        attention_row_dot_kernel::launch_unchecked::<R>(
+            client,
+            cube_count(client, op, rows.div_ceil((units / lanes) as usize), 1, 1)?,
+            CubeDim::new_1d(units),
+            n,
+            arr(args.output, q_len),
+            arr(args.grad_output, q_len),
+            arr(&dot, rows),
+            rows as u32,
+            dv,
+            lanes,
+            units,
+            dtype,
+        );
+    }
+
+    let gkv = plan.geometry(FlashKernel::BackwardKv);
+    let gq = plan.geometry(FlashKernel::BackwardQ);
+    // Both kernels use blocks of 64 (16 for FMA) queries and keys: one pair of tables.
+    debug_assert_eq!((gkv.own_rows, gkv.step_rows), (gq.step_rows, gq.own_rows));
+    let (ids, q_ranges, k_ranges) =
+        ranges_for(client, &p, args.document_ids, gq.own_rows, gq.step_rows)?;
+    let table = |b: u32| p.batch * p.seq.div_ceil(b as usize) * 2;
+    let ids_len = if p.mask.documents { p.batch * p.seq } else { 1 };
+    let q_table = if p.mask.documents {
+        table(gq.own_rows)
+    } else {
+        1
+    };
+    let k_table = if p.mask.documents {
+        table(gq.step_rows)
+    } else {
+        1
+    };
+
+    let kv_count = cube_count(
+        client,
+        op,
+        p.seq.div_ceil(gkv.own_rows as usize),
+        p.kv_heads,
+        p.batch,
+    )?;
+    // Safety: as in the forward; `dot` holds `rows` f32.
+    unsafe {
+        flash_backward_kv_kernel::launch_unchecked::<R>(
+            client,
+            kv_count,
+            CubeDim::new_1d(gkv.units),
+            n,
+            arr(args.q, q_len),
+            arr(args.k, kv_len),
+            arr(args.v, kv_len),
+            arr(args.grad_output, q_len),
+            arr(args.lse, rows),
+            arr(&dot, rows),
+            arr(&ids, ids_len),
+            arr(&q_ranges, q_table),
+            arr(&k_ranges, k_table),
+            arr(args.grad_k, kv_len),
+            arr(args.grad_v, kv_len),
+            p.seq as u32,
+            p.q_heads as u32,
+            p.kv_heads as u32,
+            p.window as u32,
+            p.scale as f32,
+            gkv,
+            p.mask,
+            dtype,
+        );
+    }
+    let q_count = cube_count(
+        client,
+        op,
+        p.seq.div_ceil(gq.own_rows as usize),
+        p.q_heads,
+        p.batch,
+    )?;
+    // Safety: as above.
+    unsafe {
+        flash_backward_q_kernel::launch_unchecked::<R>(
+            client,
+            q_count,
+            CubeDim::new_1d(gq.units),
+            n,
+            arr(args.q, q_len),
+            arr(args.k, kv_len),
+            arr(args.v, kv_len),
+            arr(args.grad_output, q_len),
+            arr(args.lse, rows),
+            arr(&dot, rows),
+            arr(&ids, ids_len),
+            arr(&q_ranges, q_table),
+            arr(&k_ranges, k_table),
+            arr(args.grad_q, q_len),
+            p.seq as u32,
+            p.q_heads as u32,
+            p.kv_heads as u32,
+            p.window as u32,
+            p.scale as f32,
+            gq,
+            p.mask,
+            dtype,
+        );
+    }
+    counters::record(Kernel::flash_attention_backward);
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "attention_codegen.rs"]
+mod codegen;

@@ -1,0 +1,206 @@
+//! The tensor-core variant of the flash kernels expanded (the `#[cube]` code run into CubeCL
+//! IR, on the default wgpu adapter's client) and compiled to CUDA C++ by CubeCL's own CUDA
+//! compiler, on any machine: a device without `cmma` (lavapipe in CI) cannot run them, but
+//! this catches expansion panics and checks the generated `wmma` calls. `LIGER_DUMP_CUDA=DIR` writes the sources there for
+//! review (a test-only switch, not a library knob).
+
+use super::*;
+use cubecl::Compiler as _;
+use cubecl::prelude::{AddressType, KernelLauncher, KernelSettings};
+use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+use cubecl_cpp::cuda::CudaDialect;
+use cubecl_cpp::cuda::mma::CudaWmmaCompiler;
+use cubecl_cpp::shared::{CompilationOptions, CppCompiler};
+
+type R = WgpuRuntime;
+
+fn cuda_source(def: cubecl::prelude::KernelDefinition) -> String {
+    let mut compiler = CppCompiler::<CudaDialect<CudaWmmaCompiler>>::default();
+    let kernel = compiler
+        .compile(
+            def,
+            &CompilationOptions::default(),
+            cubecl::prelude::ExecutionMode::Unchecked,
+            AddressType::U32.unsigned_type(),
+        )
+        .expect("the CUDA compiler accepts the kernel");
+    format!("{kernel}")
+}
+
+fn dump(name: &str, source: &str) {
+    if let Ok(dir) = std::env::var("LIGER_DUMP_CUDA") {
+        std::fs::write(format!("{dir}/{name}.cu"), source).unwrap();
+    }
+}
+
+fn settings(g: &FlashGeometry) -> KernelSettings {
+    KernelSettings::default()
+        .cube_dim(CubeDim::new_1d(g.units))
+        .address_type(AddressType::U32)
+}
+
+fn check_source(name: &str, source: &str) {
+    dump(name, source);
+    assert!(source.contains("wmma"), "{name}: no wmma call:\n{source}");
+    assert!(
+        source.contains("mma_sync"),
+        "{name}: no mma_sync:\n{source}"
+    );
+}
+
+#[test]
+fn tensor_core_kernels_compile_to_cuda() {
+    let client = R::client(&WgpuDevice::DefaultDevice);
+    let bf16: StorageType = ElemType::Float(FloatKind::BF16).into();
+    let n = 8usize;
+    let empty = || client.empty(64);
+    let arr = |h: &Handle| unsafe { ArrayArg::<R>::from_raw_parts(h.clone(), 4) };
+    for head_dim in [64usize, 128] {
+        for mask in [
+            AttentionMask {
+                causal: true,
+                window: false,
+                documents: false,
+            },
+            AttentionMask {
+                causal: true,
+                window: true,
+                documents: true,
+            },
+        ] {
+            let g = flash_geometry(
+                FlashKernel::Forward,
+                FlashVariant::TensorCores,
+                head_dim,
+                n,
+                16,
+            );
+            let s = settings(&g);
+            let mut launcher = KernelLauncher::<R>::new(s.clone());
+            launcher.with_scope(|scope| {
+                scope.device_properties(client.properties());
+                scope.register_size::<DynamicSize<flash_forward_kernel::_N>>(n);
+                scope.register_type::<DynamicScalar<flash_forward_kernel::_F>>(bf16);
+            });
+            let h = empty();
+            macro_rules! reg {
+                ($t:ty, $v:expr) => {
+                    <$t as LaunchArg>::register($v, &mut launcher)
+                };
+            }
+            type FV = Array<Vector<flash_forward_kernel::F, flash_forward_kernel::N>>;
+            let kernel = flash_forward_kernel::FlashForwardKernel::<R>::new(
+                s,
+                client.clone(),
+                reg!(FV, arr(&h)),
+                reg!(FV, arr(&h)),
+                reg!(FV, arr(&h)),
+                reg!(Array<i32>, arr(&h)),
+                reg!(Array<i32>, arr(&h)),
+                reg!(Array<i32>, arr(&h)),
+                reg!(FV, arr(&h)),
+                reg!(Array<f32>, arr(&h)),
+                reg!(u32, 1u32),
+                reg!(u32, 1u32),
+                reg!(u32, 1u32),
+                reg!(u32, 1u32),
+                reg!(f32, 1.0f32),
+                n,
+                g,
+                mask,
+                bf16,
+            );
+            let source = cuda_source(kernel.define());
+            check_source(&format!("forward_d{head_dim}_{}", mask.documents), &source);
+
+            let g = flash_geometry(
+                FlashKernel::BackwardKv,
+                FlashVariant::TensorCores,
+                head_dim,
+                n,
+                16,
+            );
+            let s = settings(&g);
+            let mut launcher = KernelLauncher::<R>::new(s.clone());
+            launcher.with_scope(|scope| {
+                scope.device_properties(client.properties());
+                scope.register_size::<DynamicSize<flash_backward_kv_kernel::_N>>(n);
+                scope.register_type::<DynamicScalar<flash_backward_kv_kernel::_F>>(bf16);
+            });
+            type KV = Array<Vector<flash_backward_kv_kernel::F, flash_backward_kv_kernel::N>>;
+            let kernel = flash_backward_kv_kernel::FlashBackwardKvKernel::<R>::new(
+                s,
+                client.clone(),
+                reg!(KV, arr(&h)),
+                reg!(KV, arr(&h)),
+                reg!(KV, arr(&h)),
+                reg!(KV, arr(&h)),
+                reg!(Array<f32>, arr(&h)),
+                reg!(Array<f32>, arr(&h)),
+                reg!(Array<i32>, arr(&h)),
+                reg!(Array<i32>, arr(&h)),
+                reg!(Array<i32>, arr(&h)),
+                reg!(KV, arr(&h)),
+                reg!(KV, arr(&h)),
+                reg!(u32, 1u32),
+                reg!(u32, 1u32),
+                reg!(u32, 1u32),
+                reg!(u32, 1u32),
+                reg!(f32, 1.0f32),
+                n,
+                g,
+                mask,
+                bf16,
+            );
+            let source = cuda_source(kernel.define());
+            check_source(
+                &format!("backward_kv_d{head_dim}_{}", mask.documents),
+                &source,
+            );
+
+            let g = flash_geometry(
+                FlashKernel::BackwardQ,
+                FlashVariant::TensorCores,
+                head_dim,
+                n,
+                16,
+            );
+            let s = settings(&g);
+            let mut launcher = KernelLauncher::<R>::new(s.clone());
+            launcher.with_scope(|scope| {
+                scope.device_properties(client.properties());
+                scope.register_size::<DynamicSize<flash_backward_q_kernel::_N>>(n);
+                scope.register_type::<DynamicScalar<flash_backward_q_kernel::_F>>(bf16);
+            });
+            type QV = Array<Vector<flash_backward_q_kernel::F, flash_backward_q_kernel::N>>;
+            let kernel = flash_backward_q_kernel::FlashBackwardQKernel::<R>::new(
+                s,
+                client.clone(),
+                reg!(QV, arr(&h)),
+                reg!(QV, arr(&h)),
+                reg!(QV, arr(&h)),
+                reg!(QV, arr(&h)),
+                reg!(Array<f32>, arr(&h)),
+                reg!(Array<f32>, arr(&h)),
+                reg!(Array<i32>, arr(&h)),
+                reg!(Array<i32>, arr(&h)),
+                reg!(Array<i32>, arr(&h)),
+                reg!(QV, arr(&h)),
+                reg!(u32, 1u32),
+                reg!(u32, 1u32),
+                reg!(u32, 1u32),
+                reg!(u32, 1u32),
+                reg!(f32, 1.0f32),
+                n,
+                g,
+                mask,
+                bf16,
+            );
+            let source = cuda_source(kernel.define());
+            check_source(
+                &format!("backward_q_d{head_dim}_{}", mask.documents),
+                &source,
+            );
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! Attention's independent f64 reference (forward, `lse` and the gradients of q, k, v for
+//! every mask kind: causal, sliding window, document ids, any combination, or a given
+//! `[seq, seq]` mask), random problems, and the row-wise comparison the attention suites
+//! use.
+
+use burn::tensor::DType;
+use liger_verify::conformance::Rng;
+
+/// One attention problem. `q: [batch, q_heads, seq, head_dim]`, `k, v: [batch, kv_heads,
+/// seq, head_dim]`.
+#[derive(Clone, Debug)]
+pub struct Problem {
+    /// Batch.
+    pub batch: usize,
+    /// Query heads.
+    pub q_heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Sequence length.
+    pub seq: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Query `i` sees keys `j ≤ i`.
+    pub causal: bool,
+    /// Query `i` sees keys `j > i - window`.
+    pub window: Option<usize>,
+    /// `[batch, seq]` document ids: query `i` sees keys of its own document.
+    pub documents: Option<Vec<i64>>,
+    /// `[seq, seq]`, `true` where query `i` must not see key `j` (on top of the rest).
+    pub mask: Option<Vec<bool>>,
+}
+
+impl Problem {
+    /// A causal problem without window, documents or mask.
+    pub fn causal(
+        batch: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        seq: usize,
+        head_dim: usize,
+    ) -> Self {
+        Self {
+            batch,
+            q_heads,
+            kv_heads,
+            seq,
+            head_dim,
+            causal: true,
+            window: None,
+            documents: None,
+            mask: None,
+        }
+    }
+
+    /// Whether query `i` of batch row `b` sees key `j`.
+    pub fn visible(&self, b: usize, i: usize, j: usize) -> bool {
+        let s = self.seq;
+        (!self.causal || j <= i)
+            && self.window.is_none_or(|w| j + w > i)
+            && self
+                .documents
+                .as_ref()
+                .is_none_or(|d| d[b * s + i] == d[b * s + j])
+            && self.mask.as_ref().is_none_or(|m| !m[i * s + j])
+    }
+
+    /// Elements of q (and of the output and dq).
+    pub fn q_len(&self) -> usize {
+        self.batch * self.q_heads * self.seq * self.head_dim
+    }
+
+    /// Elements of k (v, dk, dv).
+    pub fn kv_len(&self) -> usize {
+        self.batch * self.kv_heads * self.seq * self.head_dim
+    }
+
+    /// Short description for messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "b{} hq{} hkv{} s{} d{} causal {} window {:?} documents {} mask {}",
+            self.batch,
+            self.q_heads,
+            self.kv_heads,
+            self.seq,
+            self.head_dim,
+            self.causal,
+            self.window,
+            self.documents.is_some(),
+            self.mask.is_some()
+        )
+    }
+}
+
+/// Random document ids: each batch row cut into pieces of 1 to `max_len` positions with
+/// non-decreasing ids (packed rows), unless `shuffled` (then ids repeat out of order, so
+/// pieces of one document are not adjacent).
+pub fn random_documents(
+    rng: &mut Rng,
+    batch: usize,
+    seq: usize,
+    max_len: usize,
+    shuffled: bool,
+) -> Vec<i64> {
+    let mut ids = Vec::with_capacity(batch * seq);
+    for _ in 0..batch {
+        let mut id = 0i64;
+        let mut left = 0usize;
+        for _ in 0..seq {
+            if left == 0 {
+                id += 1;
+                left = 1 + rng.below(max_len);
+            }
+            left -= 1;
+            ids.push(if shuffled { id % 3 } else { id });
+        }
+    }
+    ids
+}
+
+/// The reference results, f64, flattened like the tensors.
+#[derive(Clone, Debug)]
+pub struct Reference {
+    /// `[batch, q_heads, seq, head_dim]`.
+    pub out: Vec<f64>,
+    /// `[batch, q_heads, seq]`; `None` where a query sees no key.
+    pub lse: Vec<Option<f64>>,
+    /// `[batch, q_heads, seq, head_dim]`.
+    pub grad_q: Vec<f64>,
+    /// `[batch, kv_heads, seq, head_dim]`.
+    pub grad_k: Vec<f64>,
+    /// `[batch, kv_heads, seq, head_dim]`.
+    pub grad_v: Vec<f64>,
+    /// The magnitudes of the terms each element sums (the same sums over absolute values:
+    /// `Σ_j p_j |v_j|` for the output, `scale Σ_j p_j (|dP_j| + |D|) |k_j|` for `grad_q`, …),
+    /// the scale of its rounding error: `[out, grad_q, grad_k, grad_v]`.
+    pub magnitude: [Vec<f64>; 4],
+    /// The same sums with each `p_j` weighted by `|s_j| + |lse|`: a probability computed
+    /// as `exp(s_j - lse)` in f32 carries a relative error of about `u_f32·(|s_j| + |lse|)`
+    /// (large scores make it dominant), `[out, grad_q, grad_k, grad_v]`.
+    pub exp_magnitude: [Vec<f64>; 4],
+    /// The sums of the other factor alone (`Σ_j |v_j|` for the output, …): probabilities
+    /// and `dS` below the smallest normal are rounded to an absolute step (f16: 2⁻²⁵; f32
+    /// flushed to zero: 2⁻¹²⁶), `[out, grad_q, grad_k, grad_v]`.
+    pub absolute_magnitude: [Vec<f64>; 4],
+}
+
+impl Reference {
+    /// The error bound of each `row_len`-wide row of tensor `which` (0 out, 1 grad_q,
+    /// 2 grad_k, 3 grad_v) in `dtype`, the scores rounded to `scores`:
+    /// `tol·‖magnitude_r‖ + 8·u_scores·‖exp_magnitude_r‖ + 2·step·‖absolute_magnitude_r‖`,
+    /// `step` the dtype's absolute rounding step below its smallest normal. The flash
+    /// kernels keep scores in f32; the blockwise path rounds them to the input dtype, as
+    /// eager attention does.
+    pub fn row_bounds(
+        &self,
+        which: usize,
+        row_len: usize,
+        tol: f64,
+        dtype: DType,
+        scores: DType,
+    ) -> Vec<f64> {
+        let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let (m, e, a) = (
+            &self.magnitude[which],
+            &self.exp_magnitude[which],
+            &self.absolute_magnitude[which],
+        );
+        let u32_ = unit_roundoff(scores);
+        // f32 products may flush results below the smallest normal (2⁻¹²⁶) to zero (GPU
+        // drivers run f32 with flush-to-zero); f16 stores numbers below 2⁻¹⁴ in steps of 2⁻²⁴.
+        let step = match dtype {
+            DType::F16 => 2f64.powi(-25),
+            _ => 2f64.powi(-126),
+        };
+        (0..m.len() / row_len.max(1))
+            .map(|r| {
+                let span = r * row_len..(r + 1) * row_len;
+                tol * norm(&m[span.clone()])
+                    + 8.0 * u32_ * norm(&e[span.clone()])
+                    + 2.0 * step * norm(&a[span])
+            })
+            .collect()
+    }
+}
+
+/// Naive attention in f64 and its gradients for the upstream gradient `g`. A query that
+/// sees no key has output 0 and no gradient.
+pub fn reference(p: &Problem, q: &[f64], k: &[f64], v: &[f64], g: &[f64]) -> Reference {
+    let (b, hq, hk, s, d) = (p.batch, p.q_heads, p.kv_heads, p.seq, p.head_dim);
+    let scale = (d as f64).powf(-0.5);
+    let qi = |bi: usize, h: usize, i: usize| ((bi * hq + h) * s + i) * d;
+    let ki = |bi: usize, h: usize, j: usize| ((bi * hk + h) * s + j) * d;
+    let mut r = Reference {
+        out: vec![0.0; q.len()],
+        lse: vec![None; b * hq * s],
+        grad_q: vec![0.0; q.len()],
+        grad_k: vec![0.0; k.len()],
+        grad_v: vec![0.0; v.len()],
+        magnitude: [
+            vec![0.0; q.len()],
+            vec![0.0; q.len()],
+            vec![0.0; k.len()],
+            vec![0.0; v.len()],
+        ],
+        exp_magnitude: [
+            vec![0.0; q.len()],
+            vec![0.0; q.len()],
+            vec![0.0; k.len()],
+            vec![0.0; v.len()],
+        ],
+        absolute_magnitude: [
+            vec![0.0; q.len()],
+            vec![0.0; q.len()],
+            vec![0.0; k.len()],
+            vec![0.0; v.len()],
+        ],
+    };
+    for bi in 0..b {
+        for h in 0..hq {
+            let kh = h / (hq / hk);
+            for i in 0..s {
+                let qo = qi(bi, h, i);
+                let seen: Vec<usize> = (0..s).filter(|&j| p.visible(bi, i, j)).collect();
+                if seen.is_empty() {
+                    continue;
+                }
+                let scores: Vec<f64> = seen
+                    .iter()
+                    .map(|&j| {
+                        let ko = ki(bi, kh, j);
+                        scale * (0..d).map(|e| q[qo + e] * k[ko + e]).sum::<f64>()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = scores.iter().map(|x| (x - max).exp()).sum();
+                r.lse[(bi * hq + h) * s + i] = Some(max + sum.ln());
+                let prob: Vec<f64> = scores.iter().map(|x| (x - max).exp() / sum).collect();
+                let dp: Vec<f64> = seen
+                    .iter()
+                    .map(|&j| {
+                        let vo = ki(bi, kh, j);
+                        (0..d).map(|e| g[qo + e] * v[vo + e]).sum()
+                    })
+                    .collect();
+                let dot: f64 = prob.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                // Kernels take D = Σ_e dO_e·O_e from the output rounded to the input dtype:
+                // its error scales with Σ_e |dO_e·O_e|, not with D.
+                let out_row: Vec<f64> = (0..d)
+                    .map(|e| {
+                        seen.iter()
+                            .zip(&prob)
+                            .map(|(&j, p)| p * v[ki(bi, kh, j) + e])
+                            .sum::<f64>()
+                    })
+                    .collect();
+                let dot_mag: f64 = (0..d).map(|e| (g[qo + e] * out_row[e]).abs()).sum();
+                for (n, &j) in seen.iter().enumerate() {
+                    let ko = ki(bi, kh, j);
+                    let ds = prob[n] * (dp[n] - dot);
+                    let ds_mag = prob[n] * (dp[n].abs() + dot.abs().max(dot_mag));
+                    // Weight of the f32 exponent's error in this probability.
+                    let w = scores[n].abs() + (max + sum.ln()).abs();
+                    let [m_out, m_q, m_k, m_v] = &mut r.magnitude;
+                    let [e_out, e_q, e_k, e_v] = &mut r.exp_magnitude;
+                    let [a_out, a_q, a_k, a_v] = &mut r.absolute_magnitude;
+                    for e in 0..d {
+                        r.out[qo + e] += prob[n] * v[ko + e];
+                        r.grad_v[ko + e] += prob[n] * g[qo + e];
+                        r.grad_q[qo + e] += scale * ds * k[ko + e];
+                        r.grad_k[ko + e] += scale * ds * q[qo + e];
+                        m_out[qo + e] += prob[n] * v[ko + e].abs();
+                        m_v[ko + e] += prob[n] * g[qo + e].abs();
+                        m_q[qo + e] += scale * ds_mag * k[ko + e].abs();
+                        m_k[ko + e] += scale * ds_mag * q[qo + e].abs();
+                        e_out[qo + e] += w * prob[n] * v[ko + e].abs();
+                        e_v[ko + e] += w * prob[n] * g[qo + e].abs();
+                        e_q[qo + e] += w * scale * ds_mag * k[ko + e].abs();
+                        e_k[ko + e] += w * scale * ds_mag * q[qo + e].abs();
+                        a_out[qo + e] += v[ko + e].abs();
+                        a_v[ko + e] += g[qo + e].abs();
+                        a_q[qo + e] += scale * k[ko + e].abs();
+                        a_k[ko + e] += scale * q[qo + e].abs();
+                    }
+                }
+            }
+        }
+    }
+    r
+}
+
+/// Unit roundoff of `dtype` (half an ulp of 1).
+pub fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        _ => 2f64.powi(-24),
+    }
+}
+
+/// Row-wise tolerance of attention's results in `dtype`, relative to the magnitude of
+/// the terms each row sums ([`Reference::magnitude`]).
+///
+/// Half precision: each probability is rounded once to the input dtype before `P·V` (as
+/// the reference implementations do), `dS` once before its products, and every result
+/// once: at most a few unit roundoffs of the terms' magnitude, so 4u (bf16: 0.0156, f16:
+/// 0.0020), while a wrong row (zero, doubled, another row's) is off by about its whole
+/// norm. f32: every product accumulates at most `seq · head_dim` terms in f32, about
+/// `u·√n` relative to their magnitude: 2e-5 covers the suites' sizes with a wide margin.
+pub fn row_tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 | DType::BF16 => 4.0 * unit_roundoff(dtype),
+        _ => 2e-5,
+    }
+}
+
+/// Compares `actual` with `expected` row by row (`bounds.len()` rows): every element
+/// finite and `‖actual_r − expected_r‖₂ ≤ bounds[r]` ([`Reference::row_bounds`]: a rounding
+/// error scales with the magnitudes of the terms a row sums, not with a result that
+/// cancels). A row whose bound is zero (the reference sums nothing into it: a query that
+/// sees no key, a key no query sees) must be within the mean bound of the tensor's rows
+/// of zero. Row-wise, not norm-wise over the tensor: a wrong, missing or swapped row
+/// fails even among many right ones. Returns the worst ratio `error / bound` (≤ 1
+/// passes) or a message naming the row.
+pub fn compare_rows(
+    name: &str,
+    actual: &[f64],
+    expected: &[f64],
+    bounds: &[f64],
+) -> Result<f64, String> {
+    if actual.len() != expected.len() {
+        return Err(format!(
+            "{name}: {} elements, expected {}",
+            actual.len(),
+            expected.len()
+        ));
+    }
+    if let Some(i) = actual.iter().position(|x| !x.is_finite()) {
+        return Err(format!("{name}: element {i} is {}", actual[i]));
+    }
+    let rows = bounds.len();
+    let row_len = expected.len() / rows.max(1);
+    let mean = bounds.iter().sum::<f64>() / rows.max(1) as f64;
+    let mut worst = 0.0f64;
+    for (r, &bound) in bounds.iter().enumerate() {
+        let span = r * row_len..(r + 1) * row_len;
+        let err = actual[span.clone()]
+            .iter()
+            .zip(&expected[span])
+            .map(|(a, e)| (a - e) * (a - e))
+            .sum::<f64>()
+            .sqrt();
+        let bound = if bound > 0.0 { bound } else { mean }.max(f64::MIN_POSITIVE);
+        let ratio = err / bound;
+        if ratio > 1.0 {
+            return Err(format!(
+                "{name}: row {r} of {rows}: error {err:.3e} exceeds {bound:.3e}"
+            ));
+        }
+        worst = worst.max(ratio);
+    }
+    Ok(worst)
+}
+
+/// Compares `lse` (f32 values, [`liger_cubecl_kernels::attention::NO_KEY_LSE`] where a
+/// query sees no key) with the reference, to `tol` absolute (lse is a log: its error is
+/// the relative error of the row's sum).
+pub fn compare_lse(actual: &[f64], expected: &[Option<f64>], tol: f64) -> Result<(), String> {
+    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        match e {
+            Some(e) if (a - e).abs() <= tol * (1.0 + e.abs()) => {}
+            None if *a == f32::MAX as f64 => {}
+            _ => return Err(format!("lse[{i}] = {a}, expected {e:?}")),
+        }
+    }
+    Ok(())
+}
