@@ -15,5 +15,6 @@ mod rms_norm;
 mod rope;
 mod sigmoid;
 mod softmax;
+mod special_values;
 mod swiglu;
 mod validation;

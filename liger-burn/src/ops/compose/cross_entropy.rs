@@ -61,8 +61,9 @@ pub fn forward<B: Backend>(
     let device = x.device();
     let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
     let valid = valid_rows(targets.clone(), v, options.ignore_index);
-    let valid_f = mask_f32(valid.clone()).reshape([n, 1]);
-    // Invalid rows read class 0 (always in range) and are zeroed by `valid_f`.
+    // Invalid rows read class 0 (always in range) and are set to zero by `invalid`, a
+    // fill rather than a product so that a NaN or infinite logit there stays out.
+    let invalid = valid.clone().bool_not().reshape([n, 1]);
     let safe = targets.mask_fill(valid.bool_not(), 0).reshape([n, 1]);
 
     let (z, chain) = match options.softcap {
@@ -101,11 +102,21 @@ pub fn forward<B: Backend>(
         };
         ce = ce + (lse.clone() * sum_w.clone() - sum_wz) * (eps / v as f64);
     }
-    let zl = lse.clone().powi_scalar(2) * lambda;
-    let loss = ((ce + zl.clone()) * valid_f.clone()).reshape([n]);
+    // The z-loss squares torch.logsumexp, which is +inf on a row holding +inf and no NaN;
+    // `lse` is NaN there, as F.cross_entropy's log-softmax is, so the loss stays NaN.
+    let lse_z = {
+        let pos_inf = z.clone().equal_elem(f32::INFINITY).any_dim(1);
+        let nan = z.clone().is_nan().any_dim(1);
+        lse.clone()
+            .mask_fill(pos_inf.bool_and(nan.bool_not()), f32::INFINITY)
+    };
+    let zl = lse_z.powi_scalar(2) * lambda;
+    let loss = (ce + zl.clone())
+        .mask_fill(invalid.clone(), 0.0)
+        .reshape([n]);
     let z_loss = options
         .return_z_loss
-        .then(|| prim((zl * valid_f.clone()).reshape([n])));
+        .then(|| prim(zl.mask_fill(invalid.clone(), 0.0).reshape([n])));
 
     let grad_logits = grad_scale.map(|s| {
         // `[1]` (every row) or `[n]` (per row), broadcast over the classes.
@@ -130,7 +141,7 @@ pub fn forward<B: Backend>(
         if let Some(chain) = chain {
             g = g * chain;
         }
-        to_dtype::<B>(prim(g * valid_f), dtype)
+        to_dtype::<B>(prim(g.mask_fill(invalid.expand([n, v]), 0.0)), dtype)
     });
     CrossEntropyRows {
         loss: prim(loss),
@@ -179,7 +190,7 @@ pub fn backward<B: Backend>(
 /// `1 / d`, and `0` where `d = 0` (an all-ignored batch has loss 0 and zero gradients).
 pub(crate) fn reciprocal_or_zero<B: crate::ops::FusedOps>(d: Tensor<B, 1>) -> Tensor<B, 1> {
     let zero = d.clone().equal_elem(0.0);
-    d.recip().mask_fill(zero, 0.0)
+    (d.ones_like() / d).mask_fill(zero, 0.0)
 }
 
 /// `Σ_{non-ignored i} w[y_i]` (the count of non-ignored rows without weights), `[1]` f32.
