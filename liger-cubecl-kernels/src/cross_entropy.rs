@@ -168,8 +168,8 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
                 #[unroll]
                 for u in 0..STREAM_UNROLL {
                     let j = j0 + u * stride;
-                    // Past the row: -max contributes exp(-inf) = 0 (the block's first
-                    // vector is always in range, so the block max is a real logit).
+                    // Past the row: the lowest finite value, which never raises the block
+                    // max above a real logit (the block's first vector is in range).
                     let mut z = Vector::<f32, N>::new(f32::min_value());
                     if j < limit {
                         let mut v = Vector::<f32, N>::new(0.0);
@@ -195,10 +195,14 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
                     block_max = nan_max(block_max, vector_max::<N>(block[u]));
                 }
                 rescale_running_max(block_max, &mut local_max, &mut local_sum);
+                // Only the row's vectors: the padding equals the running max of a row that
+                // holds nothing above it (only -inf), where exp(pad - max) would add 1.
                 #[unroll]
                 for u in 0..STREAM_UNROLL {
-                    local_sum +=
-                        vector_sum::<N>(shifted_exp::<N>(block[u] - Vector::new(local_max)));
+                    if j0 + u * stride < limit {
+                        local_sum +=
+                            vector_sum::<N>(shifted_exp::<N>(block[u] - Vector::new(local_max)));
+                    }
                 }
                 j0 += stride * STREAM_UNROLL;
             }

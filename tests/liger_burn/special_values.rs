@@ -354,16 +354,16 @@ fn mismatches(actual: &[f64], expected: &[f64], tol: Tolerance) -> Vec<String> {
         .iter()
         .zip(expected)
         .enumerate()
-        .filter(|(_, (a, e))| {
-            if e.is_nan() || a.is_nan() {
+        .filter_map(|(i, (&a, &e))| {
+            let differs = if e.is_nan() || a.is_nan() {
                 !(e.is_nan() && a.is_nan())
             } else if e.is_infinite() || a.is_infinite() {
                 a != e
             } else {
                 (a - e).abs() > tol.atol + tol.rtol * e.abs()
-            }
+            };
+            differs.then(|| format!("[{i}] {a} (PyTorch {e})"))
         })
-        .map(|(i, (a, e))| format!("[{i}] {a} (PyTorch {e})"))
         .collect()
 }
 

@@ -76,7 +76,7 @@ pub fn forward<B: Backend>(
     };
     let max = z.clone().max_dim(1);
     let sum_exp = (z.clone() - max.clone()).exp().sum_dim(1);
-    let lse = max + sum_exp.log(); // [n, 1]
+    let lse = max.clone() + sum_exp.log(); // [n, 1]
     let z_y = z.clone().gather(1, safe.clone());
     let weights = class_weight.map(|w| float::<B, 1>(to_f32::<B>(w)).reshape([1, v]));
     let (w_y, sum_w) = match &weights {
@@ -102,15 +102,17 @@ pub fn forward<B: Backend>(
         };
         ce = ce + (lse.clone() * sum_w.clone() - sum_wz) * (eps / v as f64);
     }
-    // The z-loss squares torch.logsumexp, which is +inf on a row holding +inf and no NaN;
-    // `lse` is NaN there, as F.cross_entropy's log-softmax is, so the loss stays NaN.
-    let lse_z = {
-        let pos_inf = z.clone().equal_elem(f32::INFINITY).any_dim(1);
-        let nan = z.clone().is_nan().any_dim(1);
-        lse.clone()
-            .mask_fill(pos_inf.bool_and(nan.bool_not()), f32::INFINITY)
+    // The z-loss squares torch.logsumexp, which shifts by 0 where the max is infinite: +inf
+    // on a row holding +inf and no NaN, -inf on a row of -inf only; `lse` is NaN on both,
+    // as F.cross_entropy's log-softmax is, so the loss stays NaN. Elsewhere the same value.
+    let zl = if lambda != 0.0 || options.return_z_loss {
+        let infinite = max.clone().abs().equal_elem(f32::INFINITY);
+        let shift = max.clone().mask_fill(infinite, 0.0);
+        let lse_z = (z.clone() - shift.clone()).exp().sum_dim(1).log() + shift;
+        lse_z.powi_scalar(2) * lambda
+    } else {
+        Tensor::<B, 2>::zeros([n, 1], &device).cast(DType::F32)
     };
-    let zl = lse_z.powi_scalar(2) * lambda;
     let loss = (ce + zl.clone())
         .mask_fill(invalid.clone(), 0.0)
         .reshape([n]);
