@@ -4,6 +4,7 @@ mod attention;
 mod cross_entropy;
 mod decorator;
 mod device_info;
+mod fallback_precision;
 mod fused_add_rms_norm;
 mod fused_linear_cross_entropy;
 mod geglu;
