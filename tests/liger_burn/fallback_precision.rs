@@ -1,9 +1,10 @@
-//! The NdArray fallback divides where it needs a reciprocal: Burn's `float_recip` on
-//! NdArray is the CPU's approximate reciprocal (AVX-512's `vrcp14ps`, 2⁻¹⁴ relative) on the
-//! part of a buffer its SIMD loop finds aligned and exact on the rest, so the result
-//! depends on where the allocator put the buffer (a resumed training run then does not
-//! repeat the uninterrupted one). Held here to a few f32 ulps against f64, far below that
-//! approximation's error, on tensors large enough for the SIMD path (32 elements or more).
+//! The NdArray fallback divides where it needs a reciprocal: with burn-ndarray's `simd`
+//! feature (on in Burn's default features, so in projects that depend on `burn` with
+//! them; off in this workspace) Burn's `float_recip` on NdArray is the CPU's approximate
+//! reciprocal (AVX-512's `vrcp14ps`, 2⁻¹⁴ relative) on the part of a buffer its SIMD loop
+//! finds aligned and exact on the rest, so the result depends on where the allocator put
+//! the buffer. Held here to a few f32 ulps against f64, far below that approximation's
+//! error, on tensors large enough for the SIMD path (32 elements or more).
 
 use burn::backend::NdArray;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};

@@ -740,8 +740,7 @@ fn global_norm_clipping_matches_a_hand_computation() {
 /// resumed from step 10 as `liger train --resume OUT/checkpoint-10` resumes it: steps 11 to
 /// 20 repeat the uninterrupted run bit for bit — losses, gradient norms, learning rates —
 /// and so do the final parameters. NdArray runs one fixed sequence of host operations per
-/// step, none of which may depend on where the allocator put a buffer (see
-/// `liger_burn::ops::compose::reciprocal`).
+/// step, so nothing but the checkpoint's contents may differ.
 #[test]
 fn default_run_resumed_late_repeats_the_uninterrupted_run_bit_for_bit_on_ndarray() {
     use liger_train::config::defaults;

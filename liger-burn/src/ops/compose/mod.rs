@@ -40,10 +40,12 @@ pub(crate) fn to_dtype<B: Backend>(x: FloatTensor<B>, dtype: DType) -> FloatTens
 
 /// `1 / x` by an IEEE division, in `x`'s dtype.
 ///
-/// Not Burn's `float_recip`: NdArray computes that with the CPU's approximate reciprocal
-/// (AVX-512's `vrcp14ps`, 14 bits) on the part of the buffer its SIMD loop finds aligned
-/// and exactly on the rest, so the result depends on where the allocator put the buffer:
-/// two runs of the same computation (a training run and its resumption) differ.
+/// Not Burn's `float_recip`: with burn-ndarray's `simd` feature (on in Burn's default
+/// features, so in any build where a crate depends on `burn` with them) NdArray computes
+/// it with the CPU's approximate reciprocal (AVX-512's `vrcp14ps`, 2⁻¹⁴ relative) on the
+/// part of the buffer its SIMD loop finds aligned and exactly on the rest: a result that
+/// depends on where the allocator put the buffer, so two runs of the same computation (a
+/// training run and its resumption) could differ.
 pub(crate) fn reciprocal<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
     let ones = B::float_ones(x.shape(), &B::float_device(&x), x.dtype().into());
     B::float_div(ones, x)
