@@ -808,6 +808,13 @@ fn default_run_resumed_late_repeats_the_uninterrupted_run_bit_for_bit_on_ndarray
             .map(|m| (m.loss, m.grad_norm))
             .collect::<Vec<_>>()
     );
+    // The resumed run's log starts with the checkpoint's history, read back exactly.
+    let history = |h: &[liger_train::metrics::StepMetrics]| h.iter().map(bits).collect::<Vec<_>>();
+    let resumed_log = checkpoint::read_state(&checkpoint::checkpoint_dir(&b.0, steps))
+        .unwrap()
+        .history;
+    assert_eq!(history(&resumed_log), history(&full.history));
+    assert_eq!(resumed_log[..resume_at], full.history[..resume_at]);
     let final_params = |dir: &Path| safetensors_f32(&checkpoint::checkpoint_dir(dir, steps));
     let (pa, pb) = (final_params(&a.0), final_params(&b.0));
     assert_eq!(pa.len(), pb.len());
