@@ -49,17 +49,14 @@ pub enum TooLongArg {
     Fail,
 }
 
-/// Defaults of the settings that a resume takes from the checkpoint instead.
-const DEFAULT_MAX_LENGTH: usize = 256;
-const DEFAULT_BATCH_SIZE: usize = 8;
-const DEFAULT_STEPS: usize = 300;
-const DEFAULT_LR_RANDOM: f64 = 3e-3;
-const DEFAULT_LR_PRETRAINED: f64 = 2e-5;
-const DEFAULT_MIN_LR_RATIO: f64 = 0.1;
-const DEFAULT_WEIGHT_DECAY: f64 = 0.01;
-const DEFAULT_MAX_GRAD_NORM: f64 = 1.0;
-const DEFAULT_SAVE_EVERY: usize = 100;
-const DEFAULT_SEED: u64 = 42;
+// Defaults of the settings that a resume takes from the checkpoint instead.
+use liger_train::config::defaults::{
+    BATCH_SIZE as DEFAULT_BATCH_SIZE, LR_PRETRAINED as DEFAULT_LR_PRETRAINED,
+    LR_RANDOM as DEFAULT_LR_RANDOM, MAX_GRAD_NORM as DEFAULT_MAX_GRAD_NORM,
+    MAX_LENGTH as DEFAULT_MAX_LENGTH, MIN_LR_RATIO as DEFAULT_MIN_LR_RATIO,
+    SAVE_EVERY as DEFAULT_SAVE_EVERY, SEED as DEFAULT_SEED, STEPS as DEFAULT_STEPS,
+    WEIGHT_DECAY as DEFAULT_WEIGHT_DECAY, warmup_steps as default_warmup_steps,
+};
 
 #[derive(Args, Debug)]
 pub struct TrainArgs {
@@ -412,7 +409,7 @@ fn settings(
             "warmup-steps",
             args.warmup_steps,
             ss.map(|s| s.warmup_steps),
-            (total_steps / 10).min(100),
+            default_warmup_steps(total_steps),
         )?,
         total_steps,
     };
@@ -561,17 +558,7 @@ impl TrainJob {
                     dir.display().to_string(),
                 ),
                 None => {
-                    let mut mc = bundled::model_config(self.tokenizer.vocab_size());
-                    let s = self.tokenizer.specials;
-                    for (key, id) in [
-                        ("bos_token_id", s.bos),
-                        ("eos_token_id", Some(s.eos)),
-                        ("pad_token_id", Some(s.pad)),
-                    ] {
-                        if let Some(id) = id {
-                            mc.extra.insert(key.into(), id.into());
-                        }
-                    }
+                    let mc = bundled::model_config_for(&self.tokenizer);
                     let model = trainer::random_model::<B>(
                         &mc,
                         self.liger,

@@ -38,12 +38,22 @@ fn check_norm<B: FusedOps, const D: usize>(
 /// - `x`: `[..., d_model]`
 /// - `weight`: `[d_model]`
 /// - returns `[..., d_model]`
+///
+/// NaN/Inf: as PyTorch (transformers' `LlamaRMSNorm`/`GemmaRMSNorm`): a NaN in a row makes
+/// its output and input gradient NaN; an infinity makes the row's `rstd` 0, so its output
+/// is 0 but NaN at the infinity (`∞·0`) and its input gradient NaN; the weight gradient is
+/// NaN in the columns of such elements. A NaN/±∞ weight gives NaN/±∞ in its column (NaN
+/// where `x̂ = 0`) and NaN input gradients.
+///
+/// # Panics
+/// On mismatched shapes or dtypes, and when `options.eps` is not positive and finite.
 pub fn rms_norm<B: FusedOps, const D: usize>(
     x: Tensor<B, D>,
     weight: Tensor<B, 1>,
     options: RmsNormOptions,
 ) -> Tensor<B, D> {
     check_norm("rms_norm", &x, &weight, None);
+    validate::check(validate::eps("rms_norm", options.eps, Some(&x.shape())));
     wrap(B::fused_rms_norm(prim(x), prim(weight), options).output)
 }
 
@@ -52,6 +62,11 @@ pub fn rms_norm<B: FusedOps, const D: usize>(
 /// - `x`, `residual`: `[..., d_model]`
 /// - `weight`: `[d_model]`
 /// - returns `(rms_norm(x + residual), x + residual)`, both `[..., d_model]`
+///
+/// NaN/Inf: as PyTorch: the sum is IEEE addition (`∞ + -∞` is NaN), then [`rms_norm`]'s.
+///
+/// # Panics
+/// On mismatched shapes or dtypes, and when `options.eps` is not positive and finite.
 pub fn fused_add_rms_norm<B: FusedOps, const D: usize>(
     x: Tensor<B, D>,
     residual: Tensor<B, D>,
@@ -64,6 +79,11 @@ pub fn fused_add_rms_norm<B: FusedOps, const D: usize>(
         ("residual", &residual.shape(), residual.dtype()),
     ));
     check_norm("fused_add_rms_norm", &x, &weight, None);
+    validate::check(validate::eps(
+        "fused_add_rms_norm",
+        options.eps,
+        Some(&x.shape()),
+    ));
     let out = B::fused_add_rms_norm(prim(x), prim(residual), prim(weight), options);
     (wrap(out.output), wrap(out.sum))
 }
@@ -73,6 +93,13 @@ pub fn fused_add_rms_norm<B: FusedOps, const D: usize>(
 /// - `x`: `[..., d_model]`
 /// - `gamma`, `beta`: `[d_model]`
 /// - returns `[..., d_model]`
+///
+/// NaN/Inf: as PyTorch (`F.layer_norm`): a NaN or an infinity in a row makes its variance
+/// NaN, so the row's output and input gradient are NaN, and so is the weight gradient
+/// (the bias gradient, `Σ dy`, is not); a NaN/±∞ in `gamma` or `beta` stays in its column.
+///
+/// # Panics
+/// On mismatched shapes or dtypes, and when `eps` is not positive and finite.
 pub fn layer_norm<B: FusedOps, const D: usize>(
     x: Tensor<B, D>,
     gamma: Tensor<B, 1>,
@@ -80,6 +107,7 @@ pub fn layer_norm<B: FusedOps, const D: usize>(
     eps: f64,
 ) -> Tensor<B, D> {
     check_norm("layer_norm", &x, &gamma, beta.as_ref());
+    validate::check(validate::eps("layer_norm", eps, Some(&x.shape())));
     wrap(B::fused_layer_norm(prim(x), prim(gamma), beta.map(prim), eps).output)
 }
 
@@ -104,11 +132,17 @@ fn along_last<B: FusedOps, const D: usize>(
 }
 
 /// Softmax along `dim` (fused along the last dimension). `x`: any shape; same shape out.
+///
+/// NaN/Inf: as PyTorch (`torch.softmax`): a row holding NaN or +∞, or only −∞, is NaN
+/// (output and gradient); a −∞ in another row has probability 0 and gradient 0.
 pub fn softmax<B: FusedOps, const D: usize>(x: Tensor<B, D>, dim: usize) -> Tensor<B, D> {
     along_last("softmax", x, dim, B::fused_softmax)
 }
 
 /// Log-softmax along `dim` (fused along the last dimension). `x`: any shape; same shape out.
+///
+/// NaN/Inf: as PyTorch (`torch.log_softmax`): a row holding NaN or +∞, or only −∞, is NaN
+/// (output and gradient); a −∞ in another row stays −∞ and gets the upstream gradient.
 pub fn log_softmax<B: FusedOps, const D: usize>(x: Tensor<B, D>, dim: usize) -> Tensor<B, D> {
     along_last("log_softmax", x, dim, B::fused_log_softmax)
 }
@@ -134,6 +168,10 @@ fn glu<B: FusedOps, const D: usize>(
 ///
 /// - `gate`, `up`: `[..., d_ff]` (e.g. `[batch, seq, d_ff]`), same shape and dtype
 /// - returns `[..., d_ff]`
+///
+/// NaN/Inf: as PyTorch (`F.silu(gate) * up`), elementwise: `silu(+∞) = +∞`,
+/// `silu(−∞) = NaN` (`−∞·σ(−∞) = −∞·0`), the gate gradient at ±∞ is NaN, and an infinite
+/// `up` where `silu(gate) = 0` gives NaN.
 pub fn swiglu<B: FusedOps, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Tensor<B, D> {
     glu(gate, up, crate::ops::GluActivation::Silu)
 }
@@ -143,6 +181,10 @@ pub fn swiglu<B: FusedOps, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>)
 ///
 /// - `gate`, `up`: `[..., d_ff]` (e.g. `[batch, seq, d_ff]`), same shape and dtype
 /// - returns `[..., d_ff]`
+///
+/// NaN/Inf: as PyTorch (`F.gelu(gate, approximate="tanh") * up`), elementwise:
+/// `gelu(+∞) = +∞`, `gelu(−∞) = NaN`, the gate gradient at ±∞ is NaN, and an infinite
+/// `up` where `gelu(gate) = 0` gives NaN.
 pub fn geglu<B: FusedOps, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Tensor<B, D> {
     glu(gate, up, crate::ops::GluActivation::GeluTanh)
 }
@@ -150,6 +192,9 @@ pub fn geglu<B: FusedOps, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) 
 /// Exact GELU, `0.5 x (1 + erf(x / sqrt(2)))`, with the exact derivative in the backward.
 /// `x`: any shape (not empty); same shape out. On `Liger<_>` backends Burn's own
 /// `burn::tensor::activation::gelu` runs the same kernel.
+///
+/// NaN/Inf: as PyTorch (`F.gelu`): `gelu(+∞) = +∞`, `gelu(−∞) = NaN` (`−∞·Φ(−∞) = −∞·0`),
+/// and the gradient at ±∞ is NaN (`±∞·φ(±∞)`).
 pub fn gelu<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     validate::check(validate::rows("gelu", (&x.shape(), x.dtype()), false));
     wrap(B::fused_gelu(prim(x)))
@@ -158,6 +203,8 @@ pub fn gelu<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 /// Sigmoid, `1 / (1 + exp(-x))`; the backward works from the output. `x`: any shape (not
 /// empty); same shape out. On `Liger<_>` backends Burn's own
 /// `burn::tensor::activation::sigmoid` runs the same kernel.
+///
+/// NaN/Inf: as PyTorch (`torch.sigmoid`): `σ(+∞) = 1`, `σ(−∞) = 0`, gradient 0 at both.
 pub fn sigmoid<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     validate::check(validate::rows("sigmoid", (&x.shape(), x.dtype()), false));
     wrap(B::fused_sigmoid(prim(x)))
@@ -180,6 +227,10 @@ pub fn sigmoid<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 /// `swap_dims(1, 2)`); the kernel reads them through their strides. `head_dim` must be
 /// even. The tables are treated as constants: **no gradient flows into `cos` or `sin`**
 /// (they are built from positions, not learned); gradients flow into q and k.
+///
+/// NaN/Inf: as PyTorch (transformers' `q * cos + rotate_half(q) * sin`): elementwise IEEE
+/// math, so an infinity times a zero table entry is NaN (at position 0, `sin = 0`); the
+/// gradients do not depend on q and k.
 pub fn rope<B: FusedOps>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -296,6 +347,10 @@ fn attend<B: FusedOps>(
 /// Computed in f64 and rounded once to `dtype`. (`transformers` computes the angles in
 /// f32, so its tables differ from these by the f32 rounding of `position · inv_freq`,
 /// about `position · 6e-8` radians; the f64 values are the exact ones.)
+///
+/// # Panics
+/// On an odd `head_dim`, a `theta` that is not positive and finite, a non-float `dtype`,
+/// or invalid `scaling` parameters ([`Llama3RopeScaling::check`](crate::ops::Llama3RopeScaling::check)).
 #[allow(clippy::too_many_arguments)]
 pub fn rope_tables<B: burn::tensor::backend::Backend>(
     theta: f64,
@@ -318,6 +373,9 @@ pub fn rope_tables<B: burn::tensor::backend::Backend>(
         dtype.is_float(),
         "rope_tables: dtype must be a float type, got {dtype:?}"
     );
+    if let Some(Err(e)) = scaling.map(|s| s.check()) {
+        panic!("rope_tables: {e}");
+    }
     let half = head_dim / 2;
     let inv_freq: Vec<f64> = (0..half)
         .map(|i| {
@@ -378,6 +436,10 @@ pub struct CrossEntropyOutput<B: burn::tensor::backend::Backend> {
 /// The backward costs nothing when the loss is reduced (mean or sum) and the upstream
 /// gradient is exactly 1 (plain `loss.backward()`): the gradient was computed in the
 /// forward. Otherwise it is one pass over `[N, V]`.
+///
+/// NaN/Inf: as PyTorch (`F.cross_entropy`, and Liger-Kernel's z-loss `λ·logsumexp²` with
+/// `torch.logsumexp`); see [`CrossEntropyOptions`](crate::ops::CrossEntropyOptions) for
+/// the rows and the one exception (ignored rows).
 pub fn cross_entropy<B: FusedOps>(
     logits: Tensor<B, 2>,
     targets: Tensor<B, 1, burn::tensor::Int>,
@@ -529,6 +591,10 @@ pub(crate) fn check_target_bounds<B: FusedOps>(
 /// forward pass; the backward only scales them by the upstream gradient (nothing at all
 /// when it is exactly 1, e.g. plain `loss.backward()` on a mean). Under reduction none
 /// with per-row upstream gradients other than 1 the backward repeats the chunked pass.
+///
+/// NaN/Inf: as PyTorch's `x @ weight.T + bias` then [`cross_entropy`]: the logits follow
+/// IEEE matmul (`∞·0` is NaN), then cross entropy's rules; a NaN row of the logits
+/// gradient makes the whole weight and bias gradients NaN, as in PyTorch.
 pub fn fused_linear_cross_entropy<B: FusedOps>(
     x: Tensor<B, 2>,
     weight: Tensor<B, 2>,

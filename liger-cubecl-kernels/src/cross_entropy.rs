@@ -22,7 +22,9 @@
 
 use crate::counters::{self, Kernel};
 use crate::launch::{KernelError, LaunchConfig, RowLaunch, array, check_float_dtype};
-use crate::reduce::{ReduceOp, cube_reduce, shifted_exp, vector_max, vector_sum};
+use crate::reduce::{
+    ReduceOp, cube_reduce, nan_max, rescale_running_max, shifted_exp, vector_max, vector_sum,
+};
 use cubecl::ir::{ElemType, IntKind};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -139,7 +141,7 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
                     }
                     let z = cap::<N>(v, softcap, softcapped);
                     cache[c as usize] = z;
-                    local_max = f32::max(local_max, vector_max::<N>(z));
+                    local_max = nan_max(local_max, vector_max::<N>(z));
                     if smoothed {
                         if weighted {
                             local_wz += vector_sum::<N>(z * class_weight[j]);
@@ -169,8 +171,8 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
                 #[unroll]
                 for u in 0..STREAM_UNROLL {
                     let j = j0 + u * stride;
-                    // Past the row: -max contributes exp(-inf) = 0 (the block's first
-                    // vector is always in range, so the block max is a real logit).
+                    // Past the row: the lowest finite value, which never raises the block
+                    // max above a real logit (the block's first vector is in range).
                     let mut z = Vector::<f32, N>::new(f32::min_value());
                     if j < limit {
                         let mut v = Vector::<f32, N>::new(0.0);
@@ -193,16 +195,17 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
                 let mut block_max = vector_max::<N>(block[0]);
                 #[unroll]
                 for u in 1..STREAM_UNROLL {
-                    block_max = f32::max(block_max, vector_max::<N>(block[u]));
+                    block_max = nan_max(block_max, vector_max::<N>(block[u]));
                 }
-                if block_max > local_max {
-                    local_sum *= f32::exp(local_max - block_max);
-                    local_max = block_max;
-                }
+                rescale_running_max(block_max, &mut local_max, &mut local_sum);
+                // Only the row's vectors: the padding equals the running max of a row that
+                // holds nothing above it (only -inf), where exp(pad - max) would add 1.
                 #[unroll]
                 for u in 0..STREAM_UNROLL {
-                    local_sum +=
-                        vector_sum::<N>(shifted_exp::<N>(block[u] - Vector::new(local_max)));
+                    if j0 + u * stride < limit {
+                        local_sum +=
+                            vector_sum::<N>(shifted_exp::<N>(block[u] - Vector::new(local_max)));
+                    }
                 }
                 j0 += stride * STREAM_UNROLL;
             }
@@ -215,6 +218,10 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
             sum_wz = cube_reduce(local_wz, &mut scratch, ReduceOp::Sum, use_plane);
         }
         let lse = row_max + f32::ln(row_sum);
+        // The z-loss squares torch.logsumexp, which is +inf on a row holding +inf and no
+        // NaN (it shifts by 0 when the max is infinite); `lse` is NaN there (exp(inf -
+        // inf)), as F.cross_entropy's log-softmax is, so the loss and gradient stay NaN.
+        let lse_z = select(row_max.is_inf(), row_max, lse);
         let mut sum_w = vocab;
         if weighted {
             sum_w = weight_sum[0];
@@ -232,7 +239,7 @@ fn cross_entropy_kernel<F: Float, I: Int, N: Size>(
                 if smoothed {
                     ce += eps / vocab * (lse * sum_w - sum_wz);
                 }
-                zl = lse_square_scale * lse * lse;
+                zl = lse_square_scale * lse_z * lse_z;
             }
             loss[row] = ce + zl;
             if write_z {

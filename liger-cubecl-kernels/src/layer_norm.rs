@@ -64,7 +64,10 @@ fn layer_norm_forward_kernel<F: Float, N: Size>(
         }
         let t1 = cube_reduce(s1, &mut scratch, ReduceOp::Sum, use_plane) / width;
         let t2 = cube_reduce(s2, &mut scratch, ReduceOp::Sum, use_plane) / width;
-        let var = f32::max(t2 - t1 * t1, 0.0);
+        // Clamps rounding below zero; a NaN (a row holding NaN or an infinity: inf - inf)
+        // stays NaN, as PyTorch's variance does (`f32::max` would drop it on some devices).
+        let spread = t2 - t1 * t1;
+        let var = select(spread < 0.0, 0.0f32, spread);
         let m = first[0] + t1;
         let r = 1.0f32 / f32::sqrt(var + eps);
         if UNIT_POS == 0 {

@@ -4,6 +4,8 @@
 //! shared memory, summed by every unit. Correct for any plane width (32 on NVIDIA, 64 on
 //! many AMD parts, whatever a software adapter reports), including a last partial plane.
 //! Shared path: a classic tree over `CUBE_DIM` slots (`CUBE_DIM` is a power of two).
+//!
+//! Maxima propagate NaN, as PyTorch's `max` and `amax` do ([`nan_max`]).
 
 use cubecl::prelude::*;
 
@@ -20,8 +22,17 @@ pub enum ReduceOp {
 fn combine(a: f32, b: f32, #[comptime] op: ReduceOp) -> f32 {
     match op {
         ReduceOp::Sum => a + b,
-        ReduceOp::Max => f32::max(a, b),
+        ReduceOp::Max => nan_max(a, b),
     }
+}
+
+/// `max(a, b)`, NaN when either operand is NaN (PyTorch's `max`/`amax`). The device's own
+/// max does not propagate NaN: SPIR-V's `FMax` leaves the result undefined for a NaN
+/// operand and CUDA's `fmaxf` returns the other operand, so a reduction built on it would
+/// drop a row's NaN.
+#[cube]
+pub fn nan_max(a: f32, b: f32) -> f32 {
+    select(a.is_nan(), a, select(b.is_nan(), b, f32::max(a, b)))
 }
 
 /// Reduces `value` over every unit of the cube; every unit gets the result.
@@ -38,7 +49,9 @@ pub fn cube_reduce(
     if use_plane {
         let partial = match op {
             ReduceOp::Sum => plane_sum(value),
-            ReduceOp::Max => plane_max(value),
+            // `plane_max` has the device max's NaN behavior (see `nan_max`); the plane sum
+            // of the NaN lanes (0 elsewhere) is NaN exactly when one lane is, else adds 0.
+            ReduceOp::Max => plane_max(value) + plane_sum(select(value.is_nan(), value, 0.0f32)),
         };
         if UNIT_POS_PLANE == 0 {
             scratch[(UNIT_POS / PLANE_DIM) as usize] = partial;
@@ -80,15 +93,28 @@ pub fn vector_sum<N: Size>(v: Vector<f32, N>) -> f32 {
     total
 }
 
-/// Maximum of the lanes of a vector.
+/// Maximum of the lanes of a vector; NaN when a lane is NaN.
 #[cube]
 pub fn vector_max<N: Size>(v: Vector<f32, N>) -> f32 {
     let mut m = v[0];
     #[unroll]
     for i in 1..N::value() {
-        m = f32::max(m, v[i]);
+        m = nan_max(m, v[i]);
     }
     m
+}
+
+/// Folds a new maximum candidate into a running `(max, Σ exp(x - max))` pair: the sum is
+/// rescaled when the maximum changes. A NaN candidate makes both NaN for good (`!=` holds
+/// for NaN, so every later fold keeps them NaN), as a row holding NaN has a NaN max and
+/// sum in PyTorch.
+#[cube]
+pub fn rescale_running_max(candidate: f32, running_max: &mut f32, running_sum: &mut f32) {
+    let new_max = nan_max(*running_max, candidate);
+    if new_max != *running_max {
+        *running_sum *= f32::exp(*running_max - new_max);
+        *running_max = new_max;
+    }
 }
 
 /// `exp(x)` for the shifted exponents of softmax-style rows (`x = z - max ≤ 0`, or

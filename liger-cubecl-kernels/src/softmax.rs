@@ -7,7 +7,9 @@
 
 use crate::counters::{self, Kernel};
 use crate::launch::{KernelError, LaunchConfig, RowLaunch, array, check_float_dtype};
-use crate::reduce::{ReduceOp, cube_reduce, shifted_exp, vector_max, vector_sum};
+use crate::reduce::{
+    ReduceOp, cube_reduce, nan_max, rescale_running_max, shifted_exp, vector_max, vector_sum,
+};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -41,7 +43,7 @@ fn softmax_forward_kernel<F: Float, N: Size>(
                 if j < vectors {
                     let v = Vector::<f32, N>::cast_from(x[base + j]);
                     cache[c as usize] = v;
-                    local_max = f32::max(local_max, vector_max::<N>(v));
+                    local_max = nan_max(local_max, vector_max::<N>(v));
                 }
             }
             #[unroll]
@@ -109,11 +111,7 @@ fn softmax_forward_kernel<F: Float, N: Size>(
 /// Folds one vector into a unit's running max and its sum of `exp(x - max)`.
 #[cube]
 fn online_update<N: Size>(v: Vector<f32, N>, local_max: &mut f32, local_sum: &mut f32) {
-    let vmax = vector_max::<N>(v);
-    if vmax > *local_max {
-        *local_sum *= f32::exp(*local_max - vmax);
-        *local_max = vmax;
-    }
+    rescale_running_max(vector_max::<N>(v), local_max, local_sum);
     *local_sum += vector_sum::<N>(shifted_exp::<N>(v - Vector::new(*local_max)));
 }
 

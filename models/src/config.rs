@@ -7,6 +7,7 @@
 //! tokenizer ids, generation settings and the like.
 
 use crate::error::ModelError;
+use liger_burn::ops::Llama3RopeScaling;
 use serde_json::{Map, Value, json};
 use std::path::Path;
 
@@ -385,17 +386,41 @@ impl ModelConfig {
         if self.head_dim % 2 != 0 {
             return Err(format!("`head_dim` must be even, got {}", self.head_dim));
         }
-        if !(self.rms_norm_eps > 0.0) {
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
             return Err(format!(
-                "`rms_norm_eps` must be positive, got {}",
+                "`rms_norm_eps` must be positive and finite, got {} (the checkpoint's model \
+                 card has it; Llama 3 uses 1e-5, Qwen2 1e-6)",
                 self.rms_norm_eps
             ));
         }
-        if !(self.rope_theta > 0.0) {
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return Err(format!(
-                "`rope_theta` must be positive, got {}",
+                "`rope_theta` must be positive and finite, got {}",
                 self.rope_theta
             ));
+        }
+        match self.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => {
+                if !(factor.is_finite() && factor > 0.0) {
+                    return Err(format!(
+                        "rope scaling (\"linear\") `factor` must be positive and finite, got {factor}"
+                    ));
+                }
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => Llama3RopeScaling {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }
+            .check()
+            .map_err(|e| format!("{e} (rope type \"llama3\")"))?,
         }
         if self.sliding_window == Some(0) {
             return Err("`sliding_window` must be positive".into());
@@ -725,28 +750,21 @@ fn parse_rope(
         "linear" => RopeScaling::Linear {
             factor: need("factor")?,
         },
-        "llama3" => {
-            let s = RopeScaling::Llama3 {
-                factor: need("factor")?,
-                low_freq_factor: need("low_freq_factor")?,
-                high_freq_factor: need("high_freq_factor")?,
-                original_max_position_embeddings: num("original_max_position_embeddings")?
-                    .map(|v| v as usize)
-                    .unwrap_or(max_positions),
-            };
-            if let RopeScaling::Llama3 {
-                low_freq_factor,
-                high_freq_factor,
-                ..
-            } = s
-                && high_freq_factor == low_freq_factor
-            {
-                return Err(
-                    "rope type \"llama3\" needs `high_freq_factor` != `low_freq_factor`".into(),
-                );
-            }
-            s
-        }
+        "llama3" => RopeScaling::Llama3 {
+            factor: need("factor")?,
+            low_freq_factor: need("low_freq_factor")?,
+            high_freq_factor: need("high_freq_factor")?,
+            original_max_position_embeddings: match num("original_max_position_embeddings")? {
+                None => max_positions,
+                Some(v) if v.fract() == 0.0 && v >= 1.0 && v <= usize::MAX as f64 => v as usize,
+                Some(v) => {
+                    return Err(format!(
+                        "rope parameter `original_max_position_embeddings` must be a positive \
+                         integer, got {v} (Llama 3 uses 8192)"
+                    ));
+                }
+            },
+        },
         other => {
             return Err(format!(
                 "rope type {other:?} is not supported (supported: \"default\", \"linear\", \"llama3\")"

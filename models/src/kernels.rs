@@ -224,7 +224,10 @@ pub mod stock {
         let dtype = x.dtype();
         let xf = x.cast(DType::F32);
         let mean_square = xf.clone().square().mean_dim(D - 1);
-        let normalized = xf * (mean_square + eps).sqrt().recip();
+        // 1 / sqrt by a division, not `recip()`: with burn-ndarray's `simd` feature,
+        // NdArray's is an approximation on the buffer's aligned part only.
+        let root = (mean_square + eps).sqrt();
+        let normalized = xf * (root.ones_like() / root);
         let [d] = weight.dims();
         let mut shape = [1; D];
         shape[D - 1] = d;

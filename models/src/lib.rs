@@ -40,6 +40,6 @@ pub use error::ModelError;
 pub use eval::{EvalReport, evaluate, evaluate_in_batches};
 pub use kernels::IGNORE_INDEX;
 pub use liger_config::LigerConfig;
-pub use loading::Checkpoint;
+pub use loading::{Checkpoint, LoadReport};
 pub use model::CausalLm;
 pub use names::HfParam;

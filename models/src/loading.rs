@@ -17,7 +17,7 @@ use crate::params::{Init, ParamSource};
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use liger_burn::ops::FusedOps;
 use safetensors::{Dtype, SafeTensors, tensor::Metadata};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 /// Name of the single-file checkpoint.
@@ -194,6 +194,30 @@ pub struct CheckpointSource<'a, B: Backend> {
     pub device: B::Device,
     /// Dtype of the parameters.
     pub dtype: DType,
+    /// Names of the tensors read so far.
+    pub read: HashSet<String>,
+}
+
+impl<'a, B: Backend> CheckpointSource<'a, B> {
+    /// A source that has read nothing yet.
+    pub fn new(checkpoint: &'a Checkpoint, device: B::Device, dtype: DType) -> Self {
+        Self {
+            checkpoint,
+            device,
+            dtype,
+            read: HashSet::new(),
+        }
+    }
+
+    /// The checkpoint's tensors not read so far, sorted.
+    pub fn unread(&self) -> Vec<String> {
+        self.checkpoint
+            .names()
+            .into_iter()
+            .filter(|n| !self.read.contains(*n))
+            .map(str::to_string)
+            .collect()
+    }
 }
 
 impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
@@ -204,7 +228,44 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
         _init: Init,
     ) -> Result<Tensor<B, D>, ModelError> {
         let data = self.checkpoint.read(name, &shape)?;
+        self.read.insert(name.to_string());
         Ok(Tensor::from_data(data, (&self.device, self.dtype)))
+    }
+}
+
+/// What loading a checkpoint did not take from it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Where the tensors were read (`model.safetensors` or the shards' index).
+    pub location: String,
+    /// Tensors of the checkpoint the model has no parameter for, sorted by name: their
+    /// values are not in the loaded model.
+    pub unused: Vec<String>,
+}
+
+/// How many unused tensor names the warning lists before summing up the rest.
+const LISTED_UNUSED: usize = 20;
+
+impl LoadReport {
+    /// The warning for the unused tensors, as transformers gives one ("Some weights of the
+    /// model checkpoint were not used"), or `None` when every tensor was used.
+    pub fn warning(&self) -> Option<String> {
+        if self.unused.is_empty() {
+            return None;
+        }
+        let mut names = self.unused[..self.unused.len().min(LISTED_UNUSED)].join(", ");
+        if self.unused.len() > LISTED_UNUSED {
+            names += &format!(" and {} more", self.unused.len() - LISTED_UNUSED);
+        }
+        Some(format!(
+            "warning: {} tensor(s) of {} are not used by the model and were not loaded: {names}. \
+             Expected for tensors a model recomputes (`rotary_emb.inv_freq`) or ties \
+             (`lm_head.weight` with `tie_word_embeddings`); otherwise check that config.json \
+             describes this checkpoint (`model_type`, `num_hidden_layers`, biases, \
+             `tie_word_embeddings`).",
+            self.unused.len(),
+            self.location
+        ))
     }
 }
 
@@ -214,14 +275,31 @@ impl<B: FusedOps> CausalLm<B> {
     /// (f32, f16 or bf16), on `device`.
     ///
     /// Errors name the missing file, the unknown `model_type`, or the missing or
-    /// wrong-shaped tensor (expected vs found shape). Tensors the model does not use
-    /// (e.g. old checkpoints' `rotary_emb.inv_freq`) are ignored.
+    /// wrong-shaped tensor (expected vs found shape). Tensors of the checkpoint the model
+    /// does not use (e.g. old checkpoints' `rotary_emb.inv_freq`, or the layers of a
+    /// checkpoint whose config.json says fewer) are listed in a warning on stderr
+    /// ([`LoadReport::warning`]); [`CausalLm::load_with_report`] returns them instead.
     pub fn load(
         dir: impl AsRef<Path>,
         dtype: DType,
         liger: LigerConfig,
         device: &B::Device,
     ) -> Result<Self, ModelError> {
+        let (model, report) = Self::load_with_report(dir, dtype, liger, device)?;
+        if let Some(warning) = report.warning() {
+            eprintln!("{warning}");
+        }
+        Ok(model)
+    }
+
+    /// [`CausalLm::load`], returning what the model did not take from the checkpoint
+    /// instead of printing it.
+    pub fn load_with_report(
+        dir: impl AsRef<Path>,
+        dtype: DType,
+        liger: LigerConfig,
+        device: &B::Device,
+    ) -> Result<(Self, LoadReport), ModelError> {
         let dir = dir.as_ref();
         if !dir.is_dir() {
             return Err(ModelError::MissingFile {
@@ -236,11 +314,12 @@ impl<B: FusedOps> CausalLm<B> {
         }
         let config = ModelConfig::from_file(dir.join(CONFIG_FILE))?;
         let checkpoint = Checkpoint::open(dir)?;
-        let mut src = CheckpointSource::<B> {
-            checkpoint: &checkpoint,
-            device: device.clone(),
-            dtype,
+        let mut src = CheckpointSource::<B>::new(&checkpoint, device.clone(), dtype);
+        let model = Self::build(config, liger, &mut src)?;
+        let report = LoadReport {
+            location: checkpoint.location.clone(),
+            unused: src.unread(),
         };
-        Self::build(config, liger, &mut src)
+        Ok((model, report))
     }
 }

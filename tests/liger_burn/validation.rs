@@ -3,6 +3,7 @@
 
 use burn::tensor::{DType, Shape, Tensor, TensorData, backend::Backend};
 use liger_burn::functional;
+use liger_burn::nn::{LayerNormConfig, RmsNormConfig};
 use liger_burn::ops::validate;
 use liger_burn::ops::{FusedOps, RmsNormOptions};
 use liger_tests::BackendVisitor;
@@ -84,6 +85,66 @@ impl BackendVisitor for BadInputs {
             msg.contains("rms_norm_backward") || msg.contains("[4, 6]"),
             "{label}: {msg}"
         );
+        // eps must be positive and finite, for every norm.
+        for eps in [0.0, -1e-6, f64::NAN, f64::INFINITY] {
+            let shown = format!("got {eps}");
+            let msg = panic_message(|| {
+                functional::rms_norm(
+                    t::<B, 2>([4, 8], device),
+                    t::<B, 1>([8], device),
+                    RmsNormOptions::llama(eps),
+                );
+            });
+            assert_mentions(label, &msg, &["rms_norm", "eps", &shown, "[4, 8]", "1e-6"]);
+            let msg = panic_message(|| {
+                functional::rms_norm(
+                    t::<B, 2>([4, 8], device),
+                    t::<B, 1>([8], device),
+                    RmsNormOptions::gemma(eps),
+                );
+            });
+            assert_mentions(label, &msg, &["rms_norm", "eps", &shown]);
+            let msg = panic_message(|| {
+                functional::fused_add_rms_norm(
+                    t::<B, 2>([4, 8], device),
+                    t::<B, 2>([4, 8], device),
+                    t::<B, 1>([8], device),
+                    RmsNormOptions::llama(eps),
+                );
+            });
+            assert_mentions(
+                label,
+                &msg,
+                &["fused_add_rms_norm", "eps", &shown, "[4, 8]"],
+            );
+            let msg = panic_message(|| {
+                functional::layer_norm(
+                    t::<B, 3>([2, 3, 5], device),
+                    t::<B, 1>([5], device),
+                    None,
+                    eps,
+                );
+            });
+            assert_mentions(
+                label,
+                &msg,
+                &[
+                    "layer_norm",
+                    "eps",
+                    "positive and finite",
+                    &shown,
+                    "[2, 3, 5]",
+                ],
+            );
+            let msg = panic_message(|| {
+                RmsNormConfig::new(8).with_epsilon(eps).init::<B>(device);
+            });
+            assert_mentions(label, &msg, &["rms_norm", "eps", &shown]);
+            let msg = panic_message(|| {
+                LayerNormConfig::new(8).with_epsilon(eps).init::<B>(device);
+            });
+            assert_mentions(label, &msg, &["layer_norm", "eps", &shown]);
+        }
         eprintln!("{label}: bad inputs rejected");
     }
 }
@@ -105,4 +166,72 @@ fn kernel_dtype_check_names_op_shape_and_dtype() {
     assert_mentions("validation", &err.0, &["softmax", "float", "I32"]);
     // The fallback composes stock ops, so f64 is fine there.
     assert!(validate::rows("softmax", (&Shape::new([2, 3]), DType::F64), false).is_ok());
+}
+
+#[test]
+fn invalid_rope_scaling_is_rejected_naming_the_parameter() {
+    use burn::backend::NdArray;
+    use liger_burn::ops::{Llama3RopeScaling, RopeLayout};
+    let base = Llama3RopeScaling::llama3_1();
+    let cases = [
+        (
+            Llama3RopeScaling {
+                factor: 0.0,
+                ..base
+            },
+            vec!["`factor`", "positive and finite", "got 0"],
+        ),
+        (
+            Llama3RopeScaling {
+                factor: f64::INFINITY,
+                ..base
+            },
+            vec!["`factor`", "got inf"],
+        ),
+        (
+            Llama3RopeScaling {
+                low_freq_factor: -1.0,
+                ..base
+            },
+            vec!["`low_freq_factor`", "got -1"],
+        ),
+        (
+            Llama3RopeScaling {
+                high_freq_factor: 1.0,
+                ..base
+            },
+            vec![
+                "`high_freq_factor`",
+                "greater than `low_freq_factor` (1)",
+                "got 1",
+            ],
+        ),
+        (
+            Llama3RopeScaling {
+                original_max_position_embeddings: 0,
+                ..base
+            },
+            vec!["`original_max_position_embeddings`", "got 0"],
+        ),
+    ];
+    for (scaling, parts) in cases {
+        let msg = panic_message(|| {
+            functional::rope_tables::<NdArray>(
+                500000.0,
+                16,
+                0..4,
+                Some(scaling),
+                RopeLayout::RotateHalf,
+                DType::F32,
+                &Default::default(),
+            );
+        });
+        assert_mentions(
+            &format!("{scaling:?}"),
+            &msg,
+            &[&["rope_tables"][..], &parts[..]].concat(),
+        );
+        assert!(scaling.check().is_err());
+    }
+    assert_eq!(base.check(), Ok(()));
 }

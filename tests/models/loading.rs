@@ -754,3 +754,220 @@ fn adamw_steps_reduce_the_loss() {
         assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{x} vs {y}");
     }
 }
+
+// ---- bad values and unused tensors ----
+
+/// `config.json` edits that must be refused, each with what the message must name.
+#[test]
+fn invalid_rope_scaling_and_eps_are_refused_naming_the_value() {
+    let llama3 = |edit: Value| {
+        let mut scaling = json!({
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        });
+        for (k, v) in edit.as_object().unwrap() {
+            scaling[k] = v.clone();
+        }
+        scaling
+    };
+    let cases: Vec<(&str, Value, Vec<&str>)> = vec![
+        (
+            "rope_scaling",
+            llama3(json!({"factor": 0.0})),
+            vec!["`factor`", "positive and finite", "got 0", "llama3"],
+        ),
+        (
+            "rope_scaling",
+            llama3(json!({"factor": -8.0})),
+            vec!["`factor`", "got -8"],
+        ),
+        (
+            "rope_scaling",
+            llama3(json!({"low_freq_factor": 0.0})),
+            vec!["`low_freq_factor`", "positive", "got 0"],
+        ),
+        (
+            "rope_scaling",
+            llama3(json!({"high_freq_factor": 1.0})),
+            vec![
+                "`high_freq_factor`",
+                "greater than `low_freq_factor` (1)",
+                "got 1",
+            ],
+        ),
+        (
+            "rope_scaling",
+            llama3(json!({"high_freq_factor": 0.5})),
+            vec!["`high_freq_factor`", "got 0.5"],
+        ),
+        (
+            "rope_scaling",
+            llama3(json!({"original_max_position_embeddings": 0})),
+            vec![
+                "`original_max_position_embeddings`",
+                "positive integer",
+                "got 0",
+            ],
+        ),
+        (
+            "rope_scaling",
+            llama3(json!({"original_max_position_embeddings": 2.5})),
+            vec!["`original_max_position_embeddings`", "got 2.5"],
+        ),
+        (
+            "rope_scaling",
+            llama3(json!({"original_max_position_embeddings": -64})),
+            vec!["`original_max_position_embeddings`", "got -64"],
+        ),
+        (
+            "rope_scaling",
+            json!({"rope_type": "linear", "factor": 0.0}),
+            vec!["linear", "`factor`", "positive and finite", "got 0"],
+        ),
+        (
+            "rms_norm_eps",
+            json!(0.0),
+            vec!["`rms_norm_eps`", "positive and finite", "got 0"],
+        ),
+        (
+            "rms_norm_eps",
+            json!(-1e-6),
+            vec!["`rms_norm_eps`", "got -0.000001"],
+        ),
+    ];
+    for (key, value, parts) in cases {
+        let t = TempDir::copy_of("llama");
+        t.edit_config(|c| {
+            c.remove("rope_parameters");
+            c.insert(key.into(), value.clone());
+        });
+        let msg = load_err(t.path());
+        assert_mentions(
+            &format!("{key} = {value}"),
+            &msg,
+            &[&["config.json"][..], &parts[..]].concat(),
+        );
+    }
+    // A configuration built in code is checked when the model is built.
+    let mut config = ModelConfig::tiny(ModelType::Llama);
+    config.rope_scaling = RopeScaling::Llama3 {
+        factor: f64::NAN,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 64,
+    };
+    let mut src = liger_models::params::RandomInit::<Cpu> {
+        device: Default::default(),
+        dtype: DType::F32,
+    };
+    let err = CausalLm::<Cpu>::build(config, LigerConfig::none(), &mut src)
+        .err()
+        .expect("a NaN factor must be refused");
+    assert_mentions(
+        "tiny llama3 NaN factor",
+        &err.to_string(),
+        &["`factor`", "NaN"],
+    );
+}
+
+/// Writes `dir/model.safetensors` holding `tensors` (f32).
+fn write_f32_safetensors(dir: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) {
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, shape, bytes)| {
+            (
+                name.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let bytes = safetensors::serialize(views, None).unwrap();
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+}
+
+#[test]
+fn unused_checkpoint_tensors_are_reported() {
+    let device = Default::default();
+    // The fixtures hold exactly what the models use.
+    for name in NAMES {
+        let (_, report) = CausalLm::<Cpu>::load_with_report(
+            fixtures().join(name),
+            DType::F32,
+            LigerConfig::none(),
+            &device,
+        )
+        .unwrap();
+        assert_eq!(report.unused, Vec::<String>::new(), "{name}");
+        assert_eq!(report.warning(), None, "{name}");
+    }
+
+    // The llama fixture plus two tensors no Llama layer has.
+    let t = TempDir::copy_of("llama");
+    let bytes = std::fs::read(t.path().join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| {
+            assert_eq!(v.dtype(), safetensors::Dtype::F32, "{n}");
+            (n, v.shape().to_vec(), v.data().to_vec())
+        })
+        .collect();
+    let extra = [
+        "model.layers.0.self_attn.rotary_emb.inv_freq",
+        "value_head.weight",
+    ];
+    for name in extra {
+        tensors.push((name.to_string(), vec![4], vec![0u8; 16]));
+    }
+    write_f32_safetensors(t.path(), &tensors);
+    let (model, report) =
+        CausalLm::<Cpu>::load_with_report(t.path(), DType::F32, LigerConfig::none(), &device)
+            .unwrap();
+    assert_eq!(report.unused, extra, "sorted, every unused tensor");
+    let warning = report.warning().expect("a warning");
+    assert_mentions(
+        "unused tensors",
+        &warning,
+        &[
+            "warning",
+            "2 tensor(s)",
+            "model.safetensors",
+            "not used",
+            "model.layers.0.self_attn.rotary_emb.inv_freq",
+            "value_head.weight",
+            "config.json",
+        ],
+    );
+    // The model is the fixture's all the same.
+    let reference = load_cpu(&fixtures().join("llama")).unwrap();
+    assert_eq!(logits_of(&model, &device), logits_of(&reference, &device));
+
+    // A config.json that describes fewer layers than the checkpoint has: the last
+    // layer's tensors are unused, named in the warning.
+    let t = TempDir::copy_of("llama");
+    let mut layers = 0;
+    t.edit_config(|c| {
+        layers = c["num_hidden_layers"].as_u64().unwrap();
+        c.insert("num_hidden_layers".into(), json!(1));
+    });
+    let (_, report) =
+        CausalLm::<Cpu>::load_with_report(t.path(), DType::F32, LigerConfig::none(), &device)
+            .unwrap();
+    assert!(layers > 1, "the fixture has {layers} layers");
+    assert!(
+        !report.unused.is_empty()
+            && report
+                .unused
+                .iter()
+                .all(|n| n.starts_with("model.layers.") && !n.starts_with("model.layers.0.")),
+        "{:?}",
+        report.unused
+    );
+    let warning = report.warning().unwrap();
+    assert_mentions("fewer layers", &warning, &["model.layers.1."]);
+}

@@ -910,3 +910,96 @@ fn train_configs_without_the_precision_flag_read_as_mixed_precision() {
     assert!(!config.pure_low_precision);
     assert_eq!(config, train_config(7, 10, 5));
 }
+
+/// The README's default run (`liger train --device ndarray`: bundled data and tokenizer, the
+/// random Llama, every setting at its default) at 20 steps with a checkpoint every 10,
+/// resumed from step 10 as `liger train --resume OUT/checkpoint-10` resumes it: steps 11 to
+/// 20 repeat the uninterrupted run bit for bit — losses, gradient norms, learning rates —
+/// and so do the final parameters. NdArray runs one fixed sequence of host operations per
+/// step, so nothing but the checkpoint's contents may differ.
+#[test]
+fn default_run_resumed_late_repeats_the_uninterrupted_run_bit_for_bit_on_ndarray() {
+    use liger_train::config::defaults;
+    let tok = bundled::tokenizer();
+    let data = data::prepare(
+        bundled::DATASET,
+        bundled::DATASET_NAME,
+        &tok,
+        DataOptions {
+            max_length: defaults::MAX_LENGTH,
+            on_bad_line: BadLinePolicy::Fail,
+            on_too_long: TooLongPolicy::Truncate,
+        },
+    )
+    .unwrap();
+    let (steps, resume_at) = (20, 10);
+    let config = TrainConfig::random_model_defaults(steps, resume_at);
+    let device = Default::default();
+    let model = trainer::random_model::<NdB>(
+        &bundled::model_config_for(&tok),
+        LigerConfig::all(),
+        DType::F32,
+        &device,
+        config.seed,
+    );
+    let (a, b) = (
+        TempDir::new("default-full"),
+        TempDir::new("default-resumed"),
+    );
+    let full = run(model, &data, &tok, config.clone(), &a.0, None).unwrap();
+    let loaded = checkpoint::load::<NdB, Rec<NdB>>(
+        &checkpoint::checkpoint_dir(&a.0, resume_at),
+        DType::F32,
+        LigerConfig::all(),
+        &device,
+    )
+    .unwrap();
+    let resume = Resume {
+        optimizer: loaded.optimizer,
+        state: loaded.state,
+    };
+    let rest = run(loaded.model, &data, &tok, config, &b.0, Some(resume)).unwrap();
+    assert_eq!(rest.steps, steps - resume_at);
+    let bits = |m: &liger_train::metrics::StepMetrics| {
+        (
+            m.step,
+            m.tokens,
+            m.loss.to_bits(),
+            m.grad_norm.to_bits(),
+            m.lr.to_bits(),
+        )
+    };
+    let uninterrupted: Vec<_> = full.history[resume_at..].iter().map(bits).collect();
+    let resumed: Vec<_> = rest.history.iter().map(bits).collect();
+    assert_eq!(
+        uninterrupted,
+        resumed,
+        "(step, tokens, loss bits, grad norm bits, lr bits)\n  uninterrupted {:?}\n  resumed       {:?}",
+        full.history[resume_at..]
+            .iter()
+            .map(|m| (m.loss, m.grad_norm))
+            .collect::<Vec<_>>(),
+        rest.history
+            .iter()
+            .map(|m| (m.loss, m.grad_norm))
+            .collect::<Vec<_>>()
+    );
+    // The resumed run's log starts with the checkpoint's history, read back exactly.
+    let history = |h: &[liger_train::metrics::StepMetrics]| h.iter().map(bits).collect::<Vec<_>>();
+    let resumed_log = checkpoint::read_state(&checkpoint::checkpoint_dir(&b.0, steps))
+        .unwrap()
+        .history;
+    assert_eq!(history(&resumed_log), history(&full.history));
+    assert_eq!(resumed_log[..resume_at], full.history[..resume_at]);
+    let final_params = |dir: &Path| safetensors_f32(&checkpoint::checkpoint_dir(dir, steps));
+    let (pa, pb) = (final_params(&a.0), final_params(&b.0));
+    assert_eq!(pa.len(), pb.len());
+    for ((name, x), (_, y)) in pa.iter().zip(&pb) {
+        let differ = x
+            .iter()
+            .zip(y)
+            .filter(|(p, q)| p.to_bits() != q.to_bits())
+            .count();
+        assert_eq!(differ, 0, "{name}: {differ} of {} values differ", x.len());
+    }
+}

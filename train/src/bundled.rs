@@ -42,3 +42,21 @@ pub fn model_config(vocab_size: usize) -> ModelConfig {
     c.tie_word_embeddings = true;
     c
 }
+
+/// [`model_config`] for `tokenizer` (its vocabulary), its special tokens recorded as
+/// `bos_token_id`, `eos_token_id` and `pad_token_id`: the random model `liger train`
+/// starts from when given no `--model`.
+pub fn model_config_for(tokenizer: &TextTokenizer) -> ModelConfig {
+    let mut mc = model_config(tokenizer.vocab_size());
+    let s = tokenizer.specials;
+    for (key, id) in [
+        ("bos_token_id", s.bos),
+        ("eos_token_id", Some(s.eos)),
+        ("pad_token_id", Some(s.pad)),
+    ] {
+        if let Some(id) = id {
+            mc.extra.insert(key.into(), id.into());
+        }
+    }
+    mc
+}

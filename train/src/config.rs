@@ -37,7 +37,60 @@ pub struct TrainConfig {
     pub pure_low_precision: bool,
 }
 
+/// `liger train`'s defaults (the README's default run), shared by the command and the
+/// tests that repeat that run.
+pub mod defaults {
+    /// `--max-length`.
+    pub const MAX_LENGTH: usize = 256;
+    /// `--batch-size`.
+    pub const BATCH_SIZE: usize = 8;
+    /// `--steps`.
+    pub const STEPS: usize = 300;
+    /// `--lr` for a randomly initialized model.
+    pub const LR_RANDOM: f64 = 3e-3;
+    /// `--lr` for a pretrained model (`--model`).
+    pub const LR_PRETRAINED: f64 = 2e-5;
+    /// `--min-lr-ratio`.
+    pub const MIN_LR_RATIO: f64 = 0.1;
+    /// `--weight-decay`.
+    pub const WEIGHT_DECAY: f64 = 0.01;
+    /// `--max-grad-norm`.
+    pub const MAX_GRAD_NORM: f64 = 1.0;
+    /// `--save-every`.
+    pub const SAVE_EVERY: usize = 100;
+    /// `--seed`.
+    pub const SEED: u64 = 42;
+
+    /// `--warmup-steps` for a run of `total_steps`: 10 %, at most 100.
+    pub fn warmup_steps(total_steps: usize) -> usize {
+        (total_steps / 10).min(100)
+    }
+}
+
 impl TrainConfig {
+    /// The settings of `liger train --steps total_steps --save-every save_every` with
+    /// every other flag at its default (a random model, padded rows): the README's
+    /// default run, at another length.
+    pub fn random_model_defaults(total_steps: usize, save_every: usize) -> Self {
+        TrainConfig {
+            max_length: defaults::MAX_LENGTH,
+            layout: Layout::Pad,
+            batch_size: defaults::BATCH_SIZE,
+            grad_accum: 1,
+            schedule: LrSchedule {
+                peak_lr: defaults::LR_RANDOM,
+                min_lr_ratio: defaults::MIN_LR_RATIO,
+                warmup_steps: defaults::warmup_steps(total_steps),
+                total_steps,
+            },
+            weight_decay: defaults::WEIGHT_DECAY,
+            max_grad_norm: Some(defaults::MAX_GRAD_NORM),
+            seed: defaults::SEED,
+            save_every,
+            pure_low_precision: false,
+        }
+    }
+
     /// Checks the values; returns what is wrong, naming the flag.
     pub fn validate(&self) -> Result<(), TrainError> {
         let bad = |m: String| Err(TrainError::Config(m));

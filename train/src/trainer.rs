@@ -14,7 +14,9 @@
 //! before the first step and after each update ([`contiguous_params`]) so a model read
 //! back from a checkpoint has the same memory layout, hence the same matmul summation
 //! order, as the one that kept training. A resumed run therefore repeats the
-//! uninterrupted one's losses (bit for bit on NdArray and lavapipe).
+//! uninterrupted one: bit for bit on NdArray (losses, gradient norms, parameters), to 1e-6
+//! relative on CubeCL backends, where a fused reduction may sum in another order in the
+//! resumed process.
 
 use crate::batching::{Batch, BatchStream, Cursor, epoch_batches};
 use crate::checkpoint::{self, DataInfo, STATE_FORMAT, TrainerState};

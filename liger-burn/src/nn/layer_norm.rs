@@ -2,6 +2,7 @@
 
 use crate::functional;
 use crate::ops::FusedOps;
+use crate::ops::validate;
 use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
 use burn::tensor::Tensor;
@@ -22,11 +23,7 @@ pub struct LayerNormConfig {
 impl LayerNormConfig {
     /// Weight ones, bias zeros.
     pub fn init<B: FusedOps>(&self, device: &B::Device) -> LayerNorm<B> {
-        assert!(
-            self.epsilon > 0.0,
-            "layer_norm: epsilon must be positive, got {}",
-            self.epsilon
-        );
+        validate::check(validate::eps("layer_norm", self.epsilon, None));
         LayerNorm {
             gamma: Initializer::Ones.init([self.d_model], device),
             beta: self

@@ -1,6 +1,7 @@
 //! Fused RMSNorm module.
 
 use crate::functional;
+use crate::ops::validate;
 use crate::ops::{FusedOps, RmsNormCasting, RmsNormOptions};
 use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
@@ -25,11 +26,7 @@ pub struct RmsNormConfig {
 impl RmsNormConfig {
     /// Initializes the weight to ones (zeros with an offset of one, as Gemma does).
     pub fn init<B: FusedOps>(&self, device: &B::Device) -> RmsNorm<B> {
-        assert!(
-            self.epsilon > 0.0,
-            "rms_norm: epsilon must be positive, got {}",
-            self.epsilon
-        );
+        validate::check(validate::eps("rms_norm", self.epsilon, None));
         let init = if self.offset == 0.0 {
             Initializer::Ones
         } else {

@@ -126,6 +126,42 @@ impl Llama3RopeScaling {
         }
     }
 
+    /// What is wrong with these parameters, if anything: `factor` and `low_freq_factor`
+    /// must be positive and finite, `high_freq_factor` finite and above `low_freq_factor`
+    /// (the interpolated band lies between the two wavelengths they set), and
+    /// `original_max_position_embeddings` positive. transformers only warns about these;
+    /// each of them otherwise gives infinite, NaN or misordered frequencies.
+    pub fn check(&self) -> Result<(), String> {
+        let Self {
+            factor,
+            low_freq_factor: low,
+            high_freq_factor: high,
+            original_max_position_embeddings: original,
+        } = *self;
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(format!(
+                "rope scaling `factor` must be positive and finite, got {factor} (Llama 3.1 uses 8, Llama 3.2 32)"
+            ));
+        }
+        if !(low.is_finite() && low > 0.0) {
+            return Err(format!(
+                "rope scaling `low_freq_factor` must be positive and finite, got {low} (Llama 3 uses 1)"
+            ));
+        }
+        if !(high.is_finite() && high > low) {
+            return Err(format!(
+                "rope scaling `high_freq_factor` must be finite and greater than `low_freq_factor` ({low}), got {high} (Llama 3 uses 1 and 4)"
+            ));
+        }
+        if original == 0 {
+            return Err(
+                "rope scaling `original_max_position_embeddings` must be positive, got 0 (Llama 3 uses 8192)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     /// The scaled inverse frequency for an unscaled one.
     pub fn scale(&self, inv_freq: f64) -> f64 {
         let old = self.original_max_position_embeddings as f64;
@@ -186,6 +222,16 @@ pub enum Reduction {
 /// never use an out-of-range target as an index, so the panic follows no out-of-bounds
 /// access. Without the check, such rows are treated exactly like ignored rows (loss 0,
 /// zero gradient, not counted in `W`).
+///
+/// NaN/Inf, as PyTorch (`F.cross_entropy` on `z`, z-loss with `torch.logsumexp(z)`): a row
+/// holding NaN or +∞, or only −∞, has a NaN loss and a NaN gradient (log-softmax is NaN
+/// there); a −∞ logit elsewhere has probability 0 and a finite gradient, and makes the loss
+/// +∞ when it is the target's (or under label smoothing); the z-loss of a row with +∞ and
+/// no NaN, or with only −∞, is +∞. The softcap maps ±∞ to ±`softcap`, so only NaN remains.
+/// The exception: an ignored row has loss 0 and a zero gradient whatever it holds, where
+/// PyTorch gives a NaN gradient for an ignored row holding NaN or +∞ (its log-softmax
+/// backward multiplies NaN by the zero upstream gradient); the kernels never read ignored
+/// rows.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CrossEntropyOptions {
     /// Target value of rows to skip (default `-100`, PyTorch's).

@@ -103,6 +103,19 @@ pub fn norm(inputs: &NormInputs) -> Result<(), LigerError> {
     Ok(())
 }
 
+/// A normalization's `eps`: positive and finite (`rsqrt(var + eps)` of a constant row is
+/// infinite with `eps = 0`, NaN with `eps < 0`). `x` is the input's shape, for the message.
+pub fn eps(op: &str, eps: f64, x: Option<&Shape>) -> Result<(), LigerError> {
+    if !(eps.is_finite() && eps > 0.0) {
+        let shape = x.map(|s| format!(" (x {s:?})")).unwrap_or_default();
+        return fail(format!(
+            "{op}: eps must be positive and finite, got {eps}{shape}; use the model's value \
+             (e.g. 1e-6 or 1e-5, `rms_norm_eps` or `layer_norm_eps` in a Hugging Face config)"
+        ));
+    }
+    Ok(())
+}
+
 /// [`norm`] on tensors of any layer (Burn primitives, CubeCL or fusion tensors).
 pub fn norm_tensors<T: TensorMetadata>(
     op: &'static str,

@@ -1,7 +1,7 @@
 //! Exact GELU and sigmoid, forward and backward, as stock Burn ops (computed in f32,
 //! rounded once to the input dtype, like the kernels).
 
-use super::{to_dtype, to_f32};
+use super::{reciprocal, to_dtype, to_f32};
 use crate::ops::validate;
 use burn::tensor::{TensorMetadata, backend::Backend, ops::FloatTensor};
 use core::f64::consts::{FRAC_1_SQRT_2, PI};
@@ -38,7 +38,7 @@ pub fn gelu_backward<B: Backend>(grad: FloatTensor<B>, x: FloatTensor<B>) -> Flo
 
 /// `1 / (1 + exp(-x))`, f32 in and out.
 pub(crate) fn sigmoid_f32<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
-    B::float_recip(B::float_add_scalar(
+    reciprocal::<B>(B::float_add_scalar(
         B::float_exp(B::float_neg(x)),
         1.0.into(),
     ))

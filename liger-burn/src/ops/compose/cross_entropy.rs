@@ -63,8 +63,9 @@ pub fn forward<B: Backend>(
     let device = x.device();
     let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
     let valid = valid_rows(targets.clone(), v, options.ignore_index);
-    let valid_f = mask_f32(valid.clone()).reshape([n, 1]);
-    // Invalid rows read class 0 (always in range) and are zeroed by `valid_f`.
+    // Invalid rows read class 0 (always in range) and are set to zero by `invalid`, a
+    // fill rather than a product so that a NaN or infinite logit there stays out.
+    let invalid = valid.clone().bool_not().reshape([n, 1]);
     let safe = targets.mask_fill(valid.bool_not(), 0).reshape([n, 1]);
 
     let (z, chain) = match options.softcap {
@@ -77,7 +78,7 @@ pub fn forward<B: Backend>(
     };
     let max = z.clone().max_dim(1);
     let sum_exp = (z.clone() - max.clone()).exp().sum_dim(1);
-    let lse = max + sum_exp.log(); // [n, 1]
+    let lse = max.clone() + sum_exp.log(); // [n, 1]
     let z_y = z.clone().gather(1, safe.clone());
     let weights = class_weight.map(|w| float::<B, 1>(to_f32::<B>(w)).reshape([1, v]));
     let (w_y, sum_w) = match &weights {
@@ -103,11 +104,23 @@ pub fn forward<B: Backend>(
         };
         ce = ce + (lse.clone() * sum_w.clone() - sum_wz) * (eps / v as f64);
     }
-    let zl = lse.clone().powi_scalar(2) * lambda;
-    let loss = ((ce + zl.clone()) * valid_f.clone()).reshape([n]);
+    // The z-loss squares torch.logsumexp, which shifts by 0 where the max is infinite: +inf
+    // on a row holding +inf and no NaN, -inf on a row of -inf only; `lse` is NaN on both,
+    // as F.cross_entropy's log-softmax is, so the loss stays NaN. Elsewhere the same value.
+    let zl = if lambda != 0.0 || options.return_z_loss {
+        let infinite = max.clone().abs().equal_elem(f32::INFINITY);
+        let shift = max.clone().mask_fill(infinite, 0.0);
+        let lse_z = (z.clone() - shift.clone()).exp().sum_dim(1).log() + shift;
+        lse_z.powi_scalar(2) * lambda
+    } else {
+        Tensor::<B, 2>::zeros([n, 1], &device).cast(DType::F32)
+    };
+    let loss = (ce + zl.clone())
+        .mask_fill(invalid.clone(), 0.0)
+        .reshape([n]);
     let z_loss = options
         .return_z_loss
-        .then(|| prim((zl * valid_f.clone()).reshape([n])));
+        .then(|| prim(zl.mask_fill(invalid.clone(), 0.0).reshape([n])));
 
     let grad_logits = grad_scale.map(|s| {
         // `[1]` (every row) or `[n]` (per row), broadcast over the classes.
@@ -136,7 +149,7 @@ pub fn forward<B: Backend>(
         if let Some(chain) = chain {
             g = g * chain;
         }
-        to_dtype::<B>(prim(g * valid_f), dtype)
+        to_dtype::<B>(prim(g.mask_fill(invalid.expand([n, v]), 0.0)), dtype)
     });
     CrossEntropyRows {
         loss: prim(loss),
@@ -185,7 +198,7 @@ pub fn backward<B: Backend>(
 /// `1 / d`, and `0` where `d = 0` (an all-ignored batch has loss 0 and zero gradients).
 pub(crate) fn reciprocal_or_zero<B: crate::ops::FusedOps>(d: Tensor<B, 1>) -> Tensor<B, 1> {
     let zero = d.clone().equal_elem(0.0);
-    d.recip().mask_fill(zero, 0.0)
+    (d.ones_like() / d).mask_fill(zero, 0.0)
 }
 
 /// `Σ_{non-ignored i} w[y_i]` (the count of non-ignored rows without weights), `[1]` f32.

@@ -1,7 +1,7 @@
 //! LayerNorm as stock Burn ops.
 
 use super::rms_norm::{check_backward, check_norm};
-use super::{broadcast_row, sum_rows, to_dtype, to_f32};
+use super::{broadcast_row, reciprocal, sum_rows, to_dtype, to_f32};
 use crate::ops::{LayerNormOutput, NormGrads};
 use burn::tensor::{TensorMetadata, backend::Backend, ops::FloatTensor};
 
@@ -20,7 +20,7 @@ pub fn forward<B: Backend>(
     let mean = B::float_mean_dim(xf.clone(), last);
     let centered = B::float_sub(xf, mean.clone());
     let var = B::float_mean_dim(B::float_mul(centered.clone(), centered.clone()), last);
-    let rstd = B::float_recip(B::float_sqrt(B::float_add_scalar(var, eps.into())));
+    let rstd = reciprocal::<B>(B::float_sqrt(B::float_add_scalar(var, eps.into())));
     let gamma = to_f32::<B>(broadcast_row::<B>(gamma, rank));
     let mut out = B::float_mul(B::float_mul(centered, rstd.clone()), gamma);
     if let Some(beta) = beta {

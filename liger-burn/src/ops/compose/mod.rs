@@ -39,6 +39,19 @@ pub(crate) fn to_dtype<B: Backend>(x: FloatTensor<B>, dtype: DType) -> FloatTens
     B::float_cast(x, float)
 }
 
+/// `1 / x` by an IEEE division, in `x`'s dtype.
+///
+/// Not Burn's `float_recip`: with burn-ndarray's `simd` feature (on in Burn's default
+/// features, so in any build where a crate depends on `burn` with them) NdArray computes
+/// it with the CPU's approximate reciprocal (AVX-512's `vrcp14ps`, 2⁻¹⁴ relative) on the
+/// part of the buffer its SIMD loop finds aligned and exactly on the rest: a result that
+/// depends on where the allocator put the buffer, so two runs of the same computation (a
+/// training run and its resumption) could differ.
+pub(crate) fn reciprocal<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
+    let ones = B::float_ones(x.shape(), &B::float_device(&x), x.dtype().into());
+    B::float_div(ones, x)
+}
+
 /// `[d]` → `[1, ..., 1, d]` with `rank` dims, to broadcast a per-feature vector.
 pub(crate) fn broadcast_row<B: Backend>(v: FloatTensor<B>, rank: usize) -> FloatTensor<B> {
     let d = v.shape().num_elements();

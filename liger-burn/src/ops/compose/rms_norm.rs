@@ -1,6 +1,6 @@
 //! RMSNorm and residual-add RMSNorm as stock Burn ops.
 
-use super::{broadcast_row, sum_rows, to_dtype, to_f32};
+use super::{broadcast_row, reciprocal, sum_rows, to_dtype, to_f32};
 use crate::ops::validate;
 use crate::ops::{AddRmsNormOutput, NormGrads, RmsNormCasting, RmsNormOptions, RmsNormOutput};
 use burn::tensor::{TensorMetadata, backend::Backend, ops::FloatTensor};
@@ -17,7 +17,7 @@ pub fn forward<B: Backend>(
     let last = rank - 1;
     let xf = to_f32::<B>(x);
     let mean_square = B::float_mean_dim(B::float_mul(xf.clone(), xf.clone()), last);
-    let rstd = B::float_recip(B::float_sqrt(B::float_add_scalar(
+    let rstd = reciprocal::<B>(B::float_sqrt(B::float_add_scalar(
         mean_square,
         options.eps.into(),
     )));

@@ -1,0 +1,424 @@
+//! NaN, +Inf and -Inf in an input row or a weight: every fused op, forward and gradients,
+//! gives what PyTorch gives, on every backend of the test device (both reduction paths)
+//! and the NdArray fallback. The expected values are PyTorch's, in f32, from
+//! `tests/fixtures/special_values/generate.py` (which documents each reference): each
+//! element must be NaN where PyTorch's is, the same infinity where PyTorch's is one, and
+//! within the f32 conformance tolerance elsewhere.
+//!
+//! One documented exception: a cross-entropy row whose target is `ignore_index` has loss
+//! 0 and a zero gradient whatever its logits (`CrossEntropyOptions`); PyTorch gives such a
+//! row a NaN gradient when it holds a NaN or +Inf (log-softmax's backward multiplies its
+//! NaN probabilities by the zero upstream gradient), and the kernel never reads ignored
+//! rows.
+
+use burn::backend::Autodiff;
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use liger_burn::functional;
+use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction, RmsNormOptions, RopeLayout};
+use liger_tests::BackendVisitor;
+use liger_verify::conformance::Tolerance;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/fixtures/special_values/special_values.json"
+);
+
+/// A value of the fixture: a number, or "nan", "inf", "-inf".
+#[derive(Deserialize, Clone, Copy, Debug)]
+#[serde(untagged)]
+enum Value {
+    Number(f64),
+    Special(Special),
+}
+
+#[derive(Deserialize, Clone, Copy, Debug)]
+enum Special {
+    #[serde(rename = "nan")]
+    Nan,
+    #[serde(rename = "inf")]
+    Inf,
+    #[serde(rename = "-inf")]
+    NegInf,
+}
+
+impl Value {
+    fn get(self) -> f64 {
+        match self {
+            Value::Number(v) => v,
+            Value::Special(Special::Nan) => f64::NAN,
+            Value::Special(Special::Inf) => f64::INFINITY,
+            Value::Special(Special::NegInf) => f64::NEG_INFINITY,
+        }
+    }
+}
+
+#[derive(Deserialize, Clone, Debug)]
+struct Floats {
+    shape: Vec<usize>,
+    data: Vec<Value>,
+}
+
+impl Floats {
+    fn values(&self) -> Vec<f64> {
+        self.data.iter().map(|v| v.get()).collect()
+    }
+}
+
+#[derive(Deserialize, Clone, Debug)]
+struct Ints {
+    data: Vec<i64>,
+}
+
+#[derive(Deserialize, Clone, Debug)]
+struct Case {
+    op: String,
+    case: String,
+    options: serde_json::Value,
+    inputs: BTreeMap<String, Floats>,
+    int_inputs: BTreeMap<String, Ints>,
+    grad_outputs: BTreeMap<String, Floats>,
+    outputs: BTreeMap<String, Floats>,
+    grads: BTreeMap<String, Floats>,
+}
+
+#[derive(Deserialize)]
+struct Fixture {
+    cases: Vec<Case>,
+}
+
+fn fixture() -> Fixture {
+    let text = std::fs::read_to_string(FIXTURE).unwrap_or_else(|e| {
+        panic!("{FIXTURE}: {e} (run tests/fixtures/special_values/generate.py)")
+    });
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{FIXTURE}: {e}"))
+}
+
+type A<B> = Autodiff<B>;
+
+/// Runs one case on `Autodiff<B>`: `(name, values)` of every output and gradient the case
+/// lists (outputs as `output`/`loss`/..., gradients as `grad_<input>`).
+struct Runner<'a, B: FusedOps> {
+    case: &'a Case,
+    device: &'a B::Device,
+}
+
+impl<B: FusedOps> Runner<'_, B> {
+    fn tensor<const D: usize>(&self, floats: &Floats) -> Tensor<A<B>, D> {
+        assert_eq!(floats.shape.len(), D, "{}: rank", self.case.case);
+        let shape: [usize; D] = floats.shape.clone().try_into().unwrap();
+        let data: Vec<f32> = floats.data.iter().map(|v| v.get() as f32).collect();
+        Tensor::from_data(TensorData::new(data, shape), (self.device, DType::F32))
+    }
+
+    fn input<const D: usize>(&self, name: &str) -> Tensor<A<B>, D> {
+        self.tensor(&self.case.inputs[name]).require_grad()
+    }
+
+    fn constant<const D: usize>(&self, name: &str) -> Tensor<A<B>, D> {
+        self.tensor(&self.case.inputs[name])
+    }
+
+    fn grad_output<const D: usize>(&self, name: &str) -> Tensor<A<B>, D> {
+        self.tensor(&self.case.grad_outputs[name])
+    }
+
+    fn targets(&self) -> Tensor<A<B>, 1, Int> {
+        let t = &self.case.int_inputs["targets"].data;
+        Tensor::from_data(TensorData::new(t.clone(), [t.len()]), self.device)
+    }
+
+    fn option(&self, key: &str) -> f64 {
+        self.case.options[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{}: option {key}", self.case.case))
+    }
+
+    fn eps(&self) -> f64 {
+        self.option("eps")
+    }
+
+    fn cross_entropy_options(&self) -> CrossEntropyOptions {
+        let o = &self.case.options;
+        let reduction = match o["reduction"].as_str().unwrap() {
+            "mean" => Reduction::Mean,
+            "sum" => Reduction::Sum,
+            _ => Reduction::None,
+        };
+        let z = self.option("lse_square_scale");
+        CrossEntropyOptions::default()
+            .with_ignore_index(o["ignore_index"].as_i64().unwrap())
+            .with_label_smoothing(self.option("label_smoothing"))
+            .with_lse_square_scale(z)
+            .with_return_z_loss(z != 0.0)
+            .with_softcap(o["softcap"].as_f64())
+            .with_reduction(reduction)
+    }
+
+    fn run(&self) -> Vec<(String, Vec<f64>)> {
+        let mut out = Vec::new();
+        let mut put = |name: &str, t: Vec<f64>| out.push((name.to_string(), t));
+        match self.case.op.as_str() {
+            op @ ("rms_norm" | "rms_norm_gemma") => {
+                let (x, w) = (self.input::<2>("x"), self.input::<1>("weight"));
+                let options = if op == "rms_norm" {
+                    RmsNormOptions::llama(self.eps())
+                } else {
+                    RmsNormOptions::gemma(self.eps())
+                };
+                let y = functional::rms_norm(x.clone(), w.clone(), options);
+                let grads = (y.clone() * self.grad_output::<2>("output"))
+                    .sum()
+                    .backward();
+                put("output", values(y.inner()));
+                put("grad_x", values(x.grad(&grads).unwrap()));
+                put("grad_weight", values(w.grad(&grads).unwrap()));
+            }
+            "fused_add_rms_norm" => {
+                let (x, r, w) = (
+                    self.input::<2>("x"),
+                    self.input::<2>("residual"),
+                    self.input::<1>("weight"),
+                );
+                let options = RmsNormOptions::llama(self.eps());
+                let (y, s) =
+                    functional::fused_add_rms_norm(x.clone(), r.clone(), w.clone(), options);
+                let grads = ((y.clone() * self.grad_output::<2>("output")).sum()
+                    + (s.clone() * self.grad_output::<2>("sum")).sum())
+                .backward();
+                put("output", values(y.inner()));
+                put("sum", values(s.inner()));
+                put("grad_x", values(x.grad(&grads).unwrap()));
+                put("grad_residual", values(r.grad(&grads).unwrap()));
+                put("grad_weight", values(w.grad(&grads).unwrap()));
+            }
+            "layer_norm" => {
+                let (x, w, b) = (
+                    self.input::<2>("x"),
+                    self.input::<1>("weight"),
+                    self.input::<1>("bias"),
+                );
+                let y = functional::layer_norm(x.clone(), w.clone(), Some(b.clone()), self.eps());
+                let grads = (y.clone() * self.grad_output::<2>("output"))
+                    .sum()
+                    .backward();
+                put("output", values(y.inner()));
+                put("grad_x", values(x.grad(&grads).unwrap()));
+                put("grad_weight", values(w.grad(&grads).unwrap()));
+                put("grad_bias", values(b.grad(&grads).unwrap()));
+            }
+            op @ ("softmax" | "log_softmax" | "gelu" | "sigmoid") => {
+                let x = self.input::<2>("x");
+                let y = match op {
+                    "softmax" => functional::softmax(x.clone(), 1),
+                    "log_softmax" => functional::log_softmax(x.clone(), 1),
+                    "gelu" => functional::gelu(x.clone()),
+                    _ => functional::sigmoid(x.clone()),
+                };
+                let grads = (y.clone() * self.grad_output::<2>("output"))
+                    .sum()
+                    .backward();
+                put("output", values(y.inner()));
+                put("grad_x", values(x.grad(&grads).unwrap()));
+            }
+            op @ ("swiglu" | "geglu") => {
+                let (gate, up) = (self.input::<2>("gate"), self.input::<2>("up"));
+                let y = if op == "swiglu" {
+                    functional::swiglu(gate.clone(), up.clone())
+                } else {
+                    functional::geglu(gate.clone(), up.clone())
+                };
+                let grads = (y.clone() * self.grad_output::<2>("output"))
+                    .sum()
+                    .backward();
+                put("output", values(y.inner()));
+                put("grad_gate", values(gate.grad(&grads).unwrap()));
+                put("grad_up", values(up.grad(&grads).unwrap()));
+            }
+            "rope" => {
+                let layout = match self.case.options["layout"].as_str().unwrap() {
+                    "rotate_half" => RopeLayout::RotateHalf,
+                    _ => RopeLayout::Interleaved,
+                };
+                let (q, k) = (self.input::<4>("q"), self.input::<4>("k"));
+                let (qo, ko) = functional::rope(
+                    q.clone(),
+                    k.clone(),
+                    self.constant::<3>("cos"),
+                    self.constant::<3>("sin"),
+                    layout,
+                );
+                let grads = ((qo.clone() * self.grad_output::<4>("q")).sum()
+                    + (ko.clone() * self.grad_output::<4>("k")).sum())
+                .backward();
+                put("q", values(qo.inner()));
+                put("k", values(ko.inner()));
+                put("grad_q", values(q.grad(&grads).unwrap()));
+                put("grad_k", values(k.grad(&grads).unwrap()));
+            }
+            "cross_entropy" => {
+                let logits = self.input::<2>("logits");
+                let options = self.cross_entropy_options();
+                let out = functional::cross_entropy(logits.clone(), self.targets(), None, options);
+                let grads = self.loss_backward(out.loss.clone(), options);
+                put("loss", values(out.loss.inner()));
+                if let Some(z) = out.z_loss {
+                    put("z_loss", values(z.inner()));
+                }
+                put("grad_logits", values(logits.grad(&grads).unwrap()));
+            }
+            "fused_linear_cross_entropy" => {
+                let (x, w, b) = (
+                    self.input::<2>("x"),
+                    self.input::<2>("weight"),
+                    self.input::<1>("bias"),
+                );
+                let options = self.cross_entropy_options();
+                let out = functional::fused_linear_cross_entropy(
+                    x.clone(),
+                    w.clone(),
+                    Some(b.clone()),
+                    self.targets(),
+                    None,
+                    options,
+                );
+                let grads = self.loss_backward(out.loss.clone(), options);
+                put("loss", values(out.loss.inner()));
+                if let Some(z) = out.z_loss {
+                    put("z_loss", values(z.inner()));
+                }
+                put("grad_x", values(x.grad(&grads).unwrap()));
+                put("grad_weight", values(w.grad(&grads).unwrap()));
+                put("grad_bias", values(b.grad(&grads).unwrap()));
+            }
+            other => panic!("{FIXTURE}: unknown op {other}"),
+        }
+        out
+    }
+
+    /// `loss.backward()` for a reduced loss, `(loss · g).sum().backward()` per row.
+    fn loss_backward(
+        &self,
+        loss: Tensor<A<B>, 1>,
+        options: CrossEntropyOptions,
+    ) -> <A<B> as burn::tensor::backend::AutodiffBackend>::Gradients {
+        match options.reduction {
+            Reduction::None => (loss * self.grad_output::<1>("loss")).sum().backward(),
+            _ => loss.backward(),
+        }
+    }
+}
+
+fn values<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
+    t.cast(DType::F32)
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f64::from)
+        .collect()
+}
+
+/// PyTorch's values of `name` (`grad_<input>` for gradients), with the documented
+/// exception: ignored cross-entropy rows have a zero gradient (see the module docs).
+fn expected(case: &Case, name: &str) -> Vec<f64> {
+    let floats = match name.strip_prefix("grad_") {
+        Some(input) => &case.grads[input],
+        None => &case.outputs[name],
+    };
+    let mut v = floats.values();
+    if case.op == "cross_entropy" && name == "grad_logits" {
+        let ignore = case.options["ignore_index"].as_i64().unwrap();
+        let width = floats.shape[1];
+        for (row, &t) in case.int_inputs["targets"].data.iter().enumerate() {
+            if t == ignore {
+                v[row * width..(row + 1) * width].fill(0.0);
+            }
+        }
+    }
+    v
+}
+
+/// Where `actual` differs from `expected`: NaN against NaN, the same infinity, finite
+/// values within `tol`.
+fn mismatches(actual: &[f64], expected: &[f64], tol: Tolerance) -> Vec<String> {
+    if actual.len() != expected.len() {
+        return vec![format!(
+            "{} values, expected {}",
+            actual.len(),
+            expected.len()
+        )];
+    }
+    actual
+        .iter()
+        .zip(expected)
+        .enumerate()
+        .filter_map(|(i, (&a, &e))| {
+            let differs = if e.is_nan() || a.is_nan() {
+                !(e.is_nan() && a.is_nan())
+            } else if e.is_infinite() || a.is_infinite() {
+                a != e
+            } else {
+                (a - e).abs() > tol.atol + tol.rtol * e.abs()
+            };
+            differs.then(|| format!("[{i}] {a} (PyTorch {e})"))
+        })
+        .collect()
+}
+
+struct SpecialValues {
+    fixture: Fixture,
+    failures: Vec<String>,
+    checked: usize,
+}
+
+impl BackendVisitor for SpecialValues {
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        let tol = Tolerance::for_dtype(DType::F32);
+        for case in &self.fixture.cases {
+            let results = Runner::<B> { case, device }.run();
+            let listed = case.outputs.len() + case.grads.len();
+            assert_eq!(
+                results.len(),
+                listed,
+                "{} {}: the runner returns {:?}, the fixture lists {listed} tensors",
+                case.op,
+                case.case,
+                results.iter().map(|r| &r.0).collect::<Vec<_>>()
+            );
+            for (name, actual) in results {
+                let bad = mismatches(&actual, &expected(case, &name), tol);
+                if !bad.is_empty() {
+                    self.failures.push(format!(
+                        "{label} {} {} {name}: {} of {} differ: {}",
+                        case.op,
+                        case.case,
+                        bad.len(),
+                        actual.len(),
+                        bad.iter().take(6).cloned().collect::<Vec<_>>().join(", ")
+                    ));
+                }
+                self.checked += 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn nan_and_inf_propagate_as_in_pytorch() {
+    let mut visitor = SpecialValues {
+        fixture: fixture(),
+        failures: Vec::new(),
+        checked: 0,
+    };
+    liger_tests::for_each_backend(&mut visitor);
+    assert!(visitor.checked > 0, "no case ran");
+    assert!(
+        visitor.failures.is_empty(),
+        "{} of {} tensors differ from PyTorch:\n{}",
+        visitor.failures.len(),
+        visitor.checked,
+        visitor.failures.join("\n")
+    );
+}
