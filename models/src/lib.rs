@@ -17,7 +17,8 @@
 //! One concept per module: [`config`] (config.json), [`liger_config`] (kernel switches),
 //! [`kernels`] (the switchable ops), [`rope`] (cos/sin tables), [`attention`], [`mlp`],
 //! [`decoder_layer`], [`model`], [`params`] (where parameters come from), [`loading`],
-//! [`saving`], [`names`] (Hugging Face parameter names), [`eval`].
+//! [`saving`], [`names`] (Hugging Face parameter names), [`packing`] (documents packed in
+//! rows), [`eval`].
 
 pub mod attention;
 pub mod config;
@@ -31,6 +32,7 @@ pub mod loading;
 pub mod mlp;
 pub mod model;
 pub mod names;
+pub mod packing;
 pub mod params;
 pub mod rope;
 pub mod saving;
@@ -43,3 +45,4 @@ pub use liger_config::LigerConfig;
 pub use loading::{Checkpoint, LoadReport};
 pub use model::CausalLm;
 pub use names::HfParam;
+pub use packing::Documents;
