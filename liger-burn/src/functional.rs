@@ -10,6 +10,13 @@ use crate::ops::validate::{self, NormInputs};
 use crate::ops::{FusedOps, RmsNormOptions};
 use burn::tensor::{Tensor, TensorPrimitive};
 
+mod fused_linear_preference;
+mod sequences;
+
+pub use fused_linear_preference::{
+    PreferenceLossOutput, PreferenceMetrics, Reference, fused_linear_preference,
+};
+
 fn prim<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
     x.into_primitive().tensor()
 }

@@ -8,6 +8,7 @@ mod device_info;
 mod fallback_precision;
 mod fused_add_rms_norm;
 mod fused_linear_cross_entropy;
+mod fused_linear_preference;
 mod geglu;
 mod gelu;
 mod layer_norm;

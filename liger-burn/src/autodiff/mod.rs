@@ -4,7 +4,9 @@
 //! and the per-row statistics, or the softmax output), never a recomputed graph.
 
 mod attention;
+mod chunked_loss;
 mod cross_entropy;
+mod fused_linear_preference;
 mod glu;
 mod linear_cross_entropy;
 mod matmul;
@@ -397,6 +399,19 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             compute_grad,
             options,
         )
+    }
+
+    fn fused_linear_preference(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        reference: crate::ops::PreferenceReference<Self>,
+        _compute_grad: bool,
+        options: crate::ops::PreferenceOptions,
+    ) -> crate::ops::PreferenceOutput<Self> {
+        // Whether gradients are computed follows the graph (a tracked x, weight or bias).
+        fused_linear_preference::forward::<B, C>(x, weight, bias, targets, reference, options)
     }
 
     fn fused_attention(

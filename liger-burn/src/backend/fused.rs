@@ -230,6 +230,27 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         }
     }
 
+    fn fused_linear_preference(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        reference: crate::ops::PreferenceReference<Self>,
+        compute_grad: bool,
+        options: crate::ops::PreferenceOptions,
+    ) -> crate::ops::PreferenceOutput<Self> {
+        B::fused_linear_preference(
+            x,
+            weight,
+            bias,
+            targets,
+            reference.map(|t| t),
+            compute_grad,
+            options,
+        )
+        .map(|t| t)
+    }
+
     fn fused_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

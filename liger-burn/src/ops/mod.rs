@@ -11,10 +11,12 @@
 
 mod adamw;
 pub mod compose;
+mod fused_linear_preference;
 mod options;
 pub mod validate;
 
 pub use adamw::*;
+pub use fused_linear_preference::*;
 pub use options::*;
 
 use burn::tensor::{
@@ -374,6 +376,41 @@ pub trait FusedOps: Backend {
             bias,
             targets,
             class_weight,
+            compute_grad,
+            options,
+        )
+    }
+
+    /// Linear layer then a preference loss (DPO, ORPO, CPO, SimPO; see
+    /// [`PreferenceOptions`]) without the `[2B·T, V]` logits: `x: [2B, T, H]` the last
+    /// hidden states of `B` chosen then `B` rejected sequences, `weight: [V, H]`,
+    /// `bias: [V]`, integer `targets: [2B, T]` (`ignore_index` outside the completions),
+    /// the reference model's log-probabilities given or computed from its head
+    /// ([`PreferenceReference`]).
+    ///
+    /// With `compute_grad`, the gradients of the loss (for an upstream gradient of 1) are
+    /// computed in the same chunked pass. The default body chunks over pairs with
+    /// [`fused_matmul`](FusedOps::fused_matmul) and
+    /// [`fused_cross_entropy`](FusedOps::fused_cross_entropy) (see
+    /// [`compose::fused_linear_preference`]). On `Autodiff<B>` the loss is tracked (parents
+    /// `x`, `weight`, `bias`; the reference gets no gradient) and its backward only scales
+    /// the stored gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_linear_preference(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: IntTensor<Self>,
+        reference: PreferenceReference<Self>,
+        compute_grad: bool,
+        options: PreferenceOptions,
+    ) -> PreferenceOutput<Self> {
+        compose::fused_linear_preference::forward::<Self>(
+            x,
+            weight,
+            bias,
+            targets,
+            reference,
             compute_grad,
             options,
         )

@@ -361,3 +361,272 @@ impl AttentionOptions {
         Self { window, ..self }
     }
 }
+
+/// The DPO variants of Liger-Kernel's `LigerFusedLinearDPOLoss` (TRL's `DPOConfig.loss_type`),
+/// as functions of the policy-to-reference log-ratios of a pair, `c = log π(y_w|x) −
+/// log π_ref(y_w|x)` (chosen) and `r` (rejected), with `d = β (c − r)`, `ε` the
+/// [`label_smoothing`](PreferenceOptions::label_smoothing) and `σ` the sigmoid.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum DpoLossType {
+    /// `−(1−ε) log σ(d) − ε log σ(−d)` (the DPO paper; TRL's conservative DPO for `ε > 0`,
+    /// where Liger-Kernel ignores `ε`: the two agree at the default `ε = 0`).
+    Sigmoid,
+    /// `max(0, 1 − d)` (RSO's hinge).
+    Hinge,
+    /// `(−(1−ε) log σ(d) + ε log σ(−d)) / (1 − 2ε)`, `ε` in `[0, 0.5)` (robust DPO).
+    Robust,
+    /// `σ(d)(log σ(d) − log(1−ε)) + σ(−d)(log σ(−d) − log ε)`, `ε > 0` (EXO, K = 2).
+    ExoPair,
+    /// `−log σ(βc) − ½ log σ(−βc) − ½ log σ(−βr)` (NCA).
+    NcaPair,
+    /// `−log σ(βc) − log σ(−βr)` (BCO, pairwise).
+    BcoPair,
+    /// `(c − 1/(2β))² + (r + 1/(2β))²` (SPPO, hard probabilities).
+    SppoHard,
+    /// `1 − σ(βc) + σ(βr)` (APO-zero).
+    ApoZero,
+    /// `σ(βc) + 1 − σ(d)` (APO-down).
+    ApoDown,
+    /// `−log σ(d)(1 − m) + e^(−d) m` with `m = σ(d/τ)` (DiscoPOP; Liger-Kernel's default
+    /// `τ = 0.05`).
+    Discopop {
+        /// The modulation temperature `τ > 0`.
+        tau: f64,
+    },
+}
+
+impl DpoLossType {
+    /// Every variant (DiscoPOP at Liger-Kernel's `τ = 0.05`).
+    pub const ALL: [DpoLossType; 10] = [
+        DpoLossType::Sigmoid,
+        DpoLossType::Hinge,
+        DpoLossType::Robust,
+        DpoLossType::ExoPair,
+        DpoLossType::NcaPair,
+        DpoLossType::BcoPair,
+        DpoLossType::SppoHard,
+        DpoLossType::ApoZero,
+        DpoLossType::ApoDown,
+        DpoLossType::Discopop { tau: 0.05 },
+    ];
+
+    /// TRL's name of the variant (`sigmoid`, `hinge`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DpoLossType::Sigmoid => "sigmoid",
+            DpoLossType::Hinge => "hinge",
+            DpoLossType::Robust => "robust",
+            DpoLossType::ExoPair => "exo_pair",
+            DpoLossType::NcaPair => "nca_pair",
+            DpoLossType::BcoPair => "bco_pair",
+            DpoLossType::SppoHard => "sppo_hard",
+            DpoLossType::ApoZero => "apo_zero",
+            DpoLossType::ApoDown => "apo_down",
+            DpoLossType::Discopop { .. } => "discopop",
+        }
+    }
+
+    /// The variant named `name` (TRL's names; DiscoPOP at `τ = 0.05`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+/// Which preference loss [`fused_linear_preference`](crate::functional::fused_linear_preference)
+/// computes from the sequence log-probabilities `c` (chosen) and `r` (rejected) of each pair
+/// (minus the reference model's, where the loss has one), `β` its
+/// [`beta`](PreferenceOptions::beta) and `ε` its
+/// [`label_smoothing`](PreferenceOptions::label_smoothing). Liger-Kernel's
+/// `chunked_loss` definitions.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum PreferenceLoss {
+    /// DPO (`LigerFusedLinearDPOLoss`), on the log-ratios to the reference model (a missing
+    /// reference counts as log-probabilities 0); see [`DpoLossType`]. Rewards `β c`,
+    /// `β r` of the log-ratios.
+    Dpo(DpoLossType),
+    /// ORPO (`LigerFusedLinearORPOLoss`): `−β log σ(log odds(c) − log odds(r))` with
+    /// `log odds(p) = p − log(1 − eᵖ)`, no reference model. Rewards `β c`, `β r`.
+    Orpo,
+    /// CPO (`LigerFusedLinearCPOLoss`): `−(1−ε) log σ(β(c − r)) − ε log σ(−β(c − r))`, no
+    /// reference model. Rewards `β c`, `β r`.
+    Cpo,
+    /// SimPO (`LigerFusedLinearSimPOLoss`): CPO's loss on `β(c − r) − γ`.
+    Simpo {
+        /// The target reward margin `γ` (Liger-Kernel's default 0.5).
+        gamma: f64,
+    },
+}
+
+impl PreferenceLoss {
+    /// The loss's name: `dpo`, `orpo`, `cpo` or `simpo`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PreferenceLoss::Dpo(_) => "dpo",
+            PreferenceLoss::Orpo => "orpo",
+            PreferenceLoss::Cpo => "cpo",
+            PreferenceLoss::Simpo { .. } => "simpo",
+        }
+    }
+
+    /// Whether the loss compares against a reference model (DPO).
+    pub fn uses_reference(self) -> bool {
+        matches!(self, PreferenceLoss::Dpo(_))
+    }
+}
+
+/// Options of [`fused_linear_preference`](crate::functional::fused_linear_preference).
+///
+/// The batch holds `B` pairs: sequences `0..B` are the chosen completions, `B..2B` the
+/// rejected ones, pair `i` being sequences `i` and `B + i` (Liger-Kernel's and TRL's
+/// concatenated layout). A sequence's log-probability is the sum (or, with
+/// [`average_log_prob`](Self::average_log_prob), the mean) of `log softmax(h Wᵀ + b)[y_t]`
+/// over its positions `t` whose target `y_t` is not [`ignore_index`](Self::ignore_index).
+/// The loss is the mean of the pairs' losses plus, with
+/// [`compute_nll_loss`](Self::compute_nll_loss), `α` times the cross entropy of the chosen
+/// sequences (summed over their non-ignored positions, divided by their count).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PreferenceOptions {
+    /// The loss.
+    pub loss: PreferenceLoss,
+    /// `β`: the scale of the log-ratios (DPO, CPO, SimPO) or of the odds-ratio term (ORPO).
+    pub beta: f64,
+    /// `α`: the weight of the chosen sequences' NLL term.
+    pub alpha: f64,
+    /// Add `α` times the chosen sequences' NLL (ORPO, CPO and SimPO by default).
+    pub compute_nll_loss: bool,
+    /// `ε`: label smoothing of DPO's `sigmoid`, `robust` and `exo_pair`, of CPO and SimPO.
+    pub label_smoothing: f64,
+    /// Mean instead of sum of a sequence's token log-probabilities (ORPO and SimPO by
+    /// default).
+    pub average_log_prob: bool,
+    /// Target value of positions outside the completion (prompt, padding).
+    pub ignore_index: i64,
+}
+
+impl PreferenceOptions {
+    /// Liger-Kernel's `LigerFusedLinearDPOLoss` defaults: `β = 0.1`, sigmoid, summed
+    /// log-probabilities, no NLL term.
+    pub fn dpo() -> Self {
+        Self {
+            loss: PreferenceLoss::Dpo(DpoLossType::Sigmoid),
+            beta: 0.1,
+            alpha: 1.0,
+            compute_nll_loss: false,
+            label_smoothing: 0.0,
+            average_log_prob: false,
+            ignore_index: -100,
+        }
+    }
+
+    /// `LigerFusedLinearORPOLoss`'s defaults: `β = 0.1`, averaged log-probabilities, NLL
+    /// term with `α = 1`.
+    pub fn orpo() -> Self {
+        Self {
+            loss: PreferenceLoss::Orpo,
+            compute_nll_loss: true,
+            average_log_prob: true,
+            ..Self::dpo()
+        }
+    }
+
+    /// `LigerFusedLinearCPOLoss`'s defaults: `β = 0.1`, summed log-probabilities, NLL term
+    /// with `α = 1`.
+    pub fn cpo() -> Self {
+        Self {
+            loss: PreferenceLoss::Cpo,
+            compute_nll_loss: true,
+            ..Self::dpo()
+        }
+    }
+
+    /// `LigerFusedLinearSimPOLoss`'s defaults: `β = 0.1`, `γ = 0.5`, averaged
+    /// log-probabilities, NLL term with `α = 1`.
+    pub fn simpo() -> Self {
+        Self {
+            loss: PreferenceLoss::Simpo { gamma: 0.5 },
+            compute_nll_loss: true,
+            average_log_prob: true,
+            ..Self::dpo()
+        }
+    }
+
+    /// Sets [`loss`](Self::loss).
+    pub fn with_loss(self, loss: PreferenceLoss) -> Self {
+        Self { loss, ..self }
+    }
+    /// Sets [`beta`](Self::beta).
+    pub fn with_beta(self, beta: f64) -> Self {
+        Self { beta, ..self }
+    }
+    /// Sets [`alpha`](Self::alpha).
+    pub fn with_alpha(self, alpha: f64) -> Self {
+        Self { alpha, ..self }
+    }
+    /// Sets [`compute_nll_loss`](Self::compute_nll_loss).
+    pub fn with_compute_nll_loss(self, compute_nll_loss: bool) -> Self {
+        Self {
+            compute_nll_loss,
+            ..self
+        }
+    }
+    /// Sets [`label_smoothing`](Self::label_smoothing).
+    pub fn with_label_smoothing(self, label_smoothing: f64) -> Self {
+        Self {
+            label_smoothing,
+            ..self
+        }
+    }
+    /// Sets [`average_log_prob`](Self::average_log_prob).
+    pub fn with_average_log_prob(self, average_log_prob: bool) -> Self {
+        Self {
+            average_log_prob,
+            ..self
+        }
+    }
+    /// Sets [`ignore_index`](Self::ignore_index).
+    pub fn with_ignore_index(self, ignore_index: i64) -> Self {
+        Self {
+            ignore_index,
+            ..self
+        }
+    }
+
+    /// What is wrong with these options, if anything (Liger-Kernel's and TRL's own checks):
+    /// finite `β` (positive for SPPO, whose targets are `±1/(2β)`), finite `α`, `ε` in
+    /// `[0, 0.5)` for `robust`, in `(0, 1)` for `exo_pair` and in `[0, 1]` elsewhere, a
+    /// positive DiscoPOP `τ`, a finite SimPO `γ`.
+    pub fn check(&self) -> Result<(), String> {
+        let eps = self.label_smoothing;
+        if !self.beta.is_finite() {
+            return Err(format!("beta must be finite, got {}", self.beta));
+        }
+        if !self.alpha.is_finite() {
+            return Err(format!("alpha must be finite, got {}", self.alpha));
+        }
+        if !(0.0..=1.0).contains(&eps) {
+            return Err(format!("label_smoothing must lie in [0, 1], got {eps}"));
+        }
+        match self.loss {
+            PreferenceLoss::Dpo(DpoLossType::Robust) if eps >= 0.5 => Err(format!(
+                "label_smoothing must lie in [0, 0.5) for loss_type 'robust', got {eps}"
+            )),
+            PreferenceLoss::Dpo(DpoLossType::ExoPair) if !(eps > 0.0 && eps < 1.0) => Err(format!(
+                "label_smoothing must lie in (0, 1) for loss_type 'exo_pair' (the EXO paper recommends 1e-3), got {eps}"
+            )),
+            PreferenceLoss::Dpo(DpoLossType::SppoHard) if self.beta == 0.0 => {
+                Err("beta must not be 0 for loss_type 'sppo_hard' (its targets are ±1/(2β))".into())
+            }
+            PreferenceLoss::Dpo(DpoLossType::Discopop { tau })
+                if !(tau.is_finite() && tau > 0.0) =>
+            {
+                Err(format!(
+                    "discopop tau must be positive and finite, got {tau}"
+                ))
+            }
+            PreferenceLoss::Simpo { gamma } if !gamma.is_finite() => {
+                Err(format!("simpo gamma must be finite, got {gamma}"))
+            }
+            _ => Ok(()),
+        }
+    }
+}

@@ -173,10 +173,14 @@ pub fn elementwise_tensors<T: TensorMetadata>(
 mod adamw;
 mod attention;
 mod matmul;
+mod post_training;
 mod rope;
 pub use adamw::{AdamWInputs, adamw_step, adamw_step_tensors};
 pub use attention::{AttentionInputs, attention};
 pub use matmul::{matmul, matmul_tensors};
+pub use post_training::{
+    Meta, ReferenceMeta, preference, preference_tensors, sequence_head, sequence_targets,
+};
 pub use rope::{RopeInputs, rope, rope_tensors};
 /// A cross-entropy call's inputs: `logits: [N, V]`, `targets: [N]` (integers),
 /// `class_weight: [V]`, `grad_scale: [1]` or `[N]`, `z_loss_scale: [1]` (with a `[1]`

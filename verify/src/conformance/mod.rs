@@ -19,11 +19,13 @@
 
 pub mod bounds;
 pub mod cross_entropy;
+pub mod fused_linear_preference;
 pub mod glu;
 pub mod linear_cross_entropy;
 pub mod reference;
 mod rng;
 pub mod rope;
+pub mod tracked;
 #[cfg(test)]
 mod wrong_outputs;
 
@@ -83,11 +85,22 @@ pub enum Op {
     FusedLinearCrossEntropyNone,
     /// Fused linear cross entropy, reduction sum, bias, automatic chunks.
     FusedLinearCrossEntropySum,
+    /// Fused linear DPO (sigmoid, label smoothing, NLL term) against a reference head with
+    /// a bias, one pair per chunk; rows = pairs, width = V.
+    FusedLinearDpo,
+    /// Every DPO loss type on given reference log-probabilities, averaged, automatic chunks.
+    FusedLinearDpoLossTypes,
+    /// Fused linear ORPO (Liger-Kernel's defaults), bias, one pair per chunk.
+    FusedLinearOrpo,
+    /// Fused linear CPO with label smoothing, an ignore_index inside the vocabulary.
+    FusedLinearCpo,
+    /// Fused linear SimPO with label smoothing, bias, automatic chunks.
+    FusedLinearSimpo,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 21] = [
+    pub const ALL: [Op; 26] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -109,6 +122,11 @@ impl Op {
         Op::FusedLinearCrossEntropy,
         Op::FusedLinearCrossEntropyNone,
         Op::FusedLinearCrossEntropySum,
+        Op::FusedLinearDpo,
+        Op::FusedLinearDpoLossTypes,
+        Op::FusedLinearOrpo,
+        Op::FusedLinearCpo,
+        Op::FusedLinearSimpo,
     ];
 
     /// Name used in reports and filters.
@@ -135,6 +153,11 @@ impl Op {
             Op::FusedLinearCrossEntropy => "fused_linear_cross_entropy",
             Op::FusedLinearCrossEntropyNone => "fused_linear_cross_entropy_none",
             Op::FusedLinearCrossEntropySum => "fused_linear_cross_entropy_sum",
+            Op::FusedLinearDpo => "fused_linear_dpo",
+            Op::FusedLinearDpoLossTypes => "fused_linear_dpo_loss_types",
+            Op::FusedLinearOrpo => "fused_linear_orpo",
+            Op::FusedLinearCpo => "fused_linear_cpo",
+            Op::FusedLinearSimpo => "fused_linear_simpo",
         }
     }
 
@@ -298,6 +321,9 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
     }
     if op.is_linear_cross_entropy() {
         return linear_cross_entropy::shapes(op, quick);
+    }
+    if op.is_preference() {
+        return fused_linear_preference::shapes(op, quick);
     }
     shapes
 }
@@ -488,6 +514,9 @@ pub fn host_case(op: Op, rows: usize, width: usize, dtype: DType, rng: &mut Rng)
     if op.is_linear_cross_entropy() {
         return linear_cross_entropy::host_case(op, rows, width, dtype, rng, live);
     }
+    if op.is_preference() {
+        return fused_linear_preference::host_case(op, rows, width, dtype, rng);
+    }
     let inputs = draw_row_inputs(op, rows, width, rng);
     let r = |v: &Vec<f32>| host_input(v, dtype);
     let (x, g, w, b, res, g2) = (
@@ -538,6 +567,9 @@ pub fn run_case<B: FusedOps>(
         _ if op.is_cross_entropy() => cross_entropy::run::<B>(op, rows, width, dtype, device, rng),
         _ if op.is_linear_cross_entropy() => {
             linear_cross_entropy::run::<B>(op, rows, width, dtype, device, rng)
+        }
+        _ if op.is_preference() => {
+            fused_linear_preference::run::<B>(op, rows, width, dtype, device, rng)
         }
         _ => run_row_case::<B>(op, rows, width, dtype, device, rng),
     };

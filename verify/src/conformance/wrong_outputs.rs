@@ -89,7 +89,9 @@ fn extreme_shapes(op: Op) -> Vec<(usize, usize)> {
 /// Checks one host case; returns what went wrong and how many rejections it saw.
 /// The dtype a tensor is stored in: the losses are f32 whatever the inputs' dtype.
 fn stored_dtype(e: &Expected, dtype: DType) -> DType {
-    if matches!(e.tensor, "loss" | "z_loss") {
+    if matches!(e.tensor, "loss" | "z_loss")
+        || super::fused_linear_preference::METRICS.contains(&e.tensor)
+    {
         DType::F32
     } else {
         dtype
@@ -238,4 +240,26 @@ fn fused_linear_cross_entropy_rejects_wrong_outputs_quick_shapes() {
 #[ignore = "minutes in a debug build: run with --release -- --ignored"]
 fn fused_linear_cross_entropy_rejects_wrong_outputs_full_shapes() {
     check_ops(&LINEAR, extreme_shapes);
+}
+
+const PREFERENCE: [Op; 5] = [
+    Op::FusedLinearDpo,
+    Op::FusedLinearDpoLossTypes,
+    Op::FusedLinearOrpo,
+    Op::FusedLinearCpo,
+    Op::FusedLinearSimpo,
+];
+
+/// The fused linear preference losses at the quick sweep's shapes.
+#[test]
+fn fused_linear_preference_rejects_wrong_outputs_quick_shapes() {
+    check_ops(&PREFERENCE, |op| shapes(op, true));
+}
+
+/// The fused linear preference losses at the full sweep's widest shape (16 pairs at
+/// V = 128256): minutes in a debug build, as the linear cross entropy's.
+#[test]
+#[ignore = "minutes in a debug build: run with --release -- --ignored"]
+fn fused_linear_preference_rejects_wrong_outputs_full_shapes() {
+    check_ops(&PREFERENCE, extreme_shapes);
 }

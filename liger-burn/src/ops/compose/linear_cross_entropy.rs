@@ -21,11 +21,11 @@
 //! anyway. Above that, chunks follow Liger-Kernel's rule (`≈ N·H/V` rows: a chunk's
 //! logits about the size of `x`). The rows are split into equal chunks.
 
-use super::{to_dtype, to_f32};
+use super::chunked_linear::{LinearGrads, float, logits as chunk_logits, prim};
 use crate::ops::compose::cross_entropy::{non_ignored_weight, reciprocal_or_zero};
 use crate::ops::{CrossEntropyOptions, FusedOps, LinearCrossEntropyOutput, Reduction, validate};
 use burn::tensor::{
-    DType, Int, Tensor, TensorMetadata, TensorPrimitive,
+    DType, Int, Tensor, TensorMetadata,
     ops::{FloatTensor, IntTensor},
 };
 /// Rows per chunk for `x: [n, h]` against `V = v` classes (see the module docs).
@@ -43,20 +43,6 @@ pub fn automatic_chunk_rows(n: usize, h: usize, v: usize) -> usize {
     let wanted = liger.max(h).clamp(1, n.max(1));
     // Equal chunks: the same number of chunks, spread evenly.
     n.div_ceil(n.div_ceil(wanted)).max(1)
-}
-
-fn float<B: FusedOps, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(x))
-}
-
-fn prim<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
-    x.into_primitive().tensor()
-}
-
-/// `a · b` through [`FusedOps::fused_matmul`] (cuBLASLt on CUDA), transposed views as
-/// they are.
-fn matmul<B: FusedOps>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
-    float(B::fused_matmul(prim(a), prim(b)))
 }
 
 /// What the chunk loop computes for the gradients.
@@ -144,16 +130,12 @@ pub(crate) fn chunked<B: FusedOps>(
     let mut losses = Vec::new();
     let mut z_losses = Vec::new();
     let mut grad_x = Vec::new();
-    let mut grad_w: Option<Tensor<B, 2>> = None;
-    let mut grad_b: Option<Tensor<B, 2>> = None;
+    let mut grads = LinearGrads::<B>::new(bias.is_some());
     let mut r0 = 0;
     while r0 < n {
         let r1 = (r0 + chunk).min(n);
         let x_c = x.clone().slice(r0..r1);
-        let mut logits = matmul::<B>(x_c.clone(), weight_t.clone());
-        if let Some(b) = &bias {
-            logits = logits + b.clone();
-        }
+        let logits = chunk_logits::<B>(x_c.clone(), &weight_t, bias.as_ref());
         // Per-row factors go into the kernel's per-row gradient scale: one rounding.
         let (chunk_scale, chunk_z_scale) = match &row_factors {
             Some(r) => (r.clone().slice(r0..r1), None),
@@ -170,20 +152,7 @@ pub(crate) fn chunked<B: FusedOps>(
         losses.push(float::<B, 1>(rows.loss));
         z_losses.extend(rows.z_loss.map(float::<B, 1>));
         if let Some(g) = rows.grad_logits {
-            let g: Tensor<B, 2> = float(g);
-            grad_x.push(matmul::<B>(g.clone(), weight.clone()));
-            let gw = float::<B, 2>(to_f32::<B>(prim(matmul::<B>(g.clone().transpose(), x_c))));
-            grad_w = Some(match grad_w {
-                Some(acc) => acc + gw,
-                None => gw,
-            });
-            if bias.is_some() {
-                let gb = float::<B, 2>(to_f32::<B>(prim(g))).sum_dim(0);
-                grad_b = Some(match grad_b {
-                    Some(acc) => acc + gb,
-                    None => gb,
-                });
-            }
+            grad_x.push(grads.add(float(g), x_c, &weight));
         }
         r0 = r1;
     }
@@ -206,12 +175,13 @@ pub(crate) fn chunked<B: FusedOps>(
     let z_loss = options
         .return_z_loss
         .then(|| reduce(z_losses, &z_loss_scale));
+    let (grad_weight, grad_bias) = grads.finish(w_dtype, b_dtype.unwrap_or(w_dtype));
     LinearCrossEntropyOutput {
         loss: prim(loss),
         z_loss: z_loss.map(prim),
         grad_x: with_grad.then(|| prim(Tensor::cat(grad_x, 0))),
-        grad_weight: grad_w.map(|g| to_dtype::<B>(prim(g), w_dtype)),
-        grad_bias: grad_b.map(|g| to_dtype::<B>(prim(g.reshape([v])), b_dtype.unwrap_or(w_dtype))),
+        grad_weight,
+        grad_bias,
     }
 }
 

@@ -7,7 +7,9 @@
 pub mod activation;
 pub mod adamw;
 pub mod attention;
+pub(crate) mod chunked_linear;
 pub mod cross_entropy;
+pub mod fused_linear_preference;
 pub mod glu;
 pub mod layer_norm;
 pub mod linear_cross_entropy;
