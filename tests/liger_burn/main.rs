@@ -12,6 +12,7 @@ mod fused_linear_preference;
 mod geglu;
 mod gelu;
 mod layer_norm;
+mod liger_chunked_fixture;
 mod log_softmax;
 mod matmul;
 mod optim;

@@ -1,0 +1,199 @@
+//! Liger-Kernel's chunked losses on the same inputs: every fused post-training op gives
+//! the loss, the metrics and the gradients Liger-Kernel's own code computes
+//! (`tests/fixtures/liger_chunked/generate.py`, which names the version), on every
+//! backend of the test device, in f32, within the f32 tolerance of two f32 computations.
+
+use burn::backend::Autodiff;
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use liger_burn::functional::{self, Reference};
+use liger_burn::ops::{DpoLossType, FusedOps, PreferenceLoss, PreferenceOptions};
+use liger_tests::BackendVisitor;
+use liger_tests::tensors::{check, values};
+use liger_verify::conformance::{Tolerance, compare};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/fixtures/liger_chunked/liger_chunked.json"
+);
+
+#[derive(Deserialize, Clone, Debug)]
+struct Floats {
+    shape: Vec<usize>,
+    data: Vec<f32>,
+}
+
+#[derive(Deserialize, Clone, Debug)]
+struct Ints {
+    shape: Vec<usize>,
+    data: Vec<i64>,
+}
+
+#[derive(Deserialize, Clone, Debug)]
+struct Case {
+    op: String,
+    case: String,
+    options: serde_json::Value,
+    inputs: BTreeMap<String, Floats>,
+    int_inputs: BTreeMap<String, Ints>,
+    grad_output: f32,
+    outputs: BTreeMap<String, Floats>,
+    grads: BTreeMap<String, Floats>,
+}
+
+#[derive(Deserialize)]
+struct Fixture {
+    cases: Vec<Case>,
+}
+
+fn fixture() -> Fixture {
+    let text = std::fs::read_to_string(FIXTURE).unwrap_or_else(|e| {
+        panic!("{FIXTURE}: {e} (run tests/fixtures/liger_chunked/generate.py)")
+    });
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{FIXTURE}: {e}"))
+}
+
+type A<B> = Autodiff<B>;
+
+fn floats<B: FusedOps, const D: usize>(f: &Floats, device: &B::Device) -> Tensor<A<B>, D> {
+    Tensor::from_data(TensorData::new(f.data.clone(), f.shape.clone()), device)
+}
+
+fn ints<B: FusedOps, const D: usize>(i: &Ints, device: &B::Device) -> Tensor<A<B>, D, Int> {
+    Tensor::from_data(TensorData::new(i.data.clone(), i.shape.clone()), device)
+}
+
+fn opt_f64(o: &serde_json::Value, key: &str, default: f64) -> f64 {
+    o.get(key).and_then(|v| v.as_f64()).unwrap_or(default)
+}
+
+fn opt_bool(o: &serde_json::Value, key: &str, default: bool) -> bool {
+    o.get(key).and_then(|v| v.as_bool()).unwrap_or(default)
+}
+
+fn preference_options(o: &serde_json::Value) -> PreferenceOptions {
+    let base = match o["loss"].as_str().unwrap() {
+        "dpo" => {
+            let t = DpoLossType::from_name(o["loss_type"].as_str().unwrap()).expect("a loss type");
+            PreferenceOptions::dpo().with_loss(PreferenceLoss::Dpo(t))
+        }
+        "orpo" => PreferenceOptions::orpo(),
+        "cpo" => PreferenceOptions::cpo(),
+        "simpo" => PreferenceOptions::simpo().with_loss(PreferenceLoss::Simpo {
+            gamma: opt_f64(o, "gamma", 0.5),
+        }),
+        other => panic!("unknown preference loss {other}"),
+    };
+    base.with_beta(opt_f64(o, "beta", base.beta))
+        .with_alpha(opt_f64(o, "alpha", base.alpha))
+        .with_label_smoothing(opt_f64(o, "label_smoothing", 0.0))
+        .with_average_log_prob(opt_bool(o, "average_log_prob", base.average_log_prob))
+        .with_compute_nll_loss(opt_bool(o, "compute_nll_loss", base.compute_nll_loss))
+}
+
+/// `(name, values)` of every output and gradient of a preference case on `Autodiff<B>`.
+fn run_preference<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let options = preference_options(&case.options);
+    let x = floats::<B, 3>(&case.inputs["x"], device).require_grad();
+    let w = floats::<B, 2>(&case.inputs["weight"], device).require_grad();
+    let b = case
+        .inputs
+        .get("bias")
+        .map(|b| floats::<B, 1>(b, device).require_grad());
+    let reference = match case.options.get("reference").and_then(|r| r.as_str()) {
+        Some("model") => Reference::Model {
+            x: floats::<B, 3>(&case.inputs["ref_x"], device),
+            weight: floats::<B, 2>(&case.inputs["ref_weight"], device),
+            bias: Some(floats::<B, 1>(&case.inputs["ref_bias"], device)),
+        },
+        _ => Reference::None,
+    };
+    let y = ints::<B, 2>(&case.int_inputs["targets"], device);
+    let out =
+        functional::fused_linear_preference(x.clone(), w.clone(), b.clone(), y, reference, options);
+    let grads = (out.loss.clone() * case.grad_output).backward();
+    let m = &out.metrics;
+    let mut got = vec![
+        ("loss".to_string(), values(out.loss.inner())),
+        (
+            "chosen_logps".into(),
+            values(m.chosen_logps.clone().inner()),
+        ),
+        (
+            "rejected_logps".into(),
+            values(m.rejected_logps.clone().inner()),
+        ),
+        (
+            "chosen_rewards".into(),
+            values(m.chosen_rewards.clone().inner()),
+        ),
+        (
+            "rejected_rewards".into(),
+            values(m.rejected_rewards.clone().inner()),
+        ),
+        (
+            "chosen_logits_mean".into(),
+            values(m.chosen_logits_mean.clone().inner()),
+        ),
+        (
+            "rejected_logits_mean".into(),
+            values(m.rejected_logits_mean.clone().inner()),
+        ),
+        ("nll_loss".into(), values(m.nll_loss.clone().inner())),
+        ("grad x".into(), values(x.grad(&grads).unwrap())),
+        ("grad weight".into(), values(w.grad(&grads).unwrap())),
+    ];
+    if let (Some(r), Some(c)) = (&m.log_odds_ratio, &m.log_odds_chosen) {
+        got.push(("log_odds_ratio".into(), values(r.clone().inner())));
+        got.push(("log_odds_chosen".into(), values(c.clone().inner())));
+    }
+    if let Some(b) = &b {
+        got.push(("grad bias".into(), values(b.grad(&grads).unwrap())));
+    }
+    got
+}
+
+struct Fixtures {
+    fixture: Fixture,
+    cases: usize,
+}
+
+impl BackendVisitor for Fixtures {
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        let tol = Tolerance::for_dtype(DType::F32);
+        for case in &self.fixture.cases {
+            let got = match case.op.as_str() {
+                "fused_linear_preference" => run_preference::<B>(case, device),
+                other => panic!("unknown op {other} in the fixture"),
+            };
+            let at = format!("{} {}", case.op, case.case);
+            for (name, actual) in &got {
+                let expected: Vec<f64> = match name.strip_prefix("grad ") {
+                    Some(g) => &case.grads[g],
+                    None => &case.outputs[name.as_str()],
+                }
+                .data
+                .iter()
+                .map(|&v| f64::from(v))
+                .collect();
+                check(
+                    label,
+                    &format!("{at} {name}"),
+                    compare("value", actual, &expected, tol),
+                );
+            }
+            self.cases += 1;
+        }
+    }
+}
+
+#[test]
+fn chunked_losses_match_liger_kernel() {
+    let mut v = Fixtures {
+        fixture: fixture(),
+        cases: 0,
+    };
+    liger_tests::for_each_backend(&mut v);
+    assert!(v.cases > 0, "no case ran");
+}
