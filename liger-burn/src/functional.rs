@@ -10,11 +10,19 @@ use crate::ops::validate::{self, NormInputs};
 use crate::ops::{FusedOps, RmsNormOptions};
 use burn::tensor::{Tensor, TensorPrimitive};
 
+mod divergence;
+mod fused_linear_distill;
 mod fused_linear_preference;
+mod fused_linear_rl;
 mod sequences;
 
+pub use divergence::{divergence, jsd, kl_div, tvd};
+pub use fused_linear_distill::{DistillLossOutput, fused_linear_distill};
 pub use fused_linear_preference::{
     PreferenceLossOutput, PreferenceMetrics, Reference, fused_linear_preference,
+};
+pub use fused_linear_rl::{
+    GrpoLossOutput, KtoLossOutput, KtoMetrics, TokenReference, fused_linear_grpo, fused_linear_kto,
 };
 
 fn prim<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {

@@ -6,7 +6,10 @@
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::functional::{self, Reference};
-use liger_burn::ops::{DpoLossType, FusedOps, PreferenceLoss, PreferenceOptions};
+use liger_burn::ops::{
+    DistillOptions, Divergence, DivergenceOptions, DivergenceReduction, DpoLossType, FusedOps,
+    PreferenceLoss, PreferenceOptions,
+};
 use liger_tests::BackendVisitor;
 use liger_tests::tensors::{check, values};
 use liger_verify::conformance::{Tolerance, compare};
@@ -154,6 +157,84 @@ fn run_preference<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, 
     got
 }
 
+/// A distillation case: `LigerFusedLinearJSDFunction`, whose `β` 0 and 1 are the KLs.
+fn run_distill<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let o = &case.options;
+    let options = DistillOptions::default()
+        .with_divergence(Divergence::Jsd {
+            beta: opt_f64(o, "beta", 0.5),
+        })
+        .with_temperature(opt_f64(o, "temperature", 1.0))
+        .with_weights(
+            opt_f64(o, "weight_hard_loss", 0.5),
+            opt_f64(o, "weight_soft_loss", 0.5),
+        );
+    let x = floats::<B, 2>(&case.inputs["x"], device).require_grad();
+    let w = floats::<B, 2>(&case.inputs["weight"], device).require_grad();
+    let b = case
+        .inputs
+        .get("bias")
+        .map(|b| floats::<B, 1>(b, device).require_grad());
+    let out = functional::fused_linear_distill(
+        x.clone(),
+        w.clone(),
+        b.clone(),
+        floats::<B, 2>(&case.inputs["teacher_x"], device),
+        floats::<B, 2>(&case.inputs["teacher_weight"], device),
+        case.inputs
+            .get("teacher_bias")
+            .map(|b| floats::<B, 1>(b, device)),
+        ints::<B, 1>(&case.int_inputs["targets"], device),
+        options,
+    );
+    let grads = (out.loss.clone() * case.grad_output).backward();
+    let mut got = vec![
+        ("loss".to_string(), values(out.loss.inner())),
+        ("soft_loss".into(), values(out.soft_loss.inner())),
+        ("hard_loss".into(), values(out.hard_loss.inner())),
+        ("grad x".into(), values(x.grad(&grads).unwrap())),
+        ("grad weight".into(), values(w.grad(&grads).unwrap())),
+    ];
+    if let Some(b) = &b {
+        got.push(("grad bias".into(), values(b.grad(&grads).unwrap())));
+    }
+    got
+}
+
+/// A plain divergence case.
+fn run_divergence<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let o = &case.options;
+    let divergence = match o["divergence"].as_str().unwrap() {
+        "jsd" => Divergence::Jsd {
+            beta: opt_f64(o, "beta", 0.5),
+        },
+        "forward_kl" => Divergence::ForwardKl,
+        "tvd" => Divergence::Tvd,
+        other => panic!("unknown divergence {other}"),
+    };
+    let reduction = match o["reduction"].as_str().unwrap() {
+        "sum" => DivergenceReduction::Sum,
+        "mean" => DivergenceReduction::Mean,
+        "batchmean" => DivergenceReduction::BatchMean,
+        other => panic!("unknown reduction {other}"),
+    };
+    let options = DivergenceOptions::new(divergence)
+        .with_reduction(reduction)
+        .with_log_target(opt_bool(o, "log_target", false));
+    let x = floats::<B, 2>(&case.inputs["input"], device).require_grad();
+    let y = floats::<B, 2>(&case.inputs["target"], device);
+    let labels = case
+        .int_inputs
+        .get("labels")
+        .map(|l| ints::<B, 1>(l, device));
+    let loss = functional::divergence(x.clone(), y, labels, options);
+    let grads = (loss.clone() * case.grad_output).backward();
+    vec![
+        ("loss".to_string(), values(loss.inner())),
+        ("grad input".into(), values(x.grad(&grads).unwrap())),
+    ]
+}
+
 struct Fixtures {
     fixture: Fixture,
     cases: usize,
@@ -165,6 +246,8 @@ impl BackendVisitor for Fixtures {
         for case in &self.fixture.cases {
             let got = match case.op.as_str() {
                 "fused_linear_preference" => run_preference::<B>(case, device),
+                "fused_linear_distill" => run_distill::<B>(case, device),
+                "divergence" => run_divergence::<B>(case, device),
                 other => panic!("unknown op {other} in the fixture"),
             };
             let at = format!("{} {}", case.op, case.case);

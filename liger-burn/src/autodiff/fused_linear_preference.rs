@@ -3,7 +3,7 @@
 //! reference model's tensors get no gradient.
 
 use super::chunked_loss::track;
-use crate::ops::{FusedOps, PreferenceOptions, PreferenceOutput, PreferenceReference};
+use crate::ops::{FusedOps, PreferenceOptions, PreferenceOutput, ReferenceInput};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_autodiff::Autodiff;
@@ -14,7 +14,7 @@ pub(crate) fn forward<B: FusedOps, C: CheckpointStrategy>(
     weight: FloatTensor<Autodiff<B, C>>,
     bias: Option<FloatTensor<Autodiff<B, C>>>,
     targets: IntTensor<B>,
-    reference: PreferenceReference<Autodiff<B, C>>,
+    reference: ReferenceInput<Autodiff<B, C>>,
     options: PreferenceOptions,
 ) -> PreferenceOutput<Autodiff<B, C>> {
     let reference = reference.map(|t| t.primitive);

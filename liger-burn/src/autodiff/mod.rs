@@ -6,7 +6,10 @@
 mod attention;
 mod chunked_loss;
 mod cross_entropy;
+mod divergence;
+mod fused_linear_distill;
 mod fused_linear_preference;
+mod fused_linear_rl;
 mod glu;
 mod linear_cross_entropy;
 mod matmul;
@@ -406,12 +409,76 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         targets: burn::tensor::ops::IntTensor<Self>,
-        reference: crate::ops::PreferenceReference<Self>,
+        reference: crate::ops::ReferenceInput<Self>,
         _compute_grad: bool,
         options: crate::ops::PreferenceOptions,
     ) -> crate::ops::PreferenceOutput<Self> {
         // Whether gradients are computed follows the graph (a tracked x, weight or bias).
         fused_linear_preference::forward::<B, C>(x, weight, bias, targets, reference, options)
+    }
+
+    fn fused_linear_distill(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        teacher: crate::ops::TeacherHead<Self>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        _compute_grad: bool,
+        options: crate::ops::DistillOptions,
+    ) -> crate::ops::DistillOutput<Self> {
+        // Whether gradients are computed follows the graph (a tracked x, weight or bias).
+        fused_linear_distill::forward::<B, C>(x, weight, bias, teacher, targets, options)
+    }
+
+    fn fused_divergence(
+        input: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        labels: Option<burn::tensor::ops::IntTensor<Self>>,
+        _compute_grad: bool,
+        options: crate::ops::DivergenceOptions,
+    ) -> crate::ops::DivergenceOutput<Self> {
+        // Whether the gradient is computed follows the graph (a tracked input).
+        divergence::forward::<B, C>(input, target, labels, options)
+    }
+
+    fn fused_linear_kto(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        labels: burn::tensor::ops::IntTensor<Self>,
+        reference: crate::ops::ReferenceInput<Self>,
+        kl: Option<FloatTensor<Self>>,
+        _compute_grad: bool,
+        options: crate::ops::KtoOptions,
+    ) -> crate::ops::KtoOutput<Self> {
+        // Whether gradients are computed follows the graph (a tracked x, weight or bias).
+        fused_linear_rl::kto::<B, C>(x, weight, bias, targets, labels, reference, kl, options)
+    }
+
+    fn fused_linear_grpo(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        completion_ids: burn::tensor::ops::IntTensor<Self>,
+        completion_mask: burn::tensor::ops::IntTensor<Self>,
+        advantages: FloatTensor<Self>,
+        reference: crate::ops::ReferenceInput<Self>,
+        old_logps: Option<FloatTensor<Self>>,
+        _compute_grad: bool,
+        options: crate::ops::GrpoOptions,
+    ) -> crate::ops::GrpoOutput<Self> {
+        fused_linear_rl::grpo::<B, C>(
+            x,
+            weight,
+            bias,
+            completion_ids,
+            completion_mask,
+            advantages,
+            reference,
+            old_logps,
+            options,
+        )
     }
 
     fn fused_attention(

@@ -235,7 +235,7 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         targets: burn::tensor::ops::IntTensor<Self>,
-        reference: crate::ops::PreferenceReference<Self>,
+        reference: crate::ops::ReferenceInput<Self>,
         compute_grad: bool,
         options: crate::ops::PreferenceOptions,
     ) -> crate::ops::PreferenceOutput<Self> {
@@ -245,6 +245,89 @@ impl<B: FusedOps> FusedOps for Liger<B> {
             bias,
             targets,
             reference.map(|t| t),
+            compute_grad,
+            options,
+        )
+        .map(|t| t)
+    }
+
+    fn fused_linear_distill(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        teacher: crate::ops::TeacherHead<Self>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        compute_grad: bool,
+        options: crate::ops::DistillOptions,
+    ) -> crate::ops::DistillOutput<Self> {
+        B::fused_linear_distill(
+            x,
+            weight,
+            bias,
+            teacher.map(|t| t),
+            targets,
+            compute_grad,
+            options,
+        )
+        .map(|t| t)
+    }
+
+    fn fused_divergence(
+        input: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        labels: Option<burn::tensor::ops::IntTensor<Self>>,
+        compute_grad: bool,
+        options: crate::ops::DivergenceOptions,
+    ) -> crate::ops::DivergenceOutput<Self> {
+        B::fused_divergence(input, target, labels, compute_grad, options).map(|t| t)
+    }
+
+    fn fused_linear_kto(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        labels: burn::tensor::ops::IntTensor<Self>,
+        reference: crate::ops::ReferenceInput<Self>,
+        kl: Option<FloatTensor<Self>>,
+        compute_grad: bool,
+        options: crate::ops::KtoOptions,
+    ) -> crate::ops::KtoOutput<Self> {
+        B::fused_linear_kto(
+            x,
+            weight,
+            bias,
+            targets,
+            labels,
+            reference.map(|t| t),
+            kl,
+            compute_grad,
+            options,
+        )
+        .map(|t| t)
+    }
+
+    fn fused_linear_grpo(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        completion_ids: burn::tensor::ops::IntTensor<Self>,
+        completion_mask: burn::tensor::ops::IntTensor<Self>,
+        advantages: FloatTensor<Self>,
+        reference: crate::ops::ReferenceInput<Self>,
+        old_logps: Option<FloatTensor<Self>>,
+        compute_grad: bool,
+        options: crate::ops::GrpoOptions,
+    ) -> crate::ops::GrpoOutput<Self> {
+        B::fused_linear_grpo(
+            x,
+            weight,
+            bias,
+            completion_ids,
+            completion_mask,
+            advantages,
+            reference.map(|t| t),
+            old_logps,
             compute_grad,
             options,
         )

@@ -2,7 +2,7 @@
 
 use super::sequences::{check_sequences, sequence_stats};
 use super::{prim, wrap};
-use crate::ops::{FusedOps, PreferenceOptions, PreferenceReference, validate};
+use crate::ops::{FusedOps, PreferenceOptions, ReferenceInput, validate};
 use burn::tensor::{DType, Int, Tensor};
 
 /// Where [`fused_linear_preference`] gets the reference model's log-probabilities.
@@ -140,9 +140,9 @@ pub fn fused_linear_preference<B: FusedOps>(
 ) -> PreferenceLossOutput<B> {
     const OP: &str = "fused_linear_preference";
     let reference = match reference {
-        Reference::None => PreferenceReference::None,
-        Reference::LogProbs(l) => PreferenceReference::LogProbs(prim(l.detach())),
-        Reference::Model { x, weight, bias } => PreferenceReference::Model {
+        Reference::None => ReferenceInput::None,
+        Reference::LogProbs(l) => ReferenceInput::LogProbs(prim(l.detach())),
+        Reference::Model { x, weight, bias } => ReferenceInput::Model {
             x: prim(x.detach()),
             weight: prim(weight.detach()),
             bias: bias.map(|b| prim(b.detach())),

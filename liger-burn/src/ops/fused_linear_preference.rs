@@ -2,17 +2,18 @@
 
 use burn::tensor::{backend::Backend, ops::FloatTensor};
 
-/// Where the reference model's sequence log-probabilities come from (DPO).
+/// Where a loss gets the reference model's log-probabilities (DPO, KTO, GRPO).
 #[derive(Debug, Clone)]
-pub enum PreferenceReference<B: Backend> {
-    /// No reference model: its log-probabilities count as 0 (Liger-Kernel's rule).
+pub enum ReferenceInput<B: Backend> {
+    /// No reference model: its log-probabilities count as 0 (DPO, KTO: Liger-Kernel's
+    /// rule) or as the policy's own (GRPO: no KL penalty).
     None,
-    /// Given, `[2B]` f32: chosen sequences first, as the policy's batch (computed with the
-    /// same [`average_log_prob`](crate::ops::PreferenceOptions::average_log_prob)).
+    /// Given, f32: per sequence for the preference losses (`[2B]`, chosen first, computed
+    /// with the same `average_log_prob`) and KTO (`[B]`); per token for GRPO (`[B, T]`).
     LogProbs(FloatTensor<B>),
     /// Computed chunk by chunk from a frozen reference head, without gradients:
-    /// `x: [2B, T, H_ref]` (the reference model's last hidden states), `weight: [V, H_ref]`,
-    /// `bias: [V]`, in the policy's dtype.
+    /// `x: [S, T, H_ref]` (the reference model's last hidden states over the policy's
+    /// sequences), `weight: [V, H_ref]`, `bias: [V]`, in the policy's dtype.
     Model {
         /// `[2B, T, H_ref]`.
         x: FloatTensor<B>,
@@ -23,16 +24,16 @@ pub enum PreferenceReference<B: Backend> {
     },
 }
 
-impl<B: Backend> PreferenceReference<B> {
+impl<B: Backend> ReferenceInput<B> {
     /// The same reference as tensors of another backend.
     pub fn map<C: Backend>(
         self,
         f: impl Fn(FloatTensor<B>) -> FloatTensor<C>,
-    ) -> PreferenceReference<C> {
+    ) -> ReferenceInput<C> {
         match self {
-            PreferenceReference::None => PreferenceReference::None,
-            PreferenceReference::LogProbs(l) => PreferenceReference::LogProbs(f(l)),
-            PreferenceReference::Model { x, weight, bias } => PreferenceReference::Model {
+            ReferenceInput::None => ReferenceInput::None,
+            ReferenceInput::LogProbs(l) => ReferenceInput::LogProbs(f(l)),
+            ReferenceInput::Model { x, weight, bias } => ReferenceInput::Model {
                 x: f(x),
                 weight: f(weight),
                 bias: bias.map(&f),

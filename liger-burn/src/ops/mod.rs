@@ -11,12 +11,18 @@
 
 mod adamw;
 pub mod compose;
+mod divergence;
+mod fused_linear_distill;
 mod fused_linear_preference;
+mod fused_linear_rl;
 mod options;
 pub mod validate;
 
 pub use adamw::*;
+pub use divergence::*;
+pub use fused_linear_distill::*;
 pub use fused_linear_preference::*;
+pub use fused_linear_rl::*;
 pub use options::*;
 
 use burn::tensor::{
@@ -386,7 +392,7 @@ pub trait FusedOps: Backend {
     /// hidden states of `B` chosen then `B` rejected sequences, `weight: [V, H]`,
     /// `bias: [V]`, integer `targets: [2B, T]` (`ignore_index` outside the completions),
     /// the reference model's log-probabilities given or computed from its head
-    /// ([`PreferenceReference`]).
+    /// ([`ReferenceInput`]).
     ///
     /// With `compute_grad`, the gradients of the loss (for an upstream gradient of 1) are
     /// computed in the same chunked pass. The default body chunks over pairs with
@@ -401,7 +407,7 @@ pub trait FusedOps: Backend {
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
         targets: IntTensor<Self>,
-        reference: PreferenceReference<Self>,
+        reference: ReferenceInput<Self>,
         compute_grad: bool,
         options: PreferenceOptions,
     ) -> PreferenceOutput<Self> {
@@ -411,6 +417,126 @@ pub trait FusedOps: Backend {
             bias,
             targets,
             reference,
+            compute_grad,
+            options,
+        )
+    }
+
+    /// Linear layer then distillation from a frozen teacher (see [`DistillOptions`]) without
+    /// the `[N, V]` logits of either head: the student's `x: [N, H]`, `weight: [V, H]`,
+    /// `bias: [V]`, the teacher's head ([`TeacherHead`], vocabulary `V_t ≥ V`: a larger
+    /// teacher vocabulary pads the student's logits with zeros, as Liger-Kernel), integer
+    /// `targets: [N]`.
+    ///
+    /// With `compute_grad`, the gradients of the loss (upstream gradient 1) are computed
+    /// chunk by chunk in the same pass (see [`compose::fused_linear_distill`]). On
+    /// `Autodiff<B>` the loss is tracked (parents `x`, `weight`, `bias`; the teacher gets no
+    /// gradient) and its backward only scales the stored gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_linear_distill(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        teacher: TeacherHead<Self>,
+        targets: IntTensor<Self>,
+        compute_grad: bool,
+        options: DistillOptions,
+    ) -> DistillOutput<Self> {
+        compose::fused_linear_distill::forward::<Self>(
+            x,
+            weight,
+            bias,
+            teacher,
+            targets,
+            compute_grad,
+            options,
+        )
+    }
+
+    /// A divergence between two `[N, V]` distributions, elementwise then reduced (see
+    /// [`DivergenceOptions`]): `input` (the student, log-probabilities, or probabilities for
+    /// the TVD), `target` of the same shape and dtype, optional integer `labels: [N]`
+    /// (rows labelled `ignore_index` are skipped).
+    ///
+    /// With `compute_grad` the gradient of the input is computed in the same pass. On
+    /// `Autodiff<B>` the loss is tracked (parent `input`; the target gets no gradient) and
+    /// its backward scales the stored gradient by the upstream one (elementwise under no
+    /// reduction).
+    fn fused_divergence(
+        input: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        labels: Option<IntTensor<Self>>,
+        compute_grad: bool,
+        options: DivergenceOptions,
+    ) -> DivergenceOutput<Self> {
+        compose::divergence::forward::<Self>(input, target, labels, compute_grad, options)
+    }
+
+    /// Linear layer then KTO (see [`KtoOptions`]) without the `[B·T, V]` logits:
+    /// `x: [B, T, H]`, `weight: [V, H]`, `bias: [V]`, integer `targets: [B, T]`, integer
+    /// `labels: [B]` (1 desirable, 0 undesirable: unpaired, in any order), the reference's
+    /// log-probabilities ([`ReferenceInput`], `[B]` when given), `kl`: TRL's KL estimate,
+    /// `[1]` f32 (0 when absent).
+    ///
+    /// Chunked over sequences as [`fused_linear_preference`](FusedOps::fused_linear_preference)
+    /// (see [`compose::fused_linear_kto`]); on `Autodiff<B>` the loss is tracked (parents
+    /// `x`, `weight`, `bias`) and its backward only scales the stored gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_linear_kto(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: IntTensor<Self>,
+        labels: IntTensor<Self>,
+        reference: ReferenceInput<Self>,
+        kl: Option<FloatTensor<Self>>,
+        compute_grad: bool,
+        options: KtoOptions,
+    ) -> KtoOutput<Self> {
+        compose::fused_linear_kto::forward::<Self>(
+            x,
+            weight,
+            bias,
+            targets,
+            labels,
+            reference,
+            kl,
+            compute_grad,
+            options,
+        )
+    }
+
+    /// Linear layer then GRPO (see [`GrpoOptions`]) without the `[B·T, V]` logits:
+    /// `x: [B, T, H]`, `weight: [V, H]`, `bias: [V]`, integer `completion_ids: [B, T]` (the
+    /// sampled tokens), integer `completion_mask: [B, T]` (1 on completion tokens),
+    /// `advantages: [B]` f32, the reference's per-token log-probabilities
+    /// ([`ReferenceInput`], `[B, T]` when given), the old policy's `old_logps: [B, T]` f32.
+    ///
+    /// Chunked over sequences (see [`compose::fused_linear_grpo`]); on `Autodiff<B>` the
+    /// loss is tracked (parents `x`, `weight`, `bias`) and its backward only scales the
+    /// stored gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_linear_grpo(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        completion_ids: IntTensor<Self>,
+        completion_mask: IntTensor<Self>,
+        advantages: FloatTensor<Self>,
+        reference: ReferenceInput<Self>,
+        old_logps: Option<FloatTensor<Self>>,
+        compute_grad: bool,
+        options: GrpoOptions,
+    ) -> GrpoOutput<Self> {
+        compose::fused_linear_grpo::forward::<Self>(
+            x,
+            weight,
+            bias,
+            completion_ids,
+            completion_mask,
+            advantages,
+            reference,
+            old_logps,
             compute_grad,
             options,
         )

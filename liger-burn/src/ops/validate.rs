@@ -179,7 +179,9 @@ pub use adamw::{AdamWInputs, adamw_step, adamw_step_tensors};
 pub use attention::{AttentionInputs, attention};
 pub use matmul::{matmul, matmul_tensors};
 pub use post_training::{
-    Meta, ReferenceMeta, preference, preference_tensors, sequence_head, sequence_targets,
+    Meta, ReferenceMeta, distill, distill_tensors, divergence, divergence_tensors, grpo,
+    grpo_tensors, kto, kto_tensors, preference, preference_tensors, row_head, sequence_head,
+    sequence_targets,
 };
 pub use rope::{RopeInputs, rope, rope_tensors};
 /// A cross-entropy call's inputs: `logits: [N, V]`, `targets: [N]` (integers),

@@ -19,6 +19,8 @@
 
 pub mod bounds;
 pub mod cross_entropy;
+pub mod divergence;
+pub mod fused_linear_distill;
 pub mod fused_linear_preference;
 pub mod glu;
 pub mod linear_cross_entropy;
@@ -96,11 +98,28 @@ pub enum Op {
     FusedLinearCpo,
     /// Fused linear SimPO with label smoothing, bias, automatic chunks.
     FusedLinearSimpo,
+    /// Fused linear distillation, JSD β = 0.5 at τ = 2 with the hard loss, both heads with
+    /// a bias, chunks of 8 rows; rows = N, width = V.
+    FusedLinearJsd,
+    /// Fused linear distillation, forward KL, a teacher vocabulary padded larger.
+    FusedLinearForwardKl,
+    /// Fused linear distillation, reverse KL at τ = 0.7, automatic chunks.
+    FusedLinearReverseKl,
+    /// Fused linear distillation, TVD alone, an ignore_index inside the vocabulary.
+    FusedLinearTvd,
+    /// PyTorch's kl_div with a probability target, batch mean.
+    KlDiv,
+    /// kl_div with a log-space target, no reduction (an upstream gradient per element).
+    KlDivNone,
+    /// Liger-Kernel's JSD (β = 0.3) with labels.
+    Jsd,
+    /// The total variation distance, summed, with labels.
+    Tvd,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 26] = [
+    pub const ALL: [Op; 34] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -127,6 +146,14 @@ impl Op {
         Op::FusedLinearOrpo,
         Op::FusedLinearCpo,
         Op::FusedLinearSimpo,
+        Op::FusedLinearJsd,
+        Op::FusedLinearForwardKl,
+        Op::FusedLinearReverseKl,
+        Op::FusedLinearTvd,
+        Op::KlDiv,
+        Op::KlDivNone,
+        Op::Jsd,
+        Op::Tvd,
     ];
 
     /// Name used in reports and filters.
@@ -158,6 +185,14 @@ impl Op {
             Op::FusedLinearOrpo => "fused_linear_orpo",
             Op::FusedLinearCpo => "fused_linear_cpo",
             Op::FusedLinearSimpo => "fused_linear_simpo",
+            Op::FusedLinearJsd => "fused_linear_jsd",
+            Op::FusedLinearForwardKl => "fused_linear_forward_kl",
+            Op::FusedLinearReverseKl => "fused_linear_reverse_kl",
+            Op::FusedLinearTvd => "fused_linear_tvd",
+            Op::KlDiv => "kl_div",
+            Op::KlDivNone => "kl_div_none",
+            Op::Jsd => "jsd",
+            Op::Tvd => "tvd",
         }
     }
 
@@ -324,6 +359,12 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
     }
     if op.is_preference() {
         return fused_linear_preference::shapes(op, quick);
+    }
+    if op.is_distill() {
+        return fused_linear_distill::shapes(op, quick);
+    }
+    if op.is_divergence() {
+        return divergence::shapes(op, quick);
     }
     shapes
 }
@@ -517,6 +558,12 @@ pub fn host_case(op: Op, rows: usize, width: usize, dtype: DType, rng: &mut Rng)
     if op.is_preference() {
         return fused_linear_preference::host_case(op, rows, width, dtype, rng);
     }
+    if op.is_distill() {
+        return fused_linear_distill::host_case(op, rows, width, dtype, rng);
+    }
+    if op.is_divergence() {
+        return divergence::host_case(op, rows, width, dtype, rng);
+    }
     let inputs = draw_row_inputs(op, rows, width, rng);
     let r = |v: &Vec<f32>| host_input(v, dtype);
     let (x, g, w, b, res, g2) = (
@@ -571,6 +618,8 @@ pub fn run_case<B: FusedOps>(
         _ if op.is_preference() => {
             fused_linear_preference::run::<B>(op, rows, width, dtype, device, rng)
         }
+        _ if op.is_distill() => fused_linear_distill::run::<B>(op, rows, width, dtype, device, rng),
+        _ if op.is_divergence() => divergence::run::<B>(op, rows, width, dtype, device, rng),
         _ => run_row_case::<B>(op, rows, width, dtype, device, rng),
     };
     CaseResult {

@@ -95,6 +95,40 @@ impl Tracked {
         )
     }
 
+    /// `ln x` (`x` above its error).
+    pub fn ln(self) -> Tracked {
+        let v = self.v.ln();
+        Tracked::new(
+            v,
+            self.e / (self.v - self.e).max(f64::MIN_POSITIVE) + ln_error(self.v),
+        )
+    }
+
+    /// `|self|`.
+    pub fn abs(self) -> Tracked {
+        Tracked::new(self.v.abs(), self.e)
+    }
+
+    /// `max(self, o)`.
+    pub fn max(self, o: Tracked) -> Tracked {
+        if self.v >= o.v {
+            Tracked::new(self.v, self.e.max(o.e))
+        } else {
+            Tracked::new(o.v, self.e.max(o.e))
+        }
+    }
+
+    /// `ln(eᵃ + eᵇ)` as the device computes it: `m + ln(e^(a−m) + e^(b−m))`, `m` the max.
+    pub fn log_add_exp(self, o: Tracked) -> Tracked {
+        let m = self.max(o);
+        m.add(self.sub(m).exp().add(o.sub(m).exp()).ln())
+    }
+
+    /// The same value without its error (a term whose error another evaluation counts).
+    pub fn exact_part(self) -> Tracked {
+        Tracked::exact(self.v)
+    }
+
     /// `ln(1 + x)` as `ln` of the rounded `1 + x` (`x > −1`).
     pub fn ln_1p(self) -> Tracked {
         let y = 1.0 + self.v;

@@ -89,7 +89,7 @@ fn extreme_shapes(op: Op) -> Vec<(usize, usize)> {
 /// Checks one host case; returns what went wrong and how many rejections it saw.
 /// The dtype a tensor is stored in: the losses are f32 whatever the inputs' dtype.
 fn stored_dtype(e: &Expected, dtype: DType) -> DType {
-    if matches!(e.tensor, "loss" | "z_loss")
+    if matches!(e.tensor, "loss" | "z_loss" | "soft_loss" | "hard_loss")
         || super::fused_linear_preference::METRICS.contains(&e.tensor)
     {
         DType::F32
@@ -262,4 +262,34 @@ fn fused_linear_preference_rejects_wrong_outputs_quick_shapes() {
 #[ignore = "minutes in a debug build: run with --release -- --ignored"]
 fn fused_linear_preference_rejects_wrong_outputs_full_shapes() {
     check_ops(&PREFERENCE, extreme_shapes);
+}
+
+const DISTILL: [Op; 4] = [
+    Op::FusedLinearJsd,
+    Op::FusedLinearForwardKl,
+    Op::FusedLinearReverseKl,
+    Op::FusedLinearTvd,
+];
+
+/// The fused linear distillation at the quick sweep's shapes.
+#[test]
+fn fused_linear_distill_rejects_wrong_outputs_quick_shapes() {
+    check_ops(&DISTILL, |op| shapes(op, true));
+}
+
+/// The fused linear distillation at the full sweep's widest and tallest shapes: minutes
+/// in a debug build.
+#[test]
+#[ignore = "minutes in a debug build: run with --release -- --ignored"]
+fn fused_linear_distill_rejects_wrong_outputs_full_shapes() {
+    check_ops(&DISTILL, extreme_shapes);
+}
+
+/// The divergences at the widest and tallest shapes of the full sweep.
+#[test]
+fn divergences_reject_wrong_outputs() {
+    check_ops(
+        &[Op::KlDiv, Op::KlDivNone, Op::Jsd, Op::Tvd],
+        extreme_shapes,
+    );
 }

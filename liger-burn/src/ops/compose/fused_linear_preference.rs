@@ -28,7 +28,7 @@ use super::cross_entropy::reciprocal_or_zero;
 use super::linear_cross_entropy::chunk_rows;
 use crate::ops::{
     CrossEntropyOptions, DpoLossType, FusedOps, PreferenceLoss, PreferenceOptions,
-    PreferenceOutput, PreferenceReference, Reduction, validate,
+    PreferenceOutput, Reduction, ReferenceInput, validate,
 };
 use burn::tensor::activation::{log_sigmoid, sigmoid};
 use burn::tensor::{
@@ -284,7 +284,7 @@ pub fn forward<B: FusedOps>(
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
     targets: IntTensor<B>,
-    reference: PreferenceReference<B>,
+    reference: ReferenceInput<B>,
     compute_grad: bool,
     options: PreferenceOptions,
 ) -> PreferenceOutput<B> {
@@ -307,11 +307,9 @@ pub fn forward<B: FusedOps>(
     let targets: Tensor<B, 2, Int> = Tensor::from_primitive(targets);
     let device = weight.device();
     let reference = match reference {
-        PreferenceReference::None => None,
-        PreferenceReference::LogProbs(l) => Some(Ok(float::<B, 1>(l).cast(DType::F32))),
-        PreferenceReference::Model { x, weight, bias } => {
-            Some(Err(Head::<B>::new(x, weight, bias)))
-        }
+        ReferenceInput::None => None,
+        ReferenceInput::LogProbs(l) => Some(Ok(float::<B, 1>(l).cast(DType::F32))),
+        ReferenceInput::Model { x, weight, bias } => Some(Err(Head::<B>::new(x, weight, bias))),
     };
 
     // Whole-batch constants: the non-ignored positions of every sequence, of all chosen ones.
