@@ -5,10 +5,11 @@
 
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
+use liger_burn::functional::TokenReference;
 use liger_burn::functional::{self, Reference};
 use liger_burn::ops::{
     DistillOptions, Divergence, DivergenceOptions, DivergenceReduction, DpoLossType, FusedOps,
-    PreferenceLoss, PreferenceOptions,
+    GrpoLossType, GrpoOptions, KtoOptions, PreferenceLoss, PreferenceOptions,
 };
 use liger_tests::BackendVisitor;
 use liger_tests::tensors::{check, values};
@@ -235,6 +236,131 @@ fn run_divergence<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, 
     ]
 }
 
+/// A KTO case; Liger-Kernel reports sums over each side, formed here from the
+/// per-sequence metrics.
+fn run_kto<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let o = &case.options;
+    let options = KtoOptions::default()
+        .with_beta(opt_f64(o, "beta", 0.1))
+        .with_average_log_prob(opt_bool(o, "average_log_prob", false));
+    let x = floats::<B, 3>(&case.inputs["x"], device).require_grad();
+    let w = floats::<B, 2>(&case.inputs["weight"], device).require_grad();
+    let b = case
+        .inputs
+        .get("bias")
+        .map(|b| floats::<B, 1>(b, device).require_grad());
+    let reference = match o.get("reference").and_then(|r| r.as_str()) {
+        Some("model") => Reference::Model {
+            x: floats::<B, 3>(&case.inputs["ref_x"], device),
+            weight: floats::<B, 2>(&case.inputs["ref_weight"], device),
+            bias: Some(floats::<B, 1>(&case.inputs["ref_bias"], device)),
+        },
+        _ => Reference::None,
+    };
+    let labels = ints::<B, 1>(&case.int_inputs["labels"], device);
+    let out = functional::fused_linear_kto(
+        x.clone(),
+        w.clone(),
+        b.clone(),
+        ints::<B, 2>(&case.int_inputs["targets"], device),
+        labels,
+        reference,
+        case.inputs.get("kl").map(|k| floats::<B, 1>(k, device)),
+        options,
+    );
+    let grads = (out.loss.clone() * case.grad_output).backward();
+    let m = &out.metrics;
+    let d = values(m.desirable.clone().inner());
+    let sums = |t: Tensor<A<B>, 1>| {
+        let v = values(t.inner());
+        let chosen: f64 = v.iter().zip(&d).map(|(a, d)| a * d).sum();
+        let rejected: f64 = v.iter().zip(&d).map(|(a, d)| a * (1.0 - d)).sum();
+        (vec![chosen], vec![rejected])
+    };
+    let (cl, rl) = sums(m.logps.clone());
+    let (cg, rg) = sums(m.logits_sum.clone());
+    let (cr, rr) = sums(m.rewards.clone());
+    let mut got = vec![
+        ("loss".to_string(), values(out.loss.inner())),
+        ("chosen_logps_sum".into(), cl),
+        ("rejected_logps_sum".into(), rl),
+        ("chosen_logits_sum".into(), cg),
+        ("rejected_logits_sum".into(), rg),
+        ("chosen_rewards_sum".into(), cr),
+        ("rejected_rewards_sum".into(), rr),
+        ("grad x".into(), values(x.grad(&grads).unwrap())),
+        ("grad weight".into(), values(w.grad(&grads).unwrap())),
+    ];
+    if let Some(b) = &b {
+        got.push(("grad bias".into(), values(b.grad(&grads).unwrap())));
+    }
+    got
+}
+
+/// A GRPO case.
+fn run_grpo<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let o = &case.options;
+    let loss_type = match o["loss_type"].as_str().unwrap() {
+        "grpo" => GrpoLossType::Grpo,
+        "bnpo" => GrpoLossType::Bnpo,
+        "dapo" => GrpoLossType::Dapo,
+        "dr_grpo" => GrpoLossType::DrGrpo {
+            max_completion_length: o["max_completion_length"].as_u64().unwrap() as usize,
+        },
+        other => panic!("unknown loss type {other}"),
+    };
+    let options = GrpoOptions::default()
+        .with_beta(opt_f64(o, "beta", 0.04))
+        .with_epsilon(
+            opt_f64(o, "epsilon_low", 0.2),
+            opt_f64(o, "epsilon_high", 0.2),
+        )
+        .with_loss_type(loss_type)
+        .with_temperature(opt_f64(o, "temperature", 1.0));
+    let x = floats::<B, 3>(&case.inputs["x"], device).require_grad();
+    let w = floats::<B, 2>(&case.inputs["weight"], device).require_grad();
+    let b = case
+        .inputs
+        .get("bias")
+        .map(|b| floats::<B, 1>(b, device).require_grad());
+    let reference = match o["reference"].as_str().unwrap() {
+        "model" => TokenReference::Model {
+            x: floats::<B, 3>(&case.inputs["ref_x"], device),
+            weight: floats::<B, 2>(&case.inputs["ref_weight"], device),
+            bias: Some(floats::<B, 1>(&case.inputs["ref_bias"], device)),
+        },
+        "given" => TokenReference::LogProbs(floats::<B, 2>(&case.inputs["ref_logps"], device)),
+        _ => TokenReference::None,
+    };
+    let out = functional::fused_linear_grpo(
+        x.clone(),
+        w.clone(),
+        b.clone(),
+        ints::<B, 2>(&case.int_inputs["completion_ids"], device),
+        ints::<B, 2>(&case.int_inputs["completion_mask"], device),
+        floats::<B, 1>(&case.inputs["advantages"], device),
+        reference,
+        case.inputs
+            .get("old_logps")
+            .map(|o| floats::<B, 2>(o, device)),
+        options,
+    );
+    let grads = (out.loss.clone() * case.grad_output).backward();
+    let mut got = vec![
+        ("loss".to_string(), values(out.loss.inner())),
+        ("clip_ratio".into(), values(out.clip_ratio.inner())),
+        ("grad x".into(), values(x.grad(&grads).unwrap())),
+        ("grad weight".into(), values(w.grad(&grads).unwrap())),
+    ];
+    if options.beta != 0.0 {
+        got.push(("kl".into(), values(out.kl.inner())));
+    }
+    if let Some(b) = &b {
+        got.push(("grad bias".into(), values(b.grad(&grads).unwrap())));
+    }
+    got
+}
+
 struct Fixtures {
     fixture: Fixture,
     cases: usize,
@@ -248,6 +374,8 @@ impl BackendVisitor for Fixtures {
                 "fused_linear_preference" => run_preference::<B>(case, device),
                 "fused_linear_distill" => run_distill::<B>(case, device),
                 "divergence" => run_divergence::<B>(case, device),
+                "fused_linear_kto" => run_kto::<B>(case, device),
+                "fused_linear_grpo" => run_grpo::<B>(case, device),
                 other => panic!("unknown op {other} in the fixture"),
             };
             let at = format!("{} {}", case.op, case.case);

@@ -10,6 +10,8 @@ mod fallback_precision;
 mod fused_add_rms_norm;
 mod fused_linear_cross_entropy;
 mod fused_linear_distill;
+mod fused_linear_grpo;
+mod fused_linear_kto;
 mod fused_linear_preference;
 mod geglu;
 mod gelu;

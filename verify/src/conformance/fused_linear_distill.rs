@@ -18,9 +18,11 @@
 
 use super::bounds::{Expected, Terms, U32, flush, unit_roundoff};
 use super::cross_entropy::{RowStats, row_stats};
-use super::linear_cross_entropy::{GradElement, LinearInputs, RowLayout, linear_gradients, logit};
+use super::linear_cross_entropy::{
+    GradElement, LinearInputs, RowLayout, compare_linear, linear_gradients, logit,
+};
 use super::tracked::{self, Tracked};
-use super::{Comparison, HostCase, Op, Rng, compare_all, host_input, input, poison, to_f64};
+use super::{Comparison, HostCase, Op, Rng, host_input, input, poison, to_f64};
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::functional;
@@ -488,6 +490,7 @@ pub(crate) fn run<B: FusedOps>(
     let inputs = draw(op, n, v, rng);
     let (x, xr) = input::<B>(inputs.x, vec![n, h], dtype, device);
     let (w, wr) = input::<B>(inputs.w, vec![v, h], dtype, device);
+    let probe = (x.clone(), w.clone());
     let (tx, txr) = input::<B>(inputs.tx, vec![n, ht], dtype, device);
     let (tw, twr) = input::<B>(inputs.tw, vec![vt, ht], dtype, device);
     let b = inputs.b.map(|b| input::<B>(b, vec![v], dtype, device));
@@ -562,5 +565,12 @@ pub(crate) fn run<B: FusedOps>(
         &inp,
         chunk_of(&var, n, v),
     );
-    compare_all(actual, &expected)
+    compare_linear(
+        actual,
+        &expected,
+        dtype,
+        (&probe.0, &xr),
+        (&probe.1, &wr),
+        rng,
+    )
 }

@@ -25,10 +25,10 @@
 use super::bounds::{Expected, Terms, U32};
 use super::cross_entropy::{Factors, element};
 use super::linear_cross_entropy::{
-    GradElement, LinearInputs, RowLayout, linear_gradients, linear_row_stats,
+    GradElement, LinearInputs, RowLayout, compare_linear, linear_gradients, linear_row_stats,
 };
 use super::tracked::{self, Tracked};
-use super::{Comparison, HostCase, Op, Rng, compare_all, host_input, input, poison, to_f64};
+use super::{Comparison, HostCase, Op, Rng, host_input, input, poison, to_f64};
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::functional::{self, Reference};
@@ -246,7 +246,7 @@ pub struct PreferenceInputs<'a> {
 }
 
 /// The cross-entropy options of the per-position log-probabilities.
-fn token_options(ignore_index: i64) -> CrossEntropyOptions {
+pub(crate) fn token_options(ignore_index: i64) -> CrossEntropyOptions {
     CrossEntropyOptions::default()
         .with_ignore_index(ignore_index)
         .with_reduction(Reduction::None)
@@ -254,22 +254,18 @@ fn token_options(ignore_index: i64) -> CrossEntropyOptions {
 
 /// Each row's `log p(y_t)` (0 on ignored rows) and each sequence's log-probability
 /// (`[2B]`), from the logits of a head.
-fn sequence_logps(
+pub(crate) fn sequence_logps(
     head: &LinearInputs,
     dtype: DType,
     (s, t, h, v): (usize, usize, usize, usize),
-    options: &PreferenceOptions,
+    ignore_index: i64,
+    average: bool,
 ) -> (
     Vec<super::cross_entropy::RowStats>,
     Vec<Tracked>,
     Vec<Tracked>,
 ) {
-    let stats = linear_row_stats(
-        head,
-        dtype,
-        (s * t, h, v),
-        &token_options(options.ignore_index),
-    );
+    let stats = linear_row_stats(head, dtype, (s * t, h, v), &token_options(ignore_index));
     let tokens: Vec<Tracked> = stats
         .iter()
         .map(|st| {
@@ -284,7 +280,7 @@ fn sequence_logps(
         .map(|q| {
             let seq = &tokens[q * t..(q + 1) * t];
             let sum = tracked::sum(seq);
-            if options.average_log_prob {
+            if average {
                 let n = stats[q * t..(q + 1) * t]
                     .iter()
                     .filter(|st| st.valid)
@@ -344,7 +340,13 @@ pub fn expected(
         class_weight: None,
         g: &[],
     };
-    let (stats, tokens, logps) = sequence_logps(&head, dtype, (s, t, h, v), options);
+    let (stats, tokens, logps) = sequence_logps(
+        &head,
+        dtype,
+        (s, t, h, v),
+        options.ignore_index,
+        options.average_log_prob,
+    );
     let ref_logps: Vec<Tracked> = match &inp.reference {
         RefInputs::None => vec![Tracked::exact(0.0); s],
         RefInputs::LogProbs(l) => l.iter().map(|&x| Tracked::exact(x)).collect(),
@@ -362,7 +364,14 @@ pub fn expected(
                 class_weight: None,
                 g: &[],
             };
-            sequence_logps(&rhead, dtype, (s, t, *hidden, v), options).2
+            sequence_logps(
+                &rhead,
+                dtype,
+                (s, t, *hidden, v),
+                options.ignore_index,
+                options.average_log_prob,
+            )
+            .2
         }
     };
     let pairs: Vec<PairTerms> = (0..b)
@@ -616,7 +625,7 @@ struct Inputs {
 
 /// Targets of `s` sequences of `t` positions: a prompt of 0 to `t − 2` ignored positions,
 /// then tokens, some trailing padding; at least one scored position each.
-fn draw_targets(s: usize, t: usize, v: usize, ignore: i64, rng: &mut Rng) -> Vec<i64> {
+pub(crate) fn draw_targets(s: usize, t: usize, v: usize, ignore: i64, rng: &mut Rng) -> Vec<i64> {
     let mut out = Vec::with_capacity(s * t);
     for _ in 0..s {
         let prompt = rng.below(t - 1);
@@ -856,6 +865,7 @@ fn run_one<B: FusedOps>(
     let inputs = draw(op, b, v, &options, rng);
     let (x, xr) = input::<B>(inputs.x, vec![s * t, h], dtype, device);
     let (w, wr) = input::<B>(inputs.w, vec![v, h], dtype, device);
+    let probe = (x.clone(), w.clone());
     let bias = inputs.b.map(|bv| input::<B>(bv, vec![v], dtype, device));
     let (rx, rxr) = input::<B>(inputs.ref_x, vec![s * t, REF_HIDDEN], dtype, device);
     let (rw, rwr) = input::<B>(inputs.ref_w, vec![v, REF_HIDDEN], dtype, device);
@@ -954,7 +964,14 @@ fn run_one<B: FusedOps>(
         g: f64::from(inputs.g),
     };
     let expected = expected(&options, dtype, (b, t, h, v), &inp, pairs);
-    compare_all(actual, &expected)
+    compare_linear(
+        actual,
+        &expected,
+        dtype,
+        (&probe.0, &xr),
+        (&probe.1, &wr),
+        rng,
+    )
 }
 
 #[cfg(test)]

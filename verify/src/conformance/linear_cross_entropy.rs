@@ -546,7 +546,7 @@ const TF32_NORMWISE: f64 = 1e-3;
 /// shapes (`x·Wᵀ`, `G·W`, `Gᵀ·x`, as `compose::linear_cross_entropy` calls them; `G` a
 /// random `[n, v]` matrix) against f64 on the values the device holds. Burn picks the
 /// matmul kernel per shape (TF32 tensor cores or exact f32 units), so every shape is probed.
-fn matmul_error<B: FusedOps>(
+pub(crate) fn matmul_error<B: FusedOps>(
     x: &Tensor<B, 2>,
     w: &Tensor<B, 2>,
     xr: &[f64],
@@ -615,6 +615,39 @@ pub fn f32_matmul_error<B: FusedOps>(
         device,
     );
     matmul_error(&x, &w, &xr, &wr, (n, h, v), rng)
+}
+
+/// The comparisons of a chunked linear loss's results: elementwise under the bounds, or
+/// norm-wise (every tensor within [`TF32_NORMWISE`]) when the case is f32 and the
+/// backend's f32 products at the op's shapes are reduced precision (see the module docs),
+/// probed on `x: [n, h]` and `w: [v, h]` as the device holds them (`xr`, `wr`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn compare_linear<B: FusedOps>(
+    actual: Vec<(&'static str, Vec<f64>)>,
+    expected: &[Expected],
+    dtype: DType,
+    (x, xr): (&Tensor<B, 2>, &[f64]),
+    (w, wr): (&Tensor<B, 2>, &[f64]),
+    rng: &mut Rng,
+) -> Vec<Comparison> {
+    let [n, h] = x.dims();
+    let v = w.dims()[0];
+    let reduced =
+        dtype == DType::F32 && is_reduced_precision(matmul_error(x, w, xr, wr, (n, h, v), rng));
+    if !reduced {
+        return compare_all(actual, expected);
+    }
+    expected
+        .iter()
+        .map(|e| {
+            let a = &actual
+                .iter()
+                .find(|(name, _)| *name == e.tensor)
+                .expect("result")
+                .1;
+            compare_normwise(e.tensor, a, &e.values, TF32_NORMWISE)
+        })
+        .collect()
 }
 
 /// Whether [`f32_matmul_error`] says the backend's f32 matmul is reduced precision.

@@ -22,6 +22,7 @@ pub mod cross_entropy;
 pub mod divergence;
 pub mod fused_linear_distill;
 pub mod fused_linear_preference;
+pub mod fused_linear_rl;
 pub mod glu;
 pub mod linear_cross_entropy;
 pub mod reference;
@@ -115,11 +116,23 @@ pub enum Op {
     Jsd,
     /// The total variation distance, summed, with labels.
     Tvd,
+    /// Fused linear KTO against a reference head with a bias, a KL estimate, TRL's weights,
+    /// one sequence per chunk; rows = sequences, width = V.
+    FusedLinearKto,
+    /// Fused linear KTO on given reference log-probabilities, averaged, automatic chunks.
+    FusedLinearKtoAvg,
+    /// Fused linear GRPO (loss type grpo), given reference and old log-probabilities, bias,
+    /// one sequence per chunk.
+    FusedLinearGrpo,
+    /// Fused linear GRPO, loss type dapo, a reference head, temperature 0.7.
+    FusedLinearDapo,
+    /// Fused linear GRPO, loss type dr_grpo, no KL term.
+    FusedLinearDrGrpo,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 34] = [
+    pub const ALL: [Op; 39] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -154,6 +167,11 @@ impl Op {
         Op::KlDivNone,
         Op::Jsd,
         Op::Tvd,
+        Op::FusedLinearKto,
+        Op::FusedLinearKtoAvg,
+        Op::FusedLinearGrpo,
+        Op::FusedLinearDapo,
+        Op::FusedLinearDrGrpo,
     ];
 
     /// Name used in reports and filters.
@@ -193,6 +211,11 @@ impl Op {
             Op::KlDivNone => "kl_div_none",
             Op::Jsd => "jsd",
             Op::Tvd => "tvd",
+            Op::FusedLinearKto => "fused_linear_kto",
+            Op::FusedLinearKtoAvg => "fused_linear_kto_avg",
+            Op::FusedLinearGrpo => "fused_linear_grpo",
+            Op::FusedLinearDapo => "fused_linear_dapo",
+            Op::FusedLinearDrGrpo => "fused_linear_dr_grpo",
         }
     }
 
@@ -365,6 +388,9 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
     }
     if op.is_divergence() {
         return divergence::shapes(op, quick);
+    }
+    if op.is_rl() {
+        return fused_linear_rl::shapes(op, quick);
     }
     shapes
 }
@@ -564,6 +590,9 @@ pub fn host_case(op: Op, rows: usize, width: usize, dtype: DType, rng: &mut Rng)
     if op.is_divergence() {
         return divergence::host_case(op, rows, width, dtype, rng);
     }
+    if op.is_rl() {
+        return fused_linear_rl::host_case(op, rows, width, dtype, rng);
+    }
     let inputs = draw_row_inputs(op, rows, width, rng);
     let r = |v: &Vec<f32>| host_input(v, dtype);
     let (x, g, w, b, res, g2) = (
@@ -620,6 +649,7 @@ pub fn run_case<B: FusedOps>(
         }
         _ if op.is_distill() => fused_linear_distill::run::<B>(op, rows, width, dtype, device, rng),
         _ if op.is_divergence() => divergence::run::<B>(op, rows, width, dtype, device, rng),
+        _ if op.is_rl() => fused_linear_rl::run::<B>(op, rows, width, dtype, device, rng),
         _ => run_row_case::<B>(op, rows, width, dtype, device, rng),
     };
     CaseResult {
