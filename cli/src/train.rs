@@ -13,10 +13,12 @@ use burn::tensor::DType;
 use clap::{Args, ValueEnum};
 use liger_burn::Liger;
 use liger_burn::ops::FusedOps;
+use liger_burn::ops::{Divergence, DpoLossType, PreferenceLoss};
 use liger_models::{CausalLm, LigerConfig, ModelConfig};
 use liger_train::batching::Layout;
 use liger_train::checkpoint::{self, TrainerState};
-use liger_train::data::{self, BadLinePolicy, DataOptions, Dataset, TooLongPolicy};
+use liger_train::data::{self, BadLinePolicy, DataKind, DataOptions, Dataset, TooLongPolicy};
+use liger_train::method::MethodConfig;
 use liger_train::metrics::format_memory;
 use liger_train::progress::ConsoleProgress;
 use liger_train::schedule::LrSchedule;
@@ -58,12 +60,100 @@ use liger_train::config::defaults::{
     WEIGHT_DECAY as DEFAULT_WEIGHT_DECAY, warmup_steps as default_warmup_steps,
 };
 
+/// `--method`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MethodArg {
+    /// Supervised fine-tuning (next-token cross entropy of the responses).
+    Sft,
+    /// DPO against a frozen reference (the model before its first step).
+    Dpo,
+    /// ORPO: odds-ratio preference term plus the chosen responses' NLL.
+    Orpo,
+    /// CPO: reference-free DPO plus the chosen responses' NLL.
+    Cpo,
+    /// SimPO: length-normalized, reference-free, with a target margin.
+    Simpo,
+    /// KTO on unpaired completions labelled desirable or not, against a frozen reference.
+    Kto,
+    /// Distillation from a frozen teacher (--teacher) on SFT rows.
+    Distill,
+}
+
+/// `--divergence`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DivergenceArg {
+    /// Generalized Jensen-Shannon divergence with --jsd-beta.
+    Jsd,
+    /// KL(teacher || student).
+    ForwardKl,
+    /// KL(student || teacher).
+    ReverseKl,
+    /// Total variation distance.
+    Tvd,
+}
+
 #[derive(Args, Debug)]
 pub struct TrainArgs {
-    /// Training data, JSONL: one object per line, {"instruction": ..., "input": ...
-    /// (optional), "output": ...} (only the output and the end-of-sequence token are
-    /// trained) or {"text": ...} (trained whole). Default: the bundled synthetic dataset
-    /// (3000 rows of arithmetic, reversal, counting, copying and facts; train/data/).
+    /// What to train: `sft` (supervised fine-tuning), the preference losses `dpo`, `orpo`,
+    /// `cpo`, `simpo` (data: TRL's {"prompt", "chosen", "rejected"}), `kto` ({"prompt",
+    /// "completion", "label"}), `distill` (SFT rows and --teacher). DPO and KTO compare to a
+    /// frozen reference: the model before its first step. Each has bundled data, so `liger
+    /// train --method dpo` runs as is. [default: sft]
+    #[arg(long, value_enum, value_name = "METHOD")]
+    pub method: Option<MethodArg>,
+    /// β of DPO, ORPO, CPO, SimPO and KTO. [default: 0.1]
+    #[arg(long, value_name = "BETA")]
+    pub beta: Option<f64>,
+    /// DPO's loss type (TRL's names: sigmoid, hinge, robust, exo_pair, nca_pair, bco_pair,
+    /// sppo_hard, apo_zero, apo_down, discopop). [default: sigmoid]
+    #[arg(long, value_name = "TYPE")]
+    pub loss_type: Option<String>,
+    /// Label smoothing of DPO (sigmoid, robust, exo_pair), CPO and SimPO. [default: 0]
+    #[arg(long, value_name = "EPS")]
+    pub label_smoothing: Option<f64>,
+    /// Weight of the chosen responses' NLL term (ORPO, CPO, SimPO: on by default; DPO: off
+    /// unless given, as TRL's rpo_alpha). [default: 1]
+    #[arg(long, value_name = "ALPHA")]
+    pub alpha: Option<f64>,
+    /// SimPO's target reward margin γ. [default: 0.5]
+    #[arg(long, value_name = "GAMMA")]
+    pub simpo_gamma: Option<f64>,
+    /// KTO's weight of the desirable completions. [default: 1]
+    #[arg(long, value_name = "W")]
+    pub desirable_weight: Option<f64>,
+    /// KTO's weight of the undesirable completions. [default: 1]
+    #[arg(long, value_name = "W")]
+    pub undesirable_weight: Option<f64>,
+    /// The teacher of --method distill: a Hugging Face checkpoint directory with the
+    /// student's tokenizer (its vocabulary may only be padded larger).
+    #[arg(long, value_name = "DIR")]
+    pub teacher: Option<PathBuf>,
+    /// The reference of --method dpo/kto when resuming a run started from --model (the
+    /// model it started from). [default: --model, or the random initialization of --seed]
+    #[arg(long, value_name = "DIR")]
+    pub reference: Option<PathBuf>,
+    /// Distillation's divergence. [default: jsd]
+    #[arg(long, value_enum)]
+    pub divergence: Option<DivergenceArg>,
+    /// β of the distillation's JSD (0: forward KL, 1: reverse KL). [default: 0.5]
+    #[arg(long, value_name = "BETA")]
+    pub jsd_beta: Option<f64>,
+    /// Distillation's temperature on both heads' logits. [default: 1]
+    #[arg(long, value_name = "T")]
+    pub temperature: Option<f64>,
+    /// Distillation's weight of the cross entropy against the data. [default: 0.5]
+    #[arg(long, value_name = "W")]
+    pub weight_hard_loss: Option<f64>,
+    /// Distillation's weight of the divergence to the teacher. [default: 0.5]
+    #[arg(long, value_name = "W")]
+    pub weight_soft_loss: Option<f64>,
+    /// Training data, JSONL, in the format of --method: SFT and distillation read one
+    /// object per line, {"instruction": ..., "input": ... (optional), "output": ...} (only
+    /// the output and the end-of-sequence token are trained) or {"text": ...} (trained
+    /// whole); the preference methods {"prompt", "chosen", "rejected"}; KTO {"prompt",
+    /// "completion", "label"}. Default: the bundled synthetic data of the method (3000
+    /// rows of arithmetic, reversal, counting, copying and facts, and 1000 pairs or
+    /// labelled completions derived from them; train/data/).
     #[arg(long, value_name = "FILE.jsonl")]
     pub data: Option<PathBuf>,
     /// Hugging Face checkpoint to fine-tune (config.json, model.safetensors or its shards,
@@ -208,16 +298,22 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         None => None,
     };
     let tokenizer = load_tokenizer(&args)?;
+    let method = method_config(&args, saved.as_ref())?;
+    let kind = match method {
+        MethodConfig::Preference(_) => DataKind::Pairs,
+        MethodConfig::Kto(_) => DataKind::Labelled,
+        _ => DataKind::Sft,
+    };
     let (text, source) = match &args.data {
         Some(path) => (
             std::fs::read_to_string(path)
                 .with_context(|| format!("reading the data file {}", path.display()))?,
             path.display().to_string(),
         ),
-        None => (
-            bundled::DATASET.to_string(),
-            bundled::DATASET_NAME.to_string(),
-        ),
+        None => {
+            let (text, name) = bundled::dataset_for(kind);
+            (text.to_string(), name.to_string())
+        }
     };
     let max_length = pick(
         "max-length",
@@ -237,9 +333,18 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
             TooLongArg::Fail => TooLongPolicy::Fail,
         },
     };
-    let dataset = data::prepare(&text, &source, &tokenizer, opts)?;
+    let dataset = data::prepare_post(&text, &source, &tokenizer, opts, kind)?;
     report_data(&dataset, &tokenizer);
-    let config = settings(&args, saved.as_ref(), &dataset, &tokenizer, max_length)?;
+    let mut config = settings(
+        &args,
+        saved.as_ref(),
+        &dataset,
+        &tokenizer,
+        max_length,
+        method,
+    )?;
+    config.method = method;
+    config.validate()?;
     let liger = liger_config(&args)?;
     let output = match (&args.output, &args.resume) {
         (Some(o), _) => o.clone(),
@@ -317,6 +422,7 @@ fn settings(
     dataset: &Dataset,
     tokenizer: &TextTokenizer,
     max_length: usize,
+    method: MethodConfig,
 ) -> Result<TrainConfig> {
     let sc = saved.map(|s| &s.config);
     let layout = pick(
@@ -371,6 +477,7 @@ fn settings(
             sc.map(|c| c.pure_low_precision),
             false,
         )?,
+        method,
     };
     if batch_size == 0 || grad_accum == 0 {
         bail!("--batch-size and --grad-accum must be at least 1");
@@ -415,6 +522,155 @@ fn settings(
     };
     config.validate()?;
     Ok(config)
+}
+
+/// The method and its options from the flags, the checkpoint (a resume keeps its
+/// method; a flag that disagrees is refused) and Liger-Kernel's defaults.
+fn method_config(args: &TrainArgs, saved: Option<&TrainerState>) -> Result<MethodConfig> {
+    let given = args.method.map(|m| match m {
+        MethodArg::Sft => "sft",
+        MethodArg::Dpo => "dpo",
+        MethodArg::Orpo => "orpo",
+        MethodArg::Cpo => "cpo",
+        MethodArg::Simpo => "simpo",
+        MethodArg::Kto => "kto",
+        MethodArg::Distill => "distill",
+    });
+    let flags_given = args.beta.is_some()
+        || args.loss_type.is_some()
+        || args.label_smoothing.is_some()
+        || args.alpha.is_some()
+        || args.simpo_gamma.is_some()
+        || args.desirable_weight.is_some()
+        || args.undesirable_weight.is_some()
+        || args.divergence.is_some()
+        || args.jsd_beta.is_some()
+        || args.temperature.is_some()
+        || args.weight_hard_loss.is_some()
+        || args.weight_soft_loss.is_some();
+    if let Some(saved) = saved {
+        let kept = saved.config.method;
+        if given.is_some_and(|g| g != kept.name()) {
+            bail!(
+                "--method {} differs from the checkpoint's {}: a resumed run keeps its method",
+                given.unwrap_or_default(),
+                kept.name()
+            );
+        }
+        if flags_given {
+            bail!(
+                "a resumed run keeps its method's options ({:?}): drop the loss flags",
+                kept
+            );
+        }
+        return Ok(kept);
+    }
+    let name = given.unwrap_or("sft");
+    let mut method = MethodConfig::from_name(name).expect("a known method");
+    let only = |flag: &str, given: bool, methods: &str| -> Result<()> {
+        if given {
+            bail!("--{flag} applies to --method {methods}, not {name}");
+        }
+        Ok(())
+    };
+    match &mut method {
+        MethodConfig::Sft => {
+            if flags_given {
+                bail!(
+                    "the loss flags (--beta, --loss-type, ...) apply to the other methods, not sft"
+                );
+            }
+        }
+        MethodConfig::Preference(o) => {
+            if let Some(t) = &args.loss_type {
+                if !matches!(o.loss, PreferenceLoss::Dpo(_)) {
+                    bail!("--loss-type applies to --method dpo, not {name}");
+                }
+                let Some(t) = DpoLossType::from_name(t) else {
+                    bail!(
+                        "--loss-type {t}: unknown; one of {}",
+                        DpoLossType::ALL.map(|t| t.name()).join(", ")
+                    );
+                };
+                o.loss = PreferenceLoss::Dpo(t);
+            }
+            if let Some(g) = args.simpo_gamma {
+                if !matches!(o.loss, PreferenceLoss::Simpo { .. }) {
+                    bail!("--simpo-gamma applies to --method simpo, not {name}");
+                }
+                o.loss = PreferenceLoss::Simpo { gamma: g };
+            }
+            if let Some(b) = args.beta {
+                o.beta = b;
+            }
+            if let Some(e) = args.label_smoothing {
+                o.label_smoothing = e;
+            }
+            if let Some(a) = args.alpha {
+                o.alpha = a;
+                o.compute_nll_loss = true;
+            }
+            only("desirable-weight", args.desirable_weight.is_some(), "kto")?;
+            only(
+                "undesirable-weight",
+                args.undesirable_weight.is_some(),
+                "kto",
+            )?;
+        }
+        MethodConfig::Kto(o) => {
+            if let Some(b) = args.beta {
+                o.beta = b;
+            }
+            o.desirable_weight = args.desirable_weight.unwrap_or(o.desirable_weight);
+            o.undesirable_weight = args.undesirable_weight.unwrap_or(o.undesirable_weight);
+            only("loss-type", args.loss_type.is_some(), "dpo")?;
+            only(
+                "label-smoothing",
+                args.label_smoothing.is_some(),
+                "dpo, cpo, simpo",
+            )?;
+            only("alpha", args.alpha.is_some(), "dpo, orpo, cpo, simpo")?;
+        }
+        MethodConfig::Distill(o) => {
+            let beta = args.jsd_beta.unwrap_or(0.5);
+            o.divergence = match args.divergence.unwrap_or(DivergenceArg::Jsd) {
+                DivergenceArg::Jsd => Divergence::Jsd { beta },
+                DivergenceArg::ForwardKl => Divergence::ForwardKl,
+                DivergenceArg::ReverseKl => Divergence::ReverseKl,
+                DivergenceArg::Tvd => Divergence::Tvd,
+            };
+            if args.jsd_beta.is_some() && !matches!(o.divergence, Divergence::Jsd { .. }) {
+                bail!("--jsd-beta applies to --divergence jsd");
+            }
+            o.temperature = args.temperature.unwrap_or(o.temperature);
+            o.weight_hard_loss = args.weight_hard_loss.unwrap_or(o.weight_hard_loss);
+            o.weight_soft_loss = args.weight_soft_loss.unwrap_or(o.weight_soft_loss);
+            only("beta", args.beta.is_some(), "dpo, orpo, cpo, simpo, kto")?;
+            only("loss-type", args.loss_type.is_some(), "dpo")?;
+        }
+    }
+    if !matches!(method, MethodConfig::Distill(_)) {
+        for (flag, given) in [
+            ("divergence", args.divergence.is_some()),
+            ("jsd-beta", args.jsd_beta.is_some()),
+            ("temperature", args.temperature.is_some()),
+            ("weight-hard-loss", args.weight_hard_loss.is_some()),
+            ("weight-soft-loss", args.weight_soft_loss.is_some()),
+        ] {
+            only(flag, given, "distill")?;
+        }
+    }
+    if matches!(method, MethodConfig::Distill(_)) != args.teacher.is_some() {
+        bail!(if args.teacher.is_some() {
+            "--teacher applies to --method distill"
+        } else {
+            "--method distill needs --teacher DIR (a Hugging Face checkpoint with the student's tokenizer)"
+        });
+    }
+    method
+        .check()
+        .map_err(|e| anyhow::anyhow!("--method {name}: {e}"))?;
+    Ok(method)
 }
 
 /// Kernel switches: --liger, then the per-kernel flags.
@@ -574,6 +830,7 @@ impl TrainJob {
                 }
             },
         };
+        let frozen = self.frozen_model::<B>(&model, ctx_device)?;
         let mc = &model.config;
         if self.tokenizer.vocab_size() > mc.vocab_size {
             bail!(
@@ -595,17 +852,25 @@ impl TrainJob {
             self.args.dtype
         );
         println!("kernels:   {}", kernels_text(&self.args, &self.liger));
+        if self.config.method != MethodConfig::Sft {
+            println!(
+                "method:    {} {:?}",
+                self.config.method.name(),
+                self.config.method
+            );
+        }
         println!(
             "optimizer: {}",
             optimizer_text(self.args.dtype, &self.config)
         );
         let c = &self.config;
         println!(
-            "schedule:  {} steps x {} micro-batches of {} rows ({}, max length {}), lr {:.1e} \
+            "schedule:  {} steps x {} micro-batches of {} {} ({}, max length {}), lr {:.1e} \
              (warmup {}, cosine to {:.1e}), weight decay {}, clip {}, seed {}",
             c.schedule.total_steps,
             c.grad_accum,
             c.batch_size,
+            if c.method.paired() { "pairs" } else { "rows" },
             match c.layout {
                 Layout::Pad => "padded",
                 Layout::Pack => "packed",
@@ -631,6 +896,7 @@ impl TrainJob {
                 resume,
                 memory,
                 kernels: kernels_text(&self.args, &self.liger),
+                frozen,
             },
             &mut progress,
         );
@@ -662,6 +928,77 @@ impl TrainJob {
         println!("saved:     {}", s.checkpoint.display());
         println!("metrics:   {}", s.log.display());
         Ok(ExitCode::SUCCESS)
+    }
+}
+
+impl TrainJob {
+    /// The frozen model of the method, on the inner backend: the teacher (--teacher), or
+    /// the reference (--reference, else --model, else the random initialization of the
+    /// seed: the policy before its first step).
+    fn frozen_model<B: TrainBackend>(
+        &self,
+        policy: &CausalLm<B>,
+        device: &B::Device,
+    ) -> Result<Option<CausalLm<B::InnerBackend>>> {
+        let method = self.config.method;
+        if !method.needs_frozen() {
+            return Ok(None);
+        }
+        let dtype = self.args.dtype.dtype();
+        let load = |dir: &Path, what: &str| -> Result<CausalLm<B::InnerBackend>> {
+            let m = CausalLm::<B::InnerBackend>::load(dir, dtype, self.liger, device)
+                .with_context(|| format!("loading the {what} {}", dir.display()))?;
+            println!(
+                "{what:<10} {} (hidden {}, {} layers, vocab {}), frozen",
+                dir.display(),
+                m.config.hidden_size,
+                m.config.num_hidden_layers,
+                m.config.vocab_size
+            );
+            Ok(m)
+        };
+        if let MethodConfig::Distill(_) = method {
+            let dir = self
+                .args
+                .teacher
+                .as_ref()
+                .context("--method distill needs --teacher DIR")?;
+            let teacher = load(dir, "teacher:")?;
+            if teacher.config.vocab_size < policy.config.vocab_size {
+                bail!(
+                    "the teacher's vocabulary ({}) is smaller than the student's ({}): they must share the tokenizer",
+                    teacher.config.vocab_size,
+                    policy.config.vocab_size
+                );
+            }
+            return Ok(Some(teacher));
+        }
+        match (
+            self.args.reference.as_ref(),
+            self.args.model.as_ref(),
+            &self.args.resume,
+        ) {
+            (Some(dir), _, _) | (None, Some(dir), _) => Ok(Some(load(dir, "reference:")?)),
+            (None, None, Some(_))
+                if policy.config != bundled::model_config_for(&self.tokenizer) =>
+            {
+                bail!(
+                    "resuming --method {}: pass --reference DIR, the model the run started from",
+                    method.name()
+                )
+            }
+            (None, None, _) => {
+                let mc = bundled::model_config_for(&self.tokenizer);
+                println!("reference: random init (seed {}), frozen", self.config.seed);
+                Ok(Some(trainer::random_model::<B::InnerBackend>(
+                    &mc,
+                    self.liger,
+                    dtype,
+                    device,
+                    self.config.seed,
+                )))
+            }
+        }
     }
 }
 

@@ -98,6 +98,7 @@ fn train_config(seed: u64, steps: usize, save_every: usize) -> TrainConfig {
         seed,
         save_every,
         pure_low_precision: false,
+        method: liger_train::method::MethodConfig::Sft,
     }
 }
 
@@ -122,6 +123,7 @@ where
             resume,
             memory: None,
             kernels: "test".into(),
+            frozen: None,
         },
         &mut (),
     )

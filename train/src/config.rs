@@ -35,6 +35,9 @@ pub struct TrainConfig {
     /// dtype. No effect on f32 runs.
     #[serde(default)]
     pub pure_low_precision: bool,
+    /// What is trained (SFT, a preference loss, KTO, distillation) and its loss's options.
+    #[serde(default)]
+    pub method: crate::method::MethodConfig,
 }
 
 /// `liger train`'s defaults (the README's default run), shared by the command and the
@@ -88,6 +91,7 @@ impl TrainConfig {
             seed: defaults::SEED,
             save_every,
             pure_low_precision: false,
+            method: crate::method::MethodConfig::Sft,
         }
     }
 
@@ -117,6 +121,15 @@ impl TrainConfig {
                 self.weight_decay
             ));
         }
+        if self.method.paired() && self.layout == Layout::Pack {
+            return bad(format!(
+                "--method {} trains on pairs of whole sequences: --packing is not available (drop it)",
+                self.method.name()
+            ));
+        }
+        self.method
+            .check()
+            .map_err(|e| TrainError::Config(format!("--method {}: {e}", self.method.name())))?;
         self.schedule.validate().map_err(TrainError::Config)
     }
 

@@ -18,12 +18,13 @@
 //! relative on CubeCL backends, where a fused reduction may sum in another order in the
 //! resumed process.
 
-use crate::batching::{Batch, BatchStream, Cursor, epoch_batches};
+use crate::batching::{Batch, BatchStream, Cursor, epoch_batches, epoch_pair_batches};
 use crate::checkpoint::{self, DataInfo, STATE_FORMAT, TrainerState};
 use crate::clipping::clip_global_norm;
 pub use crate::config::TrainConfig;
 use crate::data::Dataset;
 use crate::error::TrainError;
+use crate::method::{MethodConfig, micro_batch_loss};
 use crate::metrics::{CsvLog, StepMetrics, TrainSummary};
 use crate::tokenizer::TextTokenizer;
 use burn::module::{AutodiffModule, Module, ModuleMapper, Param, ParamId};
@@ -51,6 +52,17 @@ pub fn steps_for_epochs(
 ) -> usize {
     let micro: usize = (0..epochs)
         .map(|e| {
+            if dataset.paired {
+                return epoch_pair_batches(
+                    &dataset.examples,
+                    config.seed,
+                    e,
+                    config.batch_size,
+                    config.max_length,
+                    pad_id,
+                )
+                .len();
+            }
             epoch_batches(
                 &dataset.examples,
                 config.seed,
@@ -159,37 +171,74 @@ pub struct Run<'a, B: TrainBackend> {
     pub memory: Option<Box<dyn Fn() -> u64 + 'a>>,
     /// Which kernels are on, in words (stored in the trainer state).
     pub kernels: String,
+    /// The frozen model the method compares to: DPO's and KTO's reference (the policy
+    /// before its first step), distillation's teacher; on the inner backend (no graph).
+    pub frozen: Option<CausalLm<B::InnerBackend>>,
 }
 
 /// Loss and gradients of one optimizer step, or why there are none.
 struct StepGrads<B: AutodiffBackend> {
     grads: GradientsParams,
-    /// Mean loss over the step's trained tokens, `[1]`.
+    /// Mean loss over the step's trained tokens (SFT) or sequences, `[1]`.
     loss: Option<Tensor<B::InnerBackend, 1>>,
+    /// The method's metrics, weighted over the micro-batches as the loss.
+    extra: Vec<f64>,
+}
+
+/// What a micro-batch weighs in its step's loss: its share of the step's trained tokens
+/// (SFT, distillation: means over tokens), of its pairs (preference losses) or sequences
+/// (KTO: means over sequences).
+fn batch_weight(method: &MethodConfig, b: &Batch) -> usize {
+    match method {
+        MethodConfig::Sft | MethodConfig::Distill(_) => b.trained,
+        MethodConfig::Preference(_) => b.batch / 2,
+        MethodConfig::Kto(_) => b.batch,
+    }
 }
 
 /// Forward and backward of `batches`; each micro-batch's mean loss is weighted by its
-/// share of the step's trained tokens, so the accumulated gradient is that of the mean
+/// share of the step ([`batch_weight`]), so the accumulated gradient is that of the mean
 /// loss over all of them (not the mean of per-micro-batch means).
 fn step_grads<B: TrainBackend>(
     model: &CausalLm<B>,
+    frozen: Option<&CausalLm<B::InnerBackend>>,
+    dataset: &Dataset,
+    method: &MethodConfig,
     batches: &[Batch],
-    trained_total: usize,
     device: &B::Device,
 ) -> StepGrads<B>
 where
     CausalLm<B>: AutodiffModule<B>,
 {
+    let total: usize = batches.iter().map(|b| batch_weight(method, b)).sum();
     let mut acc = GradientsAccumulator::<CausalLm<B>>::new();
     let mut loss: Option<Tensor<B::InnerBackend, 1>> = None;
+    let mut extra = vec![0.0; method.metric_names().len()];
     for b in batches.iter().filter(|b| b.trained > 0) {
+        let share = batch_weight(method, b) as f64 / total as f64;
         let ids =
             Tensor::<B, 2, Int>::from_data(TensorData::new(b.input_ids.clone(), b.shape()), device);
         let labels =
             Tensor::<B, 2, Int>::from_data(TensorData::new(b.labels.clone(), b.shape()), device);
-        let weighted = model
-            .loss(ids, labels)
-            .mul_scalar(b.trained as f64 / trained_total as f64);
+        let raw = match method {
+            MethodConfig::Sft => model.loss(ids, labels),
+            _ => {
+                let desirable = (!dataset.desirable.is_empty()).then(|| {
+                    let d: Vec<i64> = b
+                        .rows
+                        .iter()
+                        .map(|r| i64::from(dataset.desirable[r[0]]))
+                        .collect();
+                    Tensor::<B, 1, Int>::from_data(TensorData::new(d, [b.batch]), device)
+                });
+                let (l, metrics) = micro_batch_loss(method, model, frozen, ids, labels, desirable);
+                for (e, m) in extra.iter_mut().zip(metrics) {
+                    *e += m * share;
+                }
+                l
+            }
+        };
+        let weighted = raw.mul_scalar(share);
         let grads = weighted.backward();
         acc.accumulate(model, GradientsParams::from_grads(grads, model));
         let value = weighted.inner();
@@ -201,6 +250,7 @@ where
     StepGrads {
         grads: acc.grads(),
         loss,
+        extra,
     }
 }
 
@@ -234,8 +284,35 @@ where
         resume,
         memory,
         kernels,
+        frozen,
     } = run;
     config.validate()?;
+    let method = config.method;
+    if method.needs_frozen() && frozen.is_none() {
+        return Err(TrainError::Config(format!(
+            "--method {} needs a frozen {} model",
+            method.name(),
+            if matches!(method, MethodConfig::Distill(_)) {
+                "teacher (--teacher DIR)"
+            } else {
+                "reference"
+            }
+        )));
+    }
+    if method.paired() != dataset.paired
+        || matches!(method, MethodConfig::Kto(_)) == dataset.desirable.is_empty()
+    {
+        return Err(TrainError::Config(format!(
+            "--method {} reads {} rows, but {} holds other rows",
+            method.name(),
+            match method {
+                MethodConfig::Preference(_) => "{\"prompt\", \"chosen\", \"rejected\"}",
+                MethodConfig::Kto(_) => "{\"prompt\", \"completion\", \"label\"}",
+                _ => "instruction or text",
+            },
+            dataset.source_name
+        )));
+    }
     let device = model.device();
     let data = DataInfo {
         source: dataset.source_name.clone(),
@@ -271,7 +348,7 @@ where
         }
     };
     std::fs::create_dir_all(&output).map_err(|e| TrainError::io(&output, e))?;
-    let mut csv = CsvLog::create(&output, &history)?;
+    let mut csv = CsvLog::create_with(&output, &history, &method.metric_names())?;
     let pad = tokenizer.specials.pad;
     let mut stream = BatchStream::new(
         &dataset.examples,
@@ -282,6 +359,9 @@ where
         pad,
         cursor,
     );
+    if dataset.paired {
+        stream = stream.paired();
+    }
     let total = config.schedule.total_steps;
     let dtype_name = format!("{:?}", model.dtype()).to_lowercase();
     let state_at =
@@ -347,15 +427,19 @@ where
         // Forward + backward (+ clipping), panics caught: the model and the optimizer are
         // untouched until `optim.step`.
         let grads = catch_unwind(AssertUnwindSafe(|| {
-            let StepGrads { mut grads, loss } = step_grads(&model, &batches, trained, &device);
+            let StepGrads {
+                mut grads,
+                loss,
+                extra,
+            } = step_grads(&model, frozen.as_ref(), dataset, &method, &batches, &device);
             let loss: f64 = match loss {
                 Some(l) => l.into_scalar().elem(),
                 None => 0.0,
             };
             let clip = clip_global_norm::<B, _>(&model, &mut grads, config.max_grad_norm);
-            (grads, loss, clip)
+            (grads, loss, clip, extra)
         }));
-        let (grads, loss, clip) = match grads {
+        let (grads, loss, clip, extra) = match grads {
             Ok(g) => g,
             Err(p) => {
                 let message = panic_text(p.as_ref());
@@ -419,6 +503,7 @@ where
             seconds,
             tokens_per_second: tokens as f64 / seconds.max(1e-9),
             memory_bytes,
+            extra: method.metric_names().into_iter().zip(extra).collect(),
         };
         csv.append(&metrics)?;
         history.push(metrics);
