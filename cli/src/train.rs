@@ -128,8 +128,9 @@ pub struct TrainArgs {
     /// student's tokenizer (its vocabulary may only be padded larger).
     #[arg(long, value_name = "DIR")]
     pub teacher: Option<PathBuf>,
-    /// The reference of --method dpo/kto when resuming a run started from --model (the
-    /// model it started from). [default: --model, or the random initialization of --seed]
+    /// The reference model of --method dpo/kto. [default: the model before its first step;
+    /// on a resume, the random initialization of --seed: a run started from --model must
+    /// name it]
     #[arg(long, value_name = "DIR")]
     pub reference: Option<PathBuf>,
     /// Distillation's divergence. [default: jsd]
@@ -933,8 +934,9 @@ impl TrainJob {
 
 impl TrainJob {
     /// The frozen model of the method, on the inner backend: the teacher (--teacher), or
-    /// the reference (--reference, else --model, else the random initialization of the
-    /// seed: the policy before its first step).
+    /// the reference: --reference, else the policy before its first step (on a resume:
+    /// the random initialization of the seed, which a run from --model must name with
+    /// --reference).
     fn frozen_model<B: TrainBackend>(
         &self,
         policy: &CausalLm<B>,
@@ -973,21 +975,21 @@ impl TrainJob {
             }
             return Ok(Some(teacher));
         }
-        match (
-            self.args.reference.as_ref(),
-            self.args.model.as_ref(),
-            &self.args.resume,
-        ) {
-            (Some(dir), _, _) | (None, Some(dir), _) => Ok(Some(load(dir, "reference:")?)),
-            (None, None, Some(_))
-                if policy.config != bundled::model_config_for(&self.tokenizer) =>
-            {
+        match (self.args.reference.as_ref(), &self.args.resume) {
+            (Some(dir), _) => Ok(Some(load(dir, "reference:")?)),
+            // A fresh run: the policy as it is now, its parameters shared until the first
+            // update writes new ones.
+            (None, None) => {
+                println!("reference: the model before its first step, frozen");
+                Ok(Some(policy.valid()))
+            }
+            (None, Some(_)) if !bundled_shape(&policy.config, &self.tokenizer) => {
                 bail!(
                     "resuming --method {}: pass --reference DIR, the model the run started from",
                     method.name()
                 )
             }
-            (None, None, _) => {
+            (None, Some(_)) => {
                 let mc = bundled::model_config_for(&self.tokenizer);
                 println!("reference: random init (seed {}), frozen", self.config.seed);
                 Ok(Some(trainer::random_model::<B::InnerBackend>(
@@ -1000,6 +1002,26 @@ impl TrainJob {
             }
         }
     }
+}
+
+/// Whether `config` has the shape of the bundled model for `tokenizer` (a run that started
+/// from the seed's random initialization).
+fn bundled_shape(config: &ModelConfig, tokenizer: &TextTokenizer) -> bool {
+    let b = bundled::model_config_for(tokenizer);
+    let shape = |c: &ModelConfig| {
+        (
+            c.model_type.clone(),
+            c.vocab_size,
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_hidden_layers,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.tie_word_embeddings,
+        )
+    };
+    shape(config) == shape(&b)
 }
 
 impl OnDevice for TrainJob {
