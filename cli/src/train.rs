@@ -1010,7 +1010,7 @@ fn bundled_shape(config: &ModelConfig, tokenizer: &TextTokenizer) -> bool {
     let b = bundled::model_config_for(tokenizer);
     let shape = |c: &ModelConfig| {
         (
-            c.model_type.clone(),
+            c.model_type,
             c.vocab_size,
             c.hidden_size,
             c.intermediate_size,

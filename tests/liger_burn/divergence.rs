@@ -53,3 +53,12 @@ fn bad_input_is_rejected() {
     });
     assert_mentions("beta", &msg, &["beta", "[0, 1]"]);
 }
+
+/// The full conformance sweep (large vocabularies) of these ops on every backend and dtype
+/// of the test device, for real devices: `cargo test --release -p liger-tests --test
+/// liger_burn -- --ignored divergence_full_sweep`.
+#[test]
+#[ignore = "full sweep (V up to 128,256): too slow on a software rasterizer; run on a GPU with --ignored"]
+fn divergence_full_sweep() {
+    liger_tests::check_ops_full(liger_verify::conformance::Op::is_divergence);
+}

@@ -82,3 +82,12 @@ fn bad_input_is_rejected() {
         &["sequence 1", "empty completion"],
     );
 }
+
+/// The full conformance sweep (large vocabularies) of these ops on every backend and dtype
+/// of the test device, for real devices: `cargo test --release -p liger-tests --test
+/// liger_burn -- --ignored fused_linear_kto_and_grpo_full_sweep`.
+#[test]
+#[ignore = "full sweep (V up to 128,256, 32 sequences): too slow on a software rasterizer; run on a GPU with --ignored"]
+fn fused_linear_kto_and_grpo_full_sweep() {
+    liger_tests::check_ops_full(liger_verify::conformance::Op::is_rl);
+}

@@ -261,3 +261,12 @@ fn bad_input_is_rejected() {
     let msg = run(x, w, y_bad, Reference::None, dpo);
     assert_mentions("target", &msg, &["target 9", "[0, 9)"]);
 }
+
+/// The full conformance sweep (large vocabularies) of these ops on every backend and dtype
+/// of the test device, for real devices: `cargo test --release -p liger-tests --test
+/// liger_burn -- --ignored fused_linear_preference_full_sweep`.
+#[test]
+#[ignore = "full sweep (V up to 128,256, 16 pairs): too slow on a software rasterizer; run on a GPU with --ignored"]
+fn fused_linear_preference_full_sweep() {
+    liger_tests::check_ops_full(liger_verify::conformance::Op::is_preference);
+}

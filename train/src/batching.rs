@@ -195,7 +195,7 @@ pub fn epoch_pair_batches(
 ) -> Vec<Batch> {
     assert!(batch_size > 0, "batch_size must be positive");
     assert!(
-        examples.len() % 2 == 0,
+        examples.len().is_multiple_of(2),
         "pairs hold an even number of sequences"
     );
     let order = shuffled_order(examples.len() / 2, seed, epoch);

@@ -1031,9 +1031,8 @@ impl GrpoOptions {
         if !self.beta.is_finite() {
             return Err(format!("beta must be finite, got {}", self.beta));
         }
-        if !(0.0..=1.0).contains(&self.epsilon_low)
-            || !(self.epsilon_high >= 0.0 && self.epsilon_high.is_finite())
-        {
+        let high_ok = self.epsilon_high >= 0.0 && self.epsilon_high.is_finite();
+        if !(0.0..=1.0).contains(&self.epsilon_low) || !high_ok {
             return Err(format!(
                 "epsilon_low must lie in [0, 1] and epsilon_high be non-negative, got {} and {}",
                 self.epsilon_low, self.epsilon_high

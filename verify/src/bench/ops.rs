@@ -146,7 +146,7 @@ impl BenchOp {
     pub fn accepts(self, shape: &Shape) -> bool {
         let d = &shape.0;
         match self {
-            BenchOp::Rope => d.len() == 5 && d[4] % 2 == 0,
+            BenchOp::Rope => d.len() == 5 && d[4].is_multiple_of(2),
             BenchOp::CrossEntropy => d.len() == 2,
             BenchOp::FusedLinearCrossEntropy | BenchOp::FusedLinearJsd => d.len() == 3,
             BenchOp::FusedLinearDpo => d.len() == 4,

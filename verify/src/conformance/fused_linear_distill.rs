@@ -57,8 +57,8 @@ fn log_prob(z: Tracked, inv_t: f64, lse: Tracked) -> Tracked {
 fn divergence_element(ls: Tracked, lp: Tracked, divergence: Divergence) -> (Tracked, Tracked) {
     let (q, p) = (ls.exp(), lp.exp());
     match divergence.jsd_beta() {
-        Some(beta) if beta == 0.0 => (p.mul(lp.sub(ls)), p.neg()),
-        Some(beta) if beta == 1.0 => {
+        Some(0.0) => (p.mul(lp.sub(ls)), p.neg()),
+        Some(1.0) => {
             let kl = q.mul(ls.sub(lp));
             (kl, kl.add(q))
         }

@@ -137,7 +137,7 @@ pub(crate) fn linear_gradients(
     let groups = layout.group_of.iter().max().map_or(0, |g| g + 1);
     // Groups are runs of consecutive rows.
     let group_end: Vec<bool> = (0..n)
-        .map(|i| i + 1 == n || layout.group_of[i + 1] != layout.group_of[i])
+        .map(|i| layout.group_of.get(i + 1) != layout.group_of.get(i))
         .collect();
 
     struct Sums {
@@ -180,7 +180,7 @@ pub(crate) fn linear_gradients(
             let mut chunk_sum = vec![vec![vec![0.0; h]; chunks]; lives.len()];
             let mut group_w = vec![vec![vec![0.0; h]; groups]; lives.len()];
             let mut group_b = vec![vec![0.0; groups]; lives.len()];
-            for i in 0..n {
+            for (i, &ends) in group_end.iter().enumerate() {
                 let (z, dz) = logit(inp, h, dtype, i, c);
                 let e = element(i, c, z, dz);
                 let (chunk, group) = (layout.chunk_of[i], layout.group_of[i]);
@@ -196,7 +196,7 @@ pub(crate) fn linear_gradients(
                         s.terms.push(t);
                         chunk_sum[l][chunk][k] += t;
                         group_w[l][group][k] += e.shared * xv.abs();
-                        if group_end[i] || i + 1 == live {
+                        if ends || i + 1 == live {
                             s.errors
                                 .push(e.independent * xv.abs() + group_w[l][group][k]);
                         } else {
@@ -212,7 +212,7 @@ pub(crate) fn linear_gradients(
                     gb[l].value += e.grad;
                     gb[l].terms.push(e.grad);
                     group_b[l][group] += e.shared;
-                    if group_end[i] || i + 1 == live {
+                    if ends || i + 1 == live {
                         gb[l].errors.push(e.independent + group_b[l][group]);
                     } else {
                         gb[l].errors.push(e.independent);

@@ -22,6 +22,9 @@ pub struct Tracked {
     pub e: f64,
 }
 
+// Methods rather than operator overloads: each call reads as the f32 operation the device
+// performs, in its order, which is what the bounds follow.
+#[allow(clippy::should_implement_trait)]
 impl Tracked {
     /// A value known with error `e`.
     pub fn new(v: f64, e: f64) -> Self {

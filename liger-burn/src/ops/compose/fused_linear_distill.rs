@@ -61,8 +61,8 @@ pub(crate) fn divergence_rows<B: FusedOps>(
     let q = log_q.clone().exp();
     let p = log_p.clone().exp();
     let (loss, dx) = match divergence.jsd_beta() {
-        Some(beta) if beta == 0.0 => (p.clone() * (log_p - log_q), p.neg()),
-        Some(beta) if beta == 1.0 => {
+        Some(0.0) => (p.clone() * (log_p - log_q), p.neg()),
+        Some(1.0) => {
             let kl = q.clone() * (log_q - log_p);
             (kl.clone(), kl + q.clone())
         }
