@@ -294,6 +294,26 @@ pub(crate) fn sequence_logps(
     (stats, tokens, logps)
 }
 
+/// The sum of row `i`'s logits over the classes as the ops compute it: a product of the
+/// logits with a column of ones (f32 accumulation of the `V` rounded logits, with their
+/// uncertainty) stored in the dtype.
+pub(crate) fn row_logit_sum(
+    head: &LinearInputs,
+    (h, v): (usize, usize),
+    dtype: DType,
+    i: usize,
+) -> Tracked {
+    let (mut sum, mut terms, mut errors) = (0.0, Terms::default(), Terms::default());
+    for c in 0..v {
+        let (z, dz) = super::linear_cross_entropy::logit(head, h, dtype, i, c);
+        sum += z;
+        terms.push(z);
+        errors.push(dz);
+    }
+    let store = super::bounds::unit_roundoff(dtype) * sum.abs() + super::bounds::flush(dtype, sum);
+    Tracked::new(sum, errors.independent() + terms.accumulation() + store)
+}
+
 /// Metric names that are stored in f32 whatever the inputs' dtype.
 pub const METRICS: [&str; 9] = [
     "chosen_logps",
@@ -400,17 +420,10 @@ pub fn expected(
     }
     // The logits' sums: every position and class of a side, f32 accumulation.
     let logits_mean = |rows: std::ops::Range<usize>| {
-        let (mut sum, mut terms, mut errors) = (0.0, Terms::default(), Terms::default());
-        for i in rows {
-            for c in 0..v {
-                let (z, dz) = super::linear_cross_entropy::logit(&head, h, dtype, i, c);
-                sum += z;
-                terms.push(z);
-                errors.push(dz);
-            }
-        }
-        Tracked::new(sum, errors.independent() + terms.accumulation())
-            .scale(1.0 / (b * t * v) as f64)
+        let sums: Vec<Tracked> = rows
+            .map(|i| row_logit_sum(&head, (h, v), dtype, i))
+            .collect();
+        tracked::sum(&sums).scale(1.0 / (b * t * v) as f64)
     };
     let mut out = vec![
         scalar("loss", loss),

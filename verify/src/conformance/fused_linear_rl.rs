@@ -10,9 +10,11 @@
 //! decision of the formula (GRPO's clipped branch, the clipped-token count) lies within
 //! the error of its threshold, either outcome is allowed.
 
-use super::bounds::{Expected, Terms, U32};
+use super::bounds::{Expected, U32};
 use super::cross_entropy::{Factors, RowStats, element, row_stats};
-use super::fused_linear_preference::{RefInputs, draw_targets, sequence_logps, token_options};
+use super::fused_linear_preference::{
+    RefInputs, draw_targets, row_logit_sum, sequence_logps, token_options,
+};
 use super::linear_cross_entropy::{
     GradElement, LinearInputs, RowLayout, compare_linear, linear_gradients, linear_row_stats, logit,
 };
@@ -21,7 +23,7 @@ use super::{Comparison, HostCase, Op, Rng, host_input, input, poison, to_f64};
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::functional::{self, Reference, TokenReference};
-use liger_burn::ops::compose::fused_linear_preference::chunk_pairs;
+use liger_burn::ops::compose::fused_linear_preference::chunk_sequences;
 use liger_burn::ops::{FusedOps, GrpoLossType, GrpoOptions, KtoOptions};
 use liger_burn::test_hooks::override_chunk_rows;
 
@@ -162,16 +164,10 @@ pub fn kto_expected(
     let loss = tracked::sum(&losses).scale(1.0 / b as f64);
     let logits_sum: Vec<Tracked> = (0..b)
         .map(|q| {
-            let (mut sum, mut terms, mut errors) = (0.0, Terms::default(), Terms::default());
-            for i in q * t..(q + 1) * t {
-                for c in 0..v {
-                    let (z, dz) = logit(&inp.head, h, dtype, i, c);
-                    sum += z;
-                    terms.push(z);
-                    errors.push(dz);
-                }
-            }
-            Tracked::new(sum, errors.independent() + terms.accumulation())
+            let rows: Vec<Tracked> = (q * t..(q + 1) * t)
+                .map(|i| row_logit_sum(&inp.head, (h, v), dtype, i))
+                .collect();
+            tracked::sum(&rows)
         })
         .collect();
     let mut out = vec![
@@ -587,12 +583,7 @@ fn per_chunk(one: bool, b: usize, v: usize) -> (usize, Option<usize>) {
     if one {
         (1, Some(SEQ))
     } else {
-        (
-            (2 * chunk_pairs(b.div_ceil(2).max(1), SEQ, HIDDEN, v))
-                .min(b)
-                .max(1),
-            None,
-        )
+        (chunk_sequences(b, SEQ, HIDDEN, v), None)
     }
 }
 

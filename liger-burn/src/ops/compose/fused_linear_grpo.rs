@@ -10,7 +10,7 @@
 
 use super::chunked_linear::{LinearGrads, float, logits as chunk_logits, prim};
 use super::cross_entropy::reciprocal_or_zero;
-use super::fused_linear_preference::{Head, chunk_pairs, token_options};
+use super::fused_linear_preference::{Head, chunk_sequences, token_options};
 use crate::ops::{FusedOps, GrpoLossType, GrpoOptions, GrpoOutput, ReferenceInput, validate};
 use burn::tensor::{
     DType, Int, Tensor, TensorMetadata,
@@ -103,9 +103,7 @@ pub fn forward<B: FusedOps>(
         } => Tensor::<B, 2>::full([b, t], 1.0 / (b * max_completion_length) as f64, &device)
             .cast(DType::F32),
     };
-    let per_chunk = (2 * chunk_pairs(b.div_ceil(2).max(1), t, h, v))
-        .min(b)
-        .max(1);
+    let per_chunk = chunk_sequences(b, t, h, v);
     let zero = || Tensor::<B, 1>::zeros([1], &device).cast(DType::F32);
     let (mut loss, mut kl_sum, mut clipped_sum) = (zero(), zero(), zero());
     let (mut logps_out, mut grad_x) = (Vec::new(), Vec::new());

@@ -8,7 +8,10 @@
 //! logits gradient as the cross entropy's with a per-row factor.
 
 use super::chunked_linear::{LinearGrads, float, logits as chunk_logits, prim};
-use super::fused_linear_preference::{Head, chunk_pairs, sequence_logps, token_nll, token_options};
+use super::fused_linear_preference::{
+    Head, chunk_sequences, logit_sums as sequence_logit_sums, sequence_logps, token_nll,
+    token_options,
+};
 use crate::ops::{FusedOps, KtoOptions, KtoOutput, ReferenceInput, validate};
 use burn::tensor::activation::sigmoid;
 use burn::tensor::{
@@ -74,10 +77,8 @@ pub fn forward<B: FusedOps>(
         .cast(DType::F32)
         .sum_dim(1)
         .reshape([b]);
-    // Sequences per chunk: as many rows as two pairs' worth of the preference chunking.
-    let per_chunk = (2 * chunk_pairs(b.div_ceil(2).max(1), t, h, v))
-        .min(b)
-        .max(1);
+    let per_chunk = chunk_sequences(b, t, h, v);
+    let ones = Tensor::<B, 2>::ones([v, 1], &device).cast(w_dtype);
     let mut loss_sum = Tensor::<B, 1>::zeros([1], &device).cast(DType::F32);
     let (mut logps, mut rewards, mut logit_sums, mut grad_x) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -91,15 +92,7 @@ pub fn forward<B: FusedOps>(
         let y_c = targets.clone().slice(q0..q1).reshape([k * t]);
         let counts_c = counts.clone().slice(q0..q1);
         let logits = chunk_logits::<B>(x_c.clone(), &policy.weight_t, policy.bias.as_ref());
-        logit_sums.push(
-            logits
-                .clone()
-                .cast(DType::F32)
-                .sum_dim(1)
-                .reshape([k, t])
-                .sum_dim(1)
-                .reshape([k]),
-        );
+        logit_sums.push(sequence_logit_sums::<B>(logits.clone(), &ones, k));
         let nll = token_nll::<B>(logits.clone(), y_c.clone(), k, options.ignore_index);
         let s = sequence_logps(nll, counts_c.clone(), options.average_log_prob);
         let r = match &reference {

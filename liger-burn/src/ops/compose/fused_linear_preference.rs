@@ -42,6 +42,28 @@ pub fn chunk_pairs(b: usize, t: usize, h: usize, v: usize) -> usize {
     (rows / (2 * t).max(1)).clamp(1, b.max(1))
 }
 
+/// Whole sequences per chunk for `s` sequences of `T` positions (KTO, GRPO).
+pub fn chunk_sequences(s: usize, t: usize, h: usize, v: usize) -> usize {
+    let rows = chunk_rows(s * t, h, v);
+    (rows / t.max(1)).clamp(1, s.max(1))
+}
+
+/// Each sequence's sum of its logits over every position and class, `[s]` f32, from a
+/// chunk's `[s·T, V]` logits: a product with a column of ones (f32 accumulation, each
+/// row's sum stored in the logits' dtype), so no f32 copy of the logits is made.
+pub(crate) fn logit_sums<B: FusedOps>(
+    logits: Tensor<B, 2>,
+    ones: &Tensor<B, 2>,
+    seqs: usize,
+) -> Tensor<B, 1> {
+    let rows = logits.dims()[0];
+    super::chunked_linear::matmul::<B>(logits, ones.clone())
+        .cast(DType::F32)
+        .reshape([seqs, rows / seqs.max(1)])
+        .sum_dim(1)
+        .reshape([seqs])
+}
+
 /// The cross-entropy options of the per-position log-probabilities: rows whose target is
 /// `ignore_index` (or out of range) give 0 and no gradient.
 pub(crate) fn token_options(ignore_index: i64) -> CrossEntropyOptions {
@@ -324,6 +346,7 @@ pub fn forward<B: FusedOps>(
     let nll_scale = reciprocal_or_zero(chosen_tokens);
 
     let pairs = chunk_pairs(b, t, h, v);
+    let ones = Tensor::<B, 2>::ones([v, 1], &device).cast(w_dtype);
     let zero = || Tensor::<B, 1>::zeros([1], &device).cast(DType::F32);
     let (mut loss_sum, mut nll_sum) = (zero(), zero());
     let (mut chosen_logits, mut rejected_logits) = (zero(), zero());
@@ -348,13 +371,7 @@ pub fn forward<B: FusedOps>(
         );
         let logits = chunk_logits::<B>(x_c.clone(), &policy.weight_t, policy.bias.as_ref());
         // Σ of every logit of each sequence (TRL's logits/chosen and logits/rejected).
-        let logit_sums = logits
-            .clone()
-            .cast(DType::F32)
-            .sum_dim(1)
-            .reshape([2 * k, t])
-            .sum_dim(1)
-            .reshape([2 * k]);
+        let logit_sums = logit_sums::<B>(logits.clone(), &ones, 2 * k);
         chosen_logits = chosen_logits + logit_sums.clone().slice(0..k).sum();
         rejected_logits = rejected_logits + logit_sums.slice(k..2 * k).sum();
         let nll = token_nll::<B>(logits.clone(), y_c.clone(), 2 * k, options.ignore_index);
