@@ -16,7 +16,7 @@
 //!    its weight over the non-ignored rows, ignored rows zeroed, rounded once to the
 //!    dtype;
 //! 4. `grad_x_c = g W`, `grad_W += f32(gᵀ x_c)`, `grad_b += Σ f32(g)`
-//!    ([`super::chunked_linear`]).
+//!    (`chunked_linear`).
 //!
 //! Step 3 holds a few `[m, V]` f32 temporaries, so a chunk has at most
 //! [`MAX_CHUNK_ROWS_PER_HIDDEN`]`⁻¹·H` rows (then those temporaries take about as much

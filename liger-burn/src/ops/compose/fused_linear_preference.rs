@@ -17,10 +17,11 @@
 //!    `r_t = −∂L/∂s (/ n_tokens) (+ α/N_chosen for the NLL term on chosen rows)`: a second
 //!    fused cross-entropy pass with that `grad_scale` writes it over the logits;
 //! 4. `grad_x_c = g W`, `grad_W += f32(gᵀ x_c)`, `grad_b += Σ f32(g)`
-//!    ([`super::chunked_linear`]).
+//!    (`chunked_linear`).
 //!
 //! The reference model's log-probabilities, when computed from its head, are step 1–2 on
-//! the reference inputs, in the same chunk. A chunk holds `≈ chunk_rows / (2T)` pairs
+//! the reference inputs, in the same chunk. TRL's logits metrics come from a product of
+//! the chunk's logits with a column of ones (`logit_sums`): no f32 copy of the logits. A chunk holds `≈ chunk_rows / (2T)` pairs
 //! (at least one), with the rows per chunk of [`super::linear_cross_entropy`].
 
 use super::chunked_linear::{LinearGrads, float, logits as chunk_logits, prim};
