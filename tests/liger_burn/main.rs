@@ -12,6 +12,7 @@ mod geglu;
 mod gelu;
 mod layer_norm;
 mod log_softmax;
+mod lora;
 mod matmul;
 mod optim;
 mod records;

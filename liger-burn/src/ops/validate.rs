@@ -172,10 +172,12 @@ pub fn elementwise_tensors<T: TensorMetadata>(
 }
 mod adamw;
 mod attention;
+mod lora;
 mod matmul;
 mod rope;
 pub use adamw::{AdamWInputs, adamw_step, adamw_step_tensors};
 pub use attention::{AttentionInputs, attention};
+pub use lora::{AdapterInputs, adapter, lora_linear, lora_linear_tensors};
 pub use matmul::{matmul, matmul_tensors};
 pub use rope::{RopeInputs, rope, rope_tensors};
 /// A cross-entropy call's inputs: `logits: [N, V]`, `targets: [N]` (integers),

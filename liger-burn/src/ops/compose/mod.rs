@@ -11,6 +11,7 @@ pub mod cross_entropy;
 pub mod glu;
 pub mod layer_norm;
 pub mod linear_cross_entropy;
+pub mod lora;
 pub mod rms_norm;
 pub mod rope;
 pub mod softmax;
