@@ -224,6 +224,12 @@ impl LoraConfig {
     /// `adapter_config.json` as PEFT 0.21 writes it for these settings.
     pub fn to_peft_json(&self, base_model_name_or_path: Option<&str>) -> Value {
         let targets: Vec<&str> = self.targets.iter().map(|t| t.name()).collect();
+        // PEFT's `lora_alpha` is an integer unless set otherwise.
+        let alpha = if self.alpha.fract() == 0.0 && self.alpha.abs() < 1e15 {
+            json!(self.alpha as i64)
+        } else {
+            json!(self.alpha)
+        };
         json!({
             "alpha_pattern": {},
             "base_model_name_or_path": base_model_name_or_path,
@@ -235,7 +241,7 @@ impl LoraConfig {
             "layer_replication": null,
             "layers_pattern": null,
             "layers_to_transform": null,
-            "lora_alpha": self.alpha,
+            "lora_alpha": alpha,
             "lora_bias": false,
             "lora_dropout": self.dropout,
             "modules_to_save": null,
@@ -286,9 +292,15 @@ impl LoraConfig {
             }
             Ok(())
         };
-        refuse_true("use_dora")?;
-        refuse_true("fan_in_fan_out")?;
-        refuse_true("lora_bias")?;
+        for k in [
+            "use_dora",
+            "fan_in_fan_out",
+            "lora_bias",
+            "use_qalora",
+            "use_bdlora",
+        ] {
+            refuse_true(k)?;
+        }
         if let Some(b) = get("bias").and_then(Value::as_str)
             && b != "none"
         {
@@ -307,10 +319,25 @@ impl LoraConfig {
                 )));
             }
         }
-        for k in ["layers_to_transform", "layers_pattern", "layer_replication"] {
-            if get(k).is_some() {
+        for k in [
+            "layers_to_transform",
+            "layers_pattern",
+            "layer_replication",
+            "exclude_modules",
+            "target_parameters",
+            "trainable_token_indices",
+            "alora_invocation_tokens",
+        ] {
+            let empty = |v: &Value| {
+                v.as_array().is_some_and(|a| a.is_empty())
+                    || v.as_object().is_some_and(|o| o.is_empty())
+            };
+            if let Some(v) = get(k)
+                && !empty(v)
+            {
                 return Err(bad(format!(
-                    "`{k}` is not supported: adapters on every decoder layer only"
+                    "`{k}` ({v}) is not supported: plain LoRA adapters on the listed modules \
+                     of every decoder layer only"
                 )));
             }
         }
@@ -557,6 +584,24 @@ impl<B: FusedOps> CausalLm<B> {
             )?;
         }
         drop(slots);
+        // With `lm_head` among the targets PEFT also saves the head's base weight
+        // (`save_embedding_layers`), and `PeftModel.from_pretrained` loads it over the
+        // base model's: so does this (over the embedding when the head is tied to it, as
+        // PyTorch's shared tensor would be).
+        let head_base = format!("{PEFT_PREFIX}lm_head.base_layer.weight");
+        if model.lm_head_lora.is_some() && checkpoint.names().contains(&head_base.as_str()) {
+            let (v, h) = (model.config.vocab_size, model.config.hidden_size);
+            let dtype = model.dtype();
+            let data = checkpoint.read(&head_base, &[v, h])?;
+            let w = Tensor::<B, 2>::from_data(data, (&device, dtype));
+            match &mut model.lm_head {
+                Some(l) => l.weight = Param::from_tensor(w.transpose()).set_require_grad(false),
+                None => {
+                    model.model.embed_tokens.weight = Param::from_tensor(w).set_require_grad(false)
+                }
+            }
+            expected.push(head_base);
+        }
         let extra: Vec<&str> = checkpoint
             .names()
             .into_iter()
@@ -579,6 +624,23 @@ impl<B: FusedOps> CausalLm<B> {
             });
         }
         Ok(model)
+    }
+
+    /// The model with every adapter's dropout set to `p` (in `[0, 1)`): e.g. 0 to take
+    /// gradients as PyTorch does in evaluation mode (Burn applies dropout whenever the
+    /// backend tracks gradients). Panics naming the value when it is out of range.
+    pub fn with_lora_dropout(mut self, p: f64) -> Self {
+        assert!(
+            (0.0..1.0).contains(&p),
+            "with_lora_dropout: the dropout must be in [0, 1), got {p}"
+        );
+        for adapter in self.adapters_mut() {
+            adapter.dropout = p;
+        }
+        if let Some(config) = &mut self.lora {
+            config.dropout = p;
+        }
+        self
     }
 
     /// Every adapter, mutably, in [`adapters`](Self::adapters)' order.

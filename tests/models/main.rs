@@ -3,3 +3,4 @@
 mod attention;
 mod hf_parity;
 mod loading;
+mod lora;
