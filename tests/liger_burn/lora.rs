@@ -888,3 +888,87 @@ impl BackendVisitor for BadInputs {
 fn bad_inputs_are_refused_naming_shapes() {
     liger_tests::for_each_backend(&mut BadInputs);
 }
+
+/// `nn::LoraAdapter`: PEFT's initialization (`A` Kaiming-uniform with `a = √5`, i.e.
+/// uniform in `±1/√d_in`; `B` zeros; both f32 whatever the base dtype), the scale (`α/r`,
+/// `α/√r` with rsLoRA), the forward through `functional::lora_linear`, and a dropout that
+/// acts on the adapter's input only while gradients are tracked.
+struct AdapterModule;
+
+impl BackendVisitor for AdapterModule {
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        use burn::module::{AutodiffModule, Param};
+        use liger_burn::nn::LoraAdapterConfig;
+        let (d_in, d_out, r) = (45, 37, 6);
+        let config = LoraAdapterConfig::new(d_in, d_out, r, 12.0);
+        let adapter = config.init::<B>(device);
+        assert_eq!(adapter.scale, 2.0, "{label}");
+        let rs = config.clone().with_use_rslora(true).init::<B>(device);
+        assert_eq!(rs.scale, 12.0 / (r as f64).sqrt(), "{label}");
+        assert_eq!(adapter.lora_a.val().dtype(), DType::F32, "{label}");
+        assert_eq!(adapter.lora_b.val().dtype(), DType::F32, "{label}");
+        assert_eq!(adapter.lora_a.dims(), [r, d_in], "{label}");
+        assert_eq!(adapter.lora_b.dims(), [d_out, r], "{label}");
+        let a = host(adapter.lora_a.val());
+        let bound = 1.0 / (d_in as f64).sqrt();
+        assert!(
+            a.iter().all(|v| v.abs() <= bound),
+            "{label}: A outside ±1/√d_in"
+        );
+        // Uniform on ±bound: mean |a| is bound/2 (270 draws: within ±0.15·bound at > 5σ).
+        let mean_abs = a.iter().map(|v| v.abs()).sum::<f64>() / a.len() as f64;
+        assert!(
+            (mean_abs / bound - 0.5).abs() < 0.15,
+            "{label}: A is not uniform in ±1/√d_in (mean |a| = {mean_abs}, bound {bound})"
+        );
+        assert!(
+            host(adapter.lora_b.val()).iter().all(|v| *v == 0.0),
+            "{label}: B ≠ 0"
+        );
+
+        let mut rng = Rng::new(11);
+        let d = LinearData::new(&mut rng);
+        let f = |v: &[f32]| v.iter().map(|x| *x as f64).collect::<Vec<_>>();
+        for dtype in liger_tests::dtypes::<B>(device) {
+            let at = format!("{label} {dtype:?}");
+            // A trained-looking adapter (B ≠ 0) with dropout 0.5.
+            let mut m = config.clone().with_dropout(0.5).init::<AD<B>>(device);
+            m.lora_b = Param::from_tensor(tensor::<AD<B>, 2>(
+                &f(&d.bb),
+                [d_out, r],
+                DType::F32,
+                device,
+            ));
+            let x = tensor::<AD<B>, 2>(&f(&d.x[..ROWS * d_in]), [ROWS, d_in], dtype, device);
+            let w = tensor::<AD<B>, 2>(&f(&d.w[..d_in * d_out]), [d_in, d_out], dtype, device);
+            let no_dropout = host(functional::lora_linear(
+                x.clone().inner(),
+                w.clone().inner(),
+                None,
+                None,
+                m.lora_a.val().inner(),
+                m.lora_b.val().inner(),
+                m.options(),
+            ));
+            // Without gradient tracking (the inner backend's module): no dropout.
+            let eval = host(
+                m.valid()
+                    .forward(x.clone().inner(), w.clone().inner(), None),
+            );
+            assert_eq!(eval, no_dropout, "{at}: dropout applied in evaluation");
+            // Tracked: the adapter reads dropout(x), the base path x itself.
+            let train = m.forward(x.clone(), w.clone(), None);
+            let y = host(train.clone().inner());
+            assert_ne!(y, no_dropout, "{at}: no dropout while training");
+            assert!(y.iter().all(|v| v.is_finite()), "{at}");
+            let grads = train.sum().backward();
+            assert!(m.lora_a.val().grad(&grads).is_some(), "{at}: no grad for A");
+            assert!(m.lora_b.val().grad(&grads).is_some(), "{at}: no grad for B");
+        }
+    }
+}
+
+#[test]
+fn lora_adapter_module_initializes_as_peft_and_drops_out_only_while_training() {
+    liger_tests::for_each_backend(&mut AdapterModule);
+}
