@@ -740,3 +740,85 @@ pub fn read_adapter_config(dir: &Path) -> Result<LoraConfig, ModelError> {
     })?;
     LoraConfig::from_peft_json(&value, &path.display().to_string())
 }
+
+/// Files of a Hugging Face model directory besides the weights and `config.json` that a
+/// merged checkpoint keeps from its base (tokenizer and generation settings).
+pub const CARRIED_FILES: [&str; 5] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+];
+
+/// What [`merge_checkpoint`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MergeReport {
+    /// The adapter's configuration.
+    pub lora: LoraConfig,
+    /// Adapters merged.
+    pub adapters: usize,
+    /// Dtype of the written weights.
+    pub dtype: DType,
+    /// Files copied from the base ([`CARRIED_FILES`] that it has).
+    pub copied: Vec<String>,
+}
+
+/// The dtype a checkpoint's `config.json` declares (`torch_dtype` / `dtype`), f32 when it
+/// declares none or one these models do not load.
+pub fn declared_dtype(config: &crate::config::ModelConfig) -> DType {
+    match config.torch_dtype.as_deref() {
+        Some("bfloat16") => DType::BF16,
+        Some("float16") => DType::F16,
+        _ => DType::F32,
+    }
+}
+
+/// `liger merge`: loads the base checkpoint `base` (in `dtype`, by default the dtype its
+/// `config.json` declares), attaches the PEFT adapter of `adapter`
+/// ([`CausalLm::load_adapter`]), merges it ([`CausalLm::merge_lora`]: `W + s·B·A` in f32,
+/// stored in the base dtype) and writes a plain Hugging Face checkpoint to `out`
+/// (created), with the base's tokenizer and generation files ([`CARRIED_FILES`]).
+/// Errors name the file or tensor at fault; `out` may not be `base` or `adapter`.
+pub fn merge_checkpoint<B: FusedOps>(
+    base: &Path,
+    adapter: &Path,
+    out: &Path,
+    dtype: Option<DType>,
+    device: &B::Device,
+) -> Result<MergeReport, ModelError> {
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same(out, base) || same(out, adapter) {
+        return Err(ModelError::Input(format!(
+            "merge: the output directory {} is the base or the adapter directory; write the \
+             merged checkpoint elsewhere",
+            out.display()
+        )));
+    }
+    let config = crate::config::ModelConfig::from_file(base.join("config.json"))?;
+    let dtype = dtype.unwrap_or_else(|| declared_dtype(&config));
+    let model = CausalLm::<B>::load(base, dtype, crate::LigerConfig::none(), device)?
+        .load_adapter(adapter, AdapterPrecision::F32)?;
+    let lora = model.lora_config().cloned().expect("an adapter was loaded");
+    let adapters = model.adapters().len();
+    let merged = model.merge_lora();
+    merged.save(out)?;
+    let mut copied = Vec::new();
+    for name in CARRIED_FILES {
+        let from = base.join(name);
+        if from.is_file() {
+            let to = out.join(name);
+            std::fs::copy(&from, &to).map_err(|e| ModelError::io(&to, e))?;
+            copied.push(name.to_string());
+        }
+    }
+    Ok(MergeReport {
+        lora,
+        adapters,
+        dtype,
+        copied,
+    })
+}

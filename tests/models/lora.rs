@@ -649,3 +649,53 @@ fn unsupported_adapters_are_refused_naming_the_field() {
     let t = TempDir::new("empty");
     assert_mentions("lora", &load_err(t.path()), &[ADAPTER_CONFIG_FILE]);
 }
+
+/// `liger merge`'s work (`merge_checkpoint`): PEFT's adapter merged into the base and
+/// written as a plain checkpoint gives PEFT's logits of the adapted model, keeps the
+/// base's tokenizer, and refuses to write over its inputs.
+#[test]
+fn merge_checkpoint_writes_a_plain_checkpoint_with_peft_logits() {
+    let device = Default::default();
+    for case in CASES {
+        let e = expected(case);
+        // The base with a tokenizer beside it (the fixtures have none).
+        let base = TempDir::new("base");
+        for entry in std::fs::read_dir(base_dir(&e)).unwrap() {
+            let p = entry.unwrap().path();
+            std::fs::copy(&p, base.path().join(p.file_name().unwrap())).unwrap();
+        }
+        std::fs::write(base.path().join("tokenizer.json"), "{\"tokenizer\": 1}").unwrap();
+        let out = TempDir::new("merge-out");
+        let report = liger_models::lora::merge_checkpoint::<Cpu>(
+            base.path(),
+            &adapter_dir(case),
+            out.path(),
+            None,
+            &device,
+        )
+        .unwrap();
+        assert_eq!(report.dtype, DType::F32, "{case}");
+        assert_eq!(report.copied, vec!["tokenizer.json".to_string()], "{case}");
+        assert_eq!(
+            std::fs::read(out.path().join("tokenizer.json")).unwrap(),
+            b"{\"tokenizer\": 1}",
+            "{case}"
+        );
+        let merged =
+            CausalLm::<Cpu>::load(out.path(), DType::F32, LigerConfig::none(), &device).unwrap();
+        let logits = values(merged.forward(ids::<Cpu>(&e.input_ids, &device)));
+        if let Some(m) = first_mismatch(&format!("{case} merged logits"), &logits, &e.logits) {
+            panic!("{m}");
+        }
+        let err = liger_models::lora::merge_checkpoint::<Cpu>(
+            base.path(),
+            &adapter_dir(case),
+            base.path(),
+            None,
+            &device,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_mentions("merge", &err, &["output directory", "base or the adapter"]);
+    }
+}
