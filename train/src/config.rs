@@ -5,6 +5,7 @@ use crate::batching::Layout;
 use crate::error::TrainError;
 use crate::schedule::LrSchedule;
 use liger_burn::optim::{AdamWConfig, LowPrecisionUpdate};
+use liger_models::LoraConfig;
 use serde::{Deserialize, Serialize};
 
 /// The settings that determine the numbers of a run (stored in every checkpoint; a resume
@@ -35,6 +36,11 @@ pub struct TrainConfig {
     /// dtype. No effect on f32 runs.
     #[serde(default)]
     pub pure_low_precision: bool,
+    /// LoRA fine-tuning: the base frozen (no gradient, no optimizer state), f32 adapters
+    /// on these projections trained, checkpoints holding the adapters only (PEFT's files).
+    /// `None`: every parameter trained.
+    #[serde(default)]
+    pub lora: Option<LoraConfig>,
 }
 
 /// `liger train`'s defaults (the README's default run), shared by the command and the
@@ -88,6 +94,7 @@ impl TrainConfig {
             seed: defaults::SEED,
             save_every,
             pure_low_precision: false,
+            lora: None,
         }
     }
 
@@ -117,7 +124,23 @@ impl TrainConfig {
                 self.weight_decay
             ));
         }
+        if let Some(lora) = &self.lora {
+            lora.validate()
+                .map_err(|e| TrainError::Config(format!("{e} (--lora-*)")))?;
+        }
         self.schedule.validate().map_err(TrainError::Config)
+    }
+
+    /// The seed of the backend's generator for optimizer step `step` (1-based): LoRA's
+    /// dropout masks are drawn from it, so they are a function of the run's seed and the
+    /// step, and a resumed run draws the same masks as the uninterrupted one. (Burn's
+    /// generator is one per process: another draw from it during a step, by a second run
+    /// in the same process, would change that step's masks.)
+    pub fn step_seed(&self, step: usize) -> u64 {
+        let mut rng = crate::rng::SplitMix64::new(self.seed);
+        let key = rng.next_u64();
+        crate::rng::SplitMix64::new(key ^ (step as u64).wrapping_mul(0xD1B5_4A32_D192_ED03))
+            .next_u64()
     }
 
     /// liger-burn's fused AdamW with PyTorch's defaults (betas 0.9/0.999, eps 1e-8) and
