@@ -87,8 +87,15 @@ enum Command {
     /// OUTPUT/train_log.csv. If a step panics or the loss becomes NaN/inf, the last good
     /// state is saved and the command exits 1 with the reason.
     ///
+    /// With --lora-rank N: LoRA fine-tuning. The model is frozen and rank-N adapters train
+    /// on --lora-targets (f32, whatever --dtype); checkpoints then hold PEFT's adapter files
+    /// (adapter_config.json, adapter_model.safetensors) and the adapters' optimizer state
+    /// instead of the model; `liger merge` folds them into the base. A random model's base
+    /// is written to OUTPUT/base-model/.
+    ///
     /// Example: liger train --model ./Llama-3.2-1B --data sft.jsonl --device cuda
     ///          --dtype bf16 --batch-size 4 --grad-accum 8 --packing --max-length 2048
+    ///          [--lora-rank 64 --lora-alpha 128 --lora-targets all-linear]
     #[command(verbatim_doc_comment)]
     Train(train::TrainArgs),
     /// Convergence of training with the fused kernels against stock Burn (like

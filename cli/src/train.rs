@@ -39,6 +39,10 @@ pub enum BadLineArg {
     Fail,
 }
 
+/// Where a LoRA run on a random model writes that model (under --output): its adapters'
+/// base.
+const RANDOM_BASE_DIR: &str = "base-model";
+
 /// `--lora-precision`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LoraPrecisionArg {
@@ -774,11 +778,24 @@ impl TrainJob {
             }
             None => {
                 let (model, origin) = base(self.args.model.as_ref())?;
+                let mut base_model = self.args.model.as_ref().map(|p| p.display().to_string());
                 let model = match &self.config.lora {
-                    Some(lora) => trainer::attach_lora(model, lora, self.config.seed, ctx_device)?,
+                    Some(lora) => {
+                        if base_model.is_none() {
+                            // The adapters need their base to be loaded (PEFT, `liger
+                            // merge`, a resume): a random one is written beside them.
+                            let dir = self.output.join(RANDOM_BASE_DIR);
+                            model.save(&dir)?;
+                            let tok = dir.join(checkpoint::TOKENIZER_FILE);
+                            std::fs::write(&tok, &self.tokenizer.json)
+                                .with_context(|| format!("writing {}", tok.display()))?;
+                            println!("base:      random model written to {}", dir.display());
+                            base_model = Some(dir.display().to_string());
+                        }
+                        trainer::attach_lora(model, lora, self.config.seed, ctx_device)?
+                    }
                     None => model,
                 };
-                let base_model = self.args.model.as_ref().map(|p| p.display().to_string());
                 (model, None, origin, base_model)
             }
         };
