@@ -362,7 +362,7 @@ pub fn rope_tables<B: burn::tensor::backend::Backend>(
     device: &B::Device,
 ) -> (Tensor<B, 3>, Tensor<B, 3>) {
     assert!(
-        head_dim > 0 && head_dim % 2 == 0,
+        head_dim > 0 && head_dim.is_multiple_of(2),
         "rope_tables: head_dim must be even and positive, got {head_dim}"
     );
     assert!(

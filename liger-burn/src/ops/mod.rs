@@ -357,8 +357,8 @@ pub trait FusedOps: Backend {
     /// `class_weight: [V]`; see [`CrossEntropyOptions`] for the math, here applied to
     /// `logits = x weightᵀ + bias` and reduced by `options.reduction`.
     ///
-    /// With `compute_grad`, the gradients of the reduced loss (for an upstream gradient of
-    /// 1) are computed in the same chunked pass. The default body (every backend) chunks
+    /// With `compute_grad`, the gradients of the reduced loss (for an upstream gradient
+    /// of 1) are computed in the same chunked pass. The default body (every backend) chunks
     /// over rows with `matmul` and [`fused_cross_entropy`](FusedOps::fused_cross_entropy);
     /// see [`compose::linear_cross_entropy`] for the chunk size and the memory it costs
     /// (an f32 `[V, H]` weight-gradient accumulator). On `Autodiff<B>` the loss is tracked

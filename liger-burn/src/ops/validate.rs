@@ -269,17 +269,18 @@ pub fn cross_entropy(
             options.lse_square_scale
         ));
     }
-    if let Some(c) = options.softcap {
-        if !(c.is_finite() && c > 0.0) {
-            return fail(format!(
-                "{op}: softcap must be positive and finite, got {c} (logits {shape:?})"
-            ));
-        }
+    if let Some(c) = options.softcap
+        && !(c.is_finite() && c > 0.0)
+    {
+        return fail(format!(
+            "{op}: softcap must be positive and finite, got {c} (logits {shape:?})"
+        ));
     }
     Ok(())
 }
 
 /// [`cross_entropy`] on tensors of any layer.
+#[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_tensors<F: TensorMetadata, I: TensorMetadata>(
     op: &'static str,
     logits: &F,
