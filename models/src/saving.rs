@@ -92,9 +92,18 @@ impl<B: FusedOps> CausalLm<B> {
     }
 
     /// Writes `dir/config.json` and `dir/model.safetensors` (creating `dir`, overwriting
-    /// those two files), in the model's dtype.
+    /// those two files), in the model's dtype. A model with LoRA adapters is refused: the
+    /// file would hold its base without them (save them with
+    /// [`save_adapter`](Self::save_adapter), or [`merge_lora`](Self::merge_lora) first).
     pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), ModelError> {
         let dir = dir.as_ref();
+        if self.lora_config().is_some() {
+            return Err(ModelError::Input(format!(
+                "save {}: the model has LoRA adapters, which a Hugging Face checkpoint cannot \
+                 hold; save them with save_adapter (PEFT's files), or merge_lora first",
+                dir.display()
+            )));
+        }
         std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
         write_safetensors(&dir.join(WEIGHTS_FILE), &self.hf_tensors())?;
         let config = self.config.to_hf_json(torch_dtype_name(self.dtype()));
