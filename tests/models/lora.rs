@@ -320,7 +320,11 @@ fn saved_adapters_are_peft_files_and_load_back() {
         let t = TempDir::new("save");
         // A Hugging Face checkpoint cannot hold the adapters: refused, not silently dropped.
         let err = model.save(t.path()).unwrap_err().to_string();
-        assert_mentions("lora", &err, &["LoRA adapters", "save_adapter", "merge_lora"]);
+        assert_mentions(
+            "lora",
+            &err,
+            &["LoRA adapters", "save_adapter", "merge_lora"],
+        );
         model
             .save_adapter(t.path(), Some(&format!("models/fixtures/{}", e.base)))
             .unwrap();

@@ -989,6 +989,29 @@ mod tests {
         Bench::try_parse_from(argv).unwrap().args
     }
 
+    #[test]
+    fn lora_flags_reach_the_case_processes_and_the_csv_config() {
+        let case: E2eCase = "tiny-llama:32:1:on".parse().unwrap();
+        let plain = bench_args(&[]);
+        assert!(e2e_case::lora_config(&plain).is_none());
+        assert!(!child_args(&plain, case).iter().any(|a| a.contains("lora")));
+        let args = bench_args(&["--e2e-lora-rank", "8", "--e2e-lora-targets", "q,v,lm_head"]);
+        let child = child_args(&args, case);
+        let at = child.iter().position(|a| a == "--e2e-lora-rank").unwrap();
+        assert_eq!(child[at + 1], "8");
+        assert_eq!(child[at + 3], "q,v,lm_head");
+        let lora = e2e_case::lora_config(&args).unwrap();
+        assert_eq!((lora.rank, lora.alpha), (8, 16.0));
+        assert_eq!(
+            lora.targets,
+            [
+                liger_models::LoraTarget::Q,
+                liger_models::LoraTarget::V,
+                liger_models::LoraTarget::LmHead
+            ]
+        );
+    }
+
     fn ok_case(spec: &str, in_use_gib: f64) -> CaseResult {
         CaseResult {
             case: spec.parse().unwrap(),
