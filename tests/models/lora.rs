@@ -158,7 +158,7 @@ impl PeftParity {
                     .unwrap_or_else(|| panic!("{at}: no gradient for {name}"));
                 let err = normwise_error(&values(g), theirs);
                 self.compared += 1;
-                if !(err <= GRAD_TOL) {
+                if err.is_nan() || err > GRAD_TOL {
                     self.failures.push(format!(
                         "{at}: grad {name}: ‖ours − PEFT‖/‖PEFT‖ = {err:.3e} > {GRAD_TOL:.3e}"
                     ));

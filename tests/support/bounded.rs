@@ -191,7 +191,7 @@ impl Bounded {
             let allowed = slack * e;
             let used = if err == 0.0 { 0.0 } else { err / allowed };
             worst = worst.max(used);
-            if !(err <= allowed) && first.is_none() {
+            if (err.is_nan() || err > allowed) && first.is_none() {
                 first = Some(format!(
                     "{what}[{i}] = {a}, reference {v}, error {err:.3e} > bound {allowed:.3e}"
                 ));
