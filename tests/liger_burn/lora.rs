@@ -17,6 +17,7 @@ use burn::backend::Autodiff;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 use liger_burn::functional::{self, LoraHeadAdapter};
+use liger_burn::ops::compose::linear_cross_entropy::automatic_chunk_rows;
 use liger_burn::ops::{AdapterPrecision, CrossEntropyOptions, FusedOps, LoraOptions, Reduction};
 use liger_burn::test_hooks::override_chunk_rows;
 use liger_tests::BackendVisitor;
@@ -361,8 +362,6 @@ struct HeadCase {
 struct HeadRef {
     loss: Bounded,
     gx: Bounded,
-    /// `grad_x` of the unfused composition (see [`LinearRef::gx_stock`]).
-    gx_unfused: Bounded,
     gxa: Bounded,
     ga: Bounded,
     gb: Bounded,
@@ -488,7 +487,49 @@ fn cross_entropy_reference(
     (loss, g)
 }
 
-fn head_reference(d: &HeadData, c: &HeadCase, scale: f64) -> HeadRef {
+/// Which computation a [`head_reference`] bounds.
+#[derive(Clone, Copy, Debug)]
+enum HeadPath {
+    /// The fused loss with chunks of this many rows: each chunk's `[V, H]`, `[V, r]` and
+    /// `[r, H]` gradient product stored in its dtype before the f32 accumulation, and
+    /// under mean or sum an upstream gradient other than 1 applied to the stored
+    /// gradients afterwards (one more rounding of each, in its dtype).
+    Fused { chunk: usize },
+    /// The unfused composition: materialized logits, whose cross entropy stores its
+    /// logits gradient and, for an upstream gradient other than 1, scales it (one more
+    /// rounding in the logits dtype); autodiff then rounds the adapter path's input
+    /// gradient to the activation dtype before adding it to the base path's.
+    Unfused,
+}
+
+/// `aᵀ·b` (`a: [N, p]`, `b: [N, q]`) over chunks of `chunk` rows: each chunk's product
+/// stored in `dtype`, the products added in f32.
+fn chunked_t_mm(a: &Bounded, b: &Bounded, chunk: usize, dtype: DType) -> Bounded {
+    let mut acc: Option<Bounded> = None;
+    let mut r0 = 0;
+    while r0 < a.rows {
+        let r1 = (r0 + chunk).min(a.rows);
+        let part = a
+            .rows_range(r0, r1)
+            .t()
+            .mm(&b.rows_range(r0, r1))
+            .store(dtype);
+        acc = Some(match acc {
+            Some(acc) => acc.add(&part, DType::F32),
+            None => part,
+        });
+        r0 = r1;
+    }
+    acc.expect("at least one row")
+}
+
+/// A stored gradient multiplied by the upstream gradient (in f32) and stored again in
+/// `dtype`.
+fn rescaled(b: &Bounded, dtype: DType) -> Bounded {
+    b.scale(1.0).store(dtype)
+}
+
+fn head_reference(d: &HeadData, c: &HeadCase, scale: f64, path: HeadPath) -> HeadRef {
     let dt = c.dtype;
     let cd = c.precision.compute_dtype(dt);
     let x = Bounded::exact(N, H, rounded(&d.x, dt));
@@ -513,32 +554,60 @@ fn head_reference(d: &HeadData, c: &HeadCase, scale: f64) -> HeadRef {
         (_, false) => vec![1.0],
     };
     let (loss, g) = cross_entropy_reference(&logits, d, c, &upstream);
-    let gb = g.t().mm(&h).store(cd);
+    let g = match path {
+        HeadPath::Unfused if c.upstream => rescaled(&g, dt),
+        _ => g,
+    };
     let u = g.mm(&b).store(cd).scale(scale).store(cd);
-    let ga = u.t().mm(&xa).store(cd);
     let adapter = u.mm(&a).store(cd);
     let base_x = g.mm(&w).store(dt);
-    let (gx, gx_unfused, gxa) = if c.separate {
-        (base_x.clone(), base_x, adapter.store(dt))
-    } else {
-        (
-            base_x.add(&adapter, dt),
-            base_x.add(&adapter.store(dt), dt),
-            adapter,
-        )
-    };
-    let gw = g.t().mm(&x).store(dt);
-    let ones = Bounded::exact(1, N, vec![1.0; N]);
-    let gbias = ones.mm(&g).store(dt);
-    HeadRef {
-        loss,
-        gx,
-        gx_unfused,
-        gxa,
-        ga,
-        gb,
-        gw,
-        gbias,
+    let ones = Bounded::exact(N, 1, vec![1.0; N]);
+    let gbias = chunked_t_mm(&ones, &g, N, DType::F32).store(dt);
+    match path {
+        HeadPath::Fused { chunk } => {
+            let (gx, gxa) = if c.separate {
+                (base_x, adapter.store(dt))
+            } else {
+                (base_x.add(&adapter, dt), adapter)
+            };
+            let gb = chunked_t_mm(&g, &h, chunk, cd);
+            let ga = chunked_t_mm(&u, &xa, chunk, cd);
+            let gw = chunked_t_mm(&g, &x, chunk, dt).store(dt);
+            let mut r = HeadRef {
+                loss,
+                gx,
+                gxa,
+                ga,
+                gb,
+                gw,
+                gbias,
+            };
+            if c.upstream && c.options.reduction != Reduction::None {
+                r.gx = rescaled(&r.gx, dt);
+                r.gxa = rescaled(&r.gxa, dt);
+                r.gw = rescaled(&r.gw, dt);
+                r.gbias = rescaled(&r.gbias, dt);
+                r.ga = rescaled(&r.ga, DType::F32);
+                r.gb = rescaled(&r.gb, DType::F32);
+            }
+            r
+        }
+        HeadPath::Unfused => {
+            let (gx, gxa) = if c.separate {
+                (base_x, adapter.store(dt))
+            } else {
+                (base_x.add(&adapter.store(dt), dt), adapter)
+            };
+            HeadRef {
+                loss,
+                gx,
+                gxa,
+                ga: u.t().mm(&xa).store(cd),
+                gb: g.t().mm(&h).store(cd),
+                gw: g.t().mm(&x).store(dt),
+                gbias,
+            }
+        }
     }
 }
 
@@ -719,8 +788,15 @@ impl BackendVisitor for HeadParity {
                     continue; // the same computation in f32
                 }
                 for (c, chunk) in head_cases(dtype, precision) {
-                    let r = head_reference(&data, &c, scale);
                     for fused in [true, false] {
+                        let path = if fused {
+                            HeadPath::Fused {
+                                chunk: chunk.unwrap_or_else(|| automatic_chunk_rows(N, H, V)),
+                            }
+                        } else {
+                            HeadPath::Unfused
+                        };
+                        let r = head_reference(&data, &c, scale, path);
                         let _chunk = chunk.filter(|_| fused).map(override_chunk_rows);
                         let out = head_run::<B>(&data, &c, scale, fused, device);
                         let who = if fused { "fused" } else { "unfused" };
@@ -730,8 +806,7 @@ impl BackendVisitor for HeadParity {
                         if let Err(e) = loss_ref.check(&name("loss"), &out[0], 1.0) {
                             f.push(e);
                         }
-                        let gx_ref = if fused { &r.gx } else { &r.gx_unfused };
-                        check_with_rejection(&mut f, &name("grad_x"), gx_ref, &out[1]);
+                        check_with_rejection(&mut f, &name("grad_x"), &r.gx, &out[1]);
                         if c.separate {
                             check_with_rejection(&mut f, &name("grad_adapter_x"), &r.gxa, &out[2]);
                         }
