@@ -175,7 +175,8 @@ pub struct TrainArgs {
     pub max_length: Option<usize>,
     /// Pack whole examples end to end into rows of --max-length tokens (no example is
     /// split; the first token of each is not trained) instead of one padded example per
-    /// row. `--packing` alone means on. [default: off]
+    /// row. Each example attends only to itself, with positions restarting at 0, as
+    /// transformers' padding-free packing. `--packing` alone means on. [default: off]
     #[arg(long, value_enum, value_name = "on|off", num_args = 0..=1, default_missing_value = "on")]
     pub packing: Option<OnOff>,
     /// Rows per micro-batch. [default: 8]

@@ -8,7 +8,7 @@ use crate::liger_config::LigerConfig;
 use crate::params::{self, ParamSource};
 use crate::projection::Projection;
 use burn::module::Module;
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::{Bool, Int, Tensor};
 use liger_burn::nn::RmsNorm;
 use liger_burn::ops::FusedOps;
 
@@ -45,14 +45,18 @@ pub struct Attention<B: FusedOps> {
 /// What every layer's attention shares in one forward pass.
 #[derive(Clone, Debug)]
 pub struct AttentionInputs<B: FusedOps> {
-    /// RoPE cosines, `[1, seq, head_dim]`, activation dtype.
+    /// RoPE cosines, `[1 or batch, seq, head_dim]`, activation dtype (per row when packed
+    /// documents restart their positions).
     pub cos: Tensor<B, 3>,
-    /// RoPE sines, `[1, seq, head_dim]`, activation dtype.
+    /// RoPE sines, same shape as `cos`.
     pub sin: Tensor<B, 3>,
-    /// `true` where query `i` must not see key `j` (`j > i`, or outside the sliding
-    /// window), `[seq, seq]`: eager attention's (liger-burn's attention builds each
-    /// block's part from positions instead, so this is `None` when it is on).
-    pub mask: Option<Tensor<B, 2, Bool>>,
+    /// `true` where query `i` must not see key `j` (`j > i`, outside the sliding window,
+    /// or another packed document), `[1 or batch, seq, seq]`: eager attention's
+    /// (liger-burn's attention builds each block's part from positions and document ids
+    /// instead, so this is `None` when it is on).
+    pub mask: Option<Tensor<B, 3, Bool>>,
+    /// The document of each token in packed rows, `[batch, seq]` (liger-burn's attention).
+    pub document_ids: Option<Tensor<B, 2, Int>>,
     /// The sliding window (Mistral), for the mask built from positions.
     pub window: Option<usize>,
 }
@@ -126,6 +130,7 @@ impl<B: FusedOps> Attention<B> {
             k,
             v,
             inputs.mask.clone(),
+            inputs.document_ids.clone(),
             inputs.window,
             dtype,
             liger.attention,

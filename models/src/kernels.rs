@@ -83,9 +83,12 @@ pub fn rope<B: FusedOps>(
 /// probabilities of every layer.
 ///
 /// - `q`: `[batch, q_heads, seq, head_dim]`, `k`, `v`: `[batch, kv_heads, seq, head_dim]`
-/// - `mask`: `[seq, seq]`, `true` where query `i` must not see key `j` (hides every
-///   `j > i`, and keys outside `window`); eager attention needs it, liger-burn's builds the
-///   same mask per block from positions and `window` when it is `None`
+/// - `mask`: `[1 or batch, seq, seq]`, `true` where query `i` must not see key `j` (hides
+///   every `j > i`, keys outside `window` and, in packed rows, other documents' keys);
+///   eager attention needs it, liger-burn's builds the same mask per block from positions,
+///   `window` and `document_ids` when it is `None`
+/// - `document_ids`: `[batch, seq]` for packed rows: query `i` sees only keys of its own
+///   document (liger-burn's attention; eager attention reads the mask instead)
 /// - returns `[batch, q_heads, seq, head_dim]`
 ///
 /// # Panics
@@ -94,7 +97,8 @@ pub fn attention<B: FusedOps>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-    mask: Option<Tensor<B, 2, burn::tensor::Bool>>,
+    mask: Option<Tensor<B, 3, burn::tensor::Bool>>,
+    document_ids: Option<Tensor<B, 2, burn::tensor::Int>>,
     window: Option<usize>,
     dtype: DType,
     on: bool,
@@ -102,9 +106,22 @@ pub fn attention<B: FusedOps>(
     if on {
         let head_dim = q.dims()[3];
         let options = liger_burn::ops::AttentionOptions::causal(head_dim).with_window(window);
-        liger_burn::functional::attention(q, k, v, mask, options)
+        match (document_ids, mask) {
+            (Some(ids), _) => {
+                liger_burn::functional::attention_with_documents(q, k, v, ids, options)
+            }
+            (None, Some(mask)) if mask.dims()[0] == 1 => {
+                let [_, s, _] = mask.dims();
+                liger_burn::functional::attention(q, k, v, Some(mask.reshape([s, s])), options)
+            }
+            (None, Some(_)) => panic!(
+                "attention: liger-burn's attention takes one [seq, seq] mask for every row; \
+                 pass document ids for packed rows"
+            ),
+            (None, None) => liger_burn::functional::attention(q, k, v, None, options),
+        }
     } else {
-        let mask = mask.expect("eager attention needs the [seq, seq] mask");
+        let mask = mask.expect("eager attention needs the [1 or batch, seq, seq] mask");
         crate::eager_attention::eager_attention_grouped(q, k, v, &mask, dtype)
     }
 }

@@ -17,9 +17,9 @@
 //! One concept per module: [`config`] (config.json), [`liger_config`] (kernel switches),
 //! [`kernels`] (the switchable ops), [`rope`] (cos/sin tables), [`attention`], [`mlp`],
 //! [`decoder_layer`], [`model`], [`params`] (where parameters come from), [`loading`],
-//! [`saving`], [`names`] (Hugging Face parameter names), [`eval`], [`projection`] (the
-//! linear layers, with an optional LoRA adapter), [`lora`] (LoRA fine-tuning and PEFT's
-//! adapter files).
+//! [`saving`], [`names`] (Hugging Face parameter names), [`packing`] (documents packed in
+//! rows), [`eval`], [`projection`] (the linear layers, with an optional LoRA adapter),
+//! [`lora`] (LoRA fine-tuning and PEFT's adapter files).
 
 pub mod attention;
 pub mod config;
@@ -34,6 +34,7 @@ pub mod lora;
 pub mod mlp;
 pub mod model;
 pub mod names;
+pub mod packing;
 pub mod params;
 pub mod projection;
 pub mod rope;
@@ -48,3 +49,4 @@ pub use loading::{Checkpoint, LoadReport};
 pub use lora::{LoraConfig, LoraTarget};
 pub use model::CausalLm;
 pub use names::HfParam;
+pub use packing::Documents;

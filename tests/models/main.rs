@@ -4,3 +4,4 @@ mod attention;
 mod hf_parity;
 mod loading;
 mod lora;
+mod packing;

@@ -37,7 +37,7 @@ use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 use hashbrown::HashMap;
 use liger_burn::ops::FusedOps;
 use liger_burn::optim::AdamW;
-use liger_models::{CausalLm, LigerConfig, ModelConfig};
+use liger_models::{CausalLm, Documents, LigerConfig, ModelConfig};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -222,9 +222,11 @@ where
             Tensor::<B, 2, Int>::from_data(TensorData::new(b.input_ids.clone(), b.shape()), device);
         let labels =
             Tensor::<B, 2, Int>::from_data(TensorData::new(b.labels.clone(), b.shape()), device);
-        let weighted = model
-            .loss(ids, labels)
-            .mul_scalar(b.trained as f64 / trained_total as f64);
+        let mean = match &b.documents {
+            Some(docs) => model.loss_packed(ids, labels, &Documents::new(docs.clone(), b.shape())),
+            None => model.loss(ids, labels),
+        };
+        let weighted = mean.mul_scalar(b.trained as f64 / trained_total as f64);
         let grads = weighted.backward();
         acc.accumulate(model, GradientsParams::from_grads(grads, model));
         let value = weighted.inner();

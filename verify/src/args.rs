@@ -188,6 +188,16 @@ pub struct BenchArgs {
         value_name = "SEQ"
     )]
     pub e2e_seq: Vec<usize>,
+    /// --e2e: which modes run, comma list: `off` (stock Burn), `on` (liger-burn). Leave
+    /// out `off` when the comparison is with PyTorch's anchor (scripts/device/anchor.sh).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "off,on",
+        value_name = "on|off"
+    )]
+    pub e2e_modes: Vec<OnOff>,
     /// --e2e: sequences per step (the same for every length).
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub e2e_batch: usize,

@@ -37,7 +37,7 @@
 //! writes the same rows with the same meaning, so scripts/plot_e2e.py draws them together.
 
 use super::e2e_case::{self, CaseOutput, RESULT_PREFIX};
-use crate::args::BenchArgs;
+use crate::args::{BenchArgs, OnOff};
 use crate::csv::{self, Row, RunInfo};
 use crate::measure::quantile;
 use crate::table::{Align, Table, num};
@@ -365,12 +365,24 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     let date = csv::utc_date();
     let mut backend: Option<String> = None;
     let mut results: Vec<CaseResult> = Vec::new();
-    let total = models.len() * seqs.len() * 2;
+    let modes: Vec<(usize, LigerMode)> = [LigerMode::Off, LigerMode::On]
+        .into_iter()
+        .enumerate()
+        .filter(|(_, m)| {
+            let want = if *m == LigerMode::On {
+                OnOff::On
+            } else {
+                OnOff::Off
+            };
+            args.e2e_modes.contains(&want)
+        })
+        .collect();
+    let total = models.len() * seqs.len() * modes.len();
     for &model in &models {
         // The first failure of each mode: later lengths of that mode are skipped.
         let mut failed: [Option<(usize, Status)>; 2] = [None, None];
         for &seq in &seqs {
-            for (slot, liger) in [LigerMode::Off, LigerMode::On].into_iter().enumerate() {
+            for &(slot, liger) in &modes {
                 let case = E2eCase {
                     model,
                     seq,
