@@ -292,6 +292,8 @@ impl Job for FineTune {
             // The model's dtype: f32 here, so no master copy either way.
             pure_low_precision: false,
             method: liger_train::method::MethodConfig::Sft,
+            // Full fine-tuning.
+            lora: None,
         };
         println!(
             "training: {} steps of {BATCH_SIZE} packed rows of {max_length} tokens, lr {:.1e}, \
@@ -313,6 +315,7 @@ impl Job for FineTune {
                           fused_linear_cross_entropy"
                     .into(),
                 frozen: None,
+                base_model: Some(s.model_dir.display().to_string()),
             },
             &mut StepLog,
         )?;

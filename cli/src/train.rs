@@ -12,9 +12,10 @@ use burn::module::AutodiffModule;
 use burn::tensor::DType;
 use clap::{Args, ValueEnum};
 use liger_burn::Liger;
+use liger_burn::ops::AdapterPrecision;
 use liger_burn::ops::FusedOps;
 use liger_burn::ops::{Divergence, DpoLossType, PreferenceLoss};
-use liger_models::{CausalLm, LigerConfig, ModelConfig};
+use liger_models::{CausalLm, LigerConfig, LoraConfig, LoraTarget, ModelConfig};
 use liger_train::batching::Layout;
 use liger_train::checkpoint::{self, TrainerState};
 use liger_train::data::{self, BadLinePolicy, DataKind, DataOptions, Dataset, TooLongPolicy};
@@ -38,6 +39,30 @@ pub enum BadLineArg {
     Skip,
     /// Stop before training, naming the file and line.
     Fail,
+}
+
+/// Where a LoRA run on a random model writes that model (under --output): its adapters'
+/// base.
+const RANDOM_BASE_DIR: &str = "base-model";
+
+/// `--lora-precision`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LoraPrecisionArg {
+    /// PEFT's default: A and B in f32, the adapter's products in f32 (the input widened),
+    /// its output added to the base layer's in f32 and rounded once.
+    F32,
+    /// PEFT under autocast (Hugging Face Trainer's bf16=True): A and B rounded to the
+    /// activation dtype for the products (f32 accumulation); A and B themselves stay f32.
+    Activation,
+}
+
+impl LoraPrecisionArg {
+    fn precision(self) -> AdapterPrecision {
+        match self {
+            LoraPrecisionArg::F32 => AdapterPrecision::F32,
+            LoraPrecisionArg::Activation => AdapterPrecision::Activation,
+        }
+    }
 }
 
 /// `--on-too-long`.
@@ -160,7 +185,9 @@ pub struct TrainArgs {
     /// Hugging Face checkpoint to fine-tune (config.json, model.safetensors or its shards,
     /// tokenizer.json; Llama, Qwen2, Qwen3, Mistral). Default: a small Llama-style model
     /// (hidden 128, 2 layers, the tokenizer's vocabulary) initialized at random from --seed.
-    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    /// With --resume of a LoRA run: the base model, if it moved since the run started
+    /// (default: the base the checkpoint names).
+    #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// tokenizer.json to use instead of the one of --model / --resume (default: theirs, or
     /// the bundled byte-level BPE of 1024 tokens without --model).
@@ -239,7 +266,8 @@ pub struct TrainArgs {
     pub max_length: Option<usize>,
     /// Pack whole examples end to end into rows of --max-length tokens (no example is
     /// split; the first token of each is not trained) instead of one padded example per
-    /// row. `--packing` alone means on. [default: off]
+    /// row. Each example attends only to itself, with positions restarting at 0, as
+    /// transformers' padding-free packing. `--packing` alone means on. [default: off]
     #[arg(long, value_enum, value_name = "on|off", num_args = 0..=1, default_missing_value = "on")]
     pub packing: Option<OnOff>,
     /// Rows per micro-batch. [default: 8]
@@ -283,6 +311,44 @@ pub struct TrainArgs {
     /// progress output otherwise); 0: first and last step only.
     #[arg(long, value_name = "N", default_value_t = 25)]
     pub log_every: usize,
+    /// LoRA fine-tuning with adapters of rank N: the model's weights are frozen (no
+    /// gradient, no optimizer state; they stay in --dtype) and only a low-rank update
+    /// W + (alpha/N)·B·A of each --lora-targets projection trains, A [N, in] and B [out, N]
+    /// in f32 (PEFT's initialization: A Kaiming-uniform, B zero, so training starts from
+    /// the model itself). The forward adds (dropout(x)·Aᵀ)·Bᵀ·alpha/N to each frozen layer's
+    /// output without building the merged weight. Checkpoints hold the adapters only, as
+    /// PEFT writes them (adapter_config.json, adapter_model.safetensors: load them with
+    /// PeftModel.from_pretrained, or `liger merge` them into the base), plus their
+    /// optimizer state. Without this flag every parameter trains.
+    #[arg(long, value_name = "N")]
+    pub lora_rank: Option<usize>,
+    /// LoRA alpha: the adapters' output is scaled by alpha/rank (alpha/sqrt(rank) with
+    /// --lora-rslora). [default: 2 × --lora-rank]
+    #[arg(long, value_name = "ALPHA", requires = "lora_rank")]
+    pub lora_alpha: Option<f64>,
+    /// Dropout probability of the adapters' input (the frozen path sees x unchanged),
+    /// in [0, 1). [default: 0]
+    #[arg(long, value_name = "P", requires = "lora_rank")]
+    pub lora_dropout: Option<f64>,
+    /// Comma list of the projections that get adapters: q, k, v, o (attention), gate, up,
+    /// down (MLP), lm_head (the output layer; its adapter trains inside the fused linear
+    /// cross entropy), or all-linear (= q,k,v,o,gate,up,down). The _proj names (q_proj,
+    /// ...) are accepted too. [default: all-linear]
+    #[arg(long, value_name = "LIST", requires = "lora_rank")]
+    pub lora_targets: Option<String>,
+    /// rsLoRA scaling alpha/sqrt(rank) instead of alpha/rank (Kalajdzievski 2023; PEFT's
+    /// use_rslora), which keeps the update's size stable as the rank grows.
+    #[arg(long, requires = "lora_rank")]
+    pub lora_rslora: bool,
+    /// Where the adapters' products compute with --dtype f16/bf16 (no effect with f32).
+    /// [default: f32]
+    #[arg(
+        long,
+        value_enum,
+        value_name = "f32|activation",
+        requires = "lora_rank"
+    )]
+    pub lora_precision: Option<LoraPrecisionArg>,
     /// What to do with a data line that is not valid JSON or lacks a field.
     #[arg(long, value_enum, default_value_t = BadLineArg::Fail)]
     pub on_bad_line: BadLineArg,
@@ -298,7 +364,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         Some(dir) => Some(checkpoint::read_state(dir)?),
         None => None,
     };
-    let tokenizer = load_tokenizer(&args)?;
+    let tokenizer = load_tokenizer(&args, saved.as_ref())?;
     let method = method_config(&args, saved.as_ref())?;
     let kind = match method {
         MethodConfig::Preference(_) => DataKind::Pairs,
@@ -369,10 +435,15 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
 }
 
 /// The tokenizer: --tokenizer, else the checkpoint's or model's tokenizer.json, else the
-/// bundled one. Special ids come from the model's config.json where it has them.
-fn load_tokenizer(args: &TrainArgs) -> Result<TextTokenizer> {
+/// bundled one. Special ids come from the model's config.json where it has them (for a
+/// LoRA checkpoint, which has none: its base model's).
+fn load_tokenizer(args: &TrainArgs, saved: Option<&TrainerState>) -> Result<TextTokenizer> {
     let model_dir = args.resume.as_ref().or(args.model.as_ref());
-    let ids = match model_dir {
+    let config_dir = match (&args.resume, saved) {
+        (Some(_), Some(state)) if state.config.lora.is_some() => base_dir(args, state),
+        _ => model_dir.cloned(),
+    };
+    let ids = match config_dir {
         Some(dir) => {
             let config = ModelConfig::from_file(dir.join("config.json"))?;
             SpecialIds::from_hf_config(&config.extra)
@@ -395,6 +466,14 @@ fn load_tokenizer(args: &TrainArgs) -> Result<TextTokenizer> {
         (None, None) => return Ok(bundled::tokenizer()),
     };
     Ok(TextTokenizer::from_file(&path, ids)?)
+}
+
+/// The base model of a resumed LoRA run: --model, else the one its checkpoint names
+/// (`None`: a random model from the seed).
+fn base_dir(args: &TrainArgs, state: &TrainerState) -> Option<PathBuf> {
+    args.model
+        .clone()
+        .or_else(|| state.base_model.as_ref().map(PathBuf::from))
 }
 
 /// The flag's value, else the checkpoint's (a flag that disagrees with it is refused),
@@ -479,10 +558,12 @@ fn settings(
             false,
         )?,
         method,
+        lora: None,
     };
     if batch_size == 0 || grad_accum == 0 {
         bail!("--batch-size and --grad-accum must be at least 1");
     }
+    config.lora = lora_settings(args, sc)?;
     let ss = saved.map(|s| s.config.schedule);
     let implied_steps = match args.epochs {
         Some(0) => bail!("--epochs must be at least 1"),
@@ -674,6 +755,111 @@ fn method_config(args: &TrainArgs, saved: Option<&TrainerState>) -> Result<Metho
     Ok(method)
 }
 
+/// The LoRA settings from the --lora-* flags and the checkpoint's (a resumed run keeps
+/// them: a flag that disagrees is refused).
+fn lora_settings(args: &TrainArgs, saved: Option<&TrainConfig>) -> Result<Option<LoraConfig>> {
+    let saved_lora = saved.map(|c| c.lora.as_ref());
+    if let (Some(None), Some(_)) = (saved_lora, args.lora_rank) {
+        bail!(
+            "--lora-rank: the checkpoint is of a full fine-tuning run; a resumed run keeps its \
+             settings (drop the --lora-* flags)"
+        );
+    }
+    let saved_lora = saved_lora.flatten();
+    let rank = match (args.lora_rank, saved_lora) {
+        (None, None) => return Ok(None),
+        (given, s) => pick("lora-rank", given, s.map(|l| l.rank), 0)?,
+    };
+    let alpha = pick(
+        "lora-alpha",
+        args.lora_alpha,
+        saved_lora.map(|l| l.alpha),
+        2.0 * rank as f64,
+    )?;
+    let dropout = pick(
+        "lora-dropout",
+        args.lora_dropout,
+        saved_lora.map(|l| l.dropout),
+        0.0,
+    )?;
+    let use_rslora = pick(
+        "lora-rslora",
+        args.lora_rslora.then_some(true),
+        saved_lora.map(|l| l.use_rslora),
+        false,
+    )?;
+    let precision = pick(
+        "lora-precision",
+        args.lora_precision.map(LoraPrecisionArg::precision),
+        saved_lora.map(|l| l.precision),
+        AdapterPrecision::F32,
+    )?;
+    let targets = match (&args.lora_targets, saved_lora) {
+        (Some(list), s) => {
+            let t =
+                LoraTarget::parse_list(list).map_err(|e| anyhow::anyhow!("--lora-targets: {e}"))?;
+            if let Some(s) = s
+                && s.targets != t
+            {
+                bail!(
+                    "--lora-targets {list} differs from the checkpoint's {:?}: a resumed run \
+                     keeps the settings it was started with (drop the flag)",
+                    s.targets
+                );
+            }
+            t
+        }
+        (None, Some(s)) => s.targets.clone(),
+        (None, None) => LoraTarget::ALL_LINEAR.to_vec(),
+    };
+    let lora = LoraConfig {
+        rank,
+        alpha,
+        dropout,
+        targets,
+        use_rslora,
+        precision,
+    };
+    lora.validate()
+        .map_err(|e| anyhow::anyhow!("{e} (--lora-rank, --lora-alpha, --lora-dropout)"))?;
+    Ok(Some(lora))
+}
+
+/// Trainable and total parameters, and the LoRA settings, in words.
+fn parameters_text<B: FusedOps>(model: &CausalLm<B>, lora: Option<&LoraConfig>) -> String {
+    let trainable = model.num_trainable_params();
+    let adapters: usize = model
+        .adapters()
+        .iter()
+        .map(|m| {
+            m.adapter.lora_a.dims().iter().product::<usize>()
+                + m.adapter.lora_b.dims().iter().product::<usize>()
+        })
+        .sum();
+    let total = model.config.num_params() + adapters;
+    let share = 100.0 * trainable as f64 / total.max(1) as f64;
+    match lora {
+        None => format!("{trainable} trainable of {total} ({share:.2}%): full fine-tuning"),
+        Some(l) => format!(
+            "{trainable} trainable of {total} ({share:.2}%): LoRA rank {}, alpha {} (scale \
+             {:.4}{}), dropout {}, {} adapters on {}; adapters in f32 ({} products), the base \
+             frozen",
+            l.rank,
+            l.alpha,
+            l.scale(),
+            if l.use_rslora { ", rsLoRA" } else { "" },
+            l.dropout,
+            model.adapters().len(),
+            l.targets
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(","),
+            l.precision.name()
+        ),
+    }
+}
+
 /// Kernel switches: --liger, then the per-kernel flags.
 fn liger_config(args: &TrainArgs) -> Result<LigerConfig> {
     let mut c = match args.liger {
@@ -713,6 +899,7 @@ fn kernels_text(args: &TrainArgs, c: &LigerConfig) -> String {
         (c.cross_entropy, "cross_entropy"),
         (c.fused_linear_cross_entropy, "fused_linear_cross_entropy"),
         (c.attention, "attention"),
+        (c.lora, "lora"),
     ]
     .into_iter()
     .filter_map(|(b, n)| b.then_some(n))
@@ -796,22 +983,11 @@ impl TrainJob {
         CausalLm<B>: AutodiffModule<B>,
     {
         let dtype = self.args.dtype.dtype();
-        let (model, resume, origin) = match &self.args.resume {
-            Some(dir) => {
-                let loaded = checkpoint::load::<B, trainer::ParamRecord<B>>(
-                    dir, dtype, self.liger, ctx_device,
-                )?;
-                let origin = format!("{} (resumed at step {})", dir.display(), loaded.state.step);
-                let resume = Resume {
-                    optimizer: loaded.optimizer,
-                    state: loaded.state,
-                };
-                (loaded.model, Some(resume), origin)
-            }
-            None => match &self.args.model {
+        // The model a run starts from (a LoRA run's frozen base): --model, or random.
+        let base = |dir: Option<&PathBuf>| -> Result<(CausalLm<B>, String)> {
+            Ok(match dir {
                 Some(dir) => (
                     CausalLm::<B>::load(dir, dtype, self.liger, ctx_device)?,
-                    None,
                     dir.display().to_string(),
                 ),
                 None => {
@@ -823,13 +999,63 @@ impl TrainJob {
                         ctx_device,
                         self.config.seed,
                     );
-                    (
-                        model,
-                        None,
-                        format!("random init (seed {})", self.config.seed),
-                    )
+                    (model, format!("random init (seed {})", self.config.seed))
                 }
-            },
+            })
+        };
+        let (model, resume, origin, base_model) = match &self.args.resume {
+            Some(dir) => {
+                let state = checkpoint::read_state(dir)?;
+                let (loaded, base_model) = if state.config.lora.is_some() {
+                    let base_path = base_dir(&self.args, &state);
+                    let (model, from) = base(base_path.as_ref())?;
+                    println!("base:      {from}");
+                    let loaded = checkpoint::load_lora::<B, trainer::ParamRecord<B>>(
+                        dir, model, ctx_device,
+                    )?;
+                    (loaded, base_path.map(|p| p.display().to_string()))
+                } else {
+                    if self.args.model.is_some() {
+                        bail!(
+                            "--model with --resume: the checkpoint of a full fine-tuning run \
+                             holds the whole model (only a LoRA run's needs its base)"
+                        );
+                    }
+                    let loaded = checkpoint::load::<B, trainer::ParamRecord<B>>(
+                        dir, dtype, self.liger, ctx_device,
+                    )?;
+                    let base_model = loaded.state.base_model.clone();
+                    (loaded, base_model)
+                };
+                let origin = format!("{} (resumed at step {})", dir.display(), loaded.state.step);
+                let resume = Resume {
+                    optimizer: loaded.optimizer,
+                    state: loaded.state,
+                };
+                (loaded.model, Some(resume), origin, base_model)
+            }
+            None => {
+                let (model, origin) = base(self.args.model.as_ref())?;
+                let mut base_model = self.args.model.as_ref().map(|p| p.display().to_string());
+                let model = match &self.config.lora {
+                    Some(lora) => {
+                        if base_model.is_none() {
+                            // The adapters need their base to be loaded (PEFT, `liger
+                            // merge`, a resume): a random one is written beside them.
+                            let dir = self.output.join(RANDOM_BASE_DIR);
+                            model.save(&dir)?;
+                            let tok = dir.join(checkpoint::TOKENIZER_FILE);
+                            std::fs::write(&tok, &self.tokenizer.json)
+                                .with_context(|| format!("writing {}", tok.display()))?;
+                            println!("base:      random model written to {}", dir.display());
+                            base_model = Some(dir.display().to_string());
+                        }
+                        trainer::attach_lora(model, lora, self.config.seed, ctx_device)?
+                    }
+                    None => model,
+                };
+                (model, None, origin, base_model)
+            }
         };
         let frozen = self.frozen_model::<B>(&model, ctx_device)?;
         let mc = &model.config;
@@ -851,6 +1077,10 @@ impl TrainJob {
             mc.vocab_size,
             mc.num_params() as f64 / 1e6,
             self.args.dtype
+        );
+        println!(
+            "params:    {}",
+            parameters_text(&model, self.config.lora.as_ref())
         );
         println!("kernels:   {}", kernels_text(&self.args, &self.liger));
         if self.config.method != MethodConfig::Sft {
@@ -898,6 +1128,7 @@ impl TrainJob {
                 memory,
                 kernels: kernels_text(&self.args, &self.liger),
                 frozen,
+                base_model,
             },
             &mut progress,
         );

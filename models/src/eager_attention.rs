@@ -11,12 +11,12 @@ use liger_burn::ops::compose::attention::repeat_kv;
 /// Eager attention as transformers (the stock path): k and v repeated for their query
 /// heads, then the heads in groups whose scores stay indexable (see [`heads_per_group`]).
 /// `q`: `[batch, q_heads, seq, head_dim]`, `k`, `v`: `[batch, kv_heads, seq, head_dim]`,
-/// `mask`: `[seq, seq]`; returns `[batch, q_heads, seq, head_dim]`.
+/// `mask`: `[1 or batch, seq, seq]`; returns `[batch, q_heads, seq, head_dim]`.
 pub(crate) fn eager_attention_grouped<B: FusedOps>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-    mask: &Tensor<B, 2, Bool>,
+    mask: &Tensor<B, 3, Bool>,
     dtype: DType,
 ) -> Tensor<B, 4> {
     let [b, hq, s, _] = q.dims();
@@ -45,18 +45,18 @@ pub(crate) fn eager_attention_grouped<B: FusedOps>(
 
 /// Eager attention as transformers: scores in the activation dtype, the masked softmax in
 /// f32, the probabilities cast back. `q`, `k`, `v`: `[batch, heads, seq, head_dim]`;
-/// `mask`: `[seq, seq]`; returns `[batch, heads, seq, head_dim]`.
+/// `mask`: `[1 or batch, seq, seq]`; returns `[batch, heads, seq, head_dim]`.
 fn eager_attention<B: FusedOps>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-    mask: &Tensor<B, 2, Bool>,
+    mask: &Tensor<B, 3, Bool>,
     dtype: DType,
 ) -> Tensor<B, 4> {
     let [b, h, s, d] = q.dims();
     let scale = (d as f64).powf(-0.5);
     let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
-    let mask = mask.clone().unsqueeze::<4>().expand([b, h, s, s]);
+    let mask = mask.clone().unsqueeze_dim::<4>(1).expand([b, h, s, s]);
     let scores = scores.cast(DType::F32).mask_fill(mask, f32::NEG_INFINITY);
     softmax(scores, 3).cast(dtype).matmul(v)
 }

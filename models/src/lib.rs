@@ -17,7 +17,9 @@
 //! One concept per module: [`config`] (config.json), [`liger_config`] (kernel switches),
 //! [`kernels`] (the switchable ops), [`rope`] (cos/sin tables), [`attention`], [`mlp`],
 //! [`decoder_layer`], [`model`], [`params`] (where parameters come from), [`loading`],
-//! [`saving`], [`names`] (Hugging Face parameter names), [`eval`].
+//! [`saving`], [`names`] (Hugging Face parameter names), [`packing`] (documents packed in
+//! rows), [`eval`], [`projection`] (the linear layers, with an optional LoRA adapter),
+//! [`lora`] (LoRA fine-tuning and PEFT's adapter files).
 
 pub mod attention;
 pub mod config;
@@ -28,10 +30,13 @@ pub mod eval;
 pub mod kernels;
 pub mod liger_config;
 pub mod loading;
+pub mod lora;
 pub mod mlp;
 pub mod model;
 pub mod names;
+pub mod packing;
 pub mod params;
+pub mod projection;
 pub mod rope;
 pub mod saving;
 
@@ -41,5 +46,7 @@ pub use eval::{EvalReport, evaluate, evaluate_in_batches};
 pub use kernels::IGNORE_INDEX;
 pub use liger_config::LigerConfig;
 pub use loading::{Checkpoint, LoadReport};
+pub use lora::{LoraConfig, LoraTarget};
 pub use model::CausalLm;
 pub use names::HfParam;
+pub use packing::Documents;

@@ -7,12 +7,14 @@ use crate::decoder_layer::DecoderLayer;
 use crate::error::ModelError;
 use crate::kernels::{self, Reduction};
 use crate::liger_config::LigerConfig;
+use crate::lora::LoraConfig;
+use crate::packing::Documents;
 use crate::params::{self, ParamSource, RandomInit};
 use crate::rope::RotaryEmbedding;
 use burn::module::Module;
 use burn::nn::{Embedding, Linear};
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
-use liger_burn::nn::RmsNorm;
+use liger_burn::nn::{LoraAdapter, RmsNorm};
 use liger_burn::ops::FusedOps;
 
 /// The decoder stack under the `model.` prefix of Hugging Face checkpoints
@@ -41,12 +43,17 @@ pub struct CausalLm<B: FusedOps> {
     pub model: DecoderModel<B>,
     /// `[hidden] → [vocab]`; `None` when the embedding is tied (`tie_word_embeddings`).
     pub lm_head: Option<Linear<B>>,
+    /// The LM head's LoRA adapter (`A: [r, hidden]`, `B: [vocab, r]`), tied head or not.
+    pub lm_head_lora: Option<LoraAdapter<B>>,
     /// The configuration the model was built from.
     #[module(skip)]
     pub config: ModelConfig,
     /// Which ops run the fused kernels.
     #[module(skip)]
     pub liger: LigerConfig,
+    /// The LoRA adapters' configuration, when the model has them (see [`crate::lora`]).
+    #[module(skip)]
+    pub lora: Option<LoraConfig>,
     #[module(skip)]
     rope: RotaryEmbedding,
 }
@@ -99,9 +106,11 @@ impl<B: FusedOps> CausalLm<B> {
                 norm,
             },
             lm_head,
+            lm_head_lora: None,
             rope: RotaryEmbedding::new(&config),
             config,
             liger,
+            lora: None,
         })
     }
 
@@ -148,12 +157,42 @@ impl<B: FusedOps> CausalLm<B> {
     /// - `input_ids`: `[batch, seq]`, token ids in `0..vocab`
     /// - returns `[batch, seq, hidden]`
     pub fn hidden_states(&self, input_ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        self.hidden(input_ids, None)
+    }
+
+    /// Final hidden states of packed rows: each document's positions restart at 0 and its
+    /// tokens attend only to its own earlier tokens, so every document's states are those
+    /// it would have alone (transformers' padding-free packing).
+    ///
+    /// - `input_ids`: `[batch, seq]`; `documents`: the same shape
+    /// - returns `[batch, seq, hidden]`
+    ///
+    /// # Panics
+    /// When the shapes differ, naming them.
+    pub fn hidden_states_packed(
+        &self,
+        input_ids: Tensor<B, 2, Int>,
+        documents: &Documents,
+    ) -> Tensor<B, 3> {
+        self.hidden(input_ids, Some(documents))
+    }
+
+    fn hidden(&self, input_ids: Tensor<B, 2, Int>, documents: Option<&Documents>) -> Tensor<B, 3> {
         let [batch, seq] = input_ids.dims();
         assert!(
             batch > 0 && seq > 0,
             "CausalLm: input_ids must be a non-empty [batch, seq] tensor, got {:?}",
             input_ids.dims()
         );
+        if let Some(d) = documents {
+            assert_eq!(
+                d.shape(),
+                [batch, seq],
+                "CausalLm: documents {:?} and input_ids {:?} must have one shape",
+                d.shape(),
+                [batch, seq]
+            );
+        }
         let device = input_ids.device();
         let mut x = self.model.embed_tokens.forward(input_ids);
         if x.dtype() != DType::F32 {
@@ -164,14 +203,34 @@ impl<B: FusedOps> CausalLm<B> {
             // pass over [batch, seq, hidden] and changes no value.
             x = x.add_scalar(0.0);
         }
-        let (cos, sin) = self.rope.cos_sin::<B>(seq, x.dtype(), &device);
-        let inputs = AttentionInputs {
-            cos,
-            sin,
-            // Only eager attention reads a whole `[seq, seq]` mask.
-            mask: (!self.liger.attention)
-                .then(|| causal_mask::<B>(seq, self.config.sliding_window, &device)),
-            window: self.config.sliding_window,
+        let window = self.config.sliding_window;
+        let inputs = match documents {
+            None => {
+                let (cos, sin) = self.rope.cos_sin::<B>(seq, x.dtype(), &device);
+                AttentionInputs {
+                    cos,
+                    sin,
+                    // Only eager attention reads a whole `[seq, seq]` mask.
+                    mask: (!self.liger.attention)
+                        .then(|| causal_mask::<B>(seq, window, &device).unsqueeze()),
+                    document_ids: None,
+                    window,
+                }
+            }
+            Some(d) => {
+                let (cos, sin) =
+                    self.rope
+                        .cos_sin_at::<B>(&d.positions(), [batch, seq], x.dtype(), &device);
+                let ids =
+                    || Tensor::from_data(TensorData::new(d.ids().to_vec(), [batch, seq]), &device);
+                AttentionInputs {
+                    cos,
+                    sin,
+                    mask: (!self.liger.attention).then(|| packed_mask::<B>(d, window, &device)),
+                    document_ids: self.liger.attention.then(ids),
+                    window,
+                }
+            }
         };
         for layer in &self.model.layers {
             x = layer.forward(x, &inputs);
@@ -180,15 +239,16 @@ impl<B: FusedOps> CausalLm<B> {
         kernels::rms_norm(x, norm.gamma.val(), norm.epsilon, self.liger.rms_norm)
     }
 
-    /// LM head on hidden states: `[..., hidden]` → `[..., vocab]` logits.
+    /// LM head on hidden states: `[..., hidden]` → `[..., vocab]` logits (with the LM
+    /// head's LoRA update when it has an adapter).
     pub fn logits<const D: usize>(&self, hidden: Tensor<B, D>) -> Tensor<B, D> {
-        match &self.lm_head {
-            Some(linear) => linear.forward(hidden),
-            None => burn::tensor::module::linear(
-                hidden,
-                self.model.embed_tokens.weight.val().transpose(),
-                None,
-            ),
+        let (weight, bias) = match &self.lm_head {
+            Some(linear) => (linear.weight.val(), linear.bias.as_ref().map(|b| b.val())),
+            None => (self.model.embed_tokens.weight.val().transpose(), None),
+        };
+        match &self.lm_head_lora {
+            Some(adapter) => kernels::lora_linear(hidden, weight, bias, adapter, self.liger.lora),
+            None => burn::tensor::module::linear(hidden, weight, bias),
         }
     }
 
@@ -210,7 +270,21 @@ impl<B: FusedOps> CausalLm<B> {
     ///   attention is causal, so right padding never changes the other positions.
     /// - returns `[1]`, f32
     pub fn loss(&self, input_ids: Tensor<B, 2, Int>, labels: Tensor<B, 2, Int>) -> Tensor<B, 1> {
-        self.shifted_loss(input_ids, labels, Reduction::Mean)
+        self.shifted_loss(input_ids, labels, None, Reduction::Mean)
+    }
+
+    /// [`Self::loss`] over packed rows (see [`Self::hidden_states_packed`]). Label the
+    /// first token of each document `-100`: nothing before it in its document predicts it.
+    ///
+    /// - `input_ids`, `labels`, `documents`: `[batch, seq]` with `seq ≥ 2`
+    /// - returns `[1]`, f32
+    pub fn loss_packed(
+        &self,
+        input_ids: Tensor<B, 2, Int>,
+        labels: Tensor<B, 2, Int>,
+        documents: &Documents,
+    ) -> Tensor<B, 1> {
+        self.shifted_loss(input_ids, labels, Some(documents), Reduction::Mean)
     }
 
     /// Per-token next-token losses: `[batch, seq - 1]` where `[b, t]` is the loss of
@@ -221,7 +295,19 @@ impl<B: FusedOps> CausalLm<B> {
         labels: Tensor<B, 2, Int>,
     ) -> Tensor<B, 2> {
         let [batch, seq] = input_ids.dims();
-        self.shifted_loss(input_ids, labels, Reduction::None)
+        self.shifted_loss(input_ids, labels, None, Reduction::None)
+            .reshape([batch, seq - 1])
+    }
+
+    /// [`Self::token_losses`] over packed rows (see [`Self::hidden_states_packed`]).
+    pub fn token_losses_packed(
+        &self,
+        input_ids: Tensor<B, 2, Int>,
+        labels: Tensor<B, 2, Int>,
+        documents: &Documents,
+    ) -> Tensor<B, 2> {
+        let [batch, seq] = input_ids.dims();
+        self.shifted_loss(input_ids, labels, Some(documents), Reduction::None)
             .reshape([batch, seq - 1])
     }
 
@@ -229,6 +315,7 @@ impl<B: FusedOps> CausalLm<B> {
         &self,
         input_ids: Tensor<B, 2, Int>,
         labels: Tensor<B, 2, Int>,
+        documents: Option<&Documents>,
         reduction: Reduction,
     ) -> Tensor<B, 1> {
         let [batch, seq] = input_ids.dims();
@@ -239,7 +326,7 @@ impl<B: FusedOps> CausalLm<B> {
             input_ids.dims(),
             labels.dims()
         );
-        let hidden = self.hidden_states(input_ids);
+        let hidden = self.hidden(input_ids, documents);
         let h = hidden.dims()[2];
         let n = batch * (seq - 1);
         // The last position predicts nothing; the first label is never predicted.
@@ -249,9 +336,11 @@ impl<B: FusedOps> CausalLm<B> {
             kernels::fused_linear_cross_entropy(
                 hidden,
                 self.lm_head_weight(),
+                self.lm_head_lora.as_ref(),
                 targets,
                 reduction,
                 true,
+                self.liger.lora,
             )
         } else {
             kernels::cross_entropy(
@@ -279,4 +368,23 @@ pub fn causal_mask<B: FusedOps>(
         }
     }
     Tensor::from_data(TensorData::new(masked, [seq, seq]), device)
+}
+
+/// `[batch, seq, seq]`, `true` where query `i` of row `b` may not attend key `j`: a later
+/// key, a key outside `sliding_window`, or another document of the packed row.
+pub fn packed_mask<B: FusedOps>(
+    documents: &Documents,
+    sliding_window: Option<usize>,
+    device: &B::Device,
+) -> Tensor<B, 3, Bool> {
+    let [batch, seq] = documents.shape();
+    let mut masked = Vec::with_capacity(batch * seq * seq);
+    for b in 0..batch {
+        for i in 0..seq {
+            for j in 0..seq {
+                masked.push(documents.masked(b, i, j, sliding_window));
+            }
+        }
+    }
+    Tensor::from_data(TensorData::new(masked, [batch, seq, seq]), device)
 }

@@ -99,6 +99,43 @@ impl RotaryEmbedding {
     }
 }
 
+impl RotaryEmbedding {
+    /// Device tables for per-token positions (packed rows, where each document's positions
+    /// restart at 0): `(cos, sin)`, each `[batch, seq, head_dim]` in `dtype`; row `t` holds
+    /// the angles of `positions[t]`, the same values [`Self::tables`] gives that position.
+    ///
+    /// - `positions`: `[batch, seq]` row-major
+    ///
+    /// # Panics
+    /// When `positions` does not hold `batch · seq` values.
+    pub fn cos_sin_at<B: Backend>(
+        &self,
+        positions: &[usize],
+        [batch, seq]: [usize; 2],
+        dtype: DType,
+        device: &B::Device,
+    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        assert_eq!(
+            positions.len(),
+            batch * seq,
+            "RoPE tables: {} positions for a [batch {batch}, seq {seq}] batch",
+            positions.len()
+        );
+        let d = self.head_dim();
+        let longest = positions.iter().max().map_or(0, |p| p + 1);
+        let (cos, sin) = self.tables(longest);
+        let gather = |table: &[f32]| {
+            let mut out = Vec::with_capacity(positions.len() * d);
+            for &p in positions {
+                out.extend_from_slice(&table[p * d..(p + 1) * d]);
+            }
+            Tensor::<B, 3>::from_data(TensorData::new(out, [batch, seq, d]), (device, DType::F32))
+                .cast(dtype)
+        };
+        (gather(&cos), gather(&sin))
+    }
+}
+
 /// transformers' `_compute_llama3_parameters`, in f32.
 fn llama3(
     inv_freq: &[f32],
@@ -121,7 +158,7 @@ fn llama3(
                 f
             };
             // Between the two thresholds: interpolate smoothly.
-            let medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+            let medium = (high_freq_wavelen..=low_freq_wavelen).contains(&wavelen);
             if medium {
                 let smooth = (old_context_len / wavelen - low_freq_factor)
                     / (high_freq_factor - low_freq_factor);

@@ -642,10 +642,10 @@ mod flash_kernel {
         struct T {
             rng: Rng,
             ran: usize,
+            failures: Vec<String>,
         }
         impl RuntimeVisitor for T {
             fn visit<R: CubeRuntime>(&mut self, label: &str, device: &R::Device) {
-                let seed = self.rng.seed();
                 let client = R::client(device);
                 for dtype in [DType::F32, DType::F16, DType::BF16] {
                     if !<Plain<R> as burn::tensor::backend::Backend>::supports_dtype(device, dtype)
@@ -664,14 +664,17 @@ mod flash_kernel {
                     }
                     for variant in variants {
                         for (p, grow) in problems(&mut self.rng) {
-                            check::<R>(device, &p, dtype, variant, &mut self.rng, grow)
-                                .unwrap_or_else(|e| {
-                                    panic!(
-                                        "{label} {dtype:?} {variant:?} {}{}: {e} (seed {seed}, rerun with LIGER_SEED={seed})",
-                                        p.describe(),
-                                        if grow { " growing keys" } else { "" }
-                                    )
-                                });
+                            // Every case runs and every failure is reported: one device
+                            // run then shows the whole pattern.
+                            if let Err(e) =
+                                check::<R>(device, &p, dtype, variant, &mut self.rng, grow)
+                            {
+                                self.failures.push(format!(
+                                    "{label} {dtype:?} {variant:?} {}{}: {e}",
+                                    p.describe(),
+                                    if grow { " growing keys" } else { "" }
+                                ));
+                            }
                             self.ran += 1;
                         }
                     }
@@ -681,9 +684,18 @@ mod flash_kernel {
         let mut t = T {
             rng: Rng::from_env(),
             ran: 0,
+            failures: Vec::new(),
         };
+        let seed = t.rng.seed();
         for_each_runtime(&mut t);
         eprintln!("flash kernel cases run: {}", t.ran);
+        assert!(
+            t.failures.is_empty(),
+            "{} of {} cases failed (seed {seed}, rerun with LIGER_SEED={seed}):\n{}",
+            t.failures.len(),
+            t.ran,
+            t.failures.join("\n")
+        );
     }
 }
 

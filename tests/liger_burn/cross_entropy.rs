@@ -598,29 +598,34 @@ fn backward_rescales_rows_on_the_device() {
 }
 
 /// Non-integer targets handed to the CubeCL primitive directly (its int and float tensors
-/// share a type, so nothing but the check stops them).
-#[cfg(any(feature = "vulkan", feature = "wgpu"))]
+/// share a type, so nothing but the check stops them), on the test device's runtime.
 #[test]
 fn cube_primitive_rejects_float_targets() {
-    use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
-    type Plain = burn_cubecl::CubeBackend<WgpuRuntime, f32, i32, u32>;
-    if liger_tests::device_name() == "ndarray" {
-        return;
+    fn on<R: burn_cubecl::CubeRuntime>(device: &R::Device) {
+        type Plain<R> = burn_cubecl::CubeBackend<R, f32, i32, u32>;
+        let msg = panic_message(|| {
+            let logits = floats::<Plain<R>, 2>(&[0.5; 40], [4, 10], device);
+            let targets = floats::<Plain<R>, 1>(&[1.0; 4], [4], device);
+            let _ = Plain::<R>::fused_cross_entropy(
+                logits.into_primitive().tensor(),
+                targets.into_primitive().tensor(),
+                None,
+                None,
+                None,
+                CrossEntropyOptions::default(),
+            );
+        });
+        assert_mentions("cube", &msg, &["cross_entropy", "integer", "F32", "[4]"]);
     }
-    let device = WgpuDevice::Cpu;
-    let msg = panic_message(|| {
-        let logits = floats::<Plain, 2>(&[0.5; 40], [4, 10], &device);
-        let targets = floats::<Plain, 1>(&[1.0; 4], [4], &device);
-        let _ = Plain::fused_cross_entropy(
-            logits.into_primitive().tensor(),
-            targets.into_primitive().tensor(),
-            None,
-            None,
-            None,
-            CrossEntropyOptions::default(),
-        );
-    });
-    assert_mentions("cube", &msg, &["cross_entropy", "integer", "F32", "[4]"]);
+    match liger_tests::device_name().as_str() {
+        #[cfg(any(feature = "vulkan", feature = "wgpu"))]
+        "wgpu-cpu" => on::<burn::backend::wgpu::WgpuRuntime>(&burn::backend::wgpu::WgpuDevice::Cpu),
+        #[cfg(any(feature = "vulkan", feature = "wgpu"))]
+        "vulkan" => on::<burn::backend::wgpu::WgpuRuntime>(&Default::default()),
+        #[cfg(feature = "cuda")]
+        "cuda" => on::<cubecl::cuda::CudaRuntime>(&Default::default()),
+        _ => {}
+    }
 }
 
 /// The full (non-quick) sweep of every cross-entropy variant: vocabularies up to 262,144

@@ -18,6 +18,7 @@ mod gelu;
 mod layer_norm;
 mod liger_chunked_fixture;
 mod log_softmax;
+mod lora;
 mod matmul;
 mod optim;
 mod records;

@@ -90,6 +90,7 @@ pub fn check_op(op: Op) {
 }
 
 pub mod attention;
+pub mod bounded;
 pub mod errors;
 pub mod glu;
 pub mod tensors;
@@ -187,4 +188,19 @@ pub fn for_each_model_backend(v: &mut impl BackendVisitor) {
     }
     #[cfg(feature = "ndarray")]
     v.visit::<burn::backend::NdArray>("ndarray/fallback", &Default::default());
+}
+
+/// Whether `B`'s own f32 matmul on `device` rounds its operands to TF32 (Burn's CUDA
+/// backend runs f32 products on tensor cores) at products of `x: [n, h]` by `Wᵀ: [h, v]`,
+/// measured on fresh random inputs against f64. A comparison with a stock path built on
+/// that matmul then has to be norm-wise within
+/// [`TF32_NORMWISE`](liger_verify::conformance::linear_cross_entropy::TF32_NORMWISE):
+/// elementwise, TF32's 2⁻¹¹ rounding of each operand is far beyond f32's bounds.
+pub fn stock_matmul_is_tf32<B: FusedOps>(
+    (n, h, v): (usize, usize, usize),
+    device: &B::Device,
+    rng: &mut Rng,
+) -> bool {
+    use liger_verify::conformance::linear_cross_entropy::{f32_matmul_error, is_reduced_precision};
+    is_reduced_precision(f32_matmul_error::<B>((n, h, v), device, rng))
 }

@@ -113,6 +113,7 @@ fn train(
             memory: None,
             kernels: "test".into(),
             frozen,
+            base_model: None,
         },
         &mut (),
     )

@@ -31,7 +31,8 @@ pub const PAD_MULTIPLE: usize = 8;
 pub enum Layout {
     /// One example per row.
     Pad,
-    /// Several whole examples per row of `max_length`.
+    /// Several whole examples per row of `max_length`, each attending only to itself
+    /// with positions restarting at 0 (transformers' padding-free packing).
     Pack,
 }
 
@@ -53,6 +54,10 @@ pub struct Batch {
     pub trained: usize,
     /// Indices (into the dataset's examples) of the examples of each row, in order.
     pub rows: Vec<Vec<usize>>,
+    /// When packing: the example each token belongs to, `[batch, seq]` row-major (its
+    /// index within the row; the padding after the last example is one more), so that
+    /// examples attend only to themselves and their positions restart at 0.
+    pub documents: Option<Vec<i32>>,
 }
 
 impl Batch {
@@ -136,12 +141,15 @@ pub fn make_batch(
     let mut input_ids = vec![pad_id as i64; batch * seq];
     let mut labels = vec![IGNORE_INDEX; batch * seq];
     let (mut tokens, mut trained) = (0, 0);
+    let mut documents = vec![0i32; batch * seq];
     for (b, row) in rows.iter().enumerate() {
         let mut t = b * seq;
-        for &i in row {
+        documents[t..(b + 1) * seq].fill(row.len() as i32);
+        for (doc, &i) in row.iter().enumerate() {
             let ex = &examples[i];
             for (k, (&id, &label)) in ex.input_ids.iter().zip(&ex.labels).enumerate() {
                 input_ids[t] = id as i64;
+                documents[t] = doc as i32;
                 // The first token of an example is never trained (see the module doc).
                 labels[t] = if k == 0 { IGNORE_INDEX } else { label };
                 trained += (labels[t] != IGNORE_INDEX) as usize;
@@ -158,6 +166,7 @@ pub fn make_batch(
         tokens,
         trained,
         rows: rows.to_vec(),
+        documents: (layout == Layout::Pack).then_some(documents),
     }
 }
 

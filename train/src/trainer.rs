@@ -13,7 +13,9 @@
 //! is initialized from it ([`random_model`]), and every parameter is made contiguous
 //! before the first step and after each update ([`contiguous_params`]) so a model read
 //! back from a checkpoint has the same memory layout, hence the same matmul summation
-//! order, as the one that kept training. A resumed run therefore repeats the
+//! order, as the one that kept training. LoRA's dropout masks come from the backend's
+//! generator, seeded before each step from the run's seed and the step
+//! ([`TrainConfig::step_seed`]). A resumed run therefore repeats the
 //! uninterrupted one: bit for bit on NdArray (losses, gradient norms, parameters), to 1e-6
 //! relative on CubeCL backends, where a fused reduction may sum in another order in the
 //! resumed process.
@@ -36,7 +38,7 @@ use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 use hashbrown::HashMap;
 use liger_burn::ops::FusedOps;
 use liger_burn::optim::AdamW;
-use liger_models::{CausalLm, LigerConfig, ModelConfig};
+use liger_models::{CausalLm, Documents, LigerConfig, ModelConfig};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -105,6 +107,22 @@ pub fn random_model<B: FusedOps>(
     CausalLm::init(config, liger, dtype, device)
 }
 
+/// `model` with LoRA adapters (`lora`) and its base frozen ([`CausalLm::with_lora`]),
+/// their `A` drawn from the backend's generator seeded from `seed`, so a run's adapters
+/// start the same every time.
+pub fn attach_lora<B: FusedOps>(
+    model: CausalLm<B>,
+    lora: &liger_models::LoraConfig,
+    seed: u64,
+    device: &B::Device,
+) -> Result<CausalLm<B>, TrainError> {
+    B::seed(
+        device,
+        crate::rng::SplitMix64::new(seed ^ 0x4C6F_5241).next_u64(),
+    );
+    Ok(model.with_lora(lora)?)
+}
+
 /// Every float parameter copied on the device into a fresh contiguous buffer (same id,
 /// values, dtype). Parameters built as transposed views (linear weights keep Hugging
 /// Face's `[out, in]` storage) and parameters written in place by a fused optimizer update
@@ -113,24 +131,38 @@ pub fn random_model<B: FusedOps>(
 /// before the first step and after every update, so a resumed run computes exactly as the
 /// uninterrupted one (an extra copy of the parameters per step).
 pub fn contiguous_params<B: AutodiffBackend, M: Module<B>>(module: M) -> M {
-    struct Contiguous;
-    impl<B: AutodiffBackend> ModuleMapper<B> for Contiguous {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-            let (id, tensor, mapper) = param.consume();
-            let grad = tensor.is_require_grad();
-            let inner = tensor.inner();
-            let dims = inner.dims();
-            let ranges: [std::ops::Range<usize>; D] = std::array::from_fn(|i| 0..dims[i]);
-            // `slice_assign` writes into the new zero buffer: its layout, the values copied.
-            let copy = inner.zeros_like().slice_assign(ranges, inner);
-            let mut t = Tensor::from_inner(copy);
-            if grad {
-                t = t.require_grad();
-            }
-            Param::from_mapped_value(id, t, mapper)
+    module.map(&mut Contiguous { frozen_too: true })
+}
+
+/// [`contiguous_params`] for the parameters that train only: what an optimizer step
+/// rewrote. Frozen parameters (a LoRA run's base) keep the buffers
+/// [`contiguous_params`] gave them before the first step.
+pub fn contiguous_trainable_params<B: AutodiffBackend, M: Module<B>>(module: M) -> M {
+    module.map(&mut Contiguous { frozen_too: false })
+}
+
+struct Contiguous {
+    frozen_too: bool,
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Contiguous {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if !self.frozen_too && !param.val().is_require_grad() {
+            return param;
         }
+        let (id, tensor, mapper) = param.consume();
+        let grad = tensor.is_require_grad();
+        let inner = tensor.inner();
+        let dims = inner.dims();
+        let ranges: [std::ops::Range<usize>; D] = std::array::from_fn(|i| 0..dims[i]);
+        // `slice_assign` writes into the new zero buffer: its layout, the values copied.
+        let copy = inner.zeros_like().slice_assign(ranges, inner);
+        let mut t = Tensor::from_inner(copy);
+        if grad {
+            t = t.require_grad();
+        }
+        Param::from_mapped_value(id, t, mapper)
     }
-    module.map(&mut Contiguous)
 }
 
 /// Callbacks of a run (progress display). Every method has an empty default.
@@ -174,6 +206,9 @@ pub struct Run<'a, B: TrainBackend> {
     /// The frozen model the method compares to: DPO's and KTO's reference (the policy
     /// before its first step), distillation's teacher; on the inner backend (no graph).
     pub frozen: Option<CausalLm<B::InnerBackend>>,
+    /// The checkpoint the run started from (`None`: a random model); stored in the trainer
+    /// state, and in a LoRA checkpoint's `adapter_config.json`.
+    pub base_model: Option<String>,
 }
 
 /// Loss and gradients of one optimizer step, or why there are none.
@@ -221,7 +256,12 @@ where
         let labels =
             Tensor::<B, 2, Int>::from_data(TensorData::new(b.labels.clone(), b.shape()), device);
         let raw = match method {
-            MethodConfig::Sft => model.loss(ids, labels),
+            MethodConfig::Sft => match &b.documents {
+                Some(docs) => {
+                    model.loss_packed(ids, labels, &Documents::new(docs.clone(), b.shape()))
+                }
+                None => model.loss(ids, labels),
+            },
             _ => {
                 let desirable = (!dataset.desirable.is_empty()).then(|| {
                     let d: Vec<i64> = b
@@ -285,6 +325,7 @@ where
         memory,
         kernels,
         frozen,
+        base_model,
     } = run;
     config.validate()?;
     let method = config.method;
@@ -313,6 +354,15 @@ where
             dataset.source_name
         )));
     }
+    if model.lora_config() != config.lora.as_ref() {
+        return Err(TrainError::Config(format!(
+            "the model's LoRA adapters ({:?}) are not the run's settings ({:?}): attach them \
+             with CausalLm::with_lora (or load_adapter) before training",
+            model.lora_config(),
+            config.lora
+        )));
+    }
+    let lora_dropout = config.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
     let device = model.device();
     let data = DataInfo {
         source: dataset.source_name.clone(),
@@ -374,6 +424,7 @@ where
             tokens_seen,
             kernels: kernels.clone(),
             dtype: dtype_name.clone(),
+            base_model: base_model.clone(),
             history: history.to_vec(),
         };
     // Saves the state of a failed step's predecessor; never panics.
@@ -426,6 +477,9 @@ where
 
         // Forward + backward (+ clipping), panics caught: the model and the optimizer are
         // untouched until `optim.step`.
+        if lora_dropout {
+            B::seed(&device, config.step_seed(next));
+        }
         let grads = catch_unwind(AssertUnwindSafe(|| {
             let StepGrads {
                 mut grads,
@@ -468,7 +522,7 @@ where
         // Contiguous parameters, materialized by the sync, are what a resumed run starts
         // from: the next step then computes (and fuses) the same operations in both.
         match catch_unwind(AssertUnwindSafe(|| {
-            let model = contiguous_params(optim.step(lr, model, grads));
+            let model = contiguous_trainable_params(optim.step(lr, model, grads));
             B::sync(&device).expect("device synchronization after the optimizer step");
             model
         })) {

@@ -12,6 +12,7 @@ mod fused_linear_preference;
 mod fused_linear_rl;
 mod glu;
 mod linear_cross_entropy;
+mod lora;
 mod matmul;
 mod rope;
 
@@ -390,16 +391,31 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         bias: Option<FloatTensor<Self>>,
         targets: burn::tensor::ops::IntTensor<Self>,
         class_weight: Option<FloatTensor<Self>>,
-        compute_grad: bool,
+        _compute_grad: bool,
         options: crate::ops::CrossEntropyOptions,
     ) -> crate::ops::LinearCrossEntropyOutput<Self> {
+        // Whether gradients are computed follows the graph: exactly for the tracked inputs.
+        linear_cross_entropy::forward::<B, C>(x, weight, bias, None, targets, class_weight, options)
+    }
+
+    fn fused_lora_linear_cross_entropy(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        adapter: Option<crate::ops::LoraHead<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        _wanted: crate::ops::LinearCrossEntropyGradsWanted,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::LinearCrossEntropyOutput<Self> {
+        // Which gradients are computed follows the graph: exactly the tracked inputs'.
         linear_cross_entropy::forward::<B, C>(
             x,
             weight,
             bias,
+            adapter,
             targets,
             class_weight,
-            compute_grad,
             options,
         )
     }
@@ -479,6 +495,49 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             old_logps,
             options,
         )
+    }
+
+    fn fused_lora_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        adapter_x: Option<FloatTensor<Self>>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        options: crate::ops::LoraOptions,
+    ) -> crate::ops::LoraLinearOutput<Self> {
+        lora::forward::<B, C>(x, weight, bias, adapter_x, a, b, options)
+    }
+
+    /// Not tracked (nothing differentiates a backward): `B`'s on the inner tensors.
+    fn fused_lora_linear_backward(
+        grad_output: FloatTensor<Self>,
+        adapter_input: FloatTensor<Self>,
+        separate: bool,
+        weight: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        hidden: FloatTensor<Self>,
+        options: crate::ops::LoraOptions,
+        wanted: crate::ops::LoraLinearGradsWanted,
+    ) -> crate::ops::LoraLinearGrads<Self> {
+        let g = B::fused_lora_linear_backward(
+            grad_output.primitive,
+            adapter_input.primitive,
+            separate,
+            weight.primitive,
+            a.primitive,
+            b.primitive,
+            hidden.primitive,
+            options,
+            wanted,
+        );
+        crate::ops::LoraLinearGrads {
+            grad_x: g.grad_x.map(Self::from_inner),
+            grad_adapter_x: g.grad_adapter_x.map(Self::from_inner),
+            grad_a: g.grad_a.map(Self::from_inner),
+            grad_b: g.grad_b.map(Self::from_inner),
+        }
     }
 
     fn fused_attention(

@@ -33,8 +33,12 @@
 //! mirrored by CUDA-visible dependencies such as events; none can be recorded on a stream
 //! we have no handle to, which is the protocol's residual risk.
 //!
-//! **Host synchronization** (where the driver has no stream memory operations, and on
-//! request): synchronize CubeCL's stream, run the product on liger's stream, synchronize
+//! **Flag kernels** (where the driver refuses stream memory operations, as CUDA 13's does
+//! on the H200 for CubeCL's stream-ordered allocations: `CUDA_ERROR_INVALID_VALUE`): the
+//! same protocol with two one-thread kernels of liger's own on its stream in place of the
+//! wait and the write ([`MatmulOrdering::FlagKernels`]).
+//!
+//! **Host synchronization** (where neither works, and on request): synchronize CubeCL's stream, run the product on liger's stream, synchronize
 //! liger's stream.
 
 use super::matmul_layout::{BlasMatrix, GemmLayout, alignment};
@@ -62,6 +66,11 @@ pub enum MatmulOrdering {
     /// Device-side waits on flags (`cuStreamWaitValue32` / `cuStreamWriteValue32` and
     /// two one-unit CubeCL kernels): the host never blocks.
     StreamMemoryOperations,
+    /// The same protocol with two one-thread kernels of liger's own on its stream in
+    /// place of the stream memory operations: one spins until `published ≥ s`, the other
+    /// writes `completed = s` after a memory fence. For drivers that refuse stream memory
+    /// operations on CubeCL's (stream-ordered) allocations; the host never blocks.
+    FlagKernels,
     /// The host synchronizes CubeCL's stream before the product and liger's stream after.
     HostSynchronization,
 }
@@ -71,6 +80,7 @@ impl MatmulOrdering {
     pub fn name(self) -> &'static str {
         match self {
             MatmulOrdering::StreamMemoryOperations => "stream-memory-operations",
+            MatmulOrdering::FlagKernels => "flag-kernels",
             MatmulOrdering::HostSynchronization => "host-synchronization",
         }
     }
@@ -85,6 +95,8 @@ pub enum Unavailable {
     Setup(String),
     /// Stream memory operations were asked for but the driver or device lacks them.
     NoStreamMemoryOperations(String),
+    /// The flag kernels were asked for but could not be loaded or run.
+    NoFlagKernels(String),
     /// cuBLASLt's heuristic has no algorithm for this product.
     NoAlgorithm(String),
 }
@@ -96,6 +108,12 @@ impl core::fmt::Display for Unavailable {
             Unavailable::Setup(why) => write!(f, "cuBLASLt could not be set up: {why}"),
             Unavailable::NoStreamMemoryOperations(why) => {
                 write!(f, "no stream memory operations on this device: {why}")
+            }
+            Unavailable::NoFlagKernels(why) => {
+                write!(
+                    f,
+                    "the ordering flag kernels do not run on this device: {why}"
+                )
             }
             Unavailable::NoAlgorithm(why) => write!(f, "cuBLASLt has no algorithm: {why}"),
         }
@@ -113,6 +131,8 @@ pub struct DeviceSupport {
     pub default_ordering: MatmulOrdering,
     /// Why stream memory operations are not used, when they are not.
     pub no_stream_memory_operations: Option<String>,
+    /// Why the flag kernels are not used, when they are not.
+    pub no_flag_kernels: Option<String>,
 }
 
 /// The product `lhs [..., m, k] · rhs [..., k, n]` on cuBLASLt, laid out by
@@ -143,6 +163,7 @@ pub fn device_support(device: &CudaDevice) -> Result<DeviceSupport, Unavailable>
         driver_version: engine.driver_version,
         default_ordering: engine.default_ordering(),
         no_stream_memory_operations: engine.stream_memory_operations.clone().err(),
+        no_flag_kernels: engine.flag_kernels.as_ref().err().cloned(),
     })
 }
 
@@ -161,6 +182,11 @@ pub(crate) fn run(
         && let Err(why) = &engine.stream_memory_operations
     {
         return Err(Unavailable::NoStreamMemoryOperations(why.clone()));
+    }
+    if ordering == MatmulOrdering::FlagKernels
+        && let Err(why) = &engine.flag_kernels
+    {
+        return Err(Unavailable::NoFlagKernels(why.clone()));
     }
     let client = product.out.client.clone();
     let state: &mut Engine = &mut engine;
@@ -261,6 +287,8 @@ struct Engine {
     sequence: u32,
     /// `Err(why)` when the driver or device cannot do stream memory operations.
     stream_memory_operations: Result<(), String>,
+    /// The flag kernels, or why they could not be loaded and run.
+    flag_kernels: Result<FlagKernels, String>,
     plans: HashMap<PlanKey, Plan>,
 }
 
@@ -312,6 +340,20 @@ impl Engine {
             cubecl::future::block_on(client.sync())
                 .map_err(|e| format!("the ordering kernels failed on CubeCL's stream: {e:?}"))
         });
+        let flag_kernels = match &stream_memory_operations {
+            // Not needed: nothing is loaded.
+            Ok(()) => Err("stream memory operations are used instead".to_string()),
+            Err(_) => FlagKernels::load().and_then(|kernels| {
+                kernels.probe(&stream, flags_address + (sequence::PROBE * 4) as u64)?;
+                // The ordering kernels on CubeCL's side, as above.
+                sequence::launch_publish(&client, &flags, 0);
+                sequence::launch_await(&client, &flags, 0);
+                cubecl::future::block_on(client.sync()).map_err(|e| {
+                    format!("the ordering kernels failed on CubeCL's stream: {e:?}")
+                })?;
+                Ok(kernels)
+            }),
+        };
         let engine = Engine {
             ordinal: device.index,
             driver_version,
@@ -323,6 +365,7 @@ impl Engine {
             flags_address,
             sequence: 0,
             stream_memory_operations,
+            flag_kernels,
             plans: HashMap::new(),
         };
         log::info!(
@@ -339,9 +382,10 @@ impl Engine {
     }
 
     fn default_ordering(&self) -> MatmulOrdering {
-        match self.stream_memory_operations {
-            Ok(()) => MatmulOrdering::StreamMemoryOperations,
-            Err(_) => MatmulOrdering::HostSynchronization,
+        match (&self.stream_memory_operations, &self.flag_kernels) {
+            (Ok(()), _) => MatmulOrdering::StreamMemoryOperations,
+            (Err(_), Ok(_)) => MatmulOrdering::FlagKernels,
+            (Err(_), Err(_)) => MatmulOrdering::HostSynchronization,
         }
     }
 
@@ -501,6 +545,31 @@ impl Engine {
                 }
                 gemm.map_err(Failure::Launch)
             }
+            MatmulOrdering::FlagKernels => {
+                let kernels = self
+                    .flag_kernels
+                    .as_ref()
+                    .map_err(|why| Failure::Unavailable(Unavailable::NoFlagKernels(why.clone())))?;
+                let published = self.flags_address + (sequence::PUBLISHED * 4) as u64;
+                let completed = self.flags_address + (sequence::COMPLETED * 4) as u64;
+                let s = self.sequence.wrapping_add(1);
+                sequence::launch_publish(client, &self.flags, s);
+                self.sequence = s;
+                let wait = kernels.wait_geq(stream, published, s);
+                // Without the wait the product would not be ordered after its inputs.
+                let gemm = wait.and_then(|()| self.enqueue(product, addresses, &key));
+                match kernels.write(stream, completed, s) {
+                    Ok(()) => sequence::launch_await(client, &self.flags, s),
+                    Err(e) => {
+                        let sync = unsafe { driver::stream::synchronize(stream) };
+                        return Err(Failure::Launch(format!(
+                            "the flag write kernel: {e} (then synchronizing liger's stream: {sync:?}); {}",
+                            gemm.err().unwrap_or_default()
+                        )));
+                    }
+                }
+                gemm.map_err(Failure::Launch)
+            }
             MatmulOrdering::HostSynchronization => {
                 cubecl::future::block_on(client.sync()).map_err(|e| {
                     Failure::Launch(format!("synchronizing CubeCL's stream: {e:?}"))
@@ -556,6 +625,125 @@ fn probe_stream_memory_operations(
             "the driver has no stream memory operations: {}",
             panic_text(p.as_ref())
         )),
+    }
+}
+
+/// PTX of the flag kernels (one thread each; PTX ISA 7.0, sm_70 and later, JIT-compiled
+/// by the driver). `liger_wait_geq` spins until `(int)(*flag - value) >= 0` (the cyclic
+/// comparison of `cuStreamWaitValue32`'s `GEQ`) with acquire loads at GPU scope;
+/// `liger_write` fences, then stores `value` with release semantics, so everything the
+/// stream wrote before (the products) is visible before the flag.
+const FLAG_KERNELS_PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry liger_wait_geq(
+    .param .u64 flag,
+    .param .u32 value
+)
+{
+    .reg .pred %p;
+    .reg .b32 %v, %x, %d;
+    .reg .b64 %a;
+    ld.param.u64 %a, [flag];
+    ld.param.u32 %v, [value];
+    cvta.to.global.u64 %a, %a;
+SPIN:
+    ld.acquire.gpu.global.u32 %x, [%a];
+    sub.s32 %d, %x, %v;
+    setp.lt.s32 %p, %d, 0;
+    @%p bra SPIN;
+    ret;
+}
+
+.visible .entry liger_write(
+    .param .u64 flag,
+    .param .u32 value
+)
+{
+    .reg .b32 %v;
+    .reg .b64 %a;
+    ld.param.u64 %a, [flag];
+    ld.param.u32 %v, [value];
+    cvta.to.global.u64 %a, %a;
+    fence.sc.gpu;
+    st.release.gpu.global.u32 [%a], %v;
+    ret;
+}
+"#;
+
+/// The flag kernels, loaded into the device's primary context (CubeCL's too).
+struct FlagKernels {
+    module: driver_sys::CUmodule,
+    wait: driver_sys::CUfunction,
+    write: driver_sys::CUfunction,
+}
+
+impl FlagKernels {
+    /// Loads the module; the caller has bound the context.
+    fn load() -> Result<Self, String> {
+        let ptx = std::ffi::CString::new(FLAG_KERNELS_PTX).expect("PTX without NUL bytes");
+        // Safety: a NUL-terminated PTX image; the module is unloaded in `drop`.
+        let module = unsafe { driver::module::load_data(ptx.as_ptr() as *const c_void) }
+            .map_err(|e| format!("loading the flag kernels' PTX: {e:?}"))?;
+        let function = |name: &str| {
+            // Safety: `module` is loaded; the name is one of its entries.
+            unsafe { driver::module::get_function(module, std::ffi::CString::new(name).unwrap()) }
+                .map_err(|e| format!("flag kernel {name}: {e:?}"))
+        };
+        let kernels = FlagKernels {
+            module,
+            wait: function("liger_wait_geq")?,
+            write: function("liger_write")?,
+        };
+        Ok(kernels)
+    }
+
+    fn launch(
+        &self,
+        function: driver_sys::CUfunction,
+        stream: driver_sys::CUstream,
+        flag: u64,
+        value: u32,
+    ) -> Result<(), String> {
+        let (mut flag, mut value) = (flag, value);
+        let mut params = [
+            &mut flag as *mut u64 as *mut c_void,
+            &mut value as *mut u32 as *mut c_void,
+        ];
+        // Safety: the two parameters match the entries' signatures (u64, u32); `flag` is
+        // a device address of a live `u32`.
+        unsafe { driver::launch_kernel(function, (1, 1, 1), (1, 1, 1), 0, stream, &mut params) }
+            .map_err(|e| format!("{e:?}"))
+    }
+
+    /// Enqueues a wait until `flag ≥ value` (cyclic) on `stream`.
+    fn wait_geq(&self, stream: driver_sys::CUstream, flag: u64, value: u32) -> Result<(), String> {
+        self.launch(self.wait, stream, flag, value)
+            .map_err(|e| format!("the flag wait kernel: {e}"))
+    }
+
+    /// Enqueues `flag = value` on `stream`, after everything before it.
+    fn write(&self, stream: driver_sys::CUstream, flag: u64, value: u32) -> Result<(), String> {
+        self.launch(self.write, stream, flag, value)
+    }
+
+    /// A write and a wait on a scratch flag, synchronized: the kernels load and run.
+    fn probe(&self, stream: &CudaStream, scratch: u64) -> Result<(), String> {
+        let s = stream.cu_stream();
+        self.write(s, scratch, 2)?;
+        self.wait_geq(s, scratch, 2)?;
+        // Safety: synchronizing our own stream.
+        unsafe { driver::stream::synchronize(s) }
+            .map_err(|e| format!("running the flag kernels: {e:?}"))
+    }
+}
+
+impl Drop for FlagKernels {
+    fn drop(&mut self) {
+        // Safety: loaded by `cuModuleLoadData`, unloaded once.
+        let _ = unsafe { driver::module::unload(self.module) };
     }
 }
 

@@ -433,13 +433,30 @@ mod cuda {
 
     type Plain = burn_cubecl::CubeBackend<CudaRuntime, f32, i32, u8>;
 
-    const ORDERINGS: [MatmulOrdering; 2] = [
+    const ORDERINGS: [MatmulOrdering; 3] = [
         MatmulOrdering::StreamMemoryOperations,
+        MatmulOrdering::FlagKernels,
         MatmulOrdering::HostSynchronization,
     ];
 
     fn provider(ordering: MatmulOrdering) -> String {
         format!("liger-{}", ordering.name())
+    }
+
+    /// The orderings this device runs (the others would only fail, case after case).
+    fn available_orderings(device: &CudaDevice) -> Vec<MatmulOrdering> {
+        let support = liger_burn::cube::cublaslt::device_support(device);
+        ORDERINGS
+            .into_iter()
+            .filter(|o| match (o, &support) {
+                (_, Err(_)) => false,
+                (MatmulOrdering::StreamMemoryOperations, Ok(s)) => {
+                    s.no_stream_memory_operations.is_none()
+                }
+                (MatmulOrdering::FlagKernels, Ok(s)) => s.no_flag_kernels.is_none(),
+                (MatmulOrdering::HostSynchronization, Ok(_)) => true,
+            })
+            .collect()
     }
 
     /// `a · b` with liger's cuBLASLt path and `ordering`, or Burn's matmul (`None`).
@@ -498,9 +515,9 @@ mod cuda {
             }),
         ];
         for (kernel, mode, what, pick) in cases {
-            let providers = ORDERINGS
-                .iter()
-                .map(|&o| (provider(o), Some(o)))
+            let providers = available_orderings(&device)
+                .into_iter()
+                .map(|o| (provider(o), Some(o)))
                 .chain([("burn".to_string(), None)]);
             for (name, ordering) in providers {
                 let result = catch_unwind(AssertUnwindSafe(|| {
@@ -571,7 +588,11 @@ mod cuda {
             base_q,
             "products back to back between one host synchronization before and one after",
         ));
-        for ordering in ORDERINGS.map(Some).into_iter().chain([None]) {
+        for ordering in available_orderings(&device)
+            .into_iter()
+            .map(Some)
+            .chain([None])
+        {
             let name = ordering.map_or("burn".to_string(), provider);
             let samples = measure::time(tiny, calls, &sync, |_| product(&x, &w, ordering));
             let q = samples.p50_20_80().map(|s| s * 1e6);

@@ -540,7 +540,7 @@ const TF32_DETECT: f64 = 1e-5;
 
 /// Norm-wise bound of every result when the matmul is TF32: METHOD's figure for a TF32
 /// product (near 3e-4) with room for the two products a gradient goes through.
-const TF32_NORMWISE: f64 = 1e-3;
+pub const TF32_NORMWISE: f64 = 1e-3;
 
 /// Largest norm-wise relative error of the backend's own products at the op's three
 /// shapes (`x·Wᵀ`, `G·W`, `Gᵀ·x`, as `compose::linear_cross_entropy` calls them; `G` a

@@ -198,7 +198,7 @@ impl<B: FusedOps> Inputs<B> {
         let [b, h, _, _] = self.q.dims();
         let q = self.q.clone().narrow(2, start, end - start);
         let k = self.k.clone().narrow(2, 0, keys);
-        let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+        let scores = mm(q, k.swap_dims(2, 3)).mul_scalar(scale);
         let scores = scores.cast(DType::F32);
         let scores = match self.block_mask((start, end, keys), options) {
             Some(mask) => {
@@ -219,6 +219,13 @@ impl<B: FusedOps> Inputs<B> {
     }
 }
 
+/// `a · b` through [`FusedOps::fused_matmul`]: the vendor library where the backend has
+/// one (cuBLASLt on CUDA: true f32 products for f32, where Burn's matmul rounds operands
+/// to TF32), the backend's matmul elsewhere.
+fn mm<B: FusedOps>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> Tensor<B, 4> {
+    float(B::fused_matmul(prim(a), prim(b)))
+}
+
 /// See [`FusedOps::fused_attention`](crate::ops::FusedOps::fused_attention).
 pub fn forward<B: FusedOps>(
     q: FloatTensor<B>,
@@ -234,7 +241,7 @@ pub fn forward<B: FusedOps>(
         .into_iter()
         .map(|block| {
             let (_, p) = inputs.probabilities(block, &options);
-            p.matmul(inputs.v.clone().narrow(2, 0, block.2))
+            mm(p, inputs.v.clone().narrow(2, 0, block.2))
         })
         .collect();
     let output = prim(if outputs.len() == 1 {
@@ -290,14 +297,14 @@ pub fn backward<B: FusedOps>(
         let k = inputs.k.clone().narrow(2, 0, keys);
         let q = inputs.q.clone().narrow(2, start, end - start);
         // out = p·v
-        accumulate(&mut grad_v, p.swap_dims(2, 3).matmul(g.clone()));
-        let grad_p = g.matmul(v.swap_dims(2, 3)).cast(DType::F32);
+        accumulate(&mut grad_v, mm(p.swap_dims(2, 3), g.clone()));
+        let grad_p = mm(g, v.swap_dims(2, 3)).cast(DType::F32);
         // softmax (f32) ← mask_fill (p is 0 where masked, so is this) ← cast ← ·scale
         let grad_scores: Tensor<B, 4> = float(B::fused_softmax_backward(prim(grad_p), prim(p32)));
         let grad_scores = grad_scores.cast(inputs.dtype).mul_scalar(options.scale);
         // scores = q·kᵀ
-        grad_q.push(grad_scores.clone().matmul(k));
-        accumulate(&mut grad_k, grad_scores.swap_dims(2, 3).matmul(q));
+        grad_q.push(mm(grad_scores.clone(), k));
+        accumulate(&mut grad_k, mm(grad_scores.swap_dims(2, 3), q));
     }
     let grad_q = if grad_q.len() == 1 {
         grad_q.pop().unwrap()

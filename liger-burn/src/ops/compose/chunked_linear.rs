@@ -40,16 +40,24 @@ pub(crate) fn logits<B: FusedOps>(
 pub(crate) struct LinearGrads<B: FusedOps> {
     weight: Option<Tensor<B, 2>>,
     bias: Option<Tensor<B, 2>>,
+    want_weight: bool,
     has_bias: bool,
 }
 
 impl<B: FusedOps> LinearGrads<B> {
     /// Empty accumulators (the bias's only when the layer has one).
     pub(crate) fn new(has_bias: bool) -> Self {
+        Self::wanted(true, has_bias)
+    }
+
+    /// Accumulators of only the gradients wanted: the weight's when `weight`, the bias's
+    /// when `bias` (a frozen LM head costs no `[V, H]` gradient).
+    pub(crate) fn wanted(weight: bool, bias: bool) -> Self {
         Self {
             weight: None,
             bias: None,
-            has_bias,
+            want_weight: weight,
+            has_bias: bias,
         }
     }
 
@@ -63,11 +71,20 @@ impl<B: FusedOps> LinearGrads<B> {
         weight: &Tensor<B, 2>,
     ) -> Tensor<B, 2> {
         let grad_x = matmul::<B>(g.clone(), weight.clone());
-        let gw = float::<B, 2>(to_f32::<B>(prim(matmul::<B>(g.clone().transpose(), x_c))));
-        self.weight = Some(match self.weight.take() {
-            Some(acc) => acc + gw,
-            None => gw,
-        });
+        self.accumulate(g, x_c);
+        grad_x
+    }
+
+    /// Accumulates the chunk's weight and bias gradients (those wanted) from its logits
+    /// gradient `g: [m, V]` and input `x_c: [m, H]`, without the input gradient.
+    pub(crate) fn accumulate(&mut self, g: Tensor<B, 2>, x_c: Tensor<B, 2>) {
+        if self.want_weight {
+            let gw = float::<B, 2>(to_f32::<B>(prim(matmul::<B>(g.clone().transpose(), x_c))));
+            self.weight = Some(match self.weight.take() {
+                Some(acc) => acc + gw,
+                None => gw,
+            });
+        }
         if self.has_bias {
             let gb = float::<B, 2>(to_f32::<B>(prim(g))).sum_dim(0);
             self.bias = Some(match self.bias.take() {
@@ -75,7 +92,6 @@ impl<B: FusedOps> LinearGrads<B> {
                 None => gb,
             });
         }
-        grad_x
     }
 
     /// The weight gradient in `w_dtype` and the bias gradient (`[V]`) in `b_dtype`, when
