@@ -40,7 +40,7 @@ pub fn rms_norm<B: FusedOps, const D: usize>(
 /// `x * cos + rotate_half(x) * sin` for q and k.
 ///
 /// - `q`: `[batch, q_heads, seq, head_dim]`, `k`: `[batch, kv_heads, seq, head_dim]`
-/// - `cos`, `sin`: `[1, seq, head_dim]` (see [`crate::rope`]), dtype of q and k
+/// - `cos`, `sin`: `[1 or batch, seq, head_dim]` (see [`crate::rope`]; per row for packed documents), dtype of q and k
 /// - returns the rotated `(q, k)`, same shapes
 pub fn rope<B: FusedOps>(
     q: Tensor<B, 4>,
@@ -56,12 +56,12 @@ pub fn rope<B: FusedOps>(
         bq == bk
             && sq == sk
             && dq == dk
-            && one == 1
+            && (one == 1 || one == bq)
             && sc == sq
             && dc == dq
             && cos.dims() == sin.dims(),
         "rope: expected q [batch, q_heads, seq, head_dim], k [batch, kv_heads, seq, head_dim], \
-         cos and sin [1, seq, head_dim]; got q {:?} ({:?}), k {:?} ({:?}), cos {:?}, sin {:?}",
+         cos and sin [1 or batch, seq, head_dim]; got q {:?} ({:?}), k {:?} ({:?}), cos {:?}, sin {:?}",
         q.dims(),
         q.dtype(),
         k.dims(),

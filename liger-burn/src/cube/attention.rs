@@ -127,6 +127,15 @@ where
     BT: BoolElement,
 {
     let plan = match &mask {
+        // Known defect: on CUDA the flash kernels give wrong rows for document ids in
+        // batch rows after the first (tests/liger_burn/attention.rs, flash_kernel, every
+        // variant and dtype), so `Auto` takes the blockwise path there until it is fixed.
+        None if document_ids.is_some()
+            && q.shape()[0] > 1
+            && options.kernel == AttentionKernel::Auto =>
+        {
+            None
+        }
         None => plan(&q.client, q.dtype, q.shape()[3], &options),
         Some(_) if options.kernel == AttentionKernel::Flash => {
             panic!(
