@@ -74,8 +74,12 @@ fn config(method: MethodConfig, steps: usize, lr: f64, save_every: usize) -> Tra
     c
 }
 
-/// The bundled model at random, from the config's seed.
+/// The bundled model at random, from the config's seed ([`backend_rng`] held: the
+/// generator is shared with the other tests of the binary).
+///
+/// [`backend_rng`]: crate::training::backend_rng
 fn model(tok: &TextTokenizer, seed: u64) -> CausalLm<B> {
+    let _rng = crate::training::backend_rng();
     trainer::random_model::<B>(
         &bundled::model_config_for(tok),
         LigerConfig::all(),
