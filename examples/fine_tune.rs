@@ -291,6 +291,9 @@ impl Job for FineTune {
             save_every: 0,
             // The model's dtype: f32 here, so no master copy either way.
             pure_low_precision: false,
+            method: liger_train::method::MethodConfig::Sft,
+            // Full fine-tuning.
+            lora: None,
         };
         println!(
             "training: {} steps of {BATCH_SIZE} packed rows of {max_length} tokens, lr {:.1e}, \
@@ -311,6 +314,8 @@ impl Job for FineTune {
                 kernels: "Liger<Autodiff<B>>; fused: rope, rms_norm, swiglu, attention, \
                           fused_linear_cross_entropy"
                     .into(),
+                frozen: None,
+                base_model: Some(s.model_dir.display().to_string()),
             },
             &mut StepLog,
         )?;

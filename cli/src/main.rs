@@ -11,6 +11,7 @@
 //!   Qwen2, Qwen3, Mistral) through liger-models, as JSON.
 //! - `liger converge`: mini models trained with the fused kernels on and off from the
 //!   same start; per-step losses and final parameters compared.
+//! - `liger merge`: a LoRA adapter (PEFT's files) merged into its base checkpoint.
 //! - `liger bench --e2e`: whole training steps of 1B-class models, liger on and off,
 //!   over sequence lengths (tokens/s, peak memory, longest sequence that fits).
 //!
@@ -30,6 +31,7 @@
 )]
 
 mod eval;
+mod merge;
 mod train;
 
 use clap::{Args, Parser, Subcommand};
@@ -85,8 +87,15 @@ enum Command {
     /// OUTPUT/train_log.csv. If a step panics or the loss becomes NaN/inf, the last good
     /// state is saved and the command exits 1 with the reason.
     ///
+    /// With --lora-rank N: LoRA fine-tuning. The model is frozen and rank-N adapters train
+    /// on --lora-targets (f32, whatever --dtype); checkpoints then hold PEFT's adapter files
+    /// (adapter_config.json, adapter_model.safetensors) and the adapters' optimizer state
+    /// instead of the model; `liger merge` folds them into the base. A random model's base
+    /// is written to OUTPUT/base-model/.
+    ///
     /// Example: liger train --model ./Llama-3.2-1B --data sft.jsonl --device cuda
     ///          --dtype bf16 --batch-size 4 --grad-accum 8 --packing --max-length 2048
+    ///          [--lora-rank 64 --lora-alpha 128 --lora-targets all-linear]
     #[command(verbatim_doc_comment)]
     Train(train::TrainArgs),
     /// Convergence of training with the fused kernels against stock Burn (like
@@ -105,6 +114,41 @@ enum Command {
     /// Example: liger converge --device cuda --dtype bf16 --models llama,qwen2,qwen3,mistral
     #[command(verbatim_doc_comment)]
     Converge(ConvergeArgs),
+    /// Merge a LoRA adapter into its base model and write a plain Hugging Face checkpoint.
+    ///
+    /// Reads the base checkpoint (--base: config.json and model.safetensors or its shards)
+    /// and a PEFT adapter (--adapter: adapter_config.json and adapter_model.safetensors, as
+    /// written by `liger train --lora-rank` or by PEFT's save_pretrained), computes every
+    /// adapted weight W + s·B·A in f32 (s = alpha/r, or alpha/sqrt(r) with rsLoRA) and
+    /// stores it in the base dtype, and writes config.json and model.safetensors to --out,
+    /// with the base's tokenizer and generation files. The merged model gives the adapted
+    /// model's outputs without any LoRA support. An adapter on the LM head of a model with
+    /// tied embeddings unties them (lm_head.weight is written).
+    ///
+    /// Example: liger merge --base ./Llama-3.2-1B --adapter out/checkpoint-300
+    ///          --out ./Llama-3.2-1B-sft
+    #[command(verbatim_doc_comment)]
+    Merge(MergeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct MergeArgs {
+    /// Base checkpoint directory (the model the adapter was trained on).
+    #[arg(long, value_name = "DIR")]
+    pub base: std::path::PathBuf,
+    /// PEFT adapter directory: adapter_config.json and adapter_model.safetensors.
+    #[arg(long, value_name = "DIR")]
+    pub adapter: std::path::PathBuf,
+    /// Output directory for the merged checkpoint (created; not the base or adapter).
+    #[arg(long, value_name = "DIR")]
+    pub out: std::path::PathBuf,
+    /// Dtype of the merged weights. [default: the base's torch_dtype in config.json,
+    /// f32 when it has none]
+    #[arg(long, value_enum)]
+    pub dtype: Option<DtypeArg>,
+    /// Device to merge on (the whole base model is loaded there).
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
 }
 
 #[derive(Args, Debug)]
@@ -141,6 +185,7 @@ fn main() -> ExitCode {
         Command::Eval(args) => eval::run(args),
         Command::Train(args) => train::run(args),
         Command::Converge(args) => converge::run(args),
+        Command::Merge(args) => merge::run(args),
     };
     match result {
         Ok(code) => code,

@@ -12,11 +12,14 @@ use burn::module::AutodiffModule;
 use burn::tensor::DType;
 use clap::{Args, ValueEnum};
 use liger_burn::Liger;
+use liger_burn::ops::AdapterPrecision;
 use liger_burn::ops::FusedOps;
-use liger_models::{CausalLm, LigerConfig, ModelConfig};
+use liger_burn::ops::{Divergence, DpoLossType, PreferenceLoss};
+use liger_models::{CausalLm, LigerConfig, LoraConfig, LoraTarget, ModelConfig};
 use liger_train::batching::Layout;
 use liger_train::checkpoint::{self, TrainerState};
-use liger_train::data::{self, BadLinePolicy, DataOptions, Dataset, TooLongPolicy};
+use liger_train::data::{self, BadLinePolicy, DataKind, DataOptions, Dataset, TooLongPolicy};
+use liger_train::method::MethodConfig;
 use liger_train::metrics::format_memory;
 use liger_train::progress::ConsoleProgress;
 use liger_train::schedule::LrSchedule;
@@ -36,6 +39,30 @@ pub enum BadLineArg {
     Skip,
     /// Stop before training, naming the file and line.
     Fail,
+}
+
+/// Where a LoRA run on a random model writes that model (under --output): its adapters'
+/// base.
+const RANDOM_BASE_DIR: &str = "base-model";
+
+/// `--lora-precision`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LoraPrecisionArg {
+    /// PEFT's default: A and B in f32, the adapter's products in f32 (the input widened),
+    /// its output added to the base layer's in f32 and rounded once.
+    F32,
+    /// PEFT under autocast (Hugging Face Trainer's bf16=True): A and B rounded to the
+    /// activation dtype for the products (f32 accumulation); A and B themselves stay f32.
+    Activation,
+}
+
+impl LoraPrecisionArg {
+    fn precision(self) -> AdapterPrecision {
+        match self {
+            LoraPrecisionArg::F32 => AdapterPrecision::F32,
+            LoraPrecisionArg::Activation => AdapterPrecision::Activation,
+        }
+    }
 }
 
 /// `--on-too-long`.
@@ -58,18 +85,109 @@ use liger_train::config::defaults::{
     WEIGHT_DECAY as DEFAULT_WEIGHT_DECAY, warmup_steps as default_warmup_steps,
 };
 
+/// `--method`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MethodArg {
+    /// Supervised fine-tuning (next-token cross entropy of the responses).
+    Sft,
+    /// DPO against a frozen reference (the model before its first step).
+    Dpo,
+    /// ORPO: odds-ratio preference term plus the chosen responses' NLL.
+    Orpo,
+    /// CPO: reference-free DPO plus the chosen responses' NLL.
+    Cpo,
+    /// SimPO: length-normalized, reference-free, with a target margin.
+    Simpo,
+    /// KTO on unpaired completions labelled desirable or not, against a frozen reference.
+    Kto,
+    /// Distillation from a frozen teacher (--teacher) on SFT rows.
+    Distill,
+}
+
+/// `--divergence`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DivergenceArg {
+    /// Generalized Jensen-Shannon divergence with --jsd-beta.
+    Jsd,
+    /// KL(teacher || student).
+    ForwardKl,
+    /// KL(student || teacher).
+    ReverseKl,
+    /// Total variation distance.
+    Tvd,
+}
+
 #[derive(Args, Debug)]
 pub struct TrainArgs {
-    /// Training data, JSONL: one object per line, {"instruction": ..., "input": ...
-    /// (optional), "output": ...} (only the output and the end-of-sequence token are
-    /// trained) or {"text": ...} (trained whole). Default: the bundled synthetic dataset
-    /// (3000 rows of arithmetic, reversal, counting, copying and facts; train/data/).
+    /// What to train: `sft` (supervised fine-tuning), the preference losses `dpo`, `orpo`,
+    /// `cpo`, `simpo` (data: TRL's {"prompt", "chosen", "rejected"}), `kto` ({"prompt",
+    /// "completion", "label"}), `distill` (SFT rows and --teacher). DPO and KTO compare to a
+    /// frozen reference: the model before its first step. Each has bundled data, so `liger
+    /// train --method dpo` runs as is. [default: sft]
+    #[arg(long, value_enum, value_name = "METHOD")]
+    pub method: Option<MethodArg>,
+    /// β of DPO, ORPO, CPO, SimPO and KTO. [default: 0.1]
+    #[arg(long, value_name = "BETA")]
+    pub beta: Option<f64>,
+    /// DPO's loss type (TRL's names: sigmoid, hinge, robust, exo_pair, nca_pair, bco_pair,
+    /// sppo_hard, apo_zero, apo_down, discopop). [default: sigmoid]
+    #[arg(long, value_name = "TYPE")]
+    pub loss_type: Option<String>,
+    /// Label smoothing of DPO (sigmoid, robust, exo_pair), CPO and SimPO. [default: 0]
+    #[arg(long, value_name = "EPS")]
+    pub label_smoothing: Option<f64>,
+    /// Weight of the chosen responses' NLL term (ORPO, CPO, SimPO: on by default; DPO: off
+    /// unless given, as TRL's rpo_alpha). [default: 1]
+    #[arg(long, value_name = "ALPHA")]
+    pub alpha: Option<f64>,
+    /// SimPO's target reward margin γ. [default: 0.5]
+    #[arg(long, value_name = "GAMMA")]
+    pub simpo_gamma: Option<f64>,
+    /// KTO's weight of the desirable completions. [default: 1]
+    #[arg(long, value_name = "W")]
+    pub desirable_weight: Option<f64>,
+    /// KTO's weight of the undesirable completions. [default: 1]
+    #[arg(long, value_name = "W")]
+    pub undesirable_weight: Option<f64>,
+    /// The teacher of --method distill: a Hugging Face checkpoint directory with the
+    /// student's tokenizer (its vocabulary may only be padded larger).
+    #[arg(long, value_name = "DIR")]
+    pub teacher: Option<PathBuf>,
+    /// The reference model of --method dpo/kto. [default: the model before its first step;
+    /// on a resume, the random initialization of --seed: a run started from --model must
+    /// name it]
+    #[arg(long, value_name = "DIR")]
+    pub reference: Option<PathBuf>,
+    /// Distillation's divergence. [default: jsd]
+    #[arg(long, value_enum)]
+    pub divergence: Option<DivergenceArg>,
+    /// β of the distillation's JSD (0: forward KL, 1: reverse KL). [default: 0.5]
+    #[arg(long, value_name = "BETA")]
+    pub jsd_beta: Option<f64>,
+    /// Distillation's temperature on both heads' logits. [default: 1]
+    #[arg(long, value_name = "T")]
+    pub temperature: Option<f64>,
+    /// Distillation's weight of the cross entropy against the data. [default: 0.5]
+    #[arg(long, value_name = "W")]
+    pub weight_hard_loss: Option<f64>,
+    /// Distillation's weight of the divergence to the teacher. [default: 0.5]
+    #[arg(long, value_name = "W")]
+    pub weight_soft_loss: Option<f64>,
+    /// Training data, JSONL, in the format of --method: SFT and distillation read one
+    /// object per line, {"instruction": ..., "input": ... (optional), "output": ...} (only
+    /// the output and the end-of-sequence token are trained) or {"text": ...} (trained
+    /// whole); the preference methods {"prompt", "chosen", "rejected"}; KTO {"prompt",
+    /// "completion", "label"}. Default: the bundled synthetic data of the method (3000
+    /// rows of arithmetic, reversal, counting, copying and facts, and 1000 pairs or
+    /// labelled completions derived from them; train/data/).
     #[arg(long, value_name = "FILE.jsonl")]
     pub data: Option<PathBuf>,
     /// Hugging Face checkpoint to fine-tune (config.json, model.safetensors or its shards,
     /// tokenizer.json; Llama, Qwen2, Qwen3, Mistral). Default: a small Llama-style model
     /// (hidden 128, 2 layers, the tokenizer's vocabulary) initialized at random from --seed.
-    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    /// With --resume of a LoRA run: the base model, if it moved since the run started
+    /// (default: the base the checkpoint names).
+    #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// tokenizer.json to use instead of the one of --model / --resume (default: theirs, or
     /// the bundled byte-level BPE of 1024 tokens without --model).
@@ -193,6 +311,44 @@ pub struct TrainArgs {
     /// progress output otherwise); 0: first and last step only.
     #[arg(long, value_name = "N", default_value_t = 25)]
     pub log_every: usize,
+    /// LoRA fine-tuning with adapters of rank N: the model's weights are frozen (no
+    /// gradient, no optimizer state; they stay in --dtype) and only a low-rank update
+    /// W + (alpha/N)·B·A of each --lora-targets projection trains, A [N, in] and B [out, N]
+    /// in f32 (PEFT's initialization: A Kaiming-uniform, B zero, so training starts from
+    /// the model itself). The forward adds (dropout(x)·Aᵀ)·Bᵀ·alpha/N to each frozen layer's
+    /// output without building the merged weight. Checkpoints hold the adapters only, as
+    /// PEFT writes them (adapter_config.json, adapter_model.safetensors: load them with
+    /// PeftModel.from_pretrained, or `liger merge` them into the base), plus their
+    /// optimizer state. Without this flag every parameter trains.
+    #[arg(long, value_name = "N")]
+    pub lora_rank: Option<usize>,
+    /// LoRA alpha: the adapters' output is scaled by alpha/rank (alpha/sqrt(rank) with
+    /// --lora-rslora). [default: 2 × --lora-rank]
+    #[arg(long, value_name = "ALPHA", requires = "lora_rank")]
+    pub lora_alpha: Option<f64>,
+    /// Dropout probability of the adapters' input (the frozen path sees x unchanged),
+    /// in [0, 1). [default: 0]
+    #[arg(long, value_name = "P", requires = "lora_rank")]
+    pub lora_dropout: Option<f64>,
+    /// Comma list of the projections that get adapters: q, k, v, o (attention), gate, up,
+    /// down (MLP), lm_head (the output layer; its adapter trains inside the fused linear
+    /// cross entropy), or all-linear (= q,k,v,o,gate,up,down). The _proj names (q_proj,
+    /// ...) are accepted too. [default: all-linear]
+    #[arg(long, value_name = "LIST", requires = "lora_rank")]
+    pub lora_targets: Option<String>,
+    /// rsLoRA scaling alpha/sqrt(rank) instead of alpha/rank (Kalajdzievski 2023; PEFT's
+    /// use_rslora), which keeps the update's size stable as the rank grows.
+    #[arg(long, requires = "lora_rank")]
+    pub lora_rslora: bool,
+    /// Where the adapters' products compute with --dtype f16/bf16 (no effect with f32).
+    /// [default: f32]
+    #[arg(
+        long,
+        value_enum,
+        value_name = "f32|activation",
+        requires = "lora_rank"
+    )]
+    pub lora_precision: Option<LoraPrecisionArg>,
     /// What to do with a data line that is not valid JSON or lacks a field.
     #[arg(long, value_enum, default_value_t = BadLineArg::Fail)]
     pub on_bad_line: BadLineArg,
@@ -208,17 +364,23 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         Some(dir) => Some(checkpoint::read_state(dir)?),
         None => None,
     };
-    let tokenizer = load_tokenizer(&args)?;
+    let tokenizer = load_tokenizer(&args, saved.as_ref())?;
+    let method = method_config(&args, saved.as_ref())?;
+    let kind = match method {
+        MethodConfig::Preference(_) => DataKind::Pairs,
+        MethodConfig::Kto(_) => DataKind::Labelled,
+        _ => DataKind::Sft,
+    };
     let (text, source) = match &args.data {
         Some(path) => (
             std::fs::read_to_string(path)
                 .with_context(|| format!("reading the data file {}", path.display()))?,
             path.display().to_string(),
         ),
-        None => (
-            bundled::DATASET.to_string(),
-            bundled::DATASET_NAME.to_string(),
-        ),
+        None => {
+            let (text, name) = bundled::dataset_for(kind);
+            (text.to_string(), name.to_string())
+        }
     };
     let max_length = pick(
         "max-length",
@@ -238,9 +400,18 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
             TooLongArg::Fail => TooLongPolicy::Fail,
         },
     };
-    let dataset = data::prepare(&text, &source, &tokenizer, opts)?;
+    let dataset = data::prepare_post(&text, &source, &tokenizer, opts, kind)?;
     report_data(&dataset, &tokenizer);
-    let config = settings(&args, saved.as_ref(), &dataset, &tokenizer, max_length)?;
+    let mut config = settings(
+        &args,
+        saved.as_ref(),
+        &dataset,
+        &tokenizer,
+        max_length,
+        method,
+    )?;
+    config.method = method;
+    config.validate()?;
     let liger = liger_config(&args)?;
     let output = match (&args.output, &args.resume) {
         (Some(o), _) => o.clone(),
@@ -264,10 +435,15 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
 }
 
 /// The tokenizer: --tokenizer, else the checkpoint's or model's tokenizer.json, else the
-/// bundled one. Special ids come from the model's config.json where it has them.
-fn load_tokenizer(args: &TrainArgs) -> Result<TextTokenizer> {
+/// bundled one. Special ids come from the model's config.json where it has them (for a
+/// LoRA checkpoint, which has none: its base model's).
+fn load_tokenizer(args: &TrainArgs, saved: Option<&TrainerState>) -> Result<TextTokenizer> {
     let model_dir = args.resume.as_ref().or(args.model.as_ref());
-    let ids = match model_dir {
+    let config_dir = match (&args.resume, saved) {
+        (Some(_), Some(state)) if state.config.lora.is_some() => base_dir(args, state),
+        _ => model_dir.cloned(),
+    };
+    let ids = match config_dir {
         Some(dir) => {
             let config = ModelConfig::from_file(dir.join("config.json"))?;
             SpecialIds::from_hf_config(&config.extra)
@@ -290,6 +466,14 @@ fn load_tokenizer(args: &TrainArgs) -> Result<TextTokenizer> {
         (None, None) => return Ok(bundled::tokenizer()),
     };
     Ok(TextTokenizer::from_file(&path, ids)?)
+}
+
+/// The base model of a resumed LoRA run: --model, else the one its checkpoint names
+/// (`None`: a random model from the seed).
+fn base_dir(args: &TrainArgs, state: &TrainerState) -> Option<PathBuf> {
+    args.model
+        .clone()
+        .or_else(|| state.base_model.as_ref().map(PathBuf::from))
 }
 
 /// The flag's value, else the checkpoint's (a flag that disagrees with it is refused),
@@ -318,6 +502,7 @@ fn settings(
     dataset: &Dataset,
     tokenizer: &TextTokenizer,
     max_length: usize,
+    method: MethodConfig,
 ) -> Result<TrainConfig> {
     let sc = saved.map(|s| &s.config);
     let layout = pick(
@@ -372,10 +557,13 @@ fn settings(
             sc.map(|c| c.pure_low_precision),
             false,
         )?,
+        method,
+        lora: None,
     };
     if batch_size == 0 || grad_accum == 0 {
         bail!("--batch-size and --grad-accum must be at least 1");
     }
+    config.lora = lora_settings(args, sc)?;
     let ss = saved.map(|s| s.config.schedule);
     let implied_steps = match args.epochs {
         Some(0) => bail!("--epochs must be at least 1"),
@@ -418,6 +606,260 @@ fn settings(
     Ok(config)
 }
 
+/// The method and its options from the flags, the checkpoint (a resume keeps its
+/// method; a flag that disagrees is refused) and Liger-Kernel's defaults.
+fn method_config(args: &TrainArgs, saved: Option<&TrainerState>) -> Result<MethodConfig> {
+    let given = args.method.map(|m| match m {
+        MethodArg::Sft => "sft",
+        MethodArg::Dpo => "dpo",
+        MethodArg::Orpo => "orpo",
+        MethodArg::Cpo => "cpo",
+        MethodArg::Simpo => "simpo",
+        MethodArg::Kto => "kto",
+        MethodArg::Distill => "distill",
+    });
+    let flags_given = args.beta.is_some()
+        || args.loss_type.is_some()
+        || args.label_smoothing.is_some()
+        || args.alpha.is_some()
+        || args.simpo_gamma.is_some()
+        || args.desirable_weight.is_some()
+        || args.undesirable_weight.is_some()
+        || args.divergence.is_some()
+        || args.jsd_beta.is_some()
+        || args.temperature.is_some()
+        || args.weight_hard_loss.is_some()
+        || args.weight_soft_loss.is_some();
+    if let Some(saved) = saved {
+        let kept = saved.config.method;
+        if given.is_some_and(|g| g != kept.name()) {
+            bail!(
+                "--method {} differs from the checkpoint's {}: a resumed run keeps its method",
+                given.unwrap_or_default(),
+                kept.name()
+            );
+        }
+        if flags_given {
+            bail!(
+                "a resumed run keeps its method's options ({:?}): drop the loss flags",
+                kept
+            );
+        }
+        return Ok(kept);
+    }
+    let name = given.unwrap_or("sft");
+    let mut method = MethodConfig::from_name(name).expect("a known method");
+    let only = |flag: &str, given: bool, methods: &str| -> Result<()> {
+        if given {
+            bail!("--{flag} applies to --method {methods}, not {name}");
+        }
+        Ok(())
+    };
+    match &mut method {
+        MethodConfig::Sft => {
+            if flags_given {
+                bail!(
+                    "the loss flags (--beta, --loss-type, ...) apply to the other methods, not sft"
+                );
+            }
+        }
+        MethodConfig::Preference(o) => {
+            if let Some(t) = &args.loss_type {
+                if !matches!(o.loss, PreferenceLoss::Dpo(_)) {
+                    bail!("--loss-type applies to --method dpo, not {name}");
+                }
+                let Some(t) = DpoLossType::from_name(t) else {
+                    bail!(
+                        "--loss-type {t}: unknown; one of {}",
+                        DpoLossType::ALL.map(|t| t.name()).join(", ")
+                    );
+                };
+                o.loss = PreferenceLoss::Dpo(t);
+            }
+            if let Some(g) = args.simpo_gamma {
+                if !matches!(o.loss, PreferenceLoss::Simpo { .. }) {
+                    bail!("--simpo-gamma applies to --method simpo, not {name}");
+                }
+                o.loss = PreferenceLoss::Simpo { gamma: g };
+            }
+            if let Some(b) = args.beta {
+                o.beta = b;
+            }
+            if let Some(e) = args.label_smoothing {
+                o.label_smoothing = e;
+            }
+            if let Some(a) = args.alpha {
+                o.alpha = a;
+                o.compute_nll_loss = true;
+            }
+            only("desirable-weight", args.desirable_weight.is_some(), "kto")?;
+            only(
+                "undesirable-weight",
+                args.undesirable_weight.is_some(),
+                "kto",
+            )?;
+        }
+        MethodConfig::Kto(o) => {
+            if let Some(b) = args.beta {
+                o.beta = b;
+            }
+            o.desirable_weight = args.desirable_weight.unwrap_or(o.desirable_weight);
+            o.undesirable_weight = args.undesirable_weight.unwrap_or(o.undesirable_weight);
+            only("loss-type", args.loss_type.is_some(), "dpo")?;
+            only(
+                "label-smoothing",
+                args.label_smoothing.is_some(),
+                "dpo, cpo, simpo",
+            )?;
+            only("alpha", args.alpha.is_some(), "dpo, orpo, cpo, simpo")?;
+        }
+        MethodConfig::Distill(o) => {
+            let beta = args.jsd_beta.unwrap_or(0.5);
+            o.divergence = match args.divergence.unwrap_or(DivergenceArg::Jsd) {
+                DivergenceArg::Jsd => Divergence::Jsd { beta },
+                DivergenceArg::ForwardKl => Divergence::ForwardKl,
+                DivergenceArg::ReverseKl => Divergence::ReverseKl,
+                DivergenceArg::Tvd => Divergence::Tvd,
+            };
+            if args.jsd_beta.is_some() && !matches!(o.divergence, Divergence::Jsd { .. }) {
+                bail!("--jsd-beta applies to --divergence jsd");
+            }
+            o.temperature = args.temperature.unwrap_or(o.temperature);
+            o.weight_hard_loss = args.weight_hard_loss.unwrap_or(o.weight_hard_loss);
+            o.weight_soft_loss = args.weight_soft_loss.unwrap_or(o.weight_soft_loss);
+            only("beta", args.beta.is_some(), "dpo, orpo, cpo, simpo, kto")?;
+            only("loss-type", args.loss_type.is_some(), "dpo")?;
+        }
+    }
+    if !matches!(method, MethodConfig::Distill(_)) {
+        for (flag, given) in [
+            ("divergence", args.divergence.is_some()),
+            ("jsd-beta", args.jsd_beta.is_some()),
+            ("temperature", args.temperature.is_some()),
+            ("weight-hard-loss", args.weight_hard_loss.is_some()),
+            ("weight-soft-loss", args.weight_soft_loss.is_some()),
+        ] {
+            only(flag, given, "distill")?;
+        }
+    }
+    if matches!(method, MethodConfig::Distill(_)) != args.teacher.is_some() {
+        bail!(if args.teacher.is_some() {
+            "--teacher applies to --method distill"
+        } else {
+            "--method distill needs --teacher DIR (a Hugging Face checkpoint with the student's tokenizer)"
+        });
+    }
+    method
+        .check()
+        .map_err(|e| anyhow::anyhow!("--method {name}: {e}"))?;
+    Ok(method)
+}
+
+/// The LoRA settings from the --lora-* flags and the checkpoint's (a resumed run keeps
+/// them: a flag that disagrees is refused).
+fn lora_settings(args: &TrainArgs, saved: Option<&TrainConfig>) -> Result<Option<LoraConfig>> {
+    let saved_lora = saved.map(|c| c.lora.as_ref());
+    if let (Some(None), Some(_)) = (saved_lora, args.lora_rank) {
+        bail!(
+            "--lora-rank: the checkpoint is of a full fine-tuning run; a resumed run keeps its \
+             settings (drop the --lora-* flags)"
+        );
+    }
+    let saved_lora = saved_lora.flatten();
+    let rank = match (args.lora_rank, saved_lora) {
+        (None, None) => return Ok(None),
+        (given, s) => pick("lora-rank", given, s.map(|l| l.rank), 0)?,
+    };
+    let alpha = pick(
+        "lora-alpha",
+        args.lora_alpha,
+        saved_lora.map(|l| l.alpha),
+        2.0 * rank as f64,
+    )?;
+    let dropout = pick(
+        "lora-dropout",
+        args.lora_dropout,
+        saved_lora.map(|l| l.dropout),
+        0.0,
+    )?;
+    let use_rslora = pick(
+        "lora-rslora",
+        args.lora_rslora.then_some(true),
+        saved_lora.map(|l| l.use_rslora),
+        false,
+    )?;
+    let precision = pick(
+        "lora-precision",
+        args.lora_precision.map(LoraPrecisionArg::precision),
+        saved_lora.map(|l| l.precision),
+        AdapterPrecision::F32,
+    )?;
+    let targets = match (&args.lora_targets, saved_lora) {
+        (Some(list), s) => {
+            let t =
+                LoraTarget::parse_list(list).map_err(|e| anyhow::anyhow!("--lora-targets: {e}"))?;
+            if let Some(s) = s
+                && s.targets != t
+            {
+                bail!(
+                    "--lora-targets {list} differs from the checkpoint's {:?}: a resumed run \
+                     keeps the settings it was started with (drop the flag)",
+                    s.targets
+                );
+            }
+            t
+        }
+        (None, Some(s)) => s.targets.clone(),
+        (None, None) => LoraTarget::ALL_LINEAR.to_vec(),
+    };
+    let lora = LoraConfig {
+        rank,
+        alpha,
+        dropout,
+        targets,
+        use_rslora,
+        precision,
+    };
+    lora.validate()
+        .map_err(|e| anyhow::anyhow!("{e} (--lora-rank, --lora-alpha, --lora-dropout)"))?;
+    Ok(Some(lora))
+}
+
+/// Trainable and total parameters, and the LoRA settings, in words.
+fn parameters_text<B: FusedOps>(model: &CausalLm<B>, lora: Option<&LoraConfig>) -> String {
+    let trainable = model.num_trainable_params();
+    let adapters: usize = model
+        .adapters()
+        .iter()
+        .map(|m| {
+            m.adapter.lora_a.dims().iter().product::<usize>()
+                + m.adapter.lora_b.dims().iter().product::<usize>()
+        })
+        .sum();
+    let total = model.config.num_params() + adapters;
+    let share = 100.0 * trainable as f64 / total.max(1) as f64;
+    match lora {
+        None => format!("{trainable} trainable of {total} ({share:.2}%): full fine-tuning"),
+        Some(l) => format!(
+            "{trainable} trainable of {total} ({share:.2}%): LoRA rank {}, alpha {} (scale \
+             {:.4}{}), dropout {}, {} adapters on {}; adapters in f32 ({} products), the base \
+             frozen",
+            l.rank,
+            l.alpha,
+            l.scale(),
+            if l.use_rslora { ", rsLoRA" } else { "" },
+            l.dropout,
+            model.adapters().len(),
+            l.targets
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(","),
+            l.precision.name()
+        ),
+    }
+}
+
 /// Kernel switches: --liger, then the per-kernel flags.
 fn liger_config(args: &TrainArgs) -> Result<LigerConfig> {
     let mut c = match args.liger {
@@ -457,6 +899,7 @@ fn kernels_text(args: &TrainArgs, c: &LigerConfig) -> String {
         (c.cross_entropy, "cross_entropy"),
         (c.fused_linear_cross_entropy, "fused_linear_cross_entropy"),
         (c.attention, "attention"),
+        (c.lora, "lora"),
     ]
     .into_iter()
     .filter_map(|(b, n)| b.then_some(n))
@@ -540,22 +983,11 @@ impl TrainJob {
         CausalLm<B>: AutodiffModule<B>,
     {
         let dtype = self.args.dtype.dtype();
-        let (model, resume, origin) = match &self.args.resume {
-            Some(dir) => {
-                let loaded = checkpoint::load::<B, trainer::ParamRecord<B>>(
-                    dir, dtype, self.liger, ctx_device,
-                )?;
-                let origin = format!("{} (resumed at step {})", dir.display(), loaded.state.step);
-                let resume = Resume {
-                    optimizer: loaded.optimizer,
-                    state: loaded.state,
-                };
-                (loaded.model, Some(resume), origin)
-            }
-            None => match &self.args.model {
+        // The model a run starts from (a LoRA run's frozen base): --model, or random.
+        let base = |dir: Option<&PathBuf>| -> Result<(CausalLm<B>, String)> {
+            Ok(match dir {
                 Some(dir) => (
                     CausalLm::<B>::load(dir, dtype, self.liger, ctx_device)?,
-                    None,
                     dir.display().to_string(),
                 ),
                 None => {
@@ -567,14 +999,65 @@ impl TrainJob {
                         ctx_device,
                         self.config.seed,
                     );
-                    (
-                        model,
-                        None,
-                        format!("random init (seed {})", self.config.seed),
-                    )
+                    (model, format!("random init (seed {})", self.config.seed))
                 }
-            },
+            })
         };
+        let (model, resume, origin, base_model) = match &self.args.resume {
+            Some(dir) => {
+                let state = checkpoint::read_state(dir)?;
+                let (loaded, base_model) = if state.config.lora.is_some() {
+                    let base_path = base_dir(&self.args, &state);
+                    let (model, from) = base(base_path.as_ref())?;
+                    println!("base:      {from}");
+                    let loaded = checkpoint::load_lora::<B, trainer::ParamRecord<B>>(
+                        dir, model, ctx_device,
+                    )?;
+                    (loaded, base_path.map(|p| p.display().to_string()))
+                } else {
+                    if self.args.model.is_some() {
+                        bail!(
+                            "--model with --resume: the checkpoint of a full fine-tuning run \
+                             holds the whole model (only a LoRA run's needs its base)"
+                        );
+                    }
+                    let loaded = checkpoint::load::<B, trainer::ParamRecord<B>>(
+                        dir, dtype, self.liger, ctx_device,
+                    )?;
+                    let base_model = loaded.state.base_model.clone();
+                    (loaded, base_model)
+                };
+                let origin = format!("{} (resumed at step {})", dir.display(), loaded.state.step);
+                let resume = Resume {
+                    optimizer: loaded.optimizer,
+                    state: loaded.state,
+                };
+                (loaded.model, Some(resume), origin, base_model)
+            }
+            None => {
+                let (model, origin) = base(self.args.model.as_ref())?;
+                let mut base_model = self.args.model.as_ref().map(|p| p.display().to_string());
+                let model = match &self.config.lora {
+                    Some(lora) => {
+                        if base_model.is_none() {
+                            // The adapters need their base to be loaded (PEFT, `liger
+                            // merge`, a resume): a random one is written beside them.
+                            let dir = self.output.join(RANDOM_BASE_DIR);
+                            model.save(&dir)?;
+                            let tok = dir.join(checkpoint::TOKENIZER_FILE);
+                            std::fs::write(&tok, &self.tokenizer.json)
+                                .with_context(|| format!("writing {}", tok.display()))?;
+                            println!("base:      random model written to {}", dir.display());
+                            base_model = Some(dir.display().to_string());
+                        }
+                        trainer::attach_lora(model, lora, self.config.seed, ctx_device)?
+                    }
+                    None => model,
+                };
+                (model, None, origin, base_model)
+            }
+        };
+        let frozen = self.frozen_model::<B>(&model, ctx_device)?;
         let mc = &model.config;
         if self.tokenizer.vocab_size() > mc.vocab_size {
             bail!(
@@ -595,18 +1078,30 @@ impl TrainJob {
             mc.num_params() as f64 / 1e6,
             self.args.dtype
         );
+        println!(
+            "params:    {}",
+            parameters_text(&model, self.config.lora.as_ref())
+        );
         println!("kernels:   {}", kernels_text(&self.args, &self.liger));
+        if self.config.method != MethodConfig::Sft {
+            println!(
+                "method:    {} {:?}",
+                self.config.method.name(),
+                self.config.method
+            );
+        }
         println!(
             "optimizer: {}",
             optimizer_text(self.args.dtype, &self.config)
         );
         let c = &self.config;
         println!(
-            "schedule:  {} steps x {} micro-batches of {} rows ({}, max length {}), lr {:.1e} \
+            "schedule:  {} steps x {} micro-batches of {} {} ({}, max length {}), lr {:.1e} \
              (warmup {}, cosine to {:.1e}), weight decay {}, clip {}, seed {}",
             c.schedule.total_steps,
             c.grad_accum,
             c.batch_size,
+            if c.method.paired() { "pairs" } else { "rows" },
             match c.layout {
                 Layout::Pad => "padded",
                 Layout::Pack => "packed",
@@ -632,6 +1127,8 @@ impl TrainJob {
                 resume,
                 memory,
                 kernels: kernels_text(&self.args, &self.liger),
+                frozen,
+                base_model,
             },
             &mut progress,
         );
@@ -664,6 +1161,98 @@ impl TrainJob {
         println!("metrics:   {}", s.log.display());
         Ok(ExitCode::SUCCESS)
     }
+}
+
+impl TrainJob {
+    /// The frozen model of the method, on the inner backend: the teacher (--teacher), or
+    /// the reference: --reference, else the policy before its first step (on a resume:
+    /// the random initialization of the seed, which a run from --model must name with
+    /// --reference).
+    fn frozen_model<B: TrainBackend>(
+        &self,
+        policy: &CausalLm<B>,
+        device: &B::Device,
+    ) -> Result<Option<CausalLm<B::InnerBackend>>> {
+        let method = self.config.method;
+        if !method.needs_frozen() {
+            return Ok(None);
+        }
+        let dtype = self.args.dtype.dtype();
+        let load = |dir: &Path, what: &str| -> Result<CausalLm<B::InnerBackend>> {
+            let m = CausalLm::<B::InnerBackend>::load(dir, dtype, self.liger, device)
+                .with_context(|| format!("loading the {what} {}", dir.display()))?;
+            println!(
+                "{what:<10} {} (hidden {}, {} layers, vocab {}), frozen",
+                dir.display(),
+                m.config.hidden_size,
+                m.config.num_hidden_layers,
+                m.config.vocab_size
+            );
+            Ok(m)
+        };
+        if let MethodConfig::Distill(_) = method {
+            let dir = self
+                .args
+                .teacher
+                .as_ref()
+                .context("--method distill needs --teacher DIR")?;
+            let teacher = load(dir, "teacher:")?;
+            if teacher.config.vocab_size < policy.config.vocab_size {
+                bail!(
+                    "the teacher's vocabulary ({}) is smaller than the student's ({}): they must share the tokenizer",
+                    teacher.config.vocab_size,
+                    policy.config.vocab_size
+                );
+            }
+            return Ok(Some(teacher));
+        }
+        match (self.args.reference.as_ref(), &self.args.resume) {
+            (Some(dir), _) => Ok(Some(load(dir, "reference:")?)),
+            // A fresh run: the policy as it is now, its parameters shared until the first
+            // update writes new ones.
+            (None, None) => {
+                println!("reference: the model before its first step, frozen");
+                Ok(Some(policy.valid()))
+            }
+            (None, Some(_)) if !bundled_shape(&policy.config, &self.tokenizer) => {
+                bail!(
+                    "resuming --method {}: pass --reference DIR, the model the run started from",
+                    method.name()
+                )
+            }
+            (None, Some(_)) => {
+                let mc = bundled::model_config_for(&self.tokenizer);
+                println!("reference: random init (seed {}), frozen", self.config.seed);
+                Ok(Some(trainer::random_model::<B::InnerBackend>(
+                    &mc,
+                    self.liger,
+                    dtype,
+                    device,
+                    self.config.seed,
+                )))
+            }
+        }
+    }
+}
+
+/// Whether `config` has the shape of the bundled model for `tokenizer` (a run that started
+/// from the seed's random initialization).
+fn bundled_shape(config: &ModelConfig, tokenizer: &TextTokenizer) -> bool {
+    let b = bundled::model_config_for(tokenizer);
+    let shape = |c: &ModelConfig| {
+        (
+            c.model_type,
+            c.vocab_size,
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_hidden_layers,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.tie_word_embeddings,
+        )
+    };
+    shape(config) == shape(&b)
 }
 
 impl OnDevice for TrainJob {

@@ -10,6 +10,21 @@ use crate::ops::validate::{self, NormInputs};
 use crate::ops::{FusedOps, RmsNormOptions};
 use burn::tensor::{Tensor, TensorPrimitive};
 
+mod divergence;
+mod fused_linear_distill;
+mod fused_linear_preference;
+mod fused_linear_rl;
+mod sequences;
+
+pub use divergence::{divergence, jsd, kl_div, tvd};
+pub use fused_linear_distill::{DistillLossOutput, fused_linear_distill};
+pub use fused_linear_preference::{
+    PreferenceLossOutput, PreferenceMetrics, Reference, fused_linear_preference,
+};
+pub use fused_linear_rl::{
+    GrpoLossOutput, KtoLossOutput, KtoMetrics, TokenReference, fused_linear_grpo, fused_linear_kto,
+};
+
 fn prim<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
     x.into_primitive().tensor()
 }
@@ -362,7 +377,7 @@ pub fn rope_tables<B: burn::tensor::backend::Backend>(
     device: &B::Device,
 ) -> (Tensor<B, 3>, Tensor<B, 3>) {
     assert!(
-        head_dim > 0 && head_dim % 2 == 0,
+        head_dim > 0 && head_dim.is_multiple_of(2),
         "rope_tables: head_dim must be even and positive, got {head_dim}"
     );
     assert!(
@@ -637,4 +652,163 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
         loss: wrap(out.loss),
         z_loss: out.z_loss.map(wrap),
     }
+}
+
+/// A LoRA adapter on the LM head of [`fused_linear_cross_entropy_lora`]: `A: [r, H]`,
+/// `B: [V, r]` (PEFT's `lora_A.weight`, `lora_B.weight`), trained; `x`: the adapter's input
+/// when it is not the loss's `x` (`dropout(x)`), `[N, H]`.
+#[derive(Debug, Clone)]
+pub struct LoraHeadAdapter<B: burn::tensor::backend::Backend> {
+    /// The adapter's separate input, if any.
+    pub x: Option<Tensor<B, 2>>,
+    /// `A`, `[r, H]`.
+    pub a: Tensor<B, 2>,
+    /// `B`, `[V, r]`.
+    pub b: Tensor<B, 2>,
+    /// Scale and precision.
+    pub options: crate::ops::LoraOptions,
+}
+
+/// [`fused_linear_cross_entropy`] with a LoRA adapter on the LM head:
+/// `cross_entropy(x weightᵀ + bias + s·(x_a Aᵀ) Bᵀ, targets)`, chunked over rows, the
+/// merged weight and the `[N, V]` logits never built; the adapter's gradients are computed
+/// in the same pass from each chunk's logits gradient and accumulated in f32 (Liger-Kernel's
+/// fused linear cross entropy takes `lm_head.weight` only: under PEFT it silently trains
+/// no LM-head adapter). See [`crate::ops::lora`] for the math and the precision, and
+/// [`compose::linear_cross_entropy`](crate::ops::compose::linear_cross_entropy) for the
+/// chunks.
+///
+/// - `x`: `[N, H]`; `weight`: `[V, H]` (a frozen LM head gets no gradient, and none is
+///   computed: untracked inputs cost nothing); `bias`: `[V]`
+/// - `adapter`: `None` is [`fused_linear_cross_entropy`]
+/// - `targets`: `[N]`; `class_weight`: `[V]` (no gradient)
+/// - returns the loss (`[1]` or `[N]`) and optionally the z-loss, as [`cross_entropy`]
+pub fn fused_linear_cross_entropy_lora<B: FusedOps>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    adapter: Option<LoraHeadAdapter<B>>,
+    targets: Tensor<B, 1, burn::tensor::Int>,
+    class_weight: Option<Tensor<B, 1>>,
+    options: crate::ops::CrossEntropyOptions,
+) -> CrossEntropyOutput<B> {
+    const OP: &str = "fused_linear_cross_entropy_lora";
+    validate::check(validate::linear_cross_entropy(
+        OP,
+        (x.shape(), x.dtype()),
+        (weight.shape(), weight.dtype()),
+        bias.as_ref().map(|b| (b.shape(), b.dtype())),
+        (targets.shape(), targets.dtype()),
+        class_weight.as_ref().map(|w| (w.shape(), w.dtype())),
+        &options,
+    ));
+    let vocab = weight.dims()[0];
+    if let Some(ad) = &adapter {
+        let (xs, as_, bs) = (x.shape(), ad.a.shape(), ad.b.shape());
+        let xa = ad.x.as_ref().map(|t| t.shape());
+        validate::check(validate::adapter(&validate::AdapterInputs {
+            op: OP,
+            x: (&xs, x.dtype()),
+            adapter_x: xa
+                .as_ref()
+                .map(|s| (s, ad.x.as_ref().map_or(x.dtype(), |t| t.dtype()))),
+            a: (&as_, ad.a.dtype()),
+            b: (&bs, ad.b.dtype()),
+            d_in: x.dims()[1],
+            d_out: vocab,
+            options: &ad.options,
+        }));
+    }
+    let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
+    let bounds = options
+        .check_targets
+        .then(|| target_bounds(&targets, options.ignore_index));
+    // Outside autodiff: the gradients of the inputs marked as requiring one.
+    let wanted = crate::ops::LinearCrossEntropyGradsWanted {
+        x: x.is_require_grad(),
+        weight: weight.is_require_grad(),
+        bias: bias.as_ref().is_some_and(|b| b.is_require_grad()),
+        adapter_x: adapter
+            .as_ref()
+            .and_then(|a| a.x.as_ref())
+            .is_some_and(|t| t.is_require_grad()),
+        a: adapter.as_ref().is_some_and(|a| a.a.is_require_grad()),
+        b: adapter.as_ref().is_some_and(|a| a.b.is_require_grad()),
+    };
+    let out = B::fused_lora_linear_cross_entropy(
+        prim(x),
+        prim(weight),
+        bias.map(prim),
+        adapter.map(|ad| crate::ops::LoraHead {
+            x: ad.x.map(prim),
+            a: prim(ad.a),
+            b: prim(ad.b),
+            options: ad.options,
+        }),
+        targets.into_primitive(),
+        class_weight.map(|w| prim(w.detach())),
+        wanted,
+        options,
+    );
+    if let Some(bounds) = bounds {
+        check_target_bounds(OP, bounds, vocab, options.ignore_index, &logits_shape);
+    }
+    CrossEntropyOutput {
+        loss: wrap(out.loss),
+        z_loss: out.z_loss.map(wrap),
+    }
+}
+
+/// A linear layer with a LoRA adapter, the base frozen: `x·weight + bias + s·(x_a·Aᵀ)·Bᵀ`
+/// without the merged weight. The backward gives `A`, `B`, `x` and `x_a` their gradients;
+/// the weight and bias get none (see [`crate::ops::lora`] for the math, and
+/// [`AdapterPrecision`](crate::ops::AdapterPrecision) for where the adapter path computes).
+///
+/// - `x`: `[..., d_in]`
+/// - `weight`: `[d_in, d_out]` (Burn's `Linear` layout), `bias`: `[d_out]`: constants; one
+///   that requires a gradient is refused (LoRA keeps the base frozen: mark it with
+///   `set_require_grad(false)`)
+/// - `adapter_x`: the adapter's input when it is not `x` (`dropout(x)`), like `x`
+/// - `a`: `[r, d_in]`, `b`: `[d_out, r]` (PEFT's `lora_A.weight`, `lora_B.weight`)
+/// - returns `[..., d_out]` in `x`'s dtype
+pub fn lora_linear<B: FusedOps, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    adapter_x: Option<Tensor<B, D>>,
+    a: Tensor<B, 2>,
+    b: Tensor<B, 2>,
+    options: crate::ops::LoraOptions,
+) -> Tensor<B, D> {
+    const OP: &str = "lora_linear";
+    if weight.is_require_grad() || bias.as_ref().is_some_and(|t| t.is_require_grad()) {
+        panic!(
+            "{OP}: the base weight {:?} (or its bias) requires a gradient, but LoRA keeps the \
+             base frozen and computes none for it; mark it with set_require_grad(false) (or \
+             detach it) so no optimizer expects one",
+            weight.dims()
+        );
+    }
+    let (x, weight, bias, adapter_x, a, b) = (
+        prim(x),
+        prim(weight),
+        bias.map(prim),
+        adapter_x.map(prim),
+        prim(a),
+        prim(b),
+    );
+    validate::check(
+        validate::lora_linear_tensors(
+            OP,
+            &x,
+            &weight,
+            bias.as_ref(),
+            adapter_x.as_ref(),
+            &a,
+            &b,
+            &options,
+        )
+        .map(|_| ()),
+    );
+    wrap(B::fused_lora_linear(x, weight, bias, adapter_x, a, b, options).output)
 }

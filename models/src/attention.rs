@@ -6,8 +6,8 @@ use crate::error::ModelError;
 use crate::kernels;
 use crate::liger_config::LigerConfig;
 use crate::params::{self, ParamSource};
+use crate::projection::Projection;
 use burn::module::Module;
-use burn::nn::Linear;
 use burn::tensor::{Bool, Int, Tensor};
 use liger_burn::nn::RmsNorm;
 use liger_burn::ops::FusedOps;
@@ -17,13 +17,13 @@ use liger_burn::ops::FusedOps;
 #[derive(Module, Debug)]
 pub struct Attention<B: FusedOps> {
     /// `[hidden] → [q_heads · head_dim]` (bias on Qwen2, or with `attention_bias`).
-    pub q_proj: Linear<B>,
+    pub q_proj: Projection<B>,
     /// `[hidden] → [kv_heads · head_dim]`.
-    pub k_proj: Linear<B>,
+    pub k_proj: Projection<B>,
     /// `[hidden] → [kv_heads · head_dim]`.
-    pub v_proj: Linear<B>,
+    pub v_proj: Projection<B>,
     /// `[q_heads · head_dim] → [hidden]`.
-    pub o_proj: Linear<B>,
+    pub o_proj: Projection<B>,
     /// Qwen3: RMSNorm over each query head, `[head_dim]`, before RoPE.
     pub q_norm: Option<RmsNorm<B>>,
     /// Qwen3: RMSNorm over each key head, `[head_dim]`, before RoPE.
@@ -81,10 +81,10 @@ impl<B: FusedOps> Attention<B> {
             }
         };
         Ok(Attention {
-            q_proj: params::linear(src, &format!("{prefix}.q_proj"), h, q, qkv_bias)?,
-            k_proj: params::linear(src, &format!("{prefix}.k_proj"), h, kv, qkv_bias)?,
-            v_proj: params::linear(src, &format!("{prefix}.v_proj"), h, kv, qkv_bias)?,
-            o_proj: params::linear(src, &format!("{prefix}.o_proj"), q, h, config.o_bias())?,
+            q_proj: params::projection(src, &format!("{prefix}.q_proj"), h, q, qkv_bias)?,
+            k_proj: params::projection(src, &format!("{prefix}.k_proj"), h, kv, qkv_bias)?,
+            v_proj: params::projection(src, &format!("{prefix}.v_proj"), h, kv, qkv_bias)?,
+            o_proj: params::projection(src, &format!("{prefix}.o_proj"), q, h, config.o_bias())?,
             q_norm: norm(src, "q_norm")?,
             k_norm: norm(src, "k_norm")?,
             num_heads: config.num_attention_heads,
@@ -102,9 +102,10 @@ impl<B: FusedOps> Attention<B> {
         let dtype = x.dtype();
 
         // [batch, seq, heads, head_dim]
-        let q = self.q_proj.forward(x.clone()).reshape([b, s, hq, d]);
-        let k = self.k_proj.forward(x.clone()).reshape([b, s, hk, d]);
-        let v = self.v_proj.forward(x).reshape([b, s, hk, d]);
+        let lora = liger.lora;
+        let q = self.q_proj.forward(x.clone(), lora).reshape([b, s, hq, d]);
+        let k = self.k_proj.forward(x.clone(), lora).reshape([b, s, hk, d]);
+        let v = self.v_proj.forward(x, lora).reshape([b, s, hk, d]);
         // Qwen3 normalizes each head before RoPE.
         let q = match &self.q_norm {
             Some(n) => kernels::rms_norm(q, n.gamma.val(), n.epsilon, liger.rms_norm),
@@ -135,6 +136,6 @@ impl<B: FusedOps> Attention<B> {
             liger.attention,
         );
         let out = out.swap_dims(1, 2).reshape([b, s, hq * d]);
-        self.o_proj.forward(out)
+        self.o_proj.forward(out, lora)
     }
 }

@@ -377,13 +377,16 @@ impl ModelConfig {
                 return Err(format!("`{name}` must be positive"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(format!(
                 "`num_attention_heads` ({}) must be a multiple of `num_key_value_heads` ({})",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!("`head_dim` must be even, got {}", self.head_dim));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {

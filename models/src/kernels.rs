@@ -9,6 +9,7 @@
 
 use burn::tensor::activation::{log_softmax, silu};
 use burn::tensor::{DType, Int, Tensor};
+use liger_burn::nn::LoraAdapter;
 use liger_burn::ops::{FusedOps, RmsNormOptions};
 
 /// Label of a position that takes no part in the loss (PyTorch's and Liger's default).
@@ -176,19 +177,49 @@ pub fn cross_entropy<B: FusedOps>(
     }
 }
 
-/// LM head and cross entropy: `cross_entropy(hidden @ lm_head_weightᵀ, targets)`. With
-/// the fused op on, the `[n, vocab]` logits are never materialized whole.
+/// A linear layer with a LoRA adapter, the base frozen:
+/// `x·weight + bias + s·(dropout(x)·Aᵀ)·Bᵀ` (see [`liger_burn::ops::LoraOptions`] for the
+/// math and the adapter path's precision). `on`: liger-burn's LoRA op, whose node keeps the
+/// adapter's input in its own dtype; `off`: the stock composition (PEFT's forward in Burn
+/// ops, autodiff keeping the adapter's widened input).
+///
+/// - `x`: `[..., d_in]`; `weight`: `[d_in, d_out]` (Burn's layout); `bias`: `[d_out]`
+/// - returns `[..., d_out]`
+pub fn lora_linear<B: FusedOps, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    adapter: &LoraAdapter<B>,
+    on: bool,
+) -> Tensor<B, D> {
+    if on {
+        adapter.forward(x, weight, bias)
+    } else {
+        stock::lora_linear(x, weight, bias, adapter)
+    }
+}
+
+/// LM head and cross entropy: `cross_entropy(hidden @ lm_head_weightᵀ, targets)`, plus
+/// the LM head's LoRA adapter's update of the logits when there is one. With the fused op
+/// on, the `[n, vocab]` logits are never materialized whole, and the adapter's gradients
+/// come from the same chunked pass.
 ///
 /// - `hidden`: `[n, hidden]`
 /// - `lm_head_weight`: `[vocab, hidden]` (Hugging Face layout)
+/// - `adapter`: the LM head's adapter (`A: [r, hidden]`, `B: [vocab, r]`)
 /// - `targets`: `[n]`, in `0..vocab` or [`IGNORE_INDEX`]
+/// - `lora_on`: with `on` off, whether the materialized logits' adapter path is
+///   liger-burn's LoRA op (else the stock composition)
 /// - returns f32 `[1]` (mean, sum) or `[n]` ([`Reduction::None`])
+#[allow(clippy::too_many_arguments)]
 pub fn fused_linear_cross_entropy<B: FusedOps>(
     hidden: Tensor<B, 2>,
     lm_head_weight: Tensor<B, 2>,
+    adapter: Option<&LoraAdapter<B>>,
     targets: Tensor<B, 1, Int>,
     reduction: Reduction,
     on: bool,
+    lora_on: bool,
 ) -> Tensor<B, 1> {
     let [n, h] = hidden.dims();
     let [_, hw] = lm_head_weight.dims();
@@ -203,18 +234,38 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
         lm_head_weight.dtype(),
         targets.dims()
     );
-    if on {
-        liger_burn::functional::fused_linear_cross_entropy(
-            hidden,
-            lm_head_weight,
-            None,
-            targets,
-            None,
-            loss_options(reduction),
-        )
-        .loss
-    } else {
-        stock::fused_linear_cross_entropy(hidden, lm_head_weight, targets, reduction)
+    match (on, adapter) {
+        (true, None) => {
+            liger_burn::functional::fused_linear_cross_entropy(
+                hidden,
+                lm_head_weight,
+                None,
+                targets,
+                None,
+                loss_options(reduction),
+            )
+            .loss
+        }
+        (true, Some(adapter)) => {
+            let head = adapter.head(&hidden);
+            liger_burn::functional::fused_linear_cross_entropy_lora(
+                hidden,
+                lm_head_weight,
+                None,
+                Some(head),
+                targets,
+                None,
+                loss_options(reduction),
+            )
+            .loss
+        }
+        (false, None) => {
+            stock::fused_linear_cross_entropy(hidden, lm_head_weight, targets, reduction)
+        }
+        (false, Some(adapter)) => {
+            let logits = lora_linear(hidden, lm_head_weight.transpose(), None, adapter, lora_on);
+            stock::cross_entropy(logits, targets, reduction)
+        }
     }
 }
 
@@ -301,6 +352,30 @@ pub mod stock {
                 let count = ignored.bool_not().int().sum().float().cast(DType::F32);
                 losses.sum() / count.clamp_min(1.0)
             }
+        }
+    }
+
+    /// See [`super::lora_linear`]: PEFT's `LoraLayer.forward` in Burn ops, the scale on the
+    /// rank-`r` side as liger-burn's op applies it.
+    pub fn lora_linear<B: FusedOps, const D: usize>(
+        x: Tensor<B, D>,
+        weight: Tensor<B, 2>,
+        bias: Option<Tensor<B, 1>>,
+        adapter: &LoraAdapter<B>,
+    ) -> Tensor<B, D> {
+        use burn::tensor::module::linear;
+        let dtype = x.dtype();
+        let compute = adapter.precision.compute_dtype(dtype);
+        let adapter_x = adapter.adapter_input(&x).unwrap_or_else(|| x.clone());
+        let base = linear(x, weight, bias);
+        let a = adapter.lora_a.val().cast(compute).transpose();
+        let b = adapter.lora_b.val().cast(compute).transpose();
+        let hidden = linear(adapter_x.cast(compute), a, None).mul_scalar(adapter.scale);
+        let update = linear(hidden, b, None);
+        if compute == DType::F32 && dtype != DType::F32 {
+            (base.cast(DType::F32) + update).cast(dtype)
+        } else {
+            base + update
         }
     }
 

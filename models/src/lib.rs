@@ -18,7 +18,8 @@
 //! [`kernels`] (the switchable ops), [`rope`] (cos/sin tables), [`attention`], [`mlp`],
 //! [`decoder_layer`], [`model`], [`params`] (where parameters come from), [`loading`],
 //! [`saving`], [`names`] (Hugging Face parameter names), [`packing`] (documents packed in
-//! rows), [`eval`].
+//! rows), [`eval`], [`projection`] (the linear layers, with an optional LoRA adapter),
+//! [`lora`] (LoRA fine-tuning and PEFT's adapter files).
 
 pub mod attention;
 pub mod config;
@@ -29,11 +30,13 @@ pub mod eval;
 pub mod kernels;
 pub mod liger_config;
 pub mod loading;
+pub mod lora;
 pub mod mlp;
 pub mod model;
 pub mod names;
 pub mod packing;
 pub mod params;
+pub mod projection;
 pub mod rope;
 pub mod saving;
 
@@ -43,6 +46,7 @@ pub use eval::{EvalReport, evaluate, evaluate_in_batches};
 pub use kernels::IGNORE_INDEX;
 pub use liger_config::LigerConfig;
 pub use loading::{Checkpoint, LoadReport};
+pub use lora::{LoraConfig, LoraTarget};
 pub use model::CausalLm;
 pub use names::HfParam;
 pub use packing::Documents;

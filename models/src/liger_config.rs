@@ -26,6 +26,11 @@ pub struct LigerConfig {
     /// attention kernel (its models use PyTorch's SDPA in both modes); Burn's autodiff has
     /// only eager attention, so this switch is what lets long sequences train here.
     pub attention: bool,
+    /// LoRA adapters through liger-burn's LoRA op (its node keeps each adapter's input in
+    /// the activation dtype, widened again in the backward; no frozen-weight gradient) instead
+    /// of the stock composition (PEFT's forward in Burn ops: autodiff keeps the widened f32
+    /// input of every adapter). No effect on a model without adapters.
+    pub lora: bool,
 }
 
 impl Default for LigerConfig {
@@ -46,6 +51,7 @@ impl LigerConfig {
             cross_entropy: false,
             fused_linear_cross_entropy: true,
             attention: true,
+            lora: true,
         }
     }
 
@@ -58,6 +64,7 @@ impl LigerConfig {
             cross_entropy: false,
             fused_linear_cross_entropy: false,
             attention: false,
+            lora: false,
         }
     }
 
@@ -77,6 +84,7 @@ impl LigerConfig {
             || self.cross_entropy
             || self.fused_linear_cross_entropy
             || self.attention
+            || self.lora
     }
 
     /// Refuses inconsistent switches (cross entropy and fused linear cross entropy both on).

@@ -132,6 +132,29 @@ impl Checkpoint {
         })
     }
 
+    /// Opens one safetensors file (e.g. PEFT's `adapter_model.safetensors`).
+    pub fn open_file(path: impl AsRef<Path>) -> Result<Self, ModelError> {
+        let path = path.as_ref().to_path_buf();
+        if !path.is_file() {
+            return Err(ModelError::MissingFile {
+                path,
+                what: "safetensors weights".into(),
+            });
+        }
+        let shard = Shard::open(path.clone())?;
+        let names = shard
+            .metadata
+            .tensors()
+            .into_keys()
+            .map(|n| (n, 0))
+            .collect();
+        Ok(Checkpoint {
+            shards: vec![shard],
+            names,
+            location: path.display().to_string(),
+        })
+    }
+
     /// Names of every tensor, sorted.
     pub fn names(&self) -> Vec<&str> {
         let mut v: Vec<&str> = self.names.keys().map(String::as_str).collect();

@@ -5,8 +5,8 @@ use crate::error::ModelError;
 use crate::kernels;
 use crate::liger_config::LigerConfig;
 use crate::params::{self, ParamSource};
+use crate::projection::Projection;
 use burn::module::Module;
-use burn::nn::Linear;
 use burn::tensor::Tensor;
 use liger_burn::ops::FusedOps;
 
@@ -14,11 +14,11 @@ use liger_burn::ops::FusedOps;
 #[derive(Module, Debug)]
 pub struct Mlp<B: FusedOps> {
     /// `[hidden] → [intermediate]`.
-    pub gate_proj: Linear<B>,
+    pub gate_proj: Projection<B>,
     /// `[hidden] → [intermediate]`.
-    pub up_proj: Linear<B>,
+    pub up_proj: Projection<B>,
     /// `[intermediate] → [hidden]`.
-    pub down_proj: Linear<B>,
+    pub down_proj: Projection<B>,
     /// Which of this layer's ops run fused (chosen when the model is built).
     #[module(skip)]
     pub kernels: LigerConfig,
@@ -38,18 +38,19 @@ impl<B: FusedOps> Mlp<B> {
             config.mlp_has_bias(),
         );
         Ok(Mlp {
-            gate_proj: params::linear(src, &format!("{prefix}.gate_proj"), h, i, bias)?,
-            up_proj: params::linear(src, &format!("{prefix}.up_proj"), h, i, bias)?,
-            down_proj: params::linear(src, &format!("{prefix}.down_proj"), i, h, bias)?,
+            gate_proj: params::projection(src, &format!("{prefix}.gate_proj"), h, i, bias)?,
+            up_proj: params::projection(src, &format!("{prefix}.up_proj"), h, i, bias)?,
+            down_proj: params::projection(src, &format!("{prefix}.down_proj"), i, h, bias)?,
             kernels,
         })
     }
 
     /// `x: [batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gate = self.gate_proj.forward(x.clone());
-        let up = self.up_proj.forward(x);
+        let lora = self.kernels.lora;
+        let gate = self.gate_proj.forward(x.clone(), lora);
+        let up = self.up_proj.forward(x, lora);
         self.down_proj
-            .forward(kernels::swiglu(gate, up, self.kernels.swiglu))
+            .forward(kernels::swiglu(gate, up, self.kernels.swiglu), lora)
     }
 }

@@ -7,13 +7,14 @@ use crate::decoder_layer::DecoderLayer;
 use crate::error::ModelError;
 use crate::kernels::{self, Reduction};
 use crate::liger_config::LigerConfig;
+use crate::lora::LoraConfig;
 use crate::packing::Documents;
 use crate::params::{self, ParamSource, RandomInit};
 use crate::rope::RotaryEmbedding;
 use burn::module::Module;
 use burn::nn::{Embedding, Linear};
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
-use liger_burn::nn::RmsNorm;
+use liger_burn::nn::{LoraAdapter, RmsNorm};
 use liger_burn::ops::FusedOps;
 
 /// The decoder stack under the `model.` prefix of Hugging Face checkpoints
@@ -42,12 +43,17 @@ pub struct CausalLm<B: FusedOps> {
     pub model: DecoderModel<B>,
     /// `[hidden] → [vocab]`; `None` when the embedding is tied (`tie_word_embeddings`).
     pub lm_head: Option<Linear<B>>,
+    /// The LM head's LoRA adapter (`A: [r, hidden]`, `B: [vocab, r]`), tied head or not.
+    pub lm_head_lora: Option<LoraAdapter<B>>,
     /// The configuration the model was built from.
     #[module(skip)]
     pub config: ModelConfig,
     /// Which ops run the fused kernels.
     #[module(skip)]
     pub liger: LigerConfig,
+    /// The LoRA adapters' configuration, when the model has them (see [`crate::lora`]).
+    #[module(skip)]
+    pub lora: Option<LoraConfig>,
     #[module(skip)]
     rope: RotaryEmbedding,
 }
@@ -100,9 +106,11 @@ impl<B: FusedOps> CausalLm<B> {
                 norm,
             },
             lm_head,
+            lm_head_lora: None,
             rope: RotaryEmbedding::new(&config),
             config,
             liger,
+            lora: None,
         })
     }
 
@@ -231,15 +239,16 @@ impl<B: FusedOps> CausalLm<B> {
         kernels::rms_norm(x, norm.gamma.val(), norm.epsilon, self.liger.rms_norm)
     }
 
-    /// LM head on hidden states: `[..., hidden]` → `[..., vocab]` logits.
+    /// LM head on hidden states: `[..., hidden]` → `[..., vocab]` logits (with the LM
+    /// head's LoRA update when it has an adapter).
     pub fn logits<const D: usize>(&self, hidden: Tensor<B, D>) -> Tensor<B, D> {
-        match &self.lm_head {
-            Some(linear) => linear.forward(hidden),
-            None => burn::tensor::module::linear(
-                hidden,
-                self.model.embed_tokens.weight.val().transpose(),
-                None,
-            ),
+        let (weight, bias) = match &self.lm_head {
+            Some(linear) => (linear.weight.val(), linear.bias.as_ref().map(|b| b.val())),
+            None => (self.model.embed_tokens.weight.val().transpose(), None),
+        };
+        match &self.lm_head_lora {
+            Some(adapter) => kernels::lora_linear(hidden, weight, bias, adapter, self.liger.lora),
+            None => burn::tensor::module::linear(hidden, weight, bias),
         }
     }
 
@@ -327,9 +336,11 @@ impl<B: FusedOps> CausalLm<B> {
             kernels::fused_linear_cross_entropy(
                 hidden,
                 self.lm_head_weight(),
+                self.lm_head_lora.as_ref(),
                 targets,
                 reduction,
                 true,
+                self.liger.lora,
             )
         } else {
             kernels::cross_entropy(

@@ -7,6 +7,7 @@ use crate::attention::Attention;
 use crate::decoder_layer::DecoderLayer;
 use crate::mlp::Mlp;
 use crate::model::CausalLm;
+use crate::projection::Projection;
 use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::{Tensor, TensorData};
@@ -72,9 +73,22 @@ struct Collect<'a, B: FusedOps> {
 
 impl<'a, B: FusedOps> Collect<'a, B> {
     fn linear(&mut self, prefix: &str, l: &'a Linear<B>) {
+        self.weights(prefix, &l.weight, l.bias.as_ref());
+    }
+
+    fn projection(&mut self, prefix: &str, p: &'a Projection<B>) {
+        self.weights(prefix, &p.weight, p.bias.as_ref());
+    }
+
+    fn weights(
+        &mut self,
+        prefix: &str,
+        weight: &'a Param<Tensor<B, 2>>,
+        bias: Option<&'a Param<Tensor<B, 1>>>,
+    ) {
         self.out
-            .push((format!("{prefix}.weight"), HfParam::LinearWeight(&l.weight)));
-        if let Some(b) = &l.bias {
+            .push((format!("{prefix}.weight"), HfParam::LinearWeight(weight)));
+        if let Some(b) = bias {
             self.out
                 .push((format!("{prefix}.bias"), HfParam::Vector(b)));
         }
@@ -86,10 +100,10 @@ impl<'a, B: FusedOps> Collect<'a, B> {
     }
 
     fn attention(&mut self, prefix: &str, a: &'a Attention<B>) {
-        self.linear(&format!("{prefix}.q_proj"), &a.q_proj);
-        self.linear(&format!("{prefix}.k_proj"), &a.k_proj);
-        self.linear(&format!("{prefix}.v_proj"), &a.v_proj);
-        self.linear(&format!("{prefix}.o_proj"), &a.o_proj);
+        self.projection(&format!("{prefix}.q_proj"), &a.q_proj);
+        self.projection(&format!("{prefix}.k_proj"), &a.k_proj);
+        self.projection(&format!("{prefix}.v_proj"), &a.v_proj);
+        self.projection(&format!("{prefix}.o_proj"), &a.o_proj);
         if let Some(n) = &a.q_norm {
             self.norm(&format!("{prefix}.q_norm"), n);
         }
@@ -99,9 +113,9 @@ impl<'a, B: FusedOps> Collect<'a, B> {
     }
 
     fn mlp(&mut self, prefix: &str, m: &'a Mlp<B>) {
-        self.linear(&format!("{prefix}.gate_proj"), &m.gate_proj);
-        self.linear(&format!("{prefix}.up_proj"), &m.up_proj);
-        self.linear(&format!("{prefix}.down_proj"), &m.down_proj);
+        self.projection(&format!("{prefix}.gate_proj"), &m.gate_proj);
+        self.projection(&format!("{prefix}.up_proj"), &m.up_proj);
+        self.projection(&format!("{prefix}.down_proj"), &m.down_proj);
     }
 
     fn layer(&mut self, i: usize, l: &'a DecoderLayer<B>) {

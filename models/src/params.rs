@@ -4,6 +4,7 @@
 //! and saving writes are those the modules were built with.
 
 use crate::error::ModelError;
+use crate::projection::Projection;
 use burn::module::Param;
 use burn::nn::{Embedding, Linear};
 use burn::tensor::{DType, Distribution, Tensor, backend::Backend};
@@ -62,6 +63,23 @@ impl<B: Backend> ParamSource<B> for RandomInit<B> {
 
 /// Standard deviation of transformers' default initialization.
 pub(crate) const INIT_STD: f64 = 0.02;
+
+/// A decoder [`Projection`] (no adapter) from `{prefix}.weight` and `{prefix}.bias`, as
+/// [`linear`].
+pub(crate) fn projection<B: FusedOps, S: ParamSource<B>>(
+    src: &mut S,
+    prefix: &str,
+    d_in: usize,
+    d_out: usize,
+    bias: bool,
+) -> Result<Projection<B>, ModelError> {
+    let Linear { weight, bias } = linear(src, prefix, d_in, d_out, bias)?;
+    Ok(Projection {
+        weight,
+        bias,
+        lora: None,
+    })
+}
 
 /// A `Linear` from `{prefix}.weight` (`[d_out, d_in]`, transposed into Burn's `[d_in,
 /// d_out]` as a view, so the `[d_out, d_in]` storage is kept) and `{prefix}.bias`.

@@ -158,7 +158,7 @@ fn llama3(
                 f
             };
             // Between the two thresholds: interpolate smoothly.
-            let medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+            let medium = (high_freq_wavelen..=low_freq_wavelen).contains(&wavelen);
             if medium {
                 let smooth = (old_context_len / wavelen - low_freq_factor)
                     / (high_freq_factor - low_freq_factor);

@@ -45,6 +45,42 @@ pub fn torch_dtype_name(dtype: DType) -> Option<&'static str> {
     }
 }
 
+/// Writes `tensors` (name, host data in f32, f16, bf16 or f64) to the safetensors file
+/// `path`, with the `format: pt` metadata transformers requires.
+pub fn write_safetensors(path: &Path, tensors: &[(String, TensorData)]) -> Result<(), ModelError> {
+    let mut host = Vec::new();
+    for (name, data) in tensors {
+        let dtype = match data.dtype {
+            DType::F32 => Dtype::F32,
+            DType::F16 => Dtype::F16,
+            DType::BF16 => Dtype::BF16,
+            DType::F64 => Dtype::F64,
+            other => {
+                return Err(ModelError::Input(format!(
+                    "save: tensor `{name}` has dtype {other:?}, which safetensors checkpoints \
+                     of these models do not use (f32, f16, bf16)"
+                )));
+            }
+        };
+        host.push((
+            name.as_str(),
+            HostTensor {
+                dtype,
+                shape: data.shape.to_vec(),
+                bytes: data.as_bytes().to_vec(),
+            },
+        ));
+    }
+    // transformers refuses safetensors files without a `format` entry.
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(host.iter().map(|(n, t)| (*n, t)), Some(metadata), path).map_err(
+        |e| ModelError::Safetensors {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        },
+    )
+}
+
 impl<B: FusedOps> CausalLm<B> {
     /// Every parameter as `(Hugging Face name, data)`, in Hugging Face layout (`[out, in]`
     /// linear weights; no `lm_head.weight` when the embedding is tied), in the model dtype.
@@ -56,45 +92,20 @@ impl<B: FusedOps> CausalLm<B> {
     }
 
     /// Writes `dir/config.json` and `dir/model.safetensors` (creating `dir`, overwriting
-    /// those two files), in the model's dtype.
+    /// those two files), in the model's dtype. A model with LoRA adapters is refused: the
+    /// file would hold its base without them (save them with
+    /// [`save_adapter`](Self::save_adapter), or [`merge_lora`](Self::merge_lora) first).
     pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), ModelError> {
         let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
-        let mut tensors = Vec::new();
-        for (name, data) in self.hf_tensors() {
-            let dtype = match data.dtype {
-                DType::F32 => Dtype::F32,
-                DType::F16 => Dtype::F16,
-                DType::BF16 => Dtype::BF16,
-                DType::F64 => Dtype::F64,
-                other => {
-                    return Err(ModelError::Input(format!(
-                        "save: tensor `{name}` has dtype {other:?}, which safetensors checkpoints \
-                         of these models do not use (f32, f16, bf16)"
-                    )));
-                }
-            };
-            tensors.push((
-                name,
-                HostTensor {
-                    dtype,
-                    shape: data.shape.to_vec(),
-                    bytes: data.as_bytes().to_vec(),
-                },
-            ));
+        if self.lora_config().is_some() {
+            return Err(ModelError::Input(format!(
+                "save {}: the model has LoRA adapters, which a Hugging Face checkpoint cannot \
+                 hold; save them with save_adapter (PEFT's files), or merge_lora first",
+                dir.display()
+            )));
         }
-        let weights = dir.join(WEIGHTS_FILE);
-        // transformers refuses safetensors files without a `format` entry.
-        let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-        safetensors::serialize_to_file(
-            tensors.iter().map(|(n, t)| (n.as_str(), t)),
-            Some(metadata),
-            &weights,
-        )
-        .map_err(|e| ModelError::Safetensors {
-            path: weights.clone(),
-            message: e.to_string(),
-        })?;
+        std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+        write_safetensors(&dir.join(WEIGHTS_FILE), &self.hf_tensors())?;
         let config = self.config.to_hf_json(torch_dtype_name(self.dtype()));
         let text = serde_json::to_string_pretty(&config).expect("a JSON value serializes");
         let path = dir.join(CONFIG_FILE);

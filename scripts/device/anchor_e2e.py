@@ -9,6 +9,8 @@ Models (built from their configs, written here, random init, seeded; nothing dow
                 llama3 RoPE (theta 5e5, factor 32), RMSNorm eps 1e-5, tied embeddings
   qwen2.5-1.5b  28 layers, hidden 1536, 12/2 heads of 128, MLP 8960, vocabulary 151936,
                 q/k/v biases, RoPE theta 1e6, RMSNorm eps 1e-6, tied embeddings
+  llama3-8b     32 layers, hidden 4096, 32/8 heads of 128, MLP 14336, vocabulary 128256,
+                llama3 RoPE (theta 5e5, factor 8), untied (with --lora-rank: the 8B case)
   tiny-llama, tiny-qwen2   vocabulary 128, hidden 64, 2 layers, 4/2 heads of 16 (CPU checks
                 of this script; tiny-llama is liger-models' ModelConfig::tiny(Llama))
 
@@ -33,7 +35,13 @@ Protocol (the same as examples/src/bench/e2e_case.rs):
     the Rust side takes of the pool's `bytes_in_use`, so both columns mean the same;
   - peak_allocated_MiB = torch.cuda.max_memory_allocated over the same steps: the true
     peak of live tensor bytes (no Rust counterpart: CubeCL keeps no high-water mark);
-  - loss = the memory step's loss; every step's loss is listed in the config column.
+  - loss = the memory step's loss; every step's loss is listed in the config column;
+  - with --lora-rank N (the counterpart of `liger bench --e2e --e2e-lora-rank N`): PEFT's
+    LoRA (peft.get_peft_model, after Liger-Kernel's patch) with r N, lora_alpha 2N, no
+    dropout, on --lora-targets (default all-linear = q,k,v,o,gate,up,down); the base
+    frozen in --dtype, the adapters f32 (PEFT's autocast_adapter_dtype), AdamW over the
+    adapters only. Liger-Kernel's fused linear cross entropy reads lm_head.weight only, so
+    an lm_head adapter is refused with the liger provider (it would silently not train).
 
 Rows: kernel = model, provider, mode = train_step, x = seq, metric in tokens/s, step_ms,
 peak_reserved_MiB, peak_in_use_MiB, peak_allocated_MiB, loss; config starts with
@@ -41,12 +49,15 @@ peak_reserved_MiB, peak_in_use_MiB, peak_allocated_MiB, loss; config starts with
 empty numbers and the reason in config (detail=...).
 
 Needs: torch, transformers (5.x: configs with rope_parameters), and for the liger provider
-liger-kernel (0.8.5 was the one written against; it needs only torch and triton).
+liger-kernel (0.8.5 was the one written against; it needs only torch and triton); peft for
+--lora-rank.
 
 Example (device machine, 1K/4K/16K, both models, both providers, about 6 min on an H100):
     python3 scripts/device/anchor_e2e.py --csv $OUT/anchor_e2e.csv
 Tiny check on a CPU (torch only; liger-kernel needs a GPU):
     python3 scripts/device/anchor_e2e.py --tiny --device cpu --providers torch --csv /tmp/a.csv
+LoRA rank 64 on every linear layer of the decoder, 1K and 4K (issue 15's comparison):
+    python3 scripts/device/anchor_e2e.py --lora-rank 64 --seq 1024,4096 --csv $OUT/anchor_e2e.csv
 """
 import argparse
 import json
@@ -83,6 +94,13 @@ MODELS = {
         num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
         rms_norm_eps=1e-6, max_position_embeddings=32768, tie_word_embeddings=True,
         rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+    "llama3-8b": dict(
+        arch="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                             low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_position_embeddings=8192)),
     "tiny-llama": dict(
         arch="llama", vocab_size=128, hidden_size=64, intermediate_size=96,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -97,6 +115,31 @@ MODELS = {
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
 }
 TINY_SEQS = "32,64"
+
+# LoRA targets as `liger bench --e2e-lora-targets` reads them, in liger-models' order.
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                "lm_head")
+ALL_LINEAR = LORA_MODULES[:7]
+
+
+def lora_targets(text):
+    """`q,k,...,lm_head`, the _proj names or all-linear -> sorted module names."""
+    out = set()
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        if item == "all-linear":
+            out.update(ALL_LINEAR)
+            continue
+        name = next((m for m in LORA_MODULES if item in (m, m.removesuffix("_proj"))), None)
+        if name is None:
+            raise argparse.ArgumentTypeError(
+                f"unknown LoRA target {item!r} (known: {', '.join(LORA_MODULES)}, the short "
+                "names q, k, v, o, gate, up, down, or all-linear)")
+        out.add(name)
+    if not out:
+        raise argparse.ArgumentTypeError("no LoRA target given")
+    return [m for m in LORA_MODULES if m in out]
 
 
 def csv_list(kind):
@@ -114,7 +157,7 @@ def parse_args(argv=None):
                    help="append the rows to this CSV (bench layout; header written when the "
                         "file is new). Without it only the table is printed.")
     p.add_argument("--models", type=csv_list(str), default=None, metavar="MODEL,...",
-                   help="models, comma list: llama3.2-1b, qwen2.5-1.5b, tiny-llama, tiny-qwen2 "
+                   help="models, comma list: llama3.2-1b, qwen2.5-1.5b, llama3-8b, tiny-llama, tiny-qwen2 "
                         "(default: llama3.2-1b,qwen2.5-1.5b; with --tiny: the tiny ones)")
     p.add_argument("--seq", type=csv_list(int), default=None, metavar="N,...",
                    help="sequence lengths, comma list, run in ascending order (default "
@@ -148,6 +191,13 @@ def parse_args(argv=None):
                    help="torch.optim.AdamW implementation: default (torch's choice: foreach "
                         "on CUDA), foreach, fused, or for-loop (one parameter at a time, as "
                         "Burn's optimizer). Recorded in the config column.")
+    p.add_argument("--lora-rank", type=int, default=None, metavar="N",
+                   help="LoRA fine-tuning steps with PEFT: rank N, alpha 2N, no dropout, on "
+                        "--lora-targets; only the adapters train (as --e2e-lora-rank)")
+    p.add_argument("--lora-targets", type=lora_targets, default=list(ALL_LINEAR),
+                   metavar="LIST",
+                   help="with --lora-rank: adapted modules, comma list (q, k, v, o, gate, up, "
+                        "down, lm_head, all-linear; default all-linear)")
     p.add_argument("--device", default="cuda",
                    help="torch device (default cuda; cpu for --tiny checks: no memory metrics)")
     p.add_argument("--seed", type=int, default=0xE2E,
@@ -183,6 +233,13 @@ def parse_args(argv=None):
         p.error("--seq: every length must be at least 2 (the loss is over next tokens)")
     if a.batch < 1 or a.steps < 1 or a.warmup < 0:
         p.error("--batch and --steps must be at least 1, --warmup at least 0")
+    if a.lora_rank is not None and a.lora_rank < 1:
+        p.error("--lora-rank must be at least 1")
+    if a.lora_rank is not None and "lm_head" in a.lora_targets \
+            and "torch+liger-kernel" in a.providers:
+        p.error("--lora-targets lm_head with the torch+liger-kernel provider: Liger-Kernel's "
+                "fused linear cross entropy reads lm_head.weight and skips the adapter, so "
+                "the comparison would not train the same parameters")
     return a
 
 
@@ -254,13 +311,21 @@ def run_case(args, model_name, seq, batch, provider):
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype,
                                                      attn_implementation=args.attn)
-        model.train()
         out["params"] = sum(p.numel() for p in model.parameters())
         out["attn"] = getattr(model.config, "_attn_implementation", args.attn)
         out["liger_patched"] = liger_patched(model, arch)
+        if args.lora_rank is not None:
+            from peft import LoraConfig, get_peft_model
+            model = get_peft_model(model, LoraConfig(
+                r=args.lora_rank, lora_alpha=2 * args.lora_rank, lora_dropout=0.0,
+                target_modules=list(args.lora_targets), task_type="CAUSAL_LM"))
+            out["params"] = sum(p.numel() for p in model.parameters())
+        model.train()
+        out["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True},
                 "for-loop": {"foreach": False}}[args.adamw_impl]
-        opt = torch.optim.AdamW(model.parameters(), **ADAMW, **impl)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **ADAMW,
+                                **impl)
         gen = torch.Generator().manual_seed(args.seed)
         ids = torch.randint(0, config.vocab_size, (batch, seq), generator=gen).to(device)
         labels = ids
@@ -352,6 +417,8 @@ def child_argv(args, case):
          "--seed", str(args.seed)]
     if args.layers is not None:
         a += ["--layers", str(args.layers)]
+    if args.lora_rank is not None:
+        a += ["--lora-rank", str(args.lora_rank), "--lora-targets", ",".join(args.lora_targets)]
     return a
 
 
@@ -398,10 +465,16 @@ def config_text(args, provider, r):
              f"adamw_impl={args.adamw_impl}", f"attention={r.get('attn', args.attn)}"]
     if args.layers is not None:
         parts.append(f"layers={args.layers}")
+    if args.lora_rank is not None:
+        # As `liger bench --e2e --e2e-lora-rank` writes it.
+        parts.append(f"lora=r{args.lora_rank}:alpha{2 * args.lora_rank}:"
+                     + "+".join(args.lora_targets))
     if provider == "torch+liger-kernel" and "liger_patched" in r:
         parts.append("liger=" + ("+".join(r["liger_patched"]) or "none"))
     if r.get("params"):
         parts.append(f"params={r['params']}")
+    if args.lora_rank is not None and r.get("trainable"):
+        parts.append(f"trainable={r['trainable']}")
     if r.get("loss") is not None:
         parts.append(f"loss={r['loss']:.4f}")
     if r.get("losses"):

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-const TOL: f64 = 1e-4;
+pub(crate) const TOL: f64 = 1e-4;
 
 /// Norm-wise relative error allowed for an f32 gradient of these models against the f64
 /// one: `D · n · u₃₂`. Forward and backward through two decoder layers are at most
@@ -35,11 +35,11 @@ const TOL: f64 = 1e-4;
 /// one, so the errors add up without amplification; transformers' own f32 gradients,
 /// recorded per parameter in the fixtures, are held to the same bound, which checks that
 /// premise on every fixture.
-const GRAD_TOL: f64 = 90.0 * 128.0 / 16_777_216.0;
+pub(crate) const GRAD_TOL: f64 = 90.0 * 128.0 / 16_777_216.0;
 
 /// `‖ours − reference‖ / ‖reference‖`, infinite when a value is not finite or the lengths
 /// differ.
-fn normwise_error(ours: &[f32], reference: &[f32]) -> f64 {
+pub(crate) fn normwise_error(ours: &[f32], reference: &[f32]) -> f64 {
     if ours.len() != reference.len() || ours.iter().any(|v| !v.is_finite()) {
         return f64::INFINITY;
     }

@@ -3,4 +3,5 @@
 mod attention;
 mod hf_parity;
 mod loading;
+mod lora;
 mod packing;

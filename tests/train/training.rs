@@ -32,10 +32,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 type Rec<B> = trainer::ParamRecord<B>;
 
 /// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
-    fn new(tag: &str) -> Self {
+    pub(crate) fn new(tag: &str) -> Self {
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "liger-sft-{tag}-{}-{}",
@@ -55,7 +55,7 @@ impl Drop for TempDir {
 }
 
 /// The first `rows` rows of the bundled dataset, tokenized.
-fn dataset(tok: &TextTokenizer, rows: usize, max_length: usize) -> Dataset {
+pub(crate) fn dataset(tok: &TextTokenizer, rows: usize, max_length: usize) -> Dataset {
     let text: String = bundled::DATASET
         .lines()
         .take(rows)
@@ -75,13 +75,13 @@ fn dataset(tok: &TextTokenizer, rows: usize, max_length: usize) -> Dataset {
 }
 
 /// A tiny Llama with the bundled tokenizer's vocabulary.
-fn model_config() -> ModelConfig {
+pub(crate) fn model_config() -> ModelConfig {
     let mut c = ModelConfig::tiny(ModelType::Llama);
     c.vocab_size = 1024;
     c
 }
 
-fn train_config(seed: u64, steps: usize, save_every: usize) -> TrainConfig {
+pub(crate) fn train_config(seed: u64, steps: usize, save_every: usize) -> TrainConfig {
     TrainConfig {
         max_length: 64,
         layout: Layout::Pad,
@@ -98,10 +98,12 @@ fn train_config(seed: u64, steps: usize, save_every: usize) -> TrainConfig {
         seed,
         save_every,
         pure_low_precision: false,
+        method: liger_train::method::MethodConfig::Sft,
+        lora: None,
     }
 }
 
-fn run<B: TrainBackend>(
+pub(crate) fn run<B: TrainBackend>(
     model: CausalLm<B>,
     dataset: &Dataset,
     tok: &TextTokenizer,
@@ -122,6 +124,8 @@ where
             resume,
             memory: None,
             kernels: "test".into(),
+            frozen: None,
+            base_model: None,
         },
         &mut (),
     )
@@ -175,14 +179,23 @@ fn params_f32<B: FusedOps>(model: &CausalLm<B>) -> Vec<(String, Vec<f32>)> {
     v
 }
 
+/// Held while a test draws from the backends' random generators (seeded model
+/// initialization, LoRA dropout masks). Burn's generators are one per process, and the
+/// tests of this binary run in parallel: a draw of one test between another's seed and
+/// its draws would change the other's numbers.
+pub(crate) fn backend_rng() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// A test body run on every model backend of the test device.
-trait Case {
+pub(crate) trait Case {
     fn run<X: FusedOps>(&mut self, label: &str, device: &X::Device, rng: &mut Rng);
 }
 
-/// Runs `case` on the test device's fusion backend and NdArray (kernel lock held), with a
-/// fresh seed that failure messages name.
-fn on_model_backends(case: impl Case) {
+/// Runs `case` on the test device's fusion backend and NdArray ([`backend_rng`] held),
+/// with a fresh seed that failure messages name.
+pub(crate) fn on_model_backends(case: impl Case) {
     struct Visit<C> {
         case: C,
         rng: Rng,
@@ -191,6 +204,7 @@ fn on_model_backends(case: impl Case) {
     impl<C: Case> BackendVisitor for Visit<C> {
         fn visit<X: FusedOps>(&mut self, label: &str, device: &X::Device) {
             let label = format!("{label} (seed {})", self.rng.seed());
+            let _rng = backend_rng();
             self.case.run::<X>(&label, device, &mut self.rng);
             self.ran += 1;
         }
@@ -370,6 +384,7 @@ fn a_checkpoint_round_trip_continues_identically() {
                 tokens_seen: 123,
                 kernels: "test".into(),
                 dtype: "f32".into(),
+                base_model: None,
                 history: Vec::new(),
             };
             let out = TempDir::new("roundtrip");
@@ -488,6 +503,7 @@ type NdB = Liger<burn::backend::Autodiff<burn::backend::NdArray>>;
 
 /// A random tiny model on NdArray.
 fn ndarray_model(seed: u64) -> CausalLm<NdB> {
+    let _rng = backend_rng();
     trainer::random_model::<NdB>(
         &model_config(),
         LigerConfig::all(),
@@ -935,13 +951,16 @@ fn default_run_resumed_late_repeats_the_uninterrupted_run_bit_for_bit_on_ndarray
     let (steps, resume_at) = (20, 10);
     let config = TrainConfig::random_model_defaults(steps, resume_at);
     let device = Default::default();
-    let model = trainer::random_model::<NdB>(
-        &bundled::model_config_for(&tok),
-        LigerConfig::all(),
-        DType::F32,
-        &device,
-        config.seed,
-    );
+    let model = {
+        let _rng = backend_rng();
+        trainer::random_model::<NdB>(
+            &bundled::model_config_for(&tok),
+            LigerConfig::all(),
+            DType::F32,
+            &device,
+            config.seed,
+        )
+    };
     let (a, b) = (
         TempDir::new("default-full"),
         TempDir::new("default-resumed"),

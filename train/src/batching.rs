@@ -189,6 +189,38 @@ pub fn epoch_batches(
         .collect()
 }
 
+/// The micro-batches of one epoch of preference pairs (`examples[2i]` chosen,
+/// `examples[2i + 1]` rejected): the pairs shuffled, `batch_size` pairs per micro-batch
+/// (the last may have fewer), each padded as one batch of `2 · pairs` rows: the chosen
+/// sequences, then the rejected ones in the same order (the layout of the preference
+/// losses).
+pub fn epoch_pair_batches(
+    examples: &[Tokenized],
+    seed: u64,
+    epoch: usize,
+    batch_size: usize,
+    max_length: usize,
+    pad_id: u32,
+) -> Vec<Batch> {
+    assert!(batch_size > 0, "batch_size must be positive");
+    assert!(
+        examples.len().is_multiple_of(2),
+        "pairs hold an even number of sequences"
+    );
+    let order = shuffled_order(examples.len() / 2, seed, epoch);
+    order
+        .chunks(batch_size)
+        .map(|pairs| {
+            let rows: Vec<Vec<usize>> = pairs
+                .iter()
+                .map(|&p| vec![2 * p])
+                .chain(pairs.iter().map(|&p| vec![2 * p + 1]))
+                .collect();
+            make_batch(examples, &rows, Layout::Pad, max_length, pad_id)
+        })
+        .collect()
+}
+
 /// Position in the stream of micro-batches: epoch and micro-batch index within it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Cursor {
@@ -208,6 +240,7 @@ pub struct BatchStream<'a> {
     pad_id: u32,
     cursor: Cursor,
     current: Vec<Batch>,
+    paired: bool,
 }
 
 impl<'a> BatchStream<'a> {
@@ -230,12 +263,32 @@ impl<'a> BatchStream<'a> {
             pad_id,
             cursor,
             current: Vec::new(),
+            paired: false,
         };
         s.load_epoch();
         s
     }
 
+    /// The same stream over preference pairs ([`epoch_pair_batches`]): `batch_size` pairs
+    /// per micro-batch.
+    pub fn paired(mut self) -> Self {
+        self.paired = true;
+        self.load_epoch();
+        self
+    }
+
     fn load_epoch(&mut self) {
+        if self.paired {
+            self.current = epoch_pair_batches(
+                self.examples,
+                self.seed,
+                self.cursor.epoch,
+                self.batch_size,
+                self.max_length,
+                self.pad_id,
+            );
+            return;
+        }
         self.current = epoch_batches(
             self.examples,
             self.seed,

@@ -60,3 +60,24 @@ pub fn model_config_for(tokenizer: &TextTokenizer) -> ModelConfig {
     }
     mc
 }
+
+/// `train/data/preference.jsonl`: 1000 pairs in TRL's `{"prompt", "chosen", "rejected"}`
+/// format, derived from [`DATASET`] by `train/data/make_preference.py` (another row's
+/// answer of the same task rejected).
+pub const PREFERENCE: &str = include_str!("../data/preference.jsonl");
+/// The name the bundled preference data go by.
+pub const PREFERENCE_NAME: &str = "bundled preference.jsonl";
+/// `train/data/kto.jsonl`: 1000 completions in TRL's `{"prompt", "completion", "label"}`
+/// format, half of them another row's answer (label false).
+pub const KTO: &str = include_str!("../data/kto.jsonl");
+/// The name the bundled KTO data go by.
+pub const KTO_NAME: &str = "bundled kto.jsonl";
+
+/// The bundled data of a row format, and its name.
+pub fn dataset_for(kind: crate::data::DataKind) -> (&'static str, &'static str) {
+    match kind {
+        crate::data::DataKind::Sft => (DATASET, DATASET_NAME),
+        crate::data::DataKind::Pairs => (PREFERENCE, PREFERENCE_NAME),
+        crate::data::DataKind::Labelled => (KTO, KTO_NAME),
+    }
+}

@@ -11,6 +11,13 @@
 //!   to a model loaded again;
 //! - `trainer_state.json`: [`TrainerState`]: step, data cursor, seed, settings, history.
 //!
+//! A LoRA run's checkpoint holds the adapters instead of the model: PEFT's
+//! `adapter_config.json` and `adapter_model.safetensors` (loadable by
+//! `PeftModel.from_pretrained` and `liger merge`), with the optimizer state of the adapters
+//! (the frozen base has none) and the same tokenizer and trainer state. The base is not
+//! copied: a resume rebuilds it from [`TrainerState::base_model`] (or from the seed for a
+//! random base) and attaches the adapters ([`load_lora`]).
+//!
 //! A checkpoint is written to `checkpoint-<step>.tmp` and renamed when complete, so a
 //! directory named `checkpoint-<step>` is never half written.
 
@@ -67,6 +74,11 @@ pub struct TrainerState {
     pub kernels: String,
     /// Model dtype (informational).
     pub dtype: String,
+    /// The checkpoint the run started from (`--model`; `None`: a random model from the
+    /// seed). A LoRA run's checkpoints need it to resume, as PEFT's
+    /// `base_model_name_or_path` does.
+    #[serde(default)]
+    pub base_model: Option<String>,
     /// Metrics of every step done.
     pub history: Vec<StepMetrics>,
 }
@@ -139,7 +151,11 @@ pub fn save<B: FusedOps, R: Record<B>>(
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
     }
-    model.save(&tmp)?;
+    if model.lora_config().is_some() {
+        model.save_adapter(&tmp, state.base_model.as_deref())?;
+    } else {
+        model.save(&tmp)?;
+    }
     let record = record_by_position(record, &param_ids::<B, _>(model));
     NamedMpkFileRecorder::<FullPrecisionSettings>::new()
         .record(record, tmp.join(OPTIMIZER_FILE))
@@ -199,7 +215,54 @@ pub fn load<B: FusedOps, R: Record<B>>(
     device: &B::Device,
 ) -> Result<Loaded<B, R>, TrainError> {
     let state = read_state(dir)?;
+    if state.config.lora.is_some() {
+        return Err(TrainError::checkpoint(
+            dir,
+            "a LoRA checkpoint holds the adapters only: load its base model and attach them \
+             (checkpoint::load_lora)",
+        ));
+    }
     let model = CausalLm::<B>::load(dir, dtype, liger, device)?;
+    finish_load(dir, model, state, device)
+}
+
+/// Loads the LoRA checkpoint `dir` written by [`save`] onto `base` (the run's base model,
+/// without adapters, in the run's dtype and kernel switches): its adapters attached (the
+/// base frozen), their optimizer state, the trainer state. Errors when the checkpoint is
+/// not a LoRA run's, or its adapters do not fit the base.
+pub fn load_lora<B: FusedOps, R: Record<B>>(
+    dir: &Path,
+    base: CausalLm<B>,
+    device: &B::Device,
+) -> Result<Loaded<B, R>, TrainError> {
+    let state = read_state(dir)?;
+    let Some(lora) = &state.config.lora else {
+        return Err(TrainError::checkpoint(
+            dir,
+            "not a LoRA checkpoint (it holds the whole model): resume it without LoRA",
+        ));
+    };
+    let model = base.load_adapter(dir, lora.precision)?;
+    if model.lora_config() != Some(lora) {
+        return Err(TrainError::checkpoint(
+            dir,
+            format!(
+                "adapter_config.json ({:?}) disagrees with trainer_state.json's LoRA settings \
+                 ({lora:?})",
+                model.lora_config()
+            ),
+        ));
+    }
+    finish_load(dir, model, state, device)
+}
+
+/// The optimizer record of the checkpoint `dir`, re-keyed to `model`'s parameter ids.
+fn finish_load<B: FusedOps, R: Record<B>>(
+    dir: &Path,
+    model: CausalLm<B>,
+    state: TrainerState,
+    device: &B::Device,
+) -> Result<Loaded<B, R>, TrainError> {
     let path = dir.join(OPTIMIZER_FILE);
     let record: HashMap<ParamId, R> = NamedMpkFileRecorder::<FullPrecisionSettings>::new()
         .load(path.clone(), device)

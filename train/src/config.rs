@@ -5,6 +5,7 @@ use crate::batching::Layout;
 use crate::error::TrainError;
 use crate::schedule::LrSchedule;
 use liger_burn::optim::{AdamWConfig, LowPrecisionUpdate};
+use liger_models::LoraConfig;
 use serde::{Deserialize, Serialize};
 
 /// The settings that determine the numbers of a run (stored in every checkpoint; a resume
@@ -35,6 +36,14 @@ pub struct TrainConfig {
     /// dtype. No effect on f32 runs.
     #[serde(default)]
     pub pure_low_precision: bool,
+    /// What is trained (SFT, a preference loss, KTO, distillation) and its loss's options.
+    #[serde(default)]
+    pub method: crate::method::MethodConfig,
+    /// LoRA fine-tuning: the base frozen (no gradient, no optimizer state), f32 adapters
+    /// on these projections trained, checkpoints holding the adapters only (PEFT's files).
+    /// `None`: every parameter trained.
+    #[serde(default)]
+    pub lora: Option<LoraConfig>,
 }
 
 /// `liger train`'s defaults (the README's default run), shared by the command and the
@@ -88,6 +97,8 @@ impl TrainConfig {
             seed: defaults::SEED,
             save_every,
             pure_low_precision: false,
+            method: crate::method::MethodConfig::Sft,
+            lora: None,
         }
     }
 
@@ -117,7 +128,43 @@ impl TrainConfig {
                 self.weight_decay
             ));
         }
+        if self.method.paired() && self.layout == Layout::Pack {
+            return bad(format!(
+                "--method {} trains on pairs of whole sequences: --packing is not available (drop it)",
+                self.method.name()
+            ));
+        }
+        self.method
+            .check()
+            .map_err(|e| TrainError::Config(format!("--method {}: {e}", self.method.name())))?;
+        if let Some(lora) = &self.lora {
+            lora.validate()
+                .map_err(|e| TrainError::Config(format!("{e} (--lora-*)")))?;
+            // The post-training losses read the LM head's weight alone: an adapter there
+            // would get no gradient.
+            if self.method != crate::method::MethodConfig::Sft
+                && lora.targets.contains(&liger_models::LoraTarget::LmHead)
+            {
+                return bad(format!(
+                    "--method {} with a LoRA adapter on lm_head: the method's loss takes the \
+                     head's weight alone (drop lm_head from --lora-targets)",
+                    self.method.name()
+                ));
+            }
+        }
         self.schedule.validate().map_err(TrainError::Config)
+    }
+
+    /// The seed of the backend's generator for optimizer step `step` (1-based): LoRA's
+    /// dropout masks are drawn from it, so they are a function of the run's seed and the
+    /// step, and a resumed run draws the same masks as the uninterrupted one. (Burn's
+    /// generator is one per process: another draw from it during a step, by a second run
+    /// in the same process, would change that step's masks.)
+    pub fn step_seed(&self, step: usize) -> u64 {
+        let mut rng = crate::rng::SplitMix64::new(self.seed);
+        let key = rng.next_u64();
+        crate::rng::SplitMix64::new(key ^ (step as u64).wrapping_mul(0xD1B5_4A32_D192_ED03))
+            .next_u64()
     }
 
     /// liger-burn's fused AdamW with PyTorch's defaults (betas 0.9/0.999, eps 1e-8) and

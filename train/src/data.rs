@@ -11,7 +11,7 @@
 //! kind it is would be a guess).
 
 use crate::error::{LineError, TrainError};
-use crate::prompt::{Tokenized, tokenize_row};
+use crate::prompt::{Tokenized, tokenize_parts, tokenize_row};
 use crate::tokenizer::TextTokenizer;
 use serde_json::{Map, Value};
 
@@ -177,6 +177,11 @@ pub struct Dataset {
     pub truncated: Vec<usize>,
     /// FNV-1a hash of the data text, stored in checkpoints so a resume on other data is refused.
     pub hash: u64,
+    /// Preference pairs: `examples[2i]` is pair `i`'s chosen sequence, `examples[2i + 1]`
+    /// its rejected one.
+    pub paired: bool,
+    /// KTO: whether each example is desirable (empty for the other methods).
+    pub desirable: Vec<bool>,
 }
 
 impl Dataset {
@@ -267,6 +272,8 @@ pub fn prepare(
         skipped,
         truncated,
         hash: fnv1a(text.as_bytes()),
+        paired: false,
+        desirable: Vec::new(),
     })
 }
 
@@ -278,4 +285,223 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+/// The row format a method reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataKind {
+    /// Instruction or text rows (SFT, distillation).
+    Sft,
+    /// TRL's preference rows, `{"prompt", "chosen", "rejected"}`.
+    Pairs,
+    /// TRL's unpaired rows, `{"prompt", "completion", "label"}` (KTO).
+    Labelled,
+}
+
+/// A preference or KTO row.
+enum PostRow {
+    Pair {
+        prompt: String,
+        chosen: String,
+        rejected: String,
+    },
+    Labelled {
+        prompt: String,
+        completion: String,
+        desirable: bool,
+    },
+}
+
+fn parse_post_line(
+    text: &str,
+    source_name: &str,
+    line: usize,
+    format: DataKind,
+) -> Result<PostRow, LineError> {
+    let value: Value = serde_json::from_str(text).map_err(|e| LineError::InvalidJson {
+        source_name: source_name.to_string(),
+        line,
+        message: e.to_string(),
+    })?;
+    let Value::Object(map) = value else {
+        return Err(LineError::InvalidJson {
+            source_name: source_name.to_string(),
+            line,
+            message: format!("expected an object, got {}", kind(&value)),
+        });
+    };
+    let field = |name: &'static str| -> Result<String, LineError> {
+        string_field(&map, name)
+            .map_err(|message| LineError::BadField {
+                source_name: source_name.to_string(),
+                line,
+                field: name,
+                message,
+            })?
+            .ok_or_else(|| LineError::MissingField {
+                source_name: source_name.to_string(),
+                line,
+                field: name,
+            })
+    };
+    match format {
+        DataKind::Pairs => Ok(PostRow::Pair {
+            prompt: field("prompt")?,
+            chosen: field("chosen")?,
+            rejected: field("rejected")?,
+        }),
+        DataKind::Labelled => {
+            let desirable = match map.get("label") {
+                Some(Value::Bool(b)) => *b,
+                None | Some(Value::Null) => {
+                    return Err(LineError::MissingField {
+                        source_name: source_name.to_string(),
+                        line,
+                        field: "label",
+                    });
+                }
+                Some(other) => {
+                    return Err(LineError::BadField {
+                        source_name: source_name.to_string(),
+                        line,
+                        field: "label",
+                        message: format!("expected a boolean, got {}", kind(other)),
+                    });
+                }
+            };
+            Ok(PostRow::Labelled {
+                prompt: field("prompt")?,
+                completion: field("completion")?,
+                desirable,
+            })
+        }
+        DataKind::Sft => unreachable!("SFT rows parse with parse_line"),
+    }
+}
+
+/// The tokenized examples of a preference or KTO file: for pairs, `examples[2i]` is pair
+/// `i`'s chosen sequence and `examples[2i + 1]` its rejected one (both kept or both left
+/// out); for KTO, [`Dataset::desirable`] holds each example's label. The policies of
+/// [`prepare`] apply (an over-long sequence is truncated, or its row skipped or refused).
+pub fn prepare_post(
+    text: &str,
+    source_name: &str,
+    tok: &TextTokenizer,
+    opts: DataOptions,
+    kind: DataKind,
+) -> Result<Dataset, TrainError> {
+    if kind == DataKind::Sft {
+        return prepare(text, source_name, tok, opts);
+    }
+    if opts.max_length < 2 {
+        return Err(TrainError::Config(format!(
+            "--max-length must be at least 2 (a token and the one it predicts), got {}",
+            opts.max_length
+        )));
+    }
+    let (mut examples, mut desirable, mut skipped, mut truncated) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut read = 0;
+    'lines: for (i, text_line) in text.lines().enumerate() {
+        if text_line.trim().is_empty() {
+            continue;
+        }
+        read += 1;
+        let line = i + 1;
+        let fail_or_skip = |e: LineError, skipped: &mut Vec<LineError>| -> Result<(), TrainError> {
+            match opts.on_bad_line {
+                BadLinePolicy::Skip => {
+                    skipped.push(e);
+                    Ok(())
+                }
+                BadLinePolicy::Fail => Err(e.into()),
+            }
+        };
+        let row = match parse_post_line(text_line, source_name, line, kind) {
+            Ok(r) => r,
+            Err(e) => {
+                fail_or_skip(e, &mut skipped)?;
+                continue;
+            }
+        };
+        let (prompt, completions, label) = match &row {
+            PostRow::Pair {
+                prompt,
+                chosen,
+                rejected,
+            } => (prompt, vec![chosen, rejected], None),
+            PostRow::Labelled {
+                prompt,
+                completion,
+                desirable,
+            } => (prompt, vec![completion], Some(*desirable)),
+        };
+        let mut row_examples = Vec::new();
+        let mut cut = false;
+        for completion in completions {
+            let mut ex = match tokenize_parts(tok, prompt, completion, line) {
+                Ok(ex) => ex,
+                Err(message) => {
+                    let e = LineError::Tokenize {
+                        source_name: source_name.to_string(),
+                        line,
+                        message,
+                    };
+                    fail_or_skip(e, &mut skipped)?;
+                    continue 'lines;
+                }
+            };
+            if ex.len() > opts.max_length {
+                let too_long = |hint| LineError::TooLong {
+                    source_name: source_name.to_string(),
+                    line,
+                    tokens: ex.len(),
+                    max_length: opts.max_length,
+                    hint,
+                };
+                match opts.on_too_long {
+                    TooLongPolicy::Fail => {
+                        return Err(too_long(
+                            "raise --max-length, or pass --on-too-long truncate|skip",
+                        )
+                        .into());
+                    }
+                    TooLongPolicy::Skip => {
+                        skipped.push(too_long("skipped"));
+                        continue 'lines;
+                    }
+                    TooLongPolicy::Truncate => {
+                        let e = too_long("truncated, no completion token left: skipped");
+                        ex.truncate(opts.max_length);
+                        if ex.trained() == 0 {
+                            skipped.push(e);
+                            continue 'lines;
+                        }
+                        cut = true;
+                    }
+                }
+            }
+            row_examples.push(ex);
+        }
+        if cut {
+            truncated.push(line);
+        }
+        examples.extend(row_examples);
+        desirable.extend(label);
+    }
+    if examples.is_empty() {
+        return Err(TrainError::NoData {
+            source_name: source_name.to_string(),
+            detail: format!("{read} rows read, {} skipped", skipped.len()),
+        });
+    }
+    Ok(Dataset {
+        source_name: source_name.to_string(),
+        examples,
+        skipped,
+        truncated,
+        hash: fnv1a(text.as_bytes()),
+        paired: kind == DataKind::Pairs,
+        desirable,
+    })
 }

@@ -11,6 +11,7 @@ pub mod clipping;
 pub mod config;
 pub mod data;
 pub mod error;
+pub mod method;
 pub mod metrics;
 pub mod progress;
 pub mod prompt;

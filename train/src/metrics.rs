@@ -33,14 +33,18 @@ pub struct StepMetrics {
     pub tokens_per_second: f64,
     /// Device pool memory reserved after the step, bytes (`None` when the backend has no pool).
     pub memory_bytes: Option<u64>,
+    /// The method's metrics (TRL's names), averaged over the step's micro-batches as the
+    /// loss is; empty for SFT.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra: Vec<(String, f64)>,
 }
 
 const HEADER: &str = "step,epoch,loss,lr,grad_norm,clipped,tokens,trained_tokens,seconds,tokens_per_second,memory_mib";
 
 impl StepMetrics {
-    /// The CSV row (no newline).
+    /// The CSV row (no newline): the fixed columns, then the method's metrics.
     pub fn csv_row(&self) -> String {
-        format!(
+        let mut row = format!(
             "{},{},{},{:e},{},{},{},{},{:.4},{:.1},{}",
             self.step,
             self.epoch,
@@ -55,7 +59,11 @@ impl StepMetrics {
             self.memory_bytes
                 .map(|b| format!("{:.1}", b as f64 / (1 << 20) as f64))
                 .unwrap_or_default()
-        )
+        );
+        for (_, v) in &self.extra {
+            row.push_str(&format!(",{v}"));
+        }
+        row
     }
 }
 
@@ -69,9 +77,23 @@ impl CsvLog {
     /// Creates (replacing) `output/train_log.csv` with the header and the rows of `history`
     /// (the steps before a resume).
     pub fn create(output: &Path, history: &[StepMetrics]) -> Result<Self, TrainError> {
+        Self::create_with(output, history, &[])
+    }
+
+    /// [`create`](Self::create) with a column per method metric (`extra`, in
+    /// [`StepMetrics::extra`]'s order) after the fixed ones.
+    pub fn create_with(
+        output: &Path,
+        history: &[StepMetrics],
+        extra: &[String],
+    ) -> Result<Self, TrainError> {
         let path = output.join(LOG_FILE);
         let mut file = std::fs::File::create(&path).map_err(|e| TrainError::io(&path, e))?;
         let mut text = String::from(HEADER);
+        for name in extra {
+            text.push(',');
+            text.push_str(name);
+        }
         text.push('\n');
         for m in history {
             text.push_str(&m.csv_row());

@@ -92,7 +92,7 @@ impl TrainObserver for ConsoleProgress {
         let due = if self.log_every == 0 {
             m.step == total
         } else {
-            m.step % self.log_every == 0 || m.step == total
+            m.step.is_multiple_of(self.log_every) || m.step == total
         };
         if due || self.window.len() == 1 && m.step == 1 {
             let mean = self.window.iter().sum::<f64>() / self.window.len() as f64;

@@ -98,10 +98,21 @@ impl Tokenized {
 /// Tokenizes `row` with the template and the mask above. Errors with the tokenizer's message.
 pub fn tokenize_row(tok: &TextTokenizer, row: &Row, line: usize) -> Result<Tokenized, String> {
     let (prompt, response) = split_row(row);
+    tokenize_parts(tok, &prompt, response, line)
+}
+
+/// `[bos] + prompt + response + [eos]` with the mask above: the prompt as given (the
+/// preference and KTO formats carry their prompt whole), tokenized apart from the response.
+pub fn tokenize_parts(
+    tok: &TextTokenizer,
+    prompt: &str,
+    response: &str,
+    line: usize,
+) -> Result<Tokenized, String> {
     let prompt_ids = if prompt.is_empty() {
         Vec::new()
     } else {
-        tok.encode(&prompt)?
+        tok.encode(prompt)?
     };
     let response_ids = tok.encode(response)?;
     let specials = tok.specials;

@@ -13,17 +13,20 @@
 //! is initialized from it ([`random_model`]), and every parameter is made contiguous
 //! before the first step and after each update ([`contiguous_params`]) so a model read
 //! back from a checkpoint has the same memory layout, hence the same matmul summation
-//! order, as the one that kept training. A resumed run therefore repeats the
+//! order, as the one that kept training. LoRA's dropout masks come from the backend's
+//! generator, seeded before each step from the run's seed and the step
+//! ([`TrainConfig::step_seed`]). A resumed run therefore repeats the
 //! uninterrupted one: bit for bit on NdArray (losses, gradient norms, parameters), to 1e-6
 //! relative on CubeCL backends, where a fused reduction may sum in another order in the
 //! resumed process.
 
-use crate::batching::{Batch, BatchStream, Cursor, epoch_batches};
+use crate::batching::{Batch, BatchStream, Cursor, epoch_batches, epoch_pair_batches};
 use crate::checkpoint::{self, DataInfo, STATE_FORMAT, TrainerState};
 use crate::clipping::clip_global_norm;
 pub use crate::config::TrainConfig;
 use crate::data::Dataset;
 use crate::error::TrainError;
+use crate::method::{MethodConfig, micro_batch_loss};
 use crate::metrics::{CsvLog, StepMetrics, TrainSummary};
 use crate::tokenizer::TextTokenizer;
 use burn::module::{AutodiffModule, Module, ModuleMapper, Param, ParamId};
@@ -51,6 +54,17 @@ pub fn steps_for_epochs(
 ) -> usize {
     let micro: usize = (0..epochs)
         .map(|e| {
+            if dataset.paired {
+                return epoch_pair_batches(
+                    &dataset.examples,
+                    config.seed,
+                    e,
+                    config.batch_size,
+                    config.max_length,
+                    pad_id,
+                )
+                .len();
+            }
             epoch_batches(
                 &dataset.examples,
                 config.seed,
@@ -93,6 +107,22 @@ pub fn random_model<B: FusedOps>(
     CausalLm::init(config, liger, dtype, device)
 }
 
+/// `model` with LoRA adapters (`lora`) and its base frozen ([`CausalLm::with_lora`]),
+/// their `A` drawn from the backend's generator seeded from `seed`, so a run's adapters
+/// start the same every time.
+pub fn attach_lora<B: FusedOps>(
+    model: CausalLm<B>,
+    lora: &liger_models::LoraConfig,
+    seed: u64,
+    device: &B::Device,
+) -> Result<CausalLm<B>, TrainError> {
+    B::seed(
+        device,
+        crate::rng::SplitMix64::new(seed ^ 0x4C6F_5241).next_u64(),
+    );
+    Ok(model.with_lora(lora)?)
+}
+
 /// Every float parameter copied on the device into a fresh contiguous buffer (same id,
 /// values, dtype). Parameters built as transposed views (linear weights keep Hugging
 /// Face's `[out, in]` storage) and parameters written in place by a fused optimizer update
@@ -101,24 +131,38 @@ pub fn random_model<B: FusedOps>(
 /// before the first step and after every update, so a resumed run computes exactly as the
 /// uninterrupted one (an extra copy of the parameters per step).
 pub fn contiguous_params<B: AutodiffBackend, M: Module<B>>(module: M) -> M {
-    struct Contiguous;
-    impl<B: AutodiffBackend> ModuleMapper<B> for Contiguous {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-            let (id, tensor, mapper) = param.consume();
-            let grad = tensor.is_require_grad();
-            let inner = tensor.inner();
-            let dims = inner.dims();
-            let ranges: [std::ops::Range<usize>; D] = std::array::from_fn(|i| 0..dims[i]);
-            // `slice_assign` writes into the new zero buffer: its layout, the values copied.
-            let copy = inner.zeros_like().slice_assign(ranges, inner);
-            let mut t = Tensor::from_inner(copy);
-            if grad {
-                t = t.require_grad();
-            }
-            Param::from_mapped_value(id, t, mapper)
+    module.map(&mut Contiguous { frozen_too: true })
+}
+
+/// [`contiguous_params`] for the parameters that train only: what an optimizer step
+/// rewrote. Frozen parameters (a LoRA run's base) keep the buffers
+/// [`contiguous_params`] gave them before the first step.
+pub fn contiguous_trainable_params<B: AutodiffBackend, M: Module<B>>(module: M) -> M {
+    module.map(&mut Contiguous { frozen_too: false })
+}
+
+struct Contiguous {
+    frozen_too: bool,
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Contiguous {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if !self.frozen_too && !param.val().is_require_grad() {
+            return param;
         }
+        let (id, tensor, mapper) = param.consume();
+        let grad = tensor.is_require_grad();
+        let inner = tensor.inner();
+        let dims = inner.dims();
+        let ranges: [std::ops::Range<usize>; D] = std::array::from_fn(|i| 0..dims[i]);
+        // `slice_assign` writes into the new zero buffer: its layout, the values copied.
+        let copy = inner.zeros_like().slice_assign(ranges, inner);
+        let mut t = Tensor::from_inner(copy);
+        if grad {
+            t = t.require_grad();
+        }
+        Param::from_mapped_value(id, t, mapper)
     }
-    module.map(&mut Contiguous)
 }
 
 /// Callbacks of a run (progress display). Every method has an empty default.
@@ -159,39 +203,82 @@ pub struct Run<'a, B: TrainBackend> {
     pub memory: Option<Box<dyn Fn() -> u64 + 'a>>,
     /// Which kernels are on, in words (stored in the trainer state).
     pub kernels: String,
+    /// The frozen model the method compares to: DPO's and KTO's reference (the policy
+    /// before its first step), distillation's teacher; on the inner backend (no graph).
+    pub frozen: Option<CausalLm<B::InnerBackend>>,
+    /// The checkpoint the run started from (`None`: a random model); stored in the trainer
+    /// state, and in a LoRA checkpoint's `adapter_config.json`.
+    pub base_model: Option<String>,
 }
 
 /// Loss and gradients of one optimizer step, or why there are none.
 struct StepGrads<B: AutodiffBackend> {
     grads: GradientsParams,
-    /// Mean loss over the step's trained tokens, `[1]`.
+    /// Mean loss over the step's trained tokens (SFT) or sequences, `[1]`.
     loss: Option<Tensor<B::InnerBackend, 1>>,
+    /// The method's metrics, weighted over the micro-batches as the loss.
+    extra: Vec<f64>,
+}
+
+/// What a micro-batch weighs in its step's loss: its share of the step's trained tokens
+/// (SFT, distillation: means over tokens), of its pairs (preference losses) or sequences
+/// (KTO: means over sequences).
+fn batch_weight(method: &MethodConfig, b: &Batch) -> usize {
+    match method {
+        MethodConfig::Sft | MethodConfig::Distill(_) => b.trained,
+        MethodConfig::Preference(_) => b.batch / 2,
+        MethodConfig::Kto(_) => b.batch,
+    }
 }
 
 /// Forward and backward of `batches`; each micro-batch's mean loss is weighted by its
-/// share of the step's trained tokens, so the accumulated gradient is that of the mean
+/// share of the step ([`batch_weight`]), so the accumulated gradient is that of the mean
 /// loss over all of them (not the mean of per-micro-batch means).
 fn step_grads<B: TrainBackend>(
     model: &CausalLm<B>,
+    frozen: Option<&CausalLm<B::InnerBackend>>,
+    dataset: &Dataset,
+    method: &MethodConfig,
     batches: &[Batch],
-    trained_total: usize,
     device: &B::Device,
 ) -> StepGrads<B>
 where
     CausalLm<B>: AutodiffModule<B>,
 {
+    let total: usize = batches.iter().map(|b| batch_weight(method, b)).sum();
     let mut acc = GradientsAccumulator::<CausalLm<B>>::new();
     let mut loss: Option<Tensor<B::InnerBackend, 1>> = None;
+    let mut extra = vec![0.0; method.metric_names().len()];
     for b in batches.iter().filter(|b| b.trained > 0) {
+        let share = batch_weight(method, b) as f64 / total as f64;
         let ids =
             Tensor::<B, 2, Int>::from_data(TensorData::new(b.input_ids.clone(), b.shape()), device);
         let labels =
             Tensor::<B, 2, Int>::from_data(TensorData::new(b.labels.clone(), b.shape()), device);
-        let mean = match &b.documents {
-            Some(docs) => model.loss_packed(ids, labels, &Documents::new(docs.clone(), b.shape())),
-            None => model.loss(ids, labels),
+        let raw = match method {
+            MethodConfig::Sft => match &b.documents {
+                Some(docs) => {
+                    model.loss_packed(ids, labels, &Documents::new(docs.clone(), b.shape()))
+                }
+                None => model.loss(ids, labels),
+            },
+            _ => {
+                let desirable = (!dataset.desirable.is_empty()).then(|| {
+                    let d: Vec<i64> = b
+                        .rows
+                        .iter()
+                        .map(|r| i64::from(dataset.desirable[r[0]]))
+                        .collect();
+                    Tensor::<B, 1, Int>::from_data(TensorData::new(d, [b.batch]), device)
+                });
+                let (l, metrics) = micro_batch_loss(method, model, frozen, ids, labels, desirable);
+                for (e, m) in extra.iter_mut().zip(metrics) {
+                    *e += m * share;
+                }
+                l
+            }
         };
-        let weighted = mean.mul_scalar(b.trained as f64 / trained_total as f64);
+        let weighted = raw.mul_scalar(share);
         let grads = weighted.backward();
         acc.accumulate(model, GradientsParams::from_grads(grads, model));
         let value = weighted.inner();
@@ -203,6 +290,7 @@ where
     StepGrads {
         grads: acc.grads(),
         loss,
+        extra,
     }
 }
 
@@ -236,8 +324,45 @@ where
         resume,
         memory,
         kernels,
+        frozen,
+        base_model,
     } = run;
     config.validate()?;
+    let method = config.method;
+    if method.needs_frozen() && frozen.is_none() {
+        return Err(TrainError::Config(format!(
+            "--method {} needs a frozen {} model",
+            method.name(),
+            if matches!(method, MethodConfig::Distill(_)) {
+                "teacher (--teacher DIR)"
+            } else {
+                "reference"
+            }
+        )));
+    }
+    if method.paired() != dataset.paired
+        || matches!(method, MethodConfig::Kto(_)) == dataset.desirable.is_empty()
+    {
+        return Err(TrainError::Config(format!(
+            "--method {} reads {} rows, but {} holds other rows",
+            method.name(),
+            match method {
+                MethodConfig::Preference(_) => "{\"prompt\", \"chosen\", \"rejected\"}",
+                MethodConfig::Kto(_) => "{\"prompt\", \"completion\", \"label\"}",
+                _ => "instruction or text",
+            },
+            dataset.source_name
+        )));
+    }
+    if model.lora_config() != config.lora.as_ref() {
+        return Err(TrainError::Config(format!(
+            "the model's LoRA adapters ({:?}) are not the run's settings ({:?}): attach them \
+             with CausalLm::with_lora (or load_adapter) before training",
+            model.lora_config(),
+            config.lora
+        )));
+    }
+    let lora_dropout = config.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
     let device = model.device();
     let data = DataInfo {
         source: dataset.source_name.clone(),
@@ -273,7 +398,7 @@ where
         }
     };
     std::fs::create_dir_all(&output).map_err(|e| TrainError::io(&output, e))?;
-    let mut csv = CsvLog::create(&output, &history)?;
+    let mut csv = CsvLog::create_with(&output, &history, &method.metric_names())?;
     let pad = tokenizer.specials.pad;
     let mut stream = BatchStream::new(
         &dataset.examples,
@@ -284,6 +409,9 @@ where
         pad,
         cursor,
     );
+    if dataset.paired {
+        stream = stream.paired();
+    }
     let total = config.schedule.total_steps;
     let dtype_name = format!("{:?}", model.dtype()).to_lowercase();
     let state_at =
@@ -296,6 +424,7 @@ where
             tokens_seen,
             kernels: kernels.clone(),
             dtype: dtype_name.clone(),
+            base_model: base_model.clone(),
             history: history.to_vec(),
         };
     // Saves the state of a failed step's predecessor; never panics.
@@ -348,16 +477,23 @@ where
 
         // Forward + backward (+ clipping), panics caught: the model and the optimizer are
         // untouched until `optim.step`.
+        if lora_dropout {
+            B::seed(&device, config.step_seed(next));
+        }
         let grads = catch_unwind(AssertUnwindSafe(|| {
-            let StepGrads { mut grads, loss } = step_grads(&model, &batches, trained, &device);
+            let StepGrads {
+                mut grads,
+                loss,
+                extra,
+            } = step_grads(&model, frozen.as_ref(), dataset, &method, &batches, &device);
             let loss: f64 = match loss {
                 Some(l) => l.into_scalar().elem(),
                 None => 0.0,
             };
             let clip = clip_global_norm::<B, _>(&model, &mut grads, config.max_grad_norm);
-            (grads, loss, clip)
+            (grads, loss, clip, extra)
         }));
-        let (grads, loss, clip) = match grads {
+        let (grads, loss, clip, extra) = match grads {
             Ok(g) => g,
             Err(p) => {
                 let message = panic_text(p.as_ref());
@@ -386,7 +522,7 @@ where
         // Contiguous parameters, materialized by the sync, are what a resumed run starts
         // from: the next step then computes (and fuses) the same operations in both.
         match catch_unwind(AssertUnwindSafe(|| {
-            let model = contiguous_params(optim.step(lr, model, grads));
+            let model = contiguous_trainable_params(optim.step(lr, model, grads));
             B::sync(&device).expect("device synchronization after the optimizer step");
             model
         })) {
@@ -421,6 +557,7 @@ where
             seconds,
             tokens_per_second: tokens as f64 / seconds.max(1e-9),
             memory_bytes,
+            extra: method.metric_names().into_iter().zip(extra).collect(),
         };
         csv.append(&metrics)?;
         history.push(metrics);

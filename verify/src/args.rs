@@ -169,7 +169,9 @@ pub struct BenchArgs {
     )]
     pub attention_provider: Vec<bench::attention::AttentionProvider>,
     /// --e2e: models, comma list: llama3.2-1b, qwen2.5-1.5b (the 1B-class shapes),
-    /// tiny-llama, tiny-qwen3 (tiny models for a CPU check of the harness).
+    /// llama3-8b (with --e2e-lora-rank: an 8B model's weights in bf16 are 15 GiB, its full
+    /// fine-tuning state does not fit one GPU), tiny-llama, tiny-qwen3 (tiny models for a
+    /// CPU check of the harness).
     #[arg(
         long,
         value_enum,
@@ -235,6 +237,18 @@ pub struct BenchArgs {
     /// (`Autodiff<B, BalancedCheckpointing>`: memory-bound ops recomputed in the backward).
     #[arg(long, value_enum, default_value = "off", value_name = "on|off")]
     pub e2e_gradient_checkpointing: OnOff,
+    /// --e2e: LoRA fine-tuning steps instead of full fine-tuning: every model frozen with
+    /// rank-N adapters (alpha 2N, no dropout, f32, PEFT's initialization) on
+    /// --e2e-lora-targets; only the adapters get gradients and AdamW state. Both modes: the
+    /// liger-on mode through liger-burn's LoRA op (and the LM head's adapter, if any,
+    /// inside the fused linear cross entropy), the off mode through the stock composition.
+    /// The PyTorch anchor's counterpart: scripts/device/anchor_e2e.py --lora-rank N (PEFT).
+    #[arg(long, value_name = "N")]
+    pub e2e_lora_rank: Option<usize>,
+    /// --e2e with --e2e-lora-rank: the adapted projections, comma list (q, k, v, o, gate,
+    /// up, down, lm_head, all-linear).
+    #[arg(long, default_value = "all-linear", value_name = "LIST")]
+    pub e2e_lora_targets: String,
     /// Time one AdamW step over a model's parameters instead of ops: liger-burn's fused
     /// AdamW (moments in --dtype; and, for f16/bf16, with f32 master weights) against Burn's
     /// AdamW, over the parameter sizes of each --e2e-models model (with --e2e-layers), or

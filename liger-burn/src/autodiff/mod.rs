@@ -4,9 +4,15 @@
 //! and the per-row statistics, or the softmax output), never a recomputed graph.
 
 mod attention;
+mod chunked_loss;
 mod cross_entropy;
+mod divergence;
+mod fused_linear_distill;
+mod fused_linear_preference;
+mod fused_linear_rl;
 mod glu;
 mod linear_cross_entropy;
+mod lora;
 mod matmul;
 mod rope;
 
@@ -385,18 +391,153 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         bias: Option<FloatTensor<Self>>,
         targets: burn::tensor::ops::IntTensor<Self>,
         class_weight: Option<FloatTensor<Self>>,
-        compute_grad: bool,
+        _compute_grad: bool,
         options: crate::ops::CrossEntropyOptions,
     ) -> crate::ops::LinearCrossEntropyOutput<Self> {
+        // Whether gradients are computed follows the graph: exactly for the tracked inputs.
+        linear_cross_entropy::forward::<B, C>(x, weight, bias, None, targets, class_weight, options)
+    }
+
+    fn fused_lora_linear_cross_entropy(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        adapter: Option<crate::ops::LoraHead<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        _wanted: crate::ops::LinearCrossEntropyGradsWanted,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::LinearCrossEntropyOutput<Self> {
+        // Which gradients are computed follows the graph: exactly the tracked inputs'.
         linear_cross_entropy::forward::<B, C>(
             x,
             weight,
             bias,
+            adapter,
             targets,
             class_weight,
-            compute_grad,
             options,
         )
+    }
+
+    fn fused_linear_preference(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        reference: crate::ops::ReferenceInput<Self>,
+        _compute_grad: bool,
+        options: crate::ops::PreferenceOptions,
+    ) -> crate::ops::PreferenceOutput<Self> {
+        // Whether gradients are computed follows the graph (a tracked x, weight or bias).
+        fused_linear_preference::forward::<B, C>(x, weight, bias, targets, reference, options)
+    }
+
+    fn fused_linear_distill(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        teacher: crate::ops::TeacherHead<Self>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        _compute_grad: bool,
+        options: crate::ops::DistillOptions,
+    ) -> crate::ops::DistillOutput<Self> {
+        // Whether gradients are computed follows the graph (a tracked x, weight or bias).
+        fused_linear_distill::forward::<B, C>(x, weight, bias, teacher, targets, options)
+    }
+
+    fn fused_divergence(
+        input: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        labels: Option<burn::tensor::ops::IntTensor<Self>>,
+        _compute_grad: bool,
+        options: crate::ops::DivergenceOptions,
+    ) -> crate::ops::DivergenceOutput<Self> {
+        // Whether the gradient is computed follows the graph (a tracked input).
+        divergence::forward::<B, C>(input, target, labels, options)
+    }
+
+    fn fused_linear_kto(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        labels: burn::tensor::ops::IntTensor<Self>,
+        reference: crate::ops::ReferenceInput<Self>,
+        kl: Option<FloatTensor<Self>>,
+        _compute_grad: bool,
+        options: crate::ops::KtoOptions,
+    ) -> crate::ops::KtoOutput<Self> {
+        // Whether gradients are computed follows the graph (a tracked x, weight or bias).
+        fused_linear_rl::kto::<B, C>(x, weight, bias, targets, labels, reference, kl, options)
+    }
+
+    fn fused_linear_grpo(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        completion_ids: burn::tensor::ops::IntTensor<Self>,
+        completion_mask: burn::tensor::ops::IntTensor<Self>,
+        advantages: FloatTensor<Self>,
+        reference: crate::ops::ReferenceInput<Self>,
+        old_logps: Option<FloatTensor<Self>>,
+        _compute_grad: bool,
+        options: crate::ops::GrpoOptions,
+    ) -> crate::ops::GrpoOutput<Self> {
+        fused_linear_rl::grpo::<B, C>(
+            x,
+            weight,
+            bias,
+            completion_ids,
+            completion_mask,
+            advantages,
+            reference,
+            old_logps,
+            options,
+        )
+    }
+
+    fn fused_lora_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        adapter_x: Option<FloatTensor<Self>>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        options: crate::ops::LoraOptions,
+    ) -> crate::ops::LoraLinearOutput<Self> {
+        lora::forward::<B, C>(x, weight, bias, adapter_x, a, b, options)
+    }
+
+    /// Not tracked (nothing differentiates a backward): `B`'s on the inner tensors.
+    fn fused_lora_linear_backward(
+        grad_output: FloatTensor<Self>,
+        adapter_input: FloatTensor<Self>,
+        separate: bool,
+        weight: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        hidden: FloatTensor<Self>,
+        options: crate::ops::LoraOptions,
+        wanted: crate::ops::LoraLinearGradsWanted,
+    ) -> crate::ops::LoraLinearGrads<Self> {
+        let g = B::fused_lora_linear_backward(
+            grad_output.primitive,
+            adapter_input.primitive,
+            separate,
+            weight.primitive,
+            a.primitive,
+            b.primitive,
+            hidden.primitive,
+            options,
+            wanted,
+        );
+        crate::ops::LoraLinearGrads {
+            grad_x: g.grad_x.map(Self::from_inner),
+            grad_adapter_x: g.grad_adapter_x.map(Self::from_inner),
+            grad_a: g.grad_a.map(Self::from_inner),
+            grad_b: g.grad_b.map(Self::from_inner),
+        }
     }
 
     fn fused_attention(

@@ -206,13 +206,7 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         compute_grad: bool,
         options: crate::ops::CrossEntropyOptions,
     ) -> crate::ops::LinearCrossEntropyOutput<Self> {
-        let crate::ops::LinearCrossEntropyOutput {
-            loss,
-            z_loss,
-            grad_x,
-            grad_weight,
-            grad_bias,
-        } = B::fused_linear_cross_entropy(
+        lift_lce(B::fused_linear_cross_entropy(
             x,
             weight,
             bias,
@@ -220,14 +214,188 @@ impl<B: FusedOps> FusedOps for Liger<B> {
             class_weight,
             compute_grad,
             options,
-        );
-        crate::ops::LinearCrossEntropyOutput {
-            loss,
-            z_loss,
+        ))
+    }
+
+    fn fused_lora_linear_cross_entropy(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        adapter: Option<crate::ops::LoraHead<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        wanted: crate::ops::LinearCrossEntropyGradsWanted,
+        options: crate::ops::CrossEntropyOptions,
+    ) -> crate::ops::LinearCrossEntropyOutput<Self> {
+        let adapter = adapter.map(|h| crate::ops::LoraHead {
+            x: h.x,
+            a: h.a,
+            b: h.b,
+            options: h.options,
+        });
+        lift_lce(B::fused_lora_linear_cross_entropy(
+            x,
+            weight,
+            bias,
+            adapter,
+            targets,
+            class_weight,
+            wanted,
+            options,
+        ))
+    }
+
+    fn fused_lora_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        adapter_x: Option<FloatTensor<Self>>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        options: crate::ops::LoraOptions,
+    ) -> crate::ops::LoraLinearOutput<Self> {
+        let crate::ops::LoraLinearOutput { output, hidden } =
+            B::fused_lora_linear(x, weight, bias, adapter_x, a, b, options);
+        crate::ops::LoraLinearOutput { output, hidden }
+    }
+
+    fn fused_lora_linear_backward(
+        grad_output: FloatTensor<Self>,
+        adapter_input: FloatTensor<Self>,
+        separate: bool,
+        weight: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        hidden: FloatTensor<Self>,
+        options: crate::ops::LoraOptions,
+        wanted: crate::ops::LoraLinearGradsWanted,
+    ) -> crate::ops::LoraLinearGrads<Self> {
+        let crate::ops::LoraLinearGrads {
             grad_x,
-            grad_weight,
-            grad_bias,
+            grad_adapter_x,
+            grad_a,
+            grad_b,
+        } = B::fused_lora_linear_backward(
+            grad_output,
+            adapter_input,
+            separate,
+            weight,
+            a,
+            b,
+            hidden,
+            options,
+            wanted,
+        );
+        crate::ops::LoraLinearGrads {
+            grad_x,
+            grad_adapter_x,
+            grad_a,
+            grad_b,
         }
+    }
+
+    fn fused_linear_preference(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        reference: crate::ops::ReferenceInput<Self>,
+        compute_grad: bool,
+        options: crate::ops::PreferenceOptions,
+    ) -> crate::ops::PreferenceOutput<Self> {
+        B::fused_linear_preference(
+            x,
+            weight,
+            bias,
+            targets,
+            reference.map(|t| t),
+            compute_grad,
+            options,
+        )
+        .map(|t| t)
+    }
+
+    fn fused_linear_distill(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        teacher: crate::ops::TeacherHead<Self>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        compute_grad: bool,
+        options: crate::ops::DistillOptions,
+    ) -> crate::ops::DistillOutput<Self> {
+        B::fused_linear_distill(
+            x,
+            weight,
+            bias,
+            teacher.map(|t| t),
+            targets,
+            compute_grad,
+            options,
+        )
+        .map(|t| t)
+    }
+
+    fn fused_divergence(
+        input: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        labels: Option<burn::tensor::ops::IntTensor<Self>>,
+        compute_grad: bool,
+        options: crate::ops::DivergenceOptions,
+    ) -> crate::ops::DivergenceOutput<Self> {
+        B::fused_divergence(input, target, labels, compute_grad, options).map(|t| t)
+    }
+
+    fn fused_linear_kto(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        labels: burn::tensor::ops::IntTensor<Self>,
+        reference: crate::ops::ReferenceInput<Self>,
+        kl: Option<FloatTensor<Self>>,
+        compute_grad: bool,
+        options: crate::ops::KtoOptions,
+    ) -> crate::ops::KtoOutput<Self> {
+        B::fused_linear_kto(
+            x,
+            weight,
+            bias,
+            targets,
+            labels,
+            reference.map(|t| t),
+            kl,
+            compute_grad,
+            options,
+        )
+        .map(|t| t)
+    }
+
+    fn fused_linear_grpo(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        completion_ids: burn::tensor::ops::IntTensor<Self>,
+        completion_mask: burn::tensor::ops::IntTensor<Self>,
+        advantages: FloatTensor<Self>,
+        reference: crate::ops::ReferenceInput<Self>,
+        old_logps: Option<FloatTensor<Self>>,
+        compute_grad: bool,
+        options: crate::ops::GrpoOptions,
+    ) -> crate::ops::GrpoOutput<Self> {
+        B::fused_linear_grpo(
+            x,
+            weight,
+            bias,
+            completion_ids,
+            completion_mask,
+            advantages,
+            reference.map(|t| t),
+            old_logps,
+            compute_grad,
+            options,
+        )
+        .map(|t| t)
     }
 
     fn fused_attention(
@@ -313,5 +481,23 @@ fn lift_grads<B: FusedOps>(grads: NormGrads<B>) -> NormGrads<Liger<B>> {
         grad_input,
         grad_weight,
         grad_bias,
+    }
+}
+
+/// `B`'s linear cross entropy output as `Liger<B>`'s (the same primitives).
+fn lift_lce<B: FusedOps>(
+    out: crate::ops::LinearCrossEntropyOutput<B>,
+) -> crate::ops::LinearCrossEntropyOutput<Liger<B>> {
+    crate::ops::LinearCrossEntropyOutput {
+        loss: out.loss,
+        z_loss: out.z_loss,
+        grad_x: out.grad_x,
+        grad_weight: out.grad_weight,
+        grad_bias: out.grad_bias,
+        adapter: out.adapter.map(|g| crate::ops::LoraHeadGrads {
+            grad_x: g.grad_x,
+            grad_a: g.grad_a,
+            grad_b: g.grad_b,
+        }),
     }
 }

@@ -40,6 +40,12 @@ impl<B: FusionBackend + FusedOps> CustomKernel<B> for RopeKernel {
     }
 }
 
+/// The rotated (or, backward, the gradients of) q and k, each when given.
+type RopePair<B> = (
+    Option<FusionTensor<<B as FusionBackend>::FusionRuntime>>,
+    Option<FusionTensor<<B as FusionBackend>::FusionRuntime>>,
+);
+
 /// Validates eagerly (the stream runs later) and registers the op; returns the rotated
 /// tensors where inputs were given.
 pub(crate) fn rope<B: FusionBackend + FusedOps>(
@@ -49,10 +55,7 @@ pub(crate) fn rope<B: FusionBackend + FusedOps>(
     sin: FusionTensor<B::FusionRuntime>,
     layout: RopeLayout,
     backward: bool,
-) -> (
-    Option<FusionTensor<B::FusionRuntime>>,
-    Option<FusionTensor<B::FusionRuntime>>,
-) {
+) -> RopePair<B> {
     let op = if backward { "rope_backward" } else { "rope" };
     if q.is_none() && k.is_none() {
         return (None, None);

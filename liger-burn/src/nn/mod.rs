@@ -18,3 +18,7 @@ pub use cross_entropy::{CrossEntropyLoss, CrossEntropyLossConfig};
 mod linear_cross_entropy;
 
 pub use linear_cross_entropy::{LinearCrossEntropyLoss, LinearCrossEntropyLossConfig};
+
+mod lora;
+
+pub use lora::{LoraAdapter, LoraAdapterConfig};

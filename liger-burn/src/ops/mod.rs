@@ -11,10 +11,20 @@
 
 mod adamw;
 pub mod compose;
+mod divergence;
+mod fused_linear_distill;
+mod fused_linear_preference;
+mod fused_linear_rl;
+mod lora;
 mod options;
 pub mod validate;
 
 pub use adamw::*;
+pub use divergence::*;
+pub use fused_linear_distill::*;
+pub use fused_linear_preference::*;
+pub use fused_linear_rl::*;
+pub use lora::*;
 pub use options::*;
 
 use burn::tensor::{
@@ -113,6 +123,9 @@ pub struct LinearCrossEntropyOutput<B: Backend> {
     pub grad_weight: Option<FloatTensor<B>>,
     /// `∂loss/∂bias`, `[V]`, dtype of the bias (accumulated in f32), when there is a bias.
     pub grad_bias: Option<FloatTensor<B>>,
+    /// The gradients of the LM head's LoRA adapter, when it has one
+    /// ([`FusedOps::fused_lora_linear_cross_entropy`]).
+    pub adapter: Option<LoraHeadGrads<B>>,
 }
 
 /// The fused primitives. See the module docs for the shape conventions.
@@ -352,8 +365,8 @@ pub trait FusedOps: Backend {
     /// `class_weight: [V]`; see [`CrossEntropyOptions`] for the math, here applied to
     /// `logits = x weightᵀ + bias` and reduced by `options.reduction`.
     ///
-    /// With `compute_grad`, the gradients of the reduced loss (for an upstream gradient of
-    /// 1) are computed in the same chunked pass. The default body (every backend) chunks
+    /// With `compute_grad`, the gradients of the reduced loss (for an upstream gradient
+    /// of 1) are computed in the same chunked pass. The default body (every backend) chunks
     /// over rows with `matmul` and [`fused_cross_entropy`](FusedOps::fused_cross_entropy);
     /// see [`compose::linear_cross_entropy`] for the chunk size and the memory it costs
     /// (an f32 `[V, H]` weight-gradient accumulator). On `Autodiff<B>` the loss is tracked
@@ -376,6 +389,253 @@ pub trait FusedOps: Backend {
             class_weight,
             compute_grad,
             options,
+        )
+    }
+
+    /// Linear layer then a preference loss (DPO, ORPO, CPO, SimPO; see
+    /// [`PreferenceOptions`]) without the `[2B·T, V]` logits: `x: [2B, T, H]` the last
+    /// hidden states of `B` chosen then `B` rejected sequences, `weight: [V, H]`,
+    /// `bias: [V]`, integer `targets: [2B, T]` (`ignore_index` outside the completions),
+    /// the reference model's log-probabilities given or computed from its head
+    /// ([`ReferenceInput`]).
+    ///
+    /// With `compute_grad`, the gradients of the loss (for an upstream gradient of 1) are
+    /// computed in the same chunked pass. The default body chunks over pairs with
+    /// [`fused_matmul`](FusedOps::fused_matmul) and
+    /// [`fused_cross_entropy`](FusedOps::fused_cross_entropy) (see
+    /// [`compose::fused_linear_preference`]). On `Autodiff<B>` the loss is tracked (parents
+    /// `x`, `weight`, `bias`; the reference gets no gradient) and its backward only scales
+    /// the stored gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_linear_preference(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: IntTensor<Self>,
+        reference: ReferenceInput<Self>,
+        compute_grad: bool,
+        options: PreferenceOptions,
+    ) -> PreferenceOutput<Self> {
+        compose::fused_linear_preference::forward::<Self>(
+            x,
+            weight,
+            bias,
+            targets,
+            reference,
+            compute_grad,
+            options,
+        )
+    }
+
+    /// Linear layer then distillation from a frozen teacher (see [`DistillOptions`]) without
+    /// the `[N, V]` logits of either head: the student's `x: [N, H]`, `weight: [V, H]`,
+    /// `bias: [V]`, the teacher's head ([`TeacherHead`], vocabulary `V_t ≥ V`: a larger
+    /// teacher vocabulary pads the student's logits with zeros, as Liger-Kernel), integer
+    /// `targets: [N]`.
+    ///
+    /// With `compute_grad`, the gradients of the loss (upstream gradient 1) are computed
+    /// chunk by chunk in the same pass (see [`compose::fused_linear_distill`]). On
+    /// `Autodiff<B>` the loss is tracked (parents `x`, `weight`, `bias`; the teacher gets no
+    /// gradient) and its backward only scales the stored gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_linear_distill(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        teacher: TeacherHead<Self>,
+        targets: IntTensor<Self>,
+        compute_grad: bool,
+        options: DistillOptions,
+    ) -> DistillOutput<Self> {
+        compose::fused_linear_distill::forward::<Self>(
+            x,
+            weight,
+            bias,
+            teacher,
+            targets,
+            compute_grad,
+            options,
+        )
+    }
+
+    /// A divergence between two `[N, V]` distributions, elementwise then reduced (see
+    /// [`DivergenceOptions`]): `input` (the student, log-probabilities, or probabilities for
+    /// the TVD), `target` of the same shape and dtype, optional integer `labels: [N]`
+    /// (rows labelled `ignore_index` are skipped).
+    ///
+    /// With `compute_grad` the gradient of the input is computed in the same pass. On
+    /// `Autodiff<B>` the loss is tracked (parent `input`; the target gets no gradient) and
+    /// its backward scales the stored gradient by the upstream one (elementwise under no
+    /// reduction).
+    fn fused_divergence(
+        input: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        labels: Option<IntTensor<Self>>,
+        compute_grad: bool,
+        options: DivergenceOptions,
+    ) -> DivergenceOutput<Self> {
+        compose::divergence::forward::<Self>(input, target, labels, compute_grad, options)
+    }
+
+    /// Linear layer then KTO (see [`KtoOptions`]) without the `[B·T, V]` logits:
+    /// `x: [B, T, H]`, `weight: [V, H]`, `bias: [V]`, integer `targets: [B, T]`, integer
+    /// `labels: [B]` (1 desirable, 0 undesirable: unpaired, in any order), the reference's
+    /// log-probabilities ([`ReferenceInput`], `[B]` when given), `kl`: TRL's KL estimate,
+    /// `[1]` f32 (0 when absent).
+    ///
+    /// Chunked over sequences as [`fused_linear_preference`](FusedOps::fused_linear_preference)
+    /// (see [`compose::fused_linear_kto`]); on `Autodiff<B>` the loss is tracked (parents
+    /// `x`, `weight`, `bias`) and its backward only scales the stored gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_linear_kto(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: IntTensor<Self>,
+        labels: IntTensor<Self>,
+        reference: ReferenceInput<Self>,
+        kl: Option<FloatTensor<Self>>,
+        compute_grad: bool,
+        options: KtoOptions,
+    ) -> KtoOutput<Self> {
+        compose::fused_linear_kto::forward::<Self>(
+            x,
+            weight,
+            bias,
+            targets,
+            labels,
+            reference,
+            kl,
+            compute_grad,
+            options,
+        )
+    }
+
+    /// Linear layer then GRPO (see [`GrpoOptions`]) without the `[B·T, V]` logits:
+    /// `x: [B, T, H]`, `weight: [V, H]`, `bias: [V]`, integer `completion_ids: [B, T]` (the
+    /// sampled tokens), integer `completion_mask: [B, T]` (1 on completion tokens),
+    /// `advantages: [B]` f32, the reference's per-token log-probabilities
+    /// ([`ReferenceInput`], `[B, T]` when given), the old policy's `old_logps: [B, T]` f32.
+    ///
+    /// Chunked over sequences (see [`compose::fused_linear_grpo`]); on `Autodiff<B>` the
+    /// loss is tracked (parents `x`, `weight`, `bias`) and its backward only scales the
+    /// stored gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_linear_grpo(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        completion_ids: IntTensor<Self>,
+        completion_mask: IntTensor<Self>,
+        advantages: FloatTensor<Self>,
+        reference: ReferenceInput<Self>,
+        old_logps: Option<FloatTensor<Self>>,
+        compute_grad: bool,
+        options: GrpoOptions,
+    ) -> GrpoOutput<Self> {
+        compose::fused_linear_grpo::forward::<Self>(
+            x,
+            weight,
+            bias,
+            completion_ids,
+            completion_mask,
+            advantages,
+            reference,
+            old_logps,
+            compute_grad,
+            options,
+        )
+    }
+
+    /// [`fused_linear_cross_entropy`](FusedOps::fused_linear_cross_entropy) with an
+    /// optional LoRA adapter on the LM head, computing only the gradients in `wanted`:
+    /// `logits = x·weightᵀ + bias + s·(x_a·Aᵀ)·Bᵀ` chunk by chunk (see
+    /// [`compose::linear_cross_entropy`]), the adapter's gradients (`A: [r, H]`,
+    /// `B: [V, r]`) accumulated in f32 over the chunks from each chunk's logits gradient.
+    /// Without an adapter this is the fused linear cross entropy whose frozen weight
+    /// (`wanted.weight` false) costs no `[V, H]` gradient.
+    ///
+    /// `x: [N, H]`, `weight: [V, H]`, `bias: [V]`, `targets: [N]`, `class_weight: [V]`;
+    /// gradients for an upstream gradient of 1 (per-row factors of 1 under reduction
+    /// none), in the dtypes of their inputs. On `Autodiff<B>` the loss is tracked (parents
+    /// `x`, weight, bias, the adapter's input, `A`, `B`) and `wanted` follows which of them
+    /// are tracked.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_lora_linear_cross_entropy(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        adapter: Option<LoraHead<Self>>,
+        targets: IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        wanted: LinearCrossEntropyGradsWanted,
+        options: CrossEntropyOptions,
+    ) -> LinearCrossEntropyOutput<Self> {
+        compose::linear_cross_entropy::forward_lora::<Self>(
+            x,
+            weight,
+            bias,
+            adapter,
+            targets,
+            class_weight,
+            wanted,
+            options,
+        )
+    }
+
+    /// A linear layer with a LoRA adapter, the base frozen:
+    /// `x·weight + bias + s·(x_a·Aᵀ)·Bᵀ` without the merged weight (see
+    /// [`lora`](crate::ops::LoraOptions) and [`compose::lora`] for the math and the
+    /// precision).
+    ///
+    /// `x: [..., d_in]`, `weight: [d_in, d_out]` (Burn's `Linear` layout, any strides),
+    /// `bias: [d_out]`, all in one float dtype; `adapter_x`: the adapter's input when it is
+    /// not `x` (the dropout's output), shaped and typed like `x`; `a: [r, d_in]`,
+    /// `b: [d_out, r]` (PEFT's layouts) of one float dtype. Returns the output
+    /// `[..., d_out]` in `x`'s dtype and the scaled hidden `[rows, r]` the backward reads.
+    /// On `Autodiff<B>` the node's parents are `x`, the adapter input, `A` and `B`; the
+    /// weight and bias are constants.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_lora_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        adapter_x: Option<FloatTensor<Self>>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        options: LoraOptions,
+    ) -> LoraLinearOutput<Self> {
+        compose::lora::forward::<Self>(x, weight, bias, adapter_x, a, b, options)
+    }
+
+    /// Backward of [`fused_lora_linear`](FusedOps::fused_lora_linear) for the upstream
+    /// gradient `grad_output: [..., d_out]`, from the adapter's input (`x` itself when
+    /// `separate` is false, else the separate input; the base path's input gradient needs
+    /// nothing of `x`), the weight, `A`, `B` and the forward's `hidden`: the gradients
+    /// `wanted` asks for (`wanted.x`: through the weight, plus the adapter path when it
+    /// reads `x`; `wanted.adapter_x`: the separate input's).
+    #[allow(clippy::too_many_arguments)]
+    fn fused_lora_linear_backward(
+        grad_output: FloatTensor<Self>,
+        adapter_input: FloatTensor<Self>,
+        separate: bool,
+        weight: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        hidden: FloatTensor<Self>,
+        options: LoraOptions,
+        wanted: LoraLinearGradsWanted,
+    ) -> LoraLinearGrads<Self> {
+        compose::lora::backward::<Self>(
+            grad_output,
+            adapter_input,
+            separate,
+            weight,
+            a,
+            b,
+            hidden,
+            options,
+            wanted,
         )
     }
 

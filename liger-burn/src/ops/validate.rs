@@ -172,11 +172,19 @@ pub fn elementwise_tensors<T: TensorMetadata>(
 }
 mod adamw;
 mod attention;
+mod lora;
 mod matmul;
+mod post_training;
 mod rope;
 pub use adamw::{AdamWInputs, adamw_step, adamw_step_tensors};
 pub use attention::{AttentionInputs, attention};
+pub use lora::{AdapterInputs, adapter, lora_linear, lora_linear_tensors};
 pub use matmul::{matmul, matmul_tensors};
+pub use post_training::{
+    Meta, ReferenceMeta, distill, distill_tensors, divergence, divergence_tensors, grpo,
+    grpo_tensors, kto, kto_tensors, preference, preference_tensors, row_head, sequence_head,
+    sequence_targets,
+};
 pub use rope::{RopeInputs, rope, rope_tensors};
 /// A cross-entropy call's inputs: `logits: [N, V]`, `targets: [N]` (integers),
 /// `class_weight: [V]`, `grad_scale: [1]` or `[N]`, `z_loss_scale: [1]` (with a `[1]`
@@ -267,17 +275,18 @@ pub fn cross_entropy(
             options.lse_square_scale
         ));
     }
-    if let Some(c) = options.softcap {
-        if !(c.is_finite() && c > 0.0) {
-            return fail(format!(
-                "{op}: softcap must be positive and finite, got {c} (logits {shape:?})"
-            ));
-        }
+    if let Some(c) = options.softcap
+        && !(c.is_finite() && c > 0.0)
+    {
+        return fail(format!(
+            "{op}: softcap must be positive and finite, got {c} (logits {shape:?})"
+        ));
     }
     Ok(())
 }
 
 /// [`cross_entropy`] on tensors of any layer.
+#[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_tensors<F: TensorMetadata, I: TensorMetadata>(
     op: &'static str,
     logits: &F,

@@ -68,6 +68,11 @@ pub enum E2eModel {
     /// 151936, q/k/v biases, tied embeddings (1.54B parameters).
     #[value(name = "qwen2.5-1.5b")]
     Qwen25_1_5b,
+    /// Llama 3 8B's shapes: 32 layers, hidden 4096, 32/8 heads of 128, MLP 14336,
+    /// vocabulary 128256, untied (8.03B parameters; with --e2e-lora-rank, issue 15's
+    /// "8B with LoRA at 4K tokens" case).
+    #[value(name = "llama3-8b")]
+    Llama3_8b,
     /// liger-models' tiny Llama (vocabulary 128, hidden 64, 2 layers): for CPU checks.
     #[value(name = "tiny-llama")]
     TinyLlama,
@@ -82,6 +87,7 @@ impl E2eModel {
         match self {
             E2eModel::Llama32_1b => "llama3.2-1b",
             E2eModel::Qwen25_1_5b => "qwen2.5-1.5b",
+            E2eModel::Llama3_8b => "llama3-8b",
             E2eModel::TinyLlama => "tiny-llama",
             E2eModel::TinyQwen3 => "tiny-qwen3",
         }
@@ -92,6 +98,7 @@ impl E2eModel {
         let c = match self {
             E2eModel::Llama32_1b => ModelConfig::llama3_2_1b(),
             E2eModel::Qwen25_1_5b => ModelConfig::qwen2_5_1_5b(),
+            E2eModel::Llama3_8b => ModelConfig::llama3_1_8b(),
             E2eModel::TinyLlama => ModelConfig::tiny(ModelType::Llama),
             E2eModel::TinyQwen3 => ModelConfig::tiny(ModelType::Qwen3),
         };
@@ -254,6 +261,13 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     if args.reduction == crate::args::ReductionArg::Both {
         bail!("--reduction both is for `liger check`; bench takes auto, plane or shared");
     }
+    if let Some(rank) = args.e2e_lora_rank {
+        if rank == 0 {
+            bail!("--e2e-lora-rank must be at least 1");
+        }
+        liger_models::LoraTarget::parse_list(&args.e2e_lora_targets)
+            .map_err(|e| anyhow::anyhow!("--e2e-lora-targets: {e}"))?;
+    }
     let mut models = args.e2e_models.clone();
     models.dedup();
     let mut seqs = args.e2e_seq.clone();
@@ -298,6 +312,21 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         },
         args.dtype
     );
+    if let Some(lora) = e2e_case::lora_config(&args) {
+        println!(
+            "lora:      rank {}, alpha {} on {} (adapters f32, base frozen in {}: only the \
+             adapters get gradients and AdamW state); on = liger-burn's LoRA op, off = the \
+             stock composition",
+            lora.rank,
+            lora.alpha,
+            lora.targets
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(","),
+            args.dtype
+        );
+    }
     println!(
         "memory:    pool {}; peak reserved = largest CubeCL pool bytes reserved over the timed \
          steps and one more step (pool emptied before the last warm-up step); in use read \
@@ -456,6 +485,14 @@ fn child_args(args: &BenchArgs, case: E2eCase) -> Vec<String> {
     }
     if args.e2e_gradient_checkpointing.on() {
         a.extend(["--e2e-gradient-checkpointing".into(), "on".into()]);
+    }
+    if let Some(r) = args.e2e_lora_rank {
+        a.extend([
+            "--e2e-lora-rank".into(),
+            r.to_string(),
+            "--e2e-lora-targets".into(),
+            args.e2e_lora_targets.clone(),
+        ]);
     }
     a.extend(["--memory-pool".into(), args.memory_pool.name().into()]);
     a
@@ -674,6 +711,18 @@ fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
     }
     if args.e2e_gradient_checkpointing.on() {
         config.push_str(" gradient_checkpointing=balanced");
+    }
+    if let Some(lora) = e2e_case::lora_config(args) {
+        config.push_str(&format!(
+            " lora=r{}:alpha{}:{}",
+            lora.rank,
+            lora.alpha,
+            lora.targets
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join("+")
+        ));
     }
     let out = r.output.as_ref();
     if let Some(o) = out.filter(|o| o.params > 0) {
@@ -950,6 +999,29 @@ mod tests {
         let mut argv = vec!["bench", "--e2e", "--dtype", "bf16"];
         argv.extend_from_slice(extra);
         Bench::try_parse_from(argv).unwrap().args
+    }
+
+    #[test]
+    fn lora_flags_reach_the_case_processes_and_the_csv_config() {
+        let case: E2eCase = "tiny-llama:32:1:on".parse().unwrap();
+        let plain = bench_args(&[]);
+        assert!(e2e_case::lora_config(&plain).is_none());
+        assert!(!child_args(&plain, case).iter().any(|a| a.contains("lora")));
+        let args = bench_args(&["--e2e-lora-rank", "8", "--e2e-lora-targets", "q,v,lm_head"]);
+        let child = child_args(&args, case);
+        let at = child.iter().position(|a| a == "--e2e-lora-rank").unwrap();
+        assert_eq!(child[at + 1], "8");
+        assert_eq!(child[at + 3], "q,v,lm_head");
+        let lora = e2e_case::lora_config(&args).unwrap();
+        assert_eq!((lora.rank, lora.alpha), (8, 16.0));
+        assert_eq!(
+            lora.targets,
+            [
+                liger_models::LoraTarget::Q,
+                liger_models::LoraTarget::V,
+                liger_models::LoraTarget::LmHead
+            ]
+        );
     }
 
     fn ok_case(spec: &str, in_use_gib: f64) -> CaseResult {

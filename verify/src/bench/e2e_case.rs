@@ -81,6 +81,22 @@ pub fn optimizer_state(args: &BenchArgs, mode: LigerMode) -> String {
     }
 }
 
+/// The LoRA settings of `--e2e-lora-rank` (alpha 2·rank, no dropout, f32 adapters: the
+/// anchor's PEFT configuration), `None` without it. Panics naming the flag on a bad
+/// target list or rank 0.
+pub fn lora_config(args: &BenchArgs) -> Option<liger_models::LoraConfig> {
+    let rank = args.e2e_lora_rank?;
+    let targets = liger_models::LoraTarget::parse_list(&args.e2e_lora_targets)
+        .unwrap_or_else(|e| panic!("--e2e-lora-targets: {e}"));
+    let lora = liger_models::LoraConfig {
+        targets,
+        ..liger_models::LoraConfig::new(rank, 2.0 * rank as f64)
+    };
+    lora.validate()
+        .unwrap_or_else(|e| panic!("--e2e-lora-rank: {e}"));
+    Some(lora)
+}
+
 /// What a case process reports.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CaseOutput {
@@ -262,6 +278,11 @@ where
     // on and off can then be compared (see `super::e2e::summary`).
     A::seed(device, 0xE2E);
     let mut model = CausalLm::<A>::init(&config, liger, args.dtype.dtype(), device);
+    if let Some(lora) = lora_config(args) {
+        model = model
+            .with_lora(&lora)
+            .unwrap_or_else(|e| panic!("--e2e-lora-rank: {e}"));
+    }
     let params = config.num_params();
     // Random token ids (uniform over the vocabulary), labels = ids: every position
     // scored, as in pre-training.

@@ -60,6 +60,16 @@ pub enum BenchOp {
     /// burn::nn::loss::CrossEntropyLoss. Shape NxHxV.
     #[value(name = "fused_linear_cross_entropy")]
     FusedLinearCrossEntropy,
+    /// Fused linear DPO (sigmoid, β 0.1, a frozen reference head over the same hidden
+    /// states) vs the same loss composed of stock ops under autodiff (the `[2B·T, V]` logits
+    /// and their f32 log-softmax materialized). Shape PAIRSxSEQxHxV.
+    #[value(name = "fused_linear_dpo")]
+    FusedLinearDpo,
+    /// Fused linear distillation (generalized JSD β 0.5, temperature 1, hard and soft
+    /// weights 0.5; a frozen teacher head) vs the same loss composed of stock ops. Shape
+    /// NxHxV.
+    #[value(name = "fused_linear_jsd")]
+    FusedLinearJsd,
     /// Matrix products `[m, k] · [k, n]` (Burn's matmul on `Liger<B>`: cuBLASLt on CUDA)
     /// vs Burn's matmul: the models' GEMMs by default. Shape MxKxN. Not in `all`; run on
     /// its own (see `bench::matmul`).
@@ -69,7 +79,7 @@ pub enum BenchOp {
 
 impl BenchOp {
     /// Every op `all` expands to.
-    pub const EACH: [BenchOp; 10] = [
+    pub const EACH: [BenchOp; 12] = [
         BenchOp::RmsNorm,
         BenchOp::LayerNorm,
         BenchOp::Softmax,
@@ -80,6 +90,8 @@ impl BenchOp {
         BenchOp::GeGlu,
         BenchOp::CrossEntropy,
         BenchOp::FusedLinearCrossEntropy,
+        BenchOp::FusedLinearDpo,
+        BenchOp::FusedLinearJsd,
     ];
 
     /// Name in tables and the CSV `kernel` column.
@@ -96,6 +108,8 @@ impl BenchOp {
             BenchOp::GeGlu => "geglu",
             BenchOp::CrossEntropy => "cross_entropy",
             BenchOp::FusedLinearCrossEntropy => "fused_linear_cross_entropy",
+            BenchOp::FusedLinearDpo => "fused_linear_dpo",
+            BenchOp::FusedLinearJsd => "fused_linear_jsd",
             BenchOp::Matmul => "matmul",
         }
     }
@@ -108,6 +122,9 @@ impl BenchOp {
             BenchOp::SwiGlu | BenchOp::GeGlu => Shape(vec![8192, 14336]),
             BenchOp::CrossEntropy => Shape(vec![8192, 128256]),
             BenchOp::FusedLinearCrossEntropy => Shape(vec![8192, 4096, 128256]),
+            // 8 pairs of 1024 tokens: the shape, Liger-Kernel's benchmark's.
+            BenchOp::FusedLinearDpo => Shape(vec![8, 1024, 4096, 128256]),
+            BenchOp::FusedLinearJsd => Shape(vec![8192, 4096, 128256]),
             _ => Shape(vec![8192, 4096]),
         }
     }
@@ -117,7 +134,10 @@ impl BenchOp {
         match self {
             BenchOp::Rope => "BATCHxSEQxQ_HEADSxKV_HEADSxHEAD_DIM",
             BenchOp::CrossEntropy => "NxV (rows x vocabulary)",
-            BenchOp::FusedLinearCrossEntropy => "NxHxV (rows x hidden x vocabulary)",
+            BenchOp::FusedLinearCrossEntropy | BenchOp::FusedLinearJsd => {
+                "NxHxV (rows x hidden x vocabulary)"
+            }
+            BenchOp::FusedLinearDpo => "PAIRSxSEQxHxV (pairs x tokens x hidden x vocabulary)",
             _ => "ROWSxWIDTH (leading dims multiply into rows)",
         }
     }
@@ -126,9 +146,10 @@ impl BenchOp {
     pub fn accepts(self, shape: &Shape) -> bool {
         let d = &shape.0;
         match self {
-            BenchOp::Rope => d.len() == 5 && d[4] % 2 == 0,
+            BenchOp::Rope => d.len() == 5 && d[4].is_multiple_of(2),
             BenchOp::CrossEntropy => d.len() == 2,
-            BenchOp::FusedLinearCrossEntropy => d.len() == 3,
+            BenchOp::FusedLinearCrossEntropy | BenchOp::FusedLinearJsd => d.len() == 3,
+            BenchOp::FusedLinearDpo => d.len() == 4,
             _ => d.len() >= 2,
         }
     }
@@ -242,6 +263,11 @@ pub struct Inputs<BB: Backend> {
     pub qk: Option<(Tensor<BB, 4>, Tensor<BB, 4>)>,
     /// RoPE: cos and sin `[1, seq, head_dim]` (no gradient).
     pub tables: Option<(Tensor<BB, 3>, Tensor<BB, 3>)>,
+    /// The frozen head of DPO's reference or the distillation's teacher: its `x [rows, H]`
+    /// and weight `[V, H]` (no gradient).
+    pub frozen: Option<(Tensor<BB, 2>, Tensor<BB, 2>)>,
+    /// DPO: the sequences (chosen then rejected) the rows of `x` flatten.
+    pub sequences: usize,
 }
 
 fn grad<BB: Backend, const D: usize>(t: &Option<Tensor<BB, D>>) -> Option<Tensor<Autodiff<BB>, D>> {
@@ -262,8 +288,39 @@ impl<B: Backend> Inputs<B> {
             ints: None,
             qk: None,
             tables: None,
+            frozen: None,
+            sequences: 0,
         };
         match op {
+            BenchOp::FusedLinearDpo | BenchOp::FusedLinearJsd => {
+                // Rows x hidden x vocabulary, scaled as the linear cross entropy's.
+                let (n, h, v) = match op {
+                    BenchOp::FusedLinearDpo => (2 * d[0] * d[1], d[2], d[3]),
+                    _ => (d[0], d[1], d[2]),
+                };
+                let scale = 1.0 / (h as f64).sqrt();
+                let w = || Tensor::<B, 2>::random([v, h], uniform(-2.0 * scale, 2.0 * scale), opts);
+                let x = Tensor::<B, 2>::random([n, h], uniform(-1.0, 1.0), opts);
+                let frozen_x = match op {
+                    BenchOp::FusedLinearDpo => x.clone(),
+                    _ => Tensor::random([n, h], uniform(-1.0, 1.0), opts),
+                };
+                let targets =
+                    Tensor::<B, 1, Int>::random([n], Distribution::Uniform(0.0, v as f64), device)
+                        .clamp(0, v as i64 - 1);
+                return Inputs {
+                    x: Some(x),
+                    residual: Some(w()),
+                    ints: Some(targets),
+                    frozen: Some((frozen_x, w())),
+                    sequences: if op == BenchOp::FusedLinearDpo {
+                        2 * d[0]
+                    } else {
+                        0
+                    },
+                    ..none
+                };
+            }
             BenchOp::Rope => {
                 let (b, s, hq, hk, hd) = (d[0], d[1], d[2], d[3], d[4]);
                 return Inputs {
@@ -345,6 +402,11 @@ impl<B: Backend> Inputs<B> {
                 .tables
                 .clone()
                 .map(|(c, s)| (Tensor::from_inner(c), Tensor::from_inner(s))),
+            frozen: self
+                .frozen
+                .clone()
+                .map(|(x, w)| (Tensor::from_inner(x), Tensor::from_inner(w))),
+            sequences: self.sequences,
         }
     }
 }
@@ -365,6 +427,14 @@ pub fn elements(op: BenchOp, shape: &Shape) -> (usize, usize) {
         BenchOp::CrossEntropy => return (d[0] * d[1], d[0] * d[1]),
         BenchOp::FusedLinearCrossEntropy => {
             let xw = (d[0] + d[2]) * d[1];
+            return (xw, xw);
+        }
+        BenchOp::FusedLinearDpo => {
+            let xw = (2 * d[0] * d[1] + 2 * d[3]) * d[2];
+            return (xw, xw);
+        }
+        BenchOp::FusedLinearJsd => {
+            let xw = 2 * (d[0] + d[2]) * d[1];
             return (xw, xw);
         }
         _ => {}
@@ -518,8 +588,92 @@ pub fn apply<BB: FusedOps>(
                     .forward(logits, inp.ints.clone().unwrap()),
             ]
         }
+        (BenchOp::FusedLinearDpo | BenchOp::FusedLinearJsd, provider) => {
+            vec![post_training(op, provider, inp)]
+        }
         (BenchOp::All, _) => unreachable!("`all` is expanded before running"),
         (BenchOp::Matmul, _) => unreachable!("matmul runs in bench::matmul"),
+    }
+}
+
+/// `log softmax(x·wᵀ)[y]` per row, `[n]` f32: the stock composition (the `[n, V]` logits
+/// and their f32 log-softmax materialized).
+fn stock_token_logps<BB: FusedOps>(
+    x: Tensor<BB, 2>,
+    w: Tensor<BB, 2>,
+    y: Tensor<BB, 1, Int>,
+) -> Tensor<BB, 1> {
+    let n = x.dims()[0];
+    let logp = activation::log_softmax(x.matmul(w.transpose()).cast(DType::F32), 1);
+    logp.gather(1, y.reshape([n, 1])).reshape([n])
+}
+
+/// DPO (sigmoid, β 0.1, summed log-probabilities, the reference head over the same x) and
+/// distillation (Liger-Kernel's `LigerFusedLinearJSDLoss` defaults): the fused ops, or the
+/// same losses composed of stock ops with the frozen head detached.
+fn post_training<BB: FusedOps>(op: BenchOp, provider: Provider, inp: &Inputs<BB>) -> Tensor<BB, 1> {
+    use liger_burn::ops::{DistillOptions, PreferenceOptions};
+    let x = inp.x.clone().expect("x");
+    let w = inp.residual.clone().expect("weight");
+    let y = inp.ints.clone().expect("targets");
+    let (fx, fw) = inp.frozen.clone().expect("frozen head");
+    let [n, h] = x.dims();
+    if op == BenchOp::FusedLinearDpo {
+        // The rows are the 2B sequences of T tokens, flattened.
+        let pairs = inp.sequences / 2;
+        let t = n / inp.sequences;
+        return match provider {
+            Provider::Liger => {
+                functional::fused_linear_preference(
+                    x.reshape([2 * pairs, t, h]),
+                    w,
+                    None,
+                    y.reshape([2 * pairs, t]),
+                    functional::Reference::Model {
+                        x: fx.detach().reshape([2 * pairs, t, h]),
+                        weight: fw.detach(),
+                        bias: None,
+                    },
+                    PreferenceOptions::dpo(),
+                )
+                .loss
+            }
+            Provider::Burn => {
+                let seq =
+                    |l: Tensor<BB, 1>| l.reshape([2 * pairs, t]).sum_dim(1).reshape([2 * pairs]);
+                let policy = seq(stock_token_logps(x, w, y.clone()));
+                let reference = seq(stock_token_logps(fx.detach(), fw.detach(), y)).detach();
+                let ratio = policy - reference;
+                let d = (ratio.clone().slice(0..pairs) - ratio.slice(pairs..2 * pairs)) * 0.1;
+                activation::log_sigmoid(d).mean().neg()
+            }
+        };
+    }
+    let options = DistillOptions::default();
+    match provider {
+        Provider::Liger => {
+            functional::fused_linear_distill(x, w, None, fx.detach(), fw.detach(), None, y, options)
+                .loss
+        }
+        Provider::Burn => {
+            let ls = activation::log_softmax(x.matmul(w.transpose()).cast(DType::F32), 1);
+            let lt = activation::log_softmax(
+                fx.detach().matmul(fw.detach().transpose()).cast(DType::F32),
+                1,
+            )
+            .detach();
+            let hard = ls.clone().gather(1, y.reshape([n, 1])).mean().neg();
+            let beta = 0.5f64;
+            let (a, b) = (lt.clone() + beta.ln(), ls.clone() + (1.0 - beta).ln());
+            let m = a.clone().max_pair(b.clone());
+            let log_m = m.clone() + ((a - m.clone()).exp() + (b - m).exp()).log();
+            let soft = (lt.clone().exp() * (lt - log_m.clone()) * beta
+                + ls.clone().exp() * (ls - log_m) * (1.0 - beta))
+                .sum_dim(1)
+                .reshape([n])
+                .mean();
+            hard * 0.5 + soft * 0.5
+        }
     }
 }
 
@@ -548,14 +702,18 @@ pub fn backward_root<BB: Backend>(op: BenchOp, outputs: &[Tensor<BB, 1>]) -> Ten
 /// TFLOP/s figure: fused linear cross entropy's forward alone is the logits product
 /// `2NHV`; with gradients the two more products for x and w make it `6NHV`.
 pub fn flops(op: BenchOp, mode: Mode, shape: &Shape) -> Option<f64> {
-    if op != BenchOp::FusedLinearCrossEntropy {
-        return None;
-    }
     let nhv = shape.0.iter().map(|&d| d as f64).product::<f64>();
+    // DPO's rows are 2·pairs·tokens; it and the distillation run two heads forward.
+    let (nhv, heads) = match op {
+        BenchOp::FusedLinearCrossEntropy => (nhv, 1.0),
+        BenchOp::FusedLinearDpo => (2.0 * nhv, 2.0),
+        BenchOp::FusedLinearJsd => (nhv, 2.0),
+        _ => return None,
+    };
     Some(match mode {
-        Mode::Forward => 2.0 * nhv,
+        Mode::Forward => 2.0 * nhv * heads,
         Mode::Backward => return None,
-        Mode::Full => 6.0 * nhv,
+        Mode::Full => 2.0 * nhv * heads + 4.0 * nhv,
     })
 }
 
@@ -619,7 +777,11 @@ pub fn bytes(op: BenchOp, mode: Mode, shape: &Shape, e: usize) -> Option<(usize,
                 Mode::Backward => None,
             };
         }
-        BenchOp::FusedLinearCrossEntropy | BenchOp::All | BenchOp::Matmul => return None,
+        BenchOp::FusedLinearCrossEntropy
+        | BenchOp::FusedLinearDpo
+        | BenchOp::FusedLinearJsd
+        | BenchOp::All
+        | BenchOp::Matmul => return None,
     };
     Some(match mode {
         Mode::Forward => (fwd.0, fwd.1.to_string()),

@@ -75,7 +75,7 @@ pub struct LinearInputs<'a> {
 /// recursive summation, doubled for accumulators that truncate instead of rounding (the
 /// products of two half-precision values are exact in f32; of two f32 values, one
 /// more `u₃₂`).
-fn logit(inp: &LinearInputs, h: usize, dtype: DType, i: usize, c: usize) -> (f64, f64) {
+pub(crate) fn logit(inp: &LinearInputs, h: usize, dtype: DType, i: usize, c: usize) -> (f64, f64) {
     let (xr, wr) = (&inp.x[i * h..(i + 1) * h], &inp.w[c * h..(c + 1) * h]);
     let (mut d, mut l1) = (0.0, 0.0);
     for k in 0..h {
@@ -97,46 +97,49 @@ fn logit(inp: &LinearInputs, h: usize, dtype: DType, i: usize, c: usize) -> (f64
     (z, (hi - z).max(z - lo))
 }
 
-/// The reference of a fused linear cross entropy, for each number of rows in `lives`
-/// taking part (the first `live` rows; the others get no gradient and are left out of the
-/// reductions): the loss (and z-loss), `grad_x`, `grad_weight` and `grad_bias` with their
-/// bounds. `chunk` is the rows per chunk of the implementation (the chunk products' own
-/// rounding depends on it).
-pub fn expected(
-    options: &CrossEntropyOptions,
+/// One element of a logits gradient as [`linear_gradients`] takes it: the value, its
+/// error bound split into the part independent from element to element and the part
+/// shared by the rows of a group (a row's `lse` error; a sequence's loss factor).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct GradElement {
+    pub grad: f64,
+    pub independent: f64,
+    pub shared: f64,
+}
+
+/// How the rows of a chunked linear loss are processed: the chunk of each row (each
+/// chunk's `[V, H]` weight-gradient product is rounded on its own) and the group of each
+/// row (rows whose shared errors are correlated, summed linearly before the reductions
+/// over groups treat them as independent).
+pub(crate) struct RowLayout<'a> {
+    pub chunk_of: &'a [usize],
+    pub group_of: &'a [usize],
+}
+
+/// The gradients of a linear layer `logits = x Wᵀ (+ b)` under a chunked loss whose logits
+/// gradient is `element(i, c, z, dz)` (row `i`, class `c`, the logit and its uncertainty,
+/// see [`logit`]), for each number of rows in `lives` taking part (the first `live` rows;
+/// the others get no gradient): `grad_x`, `grad_weight` and `grad_bias` with their bounds.
+/// `stores` is the number of stores of each gradient in the dtype (2 when the backward
+/// rescales the stored gradients).
+pub(crate) fn linear_gradients(
+    inp: &LinearInputs,
     dtype: DType,
     (n, h, v): (usize, usize, usize),
-    inp: &LinearInputs,
-    chunk: usize,
+    layout: &RowLayout,
     lives: &[usize],
+    stores: f64,
+    element: impl Fn(usize, usize, f64, f64) -> GradElement + Sync,
 ) -> Vec<Vec<Expected>> {
     let u = unit_roundoff(dtype);
-    let tot = totals(inp.targets, v, inp.class_weight, options);
-    // Pass 1, over rows: each row's logits with their uncertainty, and its statistics.
-    let stats: Vec<RowStats> = par_ranges(n, |range| {
-        let mut z = vec![0.0; v];
-        let mut dz = vec![0.0; v];
-        range
-            .map(|i| {
-                for c in 0..v {
-                    (z[c], dz[c]) = logit(inp, h, dtype, i, c);
-                }
-                row_stats(&z, Some(&dz), inp.targets[i], inp.class_weight, options)
-            })
-            .collect::<Vec<_>>()
-    })
-    .concat();
-    let row_factors: Vec<Factors> = (0..n).map(|i| factors(options, inp.g, tot, i)).collect();
-    // A mean or sum multiplies the stored gradients by the upstream gradient afterwards.
-    let stores = if options.reduction == Reduction::None {
-        1.0
-    } else {
-        2.0
-    };
     let store = |e: f64| stores * (u * e.abs() + flush(dtype, e)) + (stores - 1.0) * U32 * e.abs();
-    let chunk = chunk.max(1);
+    let chunks = layout.chunk_of.iter().max().map_or(0, |c| c + 1);
+    let groups = layout.group_of.iter().max().map_or(0, |g| g + 1);
+    // Groups are runs of consecutive rows.
+    let group_end: Vec<bool> = (0..n)
+        .map(|i| layout.group_of.get(i + 1) != layout.group_of.get(i))
+        .collect();
 
-    // Pass 2, over classes: every gradient element of the class, its terms and errors.
     struct Sums {
         value: f64,
         terms: Terms,
@@ -154,7 +157,7 @@ pub fn expected(
         }
     }
     // Per `live`: grad_w [V·H] and grad_b [V] as (value, bound), grad_x partials [N·H] as
-    // (value, l1 of terms, independent errors, shared coefficient).
+    // (value, l1 of terms, unused, shared errors).
     type Part = (Vec<[f64; 2]>, Vec<[f64; 2]>, Vec<[f64; 4]>, Vec<Terms>);
     let parts: Vec<Vec<Part>> = par_ranges(v, |classes| {
         let mut out: Vec<Part> = lives
@@ -174,21 +177,13 @@ pub fn expected(
                 .map(|_| (0..h).map(|_| Sums::new()).collect())
                 .collect();
             let mut gb: Vec<Sums> = lives.iter().map(|_| Sums::new()).collect();
-            let mut chunk_sum = vec![vec![0.0; h]; lives.len()];
-            for i in 0..n {
+            let mut chunk_sum = vec![vec![vec![0.0; h]; chunks]; lives.len()];
+            let mut group_w = vec![vec![vec![0.0; h]; groups]; lives.len()];
+            let mut group_b = vec![vec![0.0; groups]; lives.len()];
+            for (i, &ends) in group_end.iter().enumerate() {
                 let (z, dz) = logit(inp, h, dtype, i, c);
-                let e = element(
-                    &stats[i],
-                    c,
-                    z,
-                    dz,
-                    inp.class_weight,
-                    options,
-                    row_factors[i],
-                    dtype,
-                    1.0,
-                );
-                let shared = e.per_lse * stats[i].lse_error;
+                let e = element(i, c, z, dz);
+                let (chunk, group) = (layout.chunk_of[i], layout.group_of[i]);
                 for (l, &live) in lives.iter().enumerate() {
                     if i >= live {
                         continue;
@@ -199,31 +194,38 @@ pub fn expected(
                         let s = &mut gw[l][k];
                         s.value += t;
                         s.terms.push(t);
-                        s.errors.push((e.independent + shared) * xv.abs());
-                        chunk_sum[l][k] += t;
+                        chunk_sum[l][chunk][k] += t;
+                        group_w[l][group][k] += e.shared * xv.abs();
+                        if ends || i + 1 == live {
+                            s.errors
+                                .push(e.independent * xv.abs() + group_w[l][group][k]);
+                        } else {
+                            s.errors.push(e.independent * xv.abs());
+                        }
                         let wv = inp.w[c * h + k];
                         let gx = &mut out[l].2[i * h + k];
                         gx[0] += e.grad * wv;
                         gx[1] += (e.grad * wv).abs();
-                        gx[3] += e.per_lse * wv.abs();
+                        gx[3] += e.shared * wv.abs();
                         out[l].3[i * h + k].push(e.independent * wv.abs());
                     }
                     gb[l].value += e.grad;
                     gb[l].terms.push(e.grad);
-                    gb[l].errors.push(e.independent + shared);
-                }
-                let chunk_ends = (i + 1) % chunk == 0 || i + 1 == n;
-                if chunk_ends {
-                    for l in 0..lives.len() {
-                        for k in 0..h {
-                            let sk = chunk_sum[l][k];
-                            gw[l][k].chunks.push(u * sk.abs() + flush(dtype, sk));
-                            chunk_sum[l][k] = 0.0;
-                        }
+                    group_b[l][group] += e.shared;
+                    if ends || i + 1 == live {
+                        gb[l].errors.push(e.independent + group_b[l][group]);
+                    } else {
+                        gb[l].errors.push(e.independent);
                     }
                 }
             }
             for l in 0..lives.len() {
+                for (k, s) in gw[l].iter_mut().enumerate() {
+                    for sums in &chunk_sum[l] {
+                        let sk = sums[k];
+                        s.chunks.push(u * sk.abs() + flush(dtype, sk));
+                    }
+                }
                 for s in &gw[l] {
                     let bound = store(s.value)
                         + s.errors.independent()
@@ -241,7 +243,7 @@ pub fn expected(
     lives
         .iter()
         .enumerate()
-        .map(|(l, &live)| {
+        .map(|(l, _)| {
             let mut grad_w = Vec::with_capacity(v * h);
             let mut grad_b = Vec::with_capacity(v);
             let mut gx = vec![[0.0; 4]; n * h];
@@ -260,18 +262,15 @@ pub fn expected(
             let (gx_values, gx_bounds): (Vec<f64>, Vec<f64>) = gx
                 .iter()
                 .zip(&gx_errors)
-                .enumerate()
-                .map(|(k, (p, errors))| {
-                    let i = k / h;
+                .map(|(p, errors)| {
                     let bound = store(p[0])
                         + errors.independent()
-                        + p[3] * stats[i].lse_error
+                        + p[3]
                         + super::bounds::accumulation(v, p[1]);
                     (p[0], bound)
                 })
                 .unzip();
-            let mut out = loss_tensors(&stats, options, tot, live);
-            out.push(Expected::new("grad_x", gx_values, gx_bounds, n));
+            let mut out = vec![Expected::new("grad_x", gx_values, gx_bounds, n)];
             out.push(Expected::new(
                 "grad_weight",
                 grad_w.iter().map(|p| p[0]).collect(),
@@ -286,6 +285,96 @@ pub fn expected(
                     1,
                 ));
             }
+            out
+        })
+        .collect()
+}
+
+/// The row statistics of a linear loss's logits: each row's logits with their
+/// uncertainty, through [`row_stats`] for `inp.targets`.
+pub(crate) fn linear_row_stats(
+    inp: &LinearInputs,
+    dtype: DType,
+    (n, h, v): (usize, usize, usize),
+    options: &CrossEntropyOptions,
+) -> Vec<RowStats> {
+    par_ranges(n, |range| {
+        let mut z = vec![0.0; v];
+        let mut dz = vec![0.0; v];
+        range
+            .map(|i| {
+                for c in 0..v {
+                    (z[c], dz[c]) = logit(inp, h, dtype, i, c);
+                }
+                row_stats(&z, Some(&dz), inp.targets[i], inp.class_weight, options)
+            })
+            .collect::<Vec<_>>()
+    })
+    .concat()
+}
+
+/// The reference of a fused linear cross entropy, for each number of rows in `lives`
+/// taking part (the first `live` rows; the others get no gradient and are left out of the
+/// reductions): the loss (and z-loss), `grad_x`, `grad_weight` and `grad_bias` with their
+/// bounds. `chunk` is the rows per chunk of the implementation (the chunk products' own
+/// rounding depends on it).
+pub fn expected(
+    options: &CrossEntropyOptions,
+    dtype: DType,
+    (n, h, v): (usize, usize, usize),
+    inp: &LinearInputs,
+    chunk: usize,
+    lives: &[usize],
+) -> Vec<Vec<Expected>> {
+    let tot = totals(inp.targets, v, inp.class_weight, options);
+    // Pass 1, over rows: each row's logits with their uncertainty, and its statistics.
+    let stats = linear_row_stats(inp, dtype, (n, h, v), options);
+    let row_factors: Vec<Factors> = (0..n).map(|i| factors(options, inp.g, tot, i)).collect();
+    // A mean or sum multiplies the stored gradients by the upstream gradient afterwards.
+    let stores = if options.reduction == Reduction::None {
+        1.0
+    } else {
+        2.0
+    };
+    let chunk = chunk.max(1);
+    let chunk_of: Vec<usize> = (0..n).map(|i| i / chunk).collect();
+    let group_of: Vec<usize> = (0..n).collect();
+    // Pass 2, over classes: every gradient element of the class, its terms and errors.
+    let grads = linear_gradients(
+        inp,
+        dtype,
+        (n, h, v),
+        &RowLayout {
+            chunk_of: &chunk_of,
+            group_of: &group_of,
+        },
+        lives,
+        stores,
+        |i, c, z, dz| {
+            let e = element(
+                &stats[i],
+                c,
+                z,
+                dz,
+                inp.class_weight,
+                options,
+                row_factors[i],
+                dtype,
+                1.0,
+            );
+            GradElement {
+                grad: e.grad,
+                independent: e.independent,
+                shared: e.per_lse * stats[i].lse_error,
+            }
+        },
+    );
+    lives
+        .iter()
+        .zip(grads)
+        .map(|(&live, grads)| {
+            let mut out = loss_tensors(&stats, options, tot, live);
+            out.extend(grads);
             out
         })
         .collect()
@@ -457,7 +546,7 @@ pub const TF32_NORMWISE: f64 = 1e-3;
 /// shapes (`x·Wᵀ`, `G·W`, `Gᵀ·x`, as `compose::linear_cross_entropy` calls them; `G` a
 /// random `[n, v]` matrix) against f64 on the values the device holds. Burn picks the
 /// matmul kernel per shape (TF32 tensor cores or exact f32 units), so every shape is probed.
-fn matmul_error<B: FusedOps>(
+pub(crate) fn matmul_error<B: FusedOps>(
     x: &Tensor<B, 2>,
     w: &Tensor<B, 2>,
     xr: &[f64],
@@ -526,6 +615,39 @@ pub fn f32_matmul_error<B: FusedOps>(
         device,
     );
     matmul_error(&x, &w, &xr, &wr, (n, h, v), rng)
+}
+
+/// The comparisons of a chunked linear loss's results: elementwise under the bounds, or
+/// norm-wise (every tensor within [`TF32_NORMWISE`]) when the case is f32 and the
+/// backend's f32 products at the op's shapes are reduced precision (see the module docs),
+/// probed on `x: [n, h]` and `w: [v, h]` as the device holds them (`xr`, `wr`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn compare_linear<B: FusedOps>(
+    actual: Vec<(&'static str, Vec<f64>)>,
+    expected: &[Expected],
+    dtype: DType,
+    (x, xr): (&Tensor<B, 2>, &[f64]),
+    (w, wr): (&Tensor<B, 2>, &[f64]),
+    rng: &mut Rng,
+) -> Vec<Comparison> {
+    let [n, h] = x.dims();
+    let v = w.dims()[0];
+    let reduced =
+        dtype == DType::F32 && is_reduced_precision(matmul_error(x, w, xr, wr, (n, h, v), rng));
+    if !reduced {
+        return compare_all(actual, expected);
+    }
+    expected
+        .iter()
+        .map(|e| {
+            let a = &actual
+                .iter()
+                .find(|(name, _)| *name == e.tensor)
+                .expect("result")
+                .1;
+            compare_normwise(e.tensor, a, &e.values, TF32_NORMWISE)
+        })
+        .collect()
 }
 
 /// Whether [`f32_matmul_error`] says the backend's f32 matmul is reduced precision.

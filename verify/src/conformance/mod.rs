@@ -19,11 +19,16 @@
 
 pub mod bounds;
 pub mod cross_entropy;
+pub mod divergence;
+pub mod fused_linear_distill;
+pub mod fused_linear_preference;
+pub mod fused_linear_rl;
 pub mod glu;
 pub mod linear_cross_entropy;
 pub mod reference;
 mod rng;
 pub mod rope;
+pub mod tracked;
 #[cfg(test)]
 mod wrong_outputs;
 
@@ -83,11 +88,51 @@ pub enum Op {
     FusedLinearCrossEntropyNone,
     /// Fused linear cross entropy, reduction sum, bias, automatic chunks.
     FusedLinearCrossEntropySum,
+    /// Fused linear DPO (sigmoid, label smoothing, NLL term) against a reference head with
+    /// a bias, one pair per chunk; rows = pairs, width = V.
+    FusedLinearDpo,
+    /// Every DPO loss type on given reference log-probabilities, averaged, automatic chunks.
+    FusedLinearDpoLossTypes,
+    /// Fused linear ORPO (Liger-Kernel's defaults), bias, one pair per chunk.
+    FusedLinearOrpo,
+    /// Fused linear CPO with label smoothing, an ignore_index inside the vocabulary.
+    FusedLinearCpo,
+    /// Fused linear SimPO with label smoothing, bias, automatic chunks.
+    FusedLinearSimpo,
+    /// Fused linear distillation, JSD β = 0.5 at τ = 2 with the hard loss, both heads with
+    /// a bias, chunks of 8 rows; rows = N, width = V.
+    FusedLinearJsd,
+    /// Fused linear distillation, forward KL, a teacher vocabulary padded larger.
+    FusedLinearForwardKl,
+    /// Fused linear distillation, reverse KL at τ = 0.7, automatic chunks.
+    FusedLinearReverseKl,
+    /// Fused linear distillation, TVD alone, an ignore_index inside the vocabulary.
+    FusedLinearTvd,
+    /// PyTorch's kl_div with a probability target, batch mean.
+    KlDiv,
+    /// kl_div with a log-space target, no reduction (an upstream gradient per element).
+    KlDivNone,
+    /// Liger-Kernel's JSD (β = 0.3) with labels.
+    Jsd,
+    /// The total variation distance, summed, with labels.
+    Tvd,
+    /// Fused linear KTO against a reference head with a bias, a KL estimate, TRL's weights,
+    /// one sequence per chunk; rows = sequences, width = V.
+    FusedLinearKto,
+    /// Fused linear KTO on given reference log-probabilities, averaged, automatic chunks.
+    FusedLinearKtoAvg,
+    /// Fused linear GRPO (loss type grpo), given reference and old log-probabilities, bias,
+    /// one sequence per chunk.
+    FusedLinearGrpo,
+    /// Fused linear GRPO, loss type dapo, a reference head, temperature 0.7.
+    FusedLinearDapo,
+    /// Fused linear GRPO, loss type dr_grpo, no KL term.
+    FusedLinearDrGrpo,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 21] = [
+    pub const ALL: [Op; 39] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -109,6 +154,24 @@ impl Op {
         Op::FusedLinearCrossEntropy,
         Op::FusedLinearCrossEntropyNone,
         Op::FusedLinearCrossEntropySum,
+        Op::FusedLinearDpo,
+        Op::FusedLinearDpoLossTypes,
+        Op::FusedLinearOrpo,
+        Op::FusedLinearCpo,
+        Op::FusedLinearSimpo,
+        Op::FusedLinearJsd,
+        Op::FusedLinearForwardKl,
+        Op::FusedLinearReverseKl,
+        Op::FusedLinearTvd,
+        Op::KlDiv,
+        Op::KlDivNone,
+        Op::Jsd,
+        Op::Tvd,
+        Op::FusedLinearKto,
+        Op::FusedLinearKtoAvg,
+        Op::FusedLinearGrpo,
+        Op::FusedLinearDapo,
+        Op::FusedLinearDrGrpo,
     ];
 
     /// Name used in reports and filters.
@@ -135,6 +198,24 @@ impl Op {
             Op::FusedLinearCrossEntropy => "fused_linear_cross_entropy",
             Op::FusedLinearCrossEntropyNone => "fused_linear_cross_entropy_none",
             Op::FusedLinearCrossEntropySum => "fused_linear_cross_entropy_sum",
+            Op::FusedLinearDpo => "fused_linear_dpo",
+            Op::FusedLinearDpoLossTypes => "fused_linear_dpo_loss_types",
+            Op::FusedLinearOrpo => "fused_linear_orpo",
+            Op::FusedLinearCpo => "fused_linear_cpo",
+            Op::FusedLinearSimpo => "fused_linear_simpo",
+            Op::FusedLinearJsd => "fused_linear_jsd",
+            Op::FusedLinearForwardKl => "fused_linear_forward_kl",
+            Op::FusedLinearReverseKl => "fused_linear_reverse_kl",
+            Op::FusedLinearTvd => "fused_linear_tvd",
+            Op::KlDiv => "kl_div",
+            Op::KlDivNone => "kl_div_none",
+            Op::Jsd => "jsd",
+            Op::Tvd => "tvd",
+            Op::FusedLinearKto => "fused_linear_kto",
+            Op::FusedLinearKtoAvg => "fused_linear_kto_avg",
+            Op::FusedLinearGrpo => "fused_linear_grpo",
+            Op::FusedLinearDapo => "fused_linear_dapo",
+            Op::FusedLinearDrGrpo => "fused_linear_dr_grpo",
         }
     }
 
@@ -298,6 +379,18 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
     }
     if op.is_linear_cross_entropy() {
         return linear_cross_entropy::shapes(op, quick);
+    }
+    if op.is_preference() {
+        return fused_linear_preference::shapes(op, quick);
+    }
+    if op.is_distill() {
+        return fused_linear_distill::shapes(op, quick);
+    }
+    if op.is_divergence() {
+        return divergence::shapes(op, quick);
+    }
+    if op.is_rl() {
+        return fused_linear_rl::shapes(op, quick);
     }
     shapes
 }
@@ -488,6 +581,18 @@ pub fn host_case(op: Op, rows: usize, width: usize, dtype: DType, rng: &mut Rng)
     if op.is_linear_cross_entropy() {
         return linear_cross_entropy::host_case(op, rows, width, dtype, rng, live);
     }
+    if op.is_preference() {
+        return fused_linear_preference::host_case(op, rows, width, dtype, rng);
+    }
+    if op.is_distill() {
+        return fused_linear_distill::host_case(op, rows, width, dtype, rng);
+    }
+    if op.is_divergence() {
+        return divergence::host_case(op, rows, width, dtype, rng);
+    }
+    if op.is_rl() {
+        return fused_linear_rl::host_case(op, rows, width, dtype, rng);
+    }
     let inputs = draw_row_inputs(op, rows, width, rng);
     let r = |v: &Vec<f32>| host_input(v, dtype);
     let (x, g, w, b, res, g2) = (
@@ -539,6 +644,12 @@ pub fn run_case<B: FusedOps>(
         _ if op.is_linear_cross_entropy() => {
             linear_cross_entropy::run::<B>(op, rows, width, dtype, device, rng)
         }
+        _ if op.is_preference() => {
+            fused_linear_preference::run::<B>(op, rows, width, dtype, device, rng)
+        }
+        _ if op.is_distill() => fused_linear_distill::run::<B>(op, rows, width, dtype, device, rng),
+        _ if op.is_divergence() => divergence::run::<B>(op, rows, width, dtype, device, rng),
+        _ if op.is_rl() => fused_linear_rl::run::<B>(op, rows, width, dtype, device, rng),
         _ => run_row_case::<B>(op, rows, width, dtype, device, rng),
     };
     CaseResult {

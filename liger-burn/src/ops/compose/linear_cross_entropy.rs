@@ -7,6 +7,20 @@
 //! Per chunk of rows `c`: `logits_c = x_c Wᵀ (+ b)`, the fused cross entropy writes the
 //! loss rows and the logits gradient `g_c` (over `logits_c` itself on the CubeCL
 //! backends), then `grad_x_c = g_c W`, `grad_W += f32(g_cᵀ x_c)`, `grad_b += Σ_rows f32(g_c)`.
+//! Only the gradients asked for are computed: a frozen LM head
+//! ([`LinearCrossEntropyGradsWanted::weight`] false) costs no weight gradient at all.
+//!
+//! # With a LoRA adapter on the LM head
+//!
+//! `logits = x Wᵀ + b + s·(x_a Aᵀ) Bᵀ` (see [`crate::ops::lora`]), still chunk by chunk:
+//! with `c()` the adapter's compute dtype, `h_c = s·c(x_a,c) c(A)ᵀ` (`[m, r]`) and the
+//! chunk's logits `x_c Wᵀ (+ b) + h_c c(B)ᵀ` (added in f32 and rounded once for
+//! [`AdapterPrecision::F32`], PEFT's sum); after the cross entropy,
+//! `grad_B += f32(c(g_c)ᵀ h_c)`, `u_c = s·c(g_c) c(B)` (`[m, r]`),
+//! `grad_A += f32(u_cᵀ c(x_a,c))`, and the adapter path's input gradient `u_c c(A)`, added
+//! to `g_c W` (in f32 for an f32 adapter) when the adapter reads `x` itself. Both adapter
+//! gradients are f32 accumulators of `[V, r]` and `[r, H]`: `H/r` and `V/r` times smaller
+//! than the weight's, and no `[N, V]` tensor exists at any point.
 //!
 //! # Chunk size and memory
 //!
@@ -21,11 +35,16 @@
 //! anyway. Above that, chunks follow Liger-Kernel's rule (`≈ N·H/V` rows: a chunk's
 //! logits about the size of `x`). The rows are split into equal chunks.
 
+use super::chunked_linear::{LinearGrads, float, logits as chunk_logits, matmul, prim};
+use super::lora::{add_adapter, cast};
 use super::{to_dtype, to_f32};
 use crate::ops::compose::cross_entropy::{non_ignored_weight, reciprocal_or_zero};
-use crate::ops::{CrossEntropyOptions, FusedOps, LinearCrossEntropyOutput, Reduction, validate};
+use crate::ops::{
+    AdapterPrecision, CrossEntropyOptions, FusedOps, LinearCrossEntropyGradsWanted,
+    LinearCrossEntropyOutput, LoraHead, LoraHeadGrads, Reduction, validate,
+};
 use burn::tensor::{
-    DType, Int, Tensor, TensorMetadata, TensorPrimitive,
+    DType, Int, Tensor, TensorMetadata,
     ops::{FloatTensor, IntTensor},
 };
 /// Rows per chunk for `x: [n, h]` against `V = v` classes (see the module docs).
@@ -43,20 +62,6 @@ pub fn automatic_chunk_rows(n: usize, h: usize, v: usize) -> usize {
     let wanted = liger.max(h).clamp(1, n.max(1));
     // Equal chunks: the same number of chunks, spread evenly.
     n.div_ceil(n.div_ceil(wanted)).max(1)
-}
-
-fn float<B: FusedOps, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(x))
-}
-
-fn prim<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
-    x.into_primitive().tensor()
-}
-
-/// `a · b` through [`FusedOps::fused_matmul`] (cuBLASLt on CUDA), transposed views as
-/// they are.
-fn matmul<B: FusedOps>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
-    float(B::fused_matmul(prim(a), prim(b)))
 }
 
 /// What the chunk loop computes for the gradients.
@@ -80,22 +85,75 @@ pub fn forward<B: FusedOps>(
     compute_grad: bool,
     options: CrossEntropyOptions,
 ) -> LinearCrossEntropyOutput<B> {
-    let grads = if compute_grad {
+    let (grads, wanted) = if compute_grad {
+        (Gradients::Reduced, LinearCrossEntropyGradsWanted::all())
+    } else {
+        (Gradients::Skip, LinearCrossEntropyGradsWanted::none())
+    };
+    chunked::<B>(
+        x,
+        weight,
+        bias,
+        None,
+        targets,
+        class_weight,
+        grads,
+        wanted,
+        options,
+    )
+}
+
+/// See [`FusedOps::fused_lora_linear_cross_entropy`](crate::ops::FusedOps::fused_lora_linear_cross_entropy).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_lora<B: FusedOps>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    adapter: Option<LoraHead<B>>,
+    targets: IntTensor<B>,
+    class_weight: Option<FloatTensor<B>>,
+    wanted: LinearCrossEntropyGradsWanted,
+    options: CrossEntropyOptions,
+) -> LinearCrossEntropyOutput<B> {
+    let grads = if wanted.any() {
         Gradients::Reduced
     } else {
         Gradients::Skip
     };
-    chunked::<B>(x, weight, bias, targets, class_weight, grads, options)
+    chunked::<B>(
+        x,
+        weight,
+        bias,
+        adapter,
+        targets,
+        class_weight,
+        grads,
+        wanted,
+        options,
+    )
 }
 
-/// The chunk loop (see the module docs).
+/// Sums `part` into an f32 accumulator.
+fn accumulate<B: FusedOps>(acc: &mut Option<Tensor<B, 2>>, part: Tensor<B, 2>) {
+    let part = float::<B, 2>(to_f32::<B>(prim(part)));
+    *acc = Some(match acc.take() {
+        Some(a) => a + part,
+        None => part,
+    });
+}
+
+/// The chunk loop (see the module docs): the gradients of `wanted` (of the inputs that
+/// exist) when `grads` is not [`Gradients::Skip`].
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn chunked<B: FusedOps>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
+    adapter: Option<LoraHead<B>>,
     targets: IntTensor<B>,
     class_weight: Option<FloatTensor<B>>,
     grads: Gradients<B>,
+    wanted: LinearCrossEntropyGradsWanted,
     options: CrossEntropyOptions,
 ) -> LinearCrossEntropyOutput<B> {
     validate::check(validate::linear_cross_entropy_tensors(
@@ -107,8 +165,22 @@ pub(crate) fn chunked<B: FusedOps>(
         class_weight.as_ref(),
         &options,
     ));
+    if let Some(ad) = &adapter {
+        let xa = ad.x.as_ref().map(|t| (t.shape(), t.dtype()));
+        validate::check(validate::adapter(&validate::AdapterInputs {
+            op: "fused_linear_cross_entropy (LoRA head)",
+            x: (&x.shape(), x.dtype()),
+            adapter_x: xa.as_ref().map(|(s, d)| (s, *d)),
+            a: (&ad.a.shape(), ad.a.dtype()),
+            b: (&ad.b.shape(), ad.b.dtype()),
+            d_in: x.shape()[1],
+            d_out: weight.shape()[0],
+            options: &ad.options,
+        }));
+    }
     let [n, h] = [x.shape()[0], x.shape()[1]];
     let v = weight.shape()[0];
+    let x_dtype = x.dtype();
     let w_dtype = weight.dtype();
     let b_dtype = bias.as_ref().map(|b| b.dtype());
     let x: Tensor<B, 2> = float(x);
@@ -139,20 +211,65 @@ pub(crate) fn chunked<B: FusedOps>(
         Gradients::Reduced => (true, None),
         Gradients::RowFactors(r) => (true, Some(float::<B, 1>(r).cast(DType::F32))),
     };
+    let with_grad = with_grad && wanted.any();
+    // The adapter: its input (rows sliced per chunk), A and B in the compute dtype.
+    struct Adapter<B: FusedOps> {
+        x: Option<Tensor<B, 2>>,
+        a: Tensor<B, 2>,
+        b: Tensor<B, 2>,
+        a_dtype: DType,
+        scale: f64,
+        precision: AdapterPrecision,
+        compute: DType,
+    }
+    let adapter = adapter.map(|ad| {
+        let compute = ad.options.precision.compute_dtype(x_dtype);
+        let a_dtype = ad.a.dtype();
+        Adapter {
+            x: ad.x.map(float::<B, 2>),
+            a: cast::<B>(float(ad.a), compute),
+            b: cast::<B>(float(ad.b), compute),
+            a_dtype,
+            scale: ad.options.scale,
+            precision: ad.options.precision,
+            compute,
+        }
+    });
+    let separate = adapter.as_ref().is_some_and(|a| a.x.is_some());
+    let want_x = with_grad && wanted.x;
+    let want_w = with_grad && wanted.weight;
+    let want_b = with_grad && wanted.bias && bias.is_some();
+    let want_la = with_grad && wanted.a && adapter.is_some();
+    let want_lb = with_grad && wanted.b && adapter.is_some();
+    let want_xa = with_grad && wanted.adapter_x && separate;
+    // Whether the adapter path's input gradient is needed (into x or into x_a).
+    let adapter_input = adapter.is_some() && (want_xa || want_x && !separate);
     let weight_t = weight.clone().transpose(); // [H, V], a view
     let chunk = chunk_rows(n, h, v);
     let mut losses = Vec::new();
     let mut z_losses = Vec::new();
     let mut grad_x = Vec::new();
-    let mut grad_w: Option<Tensor<B, 2>> = None;
-    let mut grad_b: Option<Tensor<B, 2>> = None;
+    let mut grad_xa = Vec::new();
+    let mut grads = LinearGrads::<B>::wanted(want_w, want_b);
+    let mut grad_la: Option<Tensor<B, 2>> = None;
+    let mut grad_lb: Option<Tensor<B, 2>> = None;
     let mut r0 = 0;
     while r0 < n {
         let r1 = (r0 + chunk).min(n);
         let x_c = x.clone().slice(r0..r1);
-        let mut logits = matmul::<B>(x_c.clone(), weight_t.clone());
-        if let Some(b) = &bias {
-            logits = logits + b.clone();
+        let mut logits = chunk_logits::<B>(x_c.clone(), &weight_t, bias.as_ref());
+        // The adapter's chunk input and scaled hidden `h_c = s·x_a,c·Aᵀ`, `[m, r]`.
+        let lora = adapter.as_ref().map(|ad| {
+            let xa_c = match &ad.x {
+                Some(t) => cast::<B>(t.clone().slice(r0..r1), ad.compute),
+                None => cast::<B>(x_c.clone(), ad.compute),
+            };
+            let hidden = matmul::<B>(xa_c.clone(), ad.a.clone().transpose()).mul_scalar(ad.scale);
+            (xa_c, hidden)
+        });
+        if let (Some(ad), Some((_, hidden))) = (&adapter, &lora) {
+            let delta = matmul::<B>(hidden.clone(), ad.b.clone().transpose());
+            logits = add_adapter::<B>(logits, delta, x_dtype, ad.precision);
         }
         // Per-row factors go into the kernel's per-row gradient scale: one rounding.
         let (chunk_scale, chunk_z_scale) = match &row_factors {
@@ -171,19 +288,40 @@ pub(crate) fn chunked<B: FusedOps>(
         z_losses.extend(rows.z_loss.map(float::<B, 1>));
         if let Some(g) = rows.grad_logits {
             let g: Tensor<B, 2> = float(g);
-            grad_x.push(matmul::<B>(g.clone(), weight.clone()));
-            let gw = float::<B, 2>(to_f32::<B>(prim(matmul::<B>(g.clone().transpose(), x_c))));
-            grad_w = Some(match grad_w {
-                Some(acc) => acc + gw,
-                None => gw,
-            });
-            if bias.is_some() {
-                let gb = float::<B, 2>(to_f32::<B>(prim(g))).sum_dim(0);
-                grad_b = Some(match grad_b {
-                    Some(acc) => acc + gb,
-                    None => gb,
+            let mut adapter_grad_input = None;
+            if let (Some(ad), Some((xa_c, hidden))) = (&adapter, lora) {
+                let g_c = cast::<B>(g.clone(), ad.compute);
+                if want_lb {
+                    accumulate(&mut grad_lb, matmul::<B>(g_c.clone().transpose(), hidden));
+                }
+                if want_la || adapter_input {
+                    let u = matmul::<B>(g_c, ad.b.clone()).mul_scalar(ad.scale);
+                    if want_la {
+                        accumulate(&mut grad_la, matmul::<B>(u.clone().transpose(), xa_c));
+                    }
+                    if adapter_input {
+                        adapter_grad_input = Some(matmul::<B>(u, ad.a.clone()));
+                    }
+                }
+            }
+            if want_x {
+                let base = matmul::<B>(g.clone(), weight.clone());
+                // The adapter path's input gradient joins x's only when it reads x.
+                let joined = if separate {
+                    None
+                } else {
+                    adapter_grad_input.take()
+                };
+                grad_x.push(match (&adapter, joined) {
+                    (Some(ad), Some(extra)) => add_adapter::<B>(base, extra, x_dtype, ad.precision),
+                    _ => base,
                 });
             }
+            if let Some(extra) = adapter_grad_input {
+                grad_xa.push(cast::<B>(extra, x_dtype));
+            }
+            // The weight's and bias's f32 accumulators (only those wanted).
+            grads.accumulate(g, x_c);
         }
         r0 = r1;
     }
@@ -206,12 +344,19 @@ pub(crate) fn chunked<B: FusedOps>(
     let z_loss = options
         .return_z_loss
         .then(|| reduce(z_losses, &z_loss_scale));
+    let adapter_grads = adapter.map(|ad| LoraHeadGrads {
+        grad_x: want_xa.then(|| prim(Tensor::cat(grad_xa, 0))),
+        grad_a: grad_la.map(|g| to_dtype::<B>(prim(g), ad.a_dtype)),
+        grad_b: grad_lb.map(|g| to_dtype::<B>(prim(g), ad.a_dtype)),
+    });
+    let (grad_weight, grad_bias) = grads.finish(w_dtype, b_dtype.unwrap_or(w_dtype));
     LinearCrossEntropyOutput {
         loss: prim(loss),
         z_loss: z_loss.map(prim),
-        grad_x: with_grad.then(|| prim(Tensor::cat(grad_x, 0))),
-        grad_weight: grad_w.map(|g| to_dtype::<B>(prim(g), w_dtype)),
-        grad_bias: grad_b.map(|g| to_dtype::<B>(prim(g.reshape([v])), b_dtype.unwrap_or(w_dtype))),
+        grad_x: want_x.then(|| prim(Tensor::cat(grad_x, 0))),
+        grad_weight,
+        grad_bias,
+        adapter: adapter_grads,
     }
 }
 

@@ -7,10 +7,17 @@
 pub mod activation;
 pub mod adamw;
 pub mod attention;
+pub(crate) mod chunked_linear;
 pub mod cross_entropy;
+pub mod divergence;
+pub mod fused_linear_distill;
+pub mod fused_linear_grpo;
+pub mod fused_linear_kto;
+pub mod fused_linear_preference;
 pub mod glu;
 pub mod layer_norm;
 pub mod linear_cross_entropy;
+pub mod lora;
 pub mod rms_norm;
 pub mod rope;
 pub mod softmax;

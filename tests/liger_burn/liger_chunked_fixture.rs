@@ -1,0 +1,410 @@
+//! Liger-Kernel's chunked losses on the same inputs: every fused post-training op gives
+//! the loss, the metrics and the gradients Liger-Kernel's own code computes
+//! (`tests/fixtures/liger_chunked/generate.py`, which names the version), on every
+//! backend of the test device, in f32, within the f32 tolerance of two f32 computations.
+
+use burn::backend::Autodiff;
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use liger_burn::functional::TokenReference;
+use liger_burn::functional::{self, Reference};
+use liger_burn::ops::{
+    DistillOptions, Divergence, DivergenceOptions, DivergenceReduction, DpoLossType, FusedOps,
+    GrpoLossType, GrpoOptions, KtoOptions, PreferenceLoss, PreferenceOptions,
+};
+use liger_tests::BackendVisitor;
+use liger_tests::tensors::{check, values};
+use liger_verify::conformance::{Tolerance, compare};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/fixtures/liger_chunked/liger_chunked.json"
+);
+
+#[derive(Deserialize, Clone, Debug)]
+struct Floats {
+    shape: Vec<usize>,
+    data: Vec<f32>,
+}
+
+#[derive(Deserialize, Clone, Debug)]
+struct Ints {
+    shape: Vec<usize>,
+    data: Vec<i64>,
+}
+
+#[derive(Deserialize, Clone, Debug)]
+struct Case {
+    op: String,
+    case: String,
+    options: serde_json::Value,
+    inputs: BTreeMap<String, Floats>,
+    int_inputs: BTreeMap<String, Ints>,
+    grad_output: f32,
+    outputs: BTreeMap<String, Floats>,
+    grads: BTreeMap<String, Floats>,
+}
+
+#[derive(Deserialize)]
+struct Fixture {
+    cases: Vec<Case>,
+}
+
+fn fixture() -> Fixture {
+    let text = std::fs::read_to_string(FIXTURE).unwrap_or_else(|e| {
+        panic!("{FIXTURE}: {e} (run tests/fixtures/liger_chunked/generate.py)")
+    });
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{FIXTURE}: {e}"))
+}
+
+type A<B> = Autodiff<B>;
+
+fn floats<B: FusedOps, const D: usize>(f: &Floats, device: &B::Device) -> Tensor<A<B>, D> {
+    Tensor::from_data(TensorData::new(f.data.clone(), f.shape.clone()), device)
+}
+
+fn ints<B: FusedOps, const D: usize>(i: &Ints, device: &B::Device) -> Tensor<A<B>, D, Int> {
+    Tensor::from_data(TensorData::new(i.data.clone(), i.shape.clone()), device)
+}
+
+fn opt_f64(o: &serde_json::Value, key: &str, default: f64) -> f64 {
+    o.get(key).and_then(|v| v.as_f64()).unwrap_or(default)
+}
+
+fn opt_bool(o: &serde_json::Value, key: &str, default: bool) -> bool {
+    o.get(key).and_then(|v| v.as_bool()).unwrap_or(default)
+}
+
+fn preference_options(o: &serde_json::Value) -> PreferenceOptions {
+    let base = match o["loss"].as_str().unwrap() {
+        "dpo" => {
+            let t = DpoLossType::from_name(o["loss_type"].as_str().unwrap()).expect("a loss type");
+            PreferenceOptions::dpo().with_loss(PreferenceLoss::Dpo(t))
+        }
+        "orpo" => PreferenceOptions::orpo(),
+        "cpo" => PreferenceOptions::cpo(),
+        "simpo" => PreferenceOptions::simpo().with_loss(PreferenceLoss::Simpo {
+            gamma: opt_f64(o, "gamma", 0.5),
+        }),
+        other => panic!("unknown preference loss {other}"),
+    };
+    base.with_beta(opt_f64(o, "beta", base.beta))
+        .with_alpha(opt_f64(o, "alpha", base.alpha))
+        .with_label_smoothing(opt_f64(o, "label_smoothing", 0.0))
+        .with_average_log_prob(opt_bool(o, "average_log_prob", base.average_log_prob))
+        .with_compute_nll_loss(opt_bool(o, "compute_nll_loss", base.compute_nll_loss))
+}
+
+/// `(name, values)` of every output and gradient of a preference case on `Autodiff<B>`.
+fn run_preference<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let options = preference_options(&case.options);
+    let x = floats::<B, 3>(&case.inputs["x"], device).require_grad();
+    let w = floats::<B, 2>(&case.inputs["weight"], device).require_grad();
+    let b = case
+        .inputs
+        .get("bias")
+        .map(|b| floats::<B, 1>(b, device).require_grad());
+    let reference = match case.options.get("reference").and_then(|r| r.as_str()) {
+        Some("model") => Reference::Model {
+            x: floats::<B, 3>(&case.inputs["ref_x"], device),
+            weight: floats::<B, 2>(&case.inputs["ref_weight"], device),
+            bias: Some(floats::<B, 1>(&case.inputs["ref_bias"], device)),
+        },
+        _ => Reference::None,
+    };
+    let y = ints::<B, 2>(&case.int_inputs["targets"], device);
+    let out =
+        functional::fused_linear_preference(x.clone(), w.clone(), b.clone(), y, reference, options);
+    let grads = (out.loss.clone() * case.grad_output).backward();
+    let m = &out.metrics;
+    let mut got = vec![
+        ("loss".to_string(), values(out.loss.inner())),
+        (
+            "chosen_logps".into(),
+            values(m.chosen_logps.clone().inner()),
+        ),
+        (
+            "rejected_logps".into(),
+            values(m.rejected_logps.clone().inner()),
+        ),
+        (
+            "chosen_rewards".into(),
+            values(m.chosen_rewards.clone().inner()),
+        ),
+        (
+            "rejected_rewards".into(),
+            values(m.rejected_rewards.clone().inner()),
+        ),
+        (
+            "chosen_logits_mean".into(),
+            values(m.chosen_logits_mean.clone().inner()),
+        ),
+        (
+            "rejected_logits_mean".into(),
+            values(m.rejected_logits_mean.clone().inner()),
+        ),
+        ("nll_loss".into(), values(m.nll_loss.clone().inner())),
+        ("grad x".into(), values(x.grad(&grads).unwrap())),
+        ("grad weight".into(), values(w.grad(&grads).unwrap())),
+    ];
+    if let (Some(r), Some(c)) = (&m.log_odds_ratio, &m.log_odds_chosen) {
+        got.push(("log_odds_ratio".into(), values(r.clone().inner())));
+        got.push(("log_odds_chosen".into(), values(c.clone().inner())));
+    }
+    if let Some(b) = &b {
+        got.push(("grad bias".into(), values(b.grad(&grads).unwrap())));
+    }
+    got
+}
+
+/// A distillation case: `LigerFusedLinearJSDFunction`, whose `β` 0 and 1 are the KLs.
+fn run_distill<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let o = &case.options;
+    let options = DistillOptions::default()
+        .with_divergence(Divergence::Jsd {
+            beta: opt_f64(o, "beta", 0.5),
+        })
+        .with_temperature(opt_f64(o, "temperature", 1.0))
+        .with_weights(
+            opt_f64(o, "weight_hard_loss", 0.5),
+            opt_f64(o, "weight_soft_loss", 0.5),
+        );
+    let x = floats::<B, 2>(&case.inputs["x"], device).require_grad();
+    let w = floats::<B, 2>(&case.inputs["weight"], device).require_grad();
+    let b = case
+        .inputs
+        .get("bias")
+        .map(|b| floats::<B, 1>(b, device).require_grad());
+    let out = functional::fused_linear_distill(
+        x.clone(),
+        w.clone(),
+        b.clone(),
+        floats::<B, 2>(&case.inputs["teacher_x"], device),
+        floats::<B, 2>(&case.inputs["teacher_weight"], device),
+        case.inputs
+            .get("teacher_bias")
+            .map(|b| floats::<B, 1>(b, device)),
+        ints::<B, 1>(&case.int_inputs["targets"], device),
+        options,
+    );
+    let grads = (out.loss.clone() * case.grad_output).backward();
+    let mut got = vec![
+        ("loss".to_string(), values(out.loss.inner())),
+        ("soft_loss".into(), values(out.soft_loss.inner())),
+        ("hard_loss".into(), values(out.hard_loss.inner())),
+        ("grad x".into(), values(x.grad(&grads).unwrap())),
+        ("grad weight".into(), values(w.grad(&grads).unwrap())),
+    ];
+    if let Some(b) = &b {
+        got.push(("grad bias".into(), values(b.grad(&grads).unwrap())));
+    }
+    got
+}
+
+/// A plain divergence case.
+fn run_divergence<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let o = &case.options;
+    let divergence = match o["divergence"].as_str().unwrap() {
+        "jsd" => Divergence::Jsd {
+            beta: opt_f64(o, "beta", 0.5),
+        },
+        "forward_kl" => Divergence::ForwardKl,
+        "tvd" => Divergence::Tvd,
+        other => panic!("unknown divergence {other}"),
+    };
+    let reduction = match o["reduction"].as_str().unwrap() {
+        "sum" => DivergenceReduction::Sum,
+        "mean" => DivergenceReduction::Mean,
+        "batchmean" => DivergenceReduction::BatchMean,
+        other => panic!("unknown reduction {other}"),
+    };
+    let options = DivergenceOptions::new(divergence)
+        .with_reduction(reduction)
+        .with_log_target(opt_bool(o, "log_target", false));
+    let x = floats::<B, 2>(&case.inputs["input"], device).require_grad();
+    let y = floats::<B, 2>(&case.inputs["target"], device);
+    let labels = case
+        .int_inputs
+        .get("labels")
+        .map(|l| ints::<B, 1>(l, device));
+    let loss = functional::divergence(x.clone(), y, labels, options);
+    let grads = (loss.clone() * case.grad_output).backward();
+    vec![
+        ("loss".to_string(), values(loss.inner())),
+        ("grad input".into(), values(x.grad(&grads).unwrap())),
+    ]
+}
+
+/// A KTO case; Liger-Kernel reports sums over each side, formed here from the
+/// per-sequence metrics.
+fn run_kto<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let o = &case.options;
+    let options = KtoOptions::default()
+        .with_beta(opt_f64(o, "beta", 0.1))
+        .with_average_log_prob(opt_bool(o, "average_log_prob", false));
+    let x = floats::<B, 3>(&case.inputs["x"], device).require_grad();
+    let w = floats::<B, 2>(&case.inputs["weight"], device).require_grad();
+    let b = case
+        .inputs
+        .get("bias")
+        .map(|b| floats::<B, 1>(b, device).require_grad());
+    let reference = match o.get("reference").and_then(|r| r.as_str()) {
+        Some("model") => Reference::Model {
+            x: floats::<B, 3>(&case.inputs["ref_x"], device),
+            weight: floats::<B, 2>(&case.inputs["ref_weight"], device),
+            bias: Some(floats::<B, 1>(&case.inputs["ref_bias"], device)),
+        },
+        _ => Reference::None,
+    };
+    let labels = ints::<B, 1>(&case.int_inputs["labels"], device);
+    let out = functional::fused_linear_kto(
+        x.clone(),
+        w.clone(),
+        b.clone(),
+        ints::<B, 2>(&case.int_inputs["targets"], device),
+        labels,
+        reference,
+        case.inputs.get("kl").map(|k| floats::<B, 1>(k, device)),
+        options,
+    );
+    let grads = (out.loss.clone() * case.grad_output).backward();
+    let m = &out.metrics;
+    let d = values(m.desirable.clone().inner());
+    let sums = |t: Tensor<A<B>, 1>| {
+        let v = values(t.inner());
+        let chosen: f64 = v.iter().zip(&d).map(|(a, d)| a * d).sum();
+        let rejected: f64 = v.iter().zip(&d).map(|(a, d)| a * (1.0 - d)).sum();
+        (vec![chosen], vec![rejected])
+    };
+    let (cl, rl) = sums(m.logps.clone());
+    let (cg, rg) = sums(m.logits_sum.clone());
+    let (cr, rr) = sums(m.rewards.clone());
+    let mut got = vec![
+        ("loss".to_string(), values(out.loss.inner())),
+        ("chosen_logps_sum".into(), cl),
+        ("rejected_logps_sum".into(), rl),
+        ("chosen_logits_sum".into(), cg),
+        ("rejected_logits_sum".into(), rg),
+        ("chosen_rewards_sum".into(), cr),
+        ("rejected_rewards_sum".into(), rr),
+        ("grad x".into(), values(x.grad(&grads).unwrap())),
+        ("grad weight".into(), values(w.grad(&grads).unwrap())),
+    ];
+    if let Some(b) = &b {
+        got.push(("grad bias".into(), values(b.grad(&grads).unwrap())));
+    }
+    got
+}
+
+/// A GRPO case.
+fn run_grpo<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let o = &case.options;
+    let loss_type = match o["loss_type"].as_str().unwrap() {
+        "grpo" => GrpoLossType::Grpo,
+        "bnpo" => GrpoLossType::Bnpo,
+        "dapo" => GrpoLossType::Dapo,
+        "dr_grpo" => GrpoLossType::DrGrpo {
+            max_completion_length: o["max_completion_length"].as_u64().unwrap() as usize,
+        },
+        other => panic!("unknown loss type {other}"),
+    };
+    let options = GrpoOptions::default()
+        .with_beta(opt_f64(o, "beta", 0.04))
+        .with_epsilon(
+            opt_f64(o, "epsilon_low", 0.2),
+            opt_f64(o, "epsilon_high", 0.2),
+        )
+        .with_loss_type(loss_type)
+        .with_temperature(opt_f64(o, "temperature", 1.0));
+    let x = floats::<B, 3>(&case.inputs["x"], device).require_grad();
+    let w = floats::<B, 2>(&case.inputs["weight"], device).require_grad();
+    let b = case
+        .inputs
+        .get("bias")
+        .map(|b| floats::<B, 1>(b, device).require_grad());
+    let reference = match o["reference"].as_str().unwrap() {
+        "model" => TokenReference::Model {
+            x: floats::<B, 3>(&case.inputs["ref_x"], device),
+            weight: floats::<B, 2>(&case.inputs["ref_weight"], device),
+            bias: Some(floats::<B, 1>(&case.inputs["ref_bias"], device)),
+        },
+        "given" => TokenReference::LogProbs(floats::<B, 2>(&case.inputs["ref_logps"], device)),
+        _ => TokenReference::None,
+    };
+    let out = functional::fused_linear_grpo(
+        x.clone(),
+        w.clone(),
+        b.clone(),
+        ints::<B, 2>(&case.int_inputs["completion_ids"], device),
+        ints::<B, 2>(&case.int_inputs["completion_mask"], device),
+        floats::<B, 1>(&case.inputs["advantages"], device),
+        reference,
+        case.inputs
+            .get("old_logps")
+            .map(|o| floats::<B, 2>(o, device)),
+        options,
+    );
+    let grads = (out.loss.clone() * case.grad_output).backward();
+    let mut got = vec![
+        ("loss".to_string(), values(out.loss.inner())),
+        ("clip_ratio".into(), values(out.clip_ratio.inner())),
+        ("grad x".into(), values(x.grad(&grads).unwrap())),
+        ("grad weight".into(), values(w.grad(&grads).unwrap())),
+    ];
+    if options.beta != 0.0 {
+        got.push(("kl".into(), values(out.kl.inner())));
+    }
+    if let Some(b) = &b {
+        got.push(("grad bias".into(), values(b.grad(&grads).unwrap())));
+    }
+    got
+}
+
+struct Fixtures {
+    fixture: Fixture,
+    cases: usize,
+}
+
+impl BackendVisitor for Fixtures {
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        let tol = Tolerance::for_dtype(DType::F32);
+        for case in &self.fixture.cases {
+            let got = match case.op.as_str() {
+                "fused_linear_preference" => run_preference::<B>(case, device),
+                "fused_linear_distill" => run_distill::<B>(case, device),
+                "divergence" => run_divergence::<B>(case, device),
+                "fused_linear_kto" => run_kto::<B>(case, device),
+                "fused_linear_grpo" => run_grpo::<B>(case, device),
+                other => panic!("unknown op {other} in the fixture"),
+            };
+            let at = format!("{} {}", case.op, case.case);
+            for (name, actual) in &got {
+                let expected: Vec<f64> = match name.strip_prefix("grad ") {
+                    Some(g) => &case.grads[g],
+                    None => &case.outputs[name.as_str()],
+                }
+                .data
+                .iter()
+                .map(|&v| f64::from(v))
+                .collect();
+                check(
+                    label,
+                    &format!("{at} {name}"),
+                    compare("value", actual, &expected, tol),
+                );
+            }
+            self.cases += 1;
+        }
+    }
+}
+
+#[test]
+fn chunked_losses_match_liger_kernel() {
+    let mut v = Fixtures {
+        fixture: fixture(),
+        cases: 0,
+    };
+    liger_tests::for_each_backend(&mut v);
+    assert!(v.cases > 0, "no case ran");
+}
