@@ -500,37 +500,28 @@ impl Engine {
         let (addresses, key) = self.prepare(client, product)?;
         let stream = self.stream.cu_stream();
         match ordering {
-            MatmulOrdering::StreamMemoryOperations => {
+            MatmulOrdering::StreamMemoryOperations | MatmulOrdering::FlagKernels => {
                 let published = self.flags_address + (sequence::PUBLISHED * 4) as u64;
                 let completed = self.flags_address + (sequence::COMPLETED * 4) as u64;
                 let s = self.sequence.wrapping_add(1);
-                // Both kernels were launched once when the engine was set up: CubeCL only
-                // reports a launch failure at its next flush, and flushing here would
+                let flags = match ordering {
+                    MatmulOrdering::FlagKernels => {
+                        DeviceFlags::Kernels(self.flag_kernels.as_ref().map_err(|why| {
+                            Failure::Unavailable(Unavailable::NoFlagKernels(why.clone()))
+                        })?)
+                    }
+                    _ => DeviceFlags::MemoryOperations,
+                };
+                // Both CubeCL kernels were launched once when the engine was set up: CubeCL
+                // only reports a launch failure at its next flush, and flushing here would
                 // block the host on the previous call's fence.
                 sequence::launch_publish(client, &self.flags, s);
                 self.sequence = s;
-                let wait = unsafe {
-                    driver_sys::cuStreamWaitValue32_v2(
-                        stream,
-                        published,
-                        s,
-                        driver_sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-                    )
-                }
-                .result()
-                .map_err(|e| format!("cuStreamWaitValue32: {e:?}"));
                 // Without the wait the product would not be ordered after its inputs.
-                let gemm = wait.and_then(|()| self.enqueue(product, addresses, &key));
-                let write = unsafe {
-                    driver_sys::cuStreamWriteValue32_v2(
-                        stream,
-                        completed,
-                        s,
-                        driver_sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-                    )
-                }
-                .result();
-                match write {
+                let gemm = flags
+                    .wait_geq(stream, published, s)
+                    .and_then(|()| self.enqueue(product, addresses, &key));
+                match flags.write(stream, completed, s) {
                     Ok(()) => sequence::launch_await(client, &self.flags, s),
                     // No await kernel may wait for a flag that will not come: order the
                     // host after our stream instead (its wait is satisfied by the
@@ -538,32 +529,7 @@ impl Engine {
                     Err(e) => {
                         let sync = unsafe { driver::stream::synchronize(stream) };
                         return Err(Failure::Launch(format!(
-                            "cuStreamWriteValue32: {e:?} (then synchronizing liger's stream: {sync:?}); {}",
-                            gemm.err().unwrap_or_default()
-                        )));
-                    }
-                }
-                gemm.map_err(Failure::Launch)
-            }
-            MatmulOrdering::FlagKernels => {
-                let kernels = self
-                    .flag_kernels
-                    .as_ref()
-                    .map_err(|why| Failure::Unavailable(Unavailable::NoFlagKernels(why.clone())))?;
-                let published = self.flags_address + (sequence::PUBLISHED * 4) as u64;
-                let completed = self.flags_address + (sequence::COMPLETED * 4) as u64;
-                let s = self.sequence.wrapping_add(1);
-                sequence::launch_publish(client, &self.flags, s);
-                self.sequence = s;
-                let wait = kernels.wait_geq(stream, published, s);
-                // Without the wait the product would not be ordered after its inputs.
-                let gemm = wait.and_then(|()| self.enqueue(product, addresses, &key));
-                match kernels.write(stream, completed, s) {
-                    Ok(()) => sequence::launch_await(client, &self.flags, s),
-                    Err(e) => {
-                        let sync = unsafe { driver::stream::synchronize(stream) };
-                        return Err(Failure::Launch(format!(
-                            "the flag write kernel: {e} (then synchronizing liger's stream: {sync:?}); {}",
+                            "{e} (then synchronizing liger's stream: {sync:?}); {}",
                             gemm.err().unwrap_or_default()
                         )));
                     }
@@ -744,6 +710,53 @@ impl Drop for FlagKernels {
     fn drop(&mut self) {
         // Safety: loaded by `cuModuleLoadData`, unloaded once.
         let _ = unsafe { driver::module::unload(self.module) };
+    }
+}
+
+/// How liger's stream waits for and writes the ordering flags on the device.
+enum DeviceFlags<'a> {
+    /// `cuStreamWaitValue32` / `cuStreamWriteValue32`.
+    MemoryOperations,
+    /// liger's one-thread kernels.
+    Kernels(&'a FlagKernels),
+}
+
+impl DeviceFlags<'_> {
+    /// Enqueues a wait until `flag ≥ value` (cyclic) on `stream`.
+    fn wait_geq(&self, stream: driver_sys::CUstream, flag: u64, value: u32) -> Result<(), String> {
+        match self {
+            DeviceFlags::MemoryOperations => unsafe {
+                driver_sys::cuStreamWaitValue32_v2(
+                    stream,
+                    flag,
+                    value,
+                    driver_sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                )
+            }
+            .result()
+            .map_err(|e| format!("cuStreamWaitValue32: {e:?}")),
+            DeviceFlags::Kernels(k) => k.wait_geq(stream, flag, value),
+        }
+    }
+
+    /// Enqueues `flag = value` on `stream`, after everything before it (the default
+    /// memory barrier of the write, or the kernel's fence).
+    fn write(&self, stream: driver_sys::CUstream, flag: u64, value: u32) -> Result<(), String> {
+        match self {
+            DeviceFlags::MemoryOperations => unsafe {
+                driver_sys::cuStreamWriteValue32_v2(
+                    stream,
+                    flag,
+                    value,
+                    driver_sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+                )
+            }
+            .result()
+            .map_err(|e| format!("cuStreamWriteValue32: {e:?}")),
+            DeviceFlags::Kernels(k) => k
+                .write(stream, flag, value)
+                .map_err(|e| format!("the flag write kernel: {e}")),
+        }
     }
 }
 
