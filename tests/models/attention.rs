@@ -14,6 +14,7 @@ use liger_models::eager_attention::{
 };
 use liger_models::{CausalLm, LigerConfig, ModelConfig, ModelType};
 use liger_tests::errors::{assert_mentions, panic_message};
+use liger_tests::tensors::max_rel;
 use liger_tests::{BackendVisitor, for_each_model_backend};
 use liger_train::trainer;
 use liger_verify::conformance::Rng;
@@ -65,17 +66,6 @@ fn logits_and_grads<B: FusedOps>(
         .to_vec::<f32>()
         .unwrap();
     (logits, out)
-}
-
-fn max_rel(a: &[f32], b: &[f32]) -> f64 {
-    let scale = b
-        .iter()
-        .fold(0.0f64, |m, v| m.max(v.abs() as f64))
-        .max(1e-30);
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).abs() / scale)
-        .fold(0.0, f64::max)
 }
 
 type LogitsAndGrads<'a> = (&'a [f32], &'a [(String, Vec<f32>)]);

@@ -8,6 +8,7 @@ use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::ops::FusedOps;
 use liger_models::{CausalLm, Documents, IGNORE_INDEX, LigerConfig, ModelConfig, ModelType};
+use liger_tests::tensors::max_rel;
 use liger_tests::{BackendVisitor, for_each_model_backend};
 use liger_train::trainer;
 use liger_verify::conformance::Rng;
@@ -20,19 +21,6 @@ fn ints<B: FusedOps>(v: &[i64], shape: [usize; 2], device: &B::Device) -> Tensor
 
 fn f32s<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.into_data().convert::<f32>().to_vec().unwrap()
-}
-
-/// The largest difference relative to the largest reference value.
-fn max_rel(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let scale = b
-        .iter()
-        .fold(0.0f64, |m, v| m.max(v.abs() as f64))
-        .max(1e-30);
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).abs() / scale)
-        .fold(0.0, f64::max)
 }
 
 /// The q and o projections' weight gradients, the ones every attention path feeds.

@@ -42,3 +42,17 @@ pub fn check(label: &str, case: &str, c: Comparison) {
         c.tensor, c.max_abs, c.max_rel
     );
 }
+
+/// The largest difference between `a` and `b`, relative to the largest magnitude in `b`
+/// (the reference), for comparing two runs of one computation.
+pub fn max_rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "max_rel: lengths differ");
+    let scale = b
+        .iter()
+        .fold(0.0f64, |m, v| m.max(v.abs() as f64))
+        .max(1e-30);
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).abs() / scale)
+        .fold(0.0, f64::max)
+}
