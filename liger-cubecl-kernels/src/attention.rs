@@ -115,6 +115,10 @@ pub struct FlashGeometry {
     pub s_rows: u32,
     /// Score tile columns (keys).
     pub s_cols: u32,
+    /// `exp` and `ln` through the hardware's approximate exponential (`__expf`, as
+    /// FlashAttention's `exp2f` under fast math) instead of the libm-accurate call; CUDA and
+    /// HIP only, where the flag changes nothing else (SPIR-V would also assume no NaN).
+    pub fast_exp: bool,
 }
 
 impl FlashGeometry {
@@ -736,11 +740,204 @@ fn documents_meet(ranges: &Array<i32>, at: usize, lo: i32, hi: i32) -> bool {
     ranges[at] <= hi && ranges[at + 1] >= lo
 }
 
+/// Whether every query of `[q0, q0 + rows)` sees every key of `[k0, k0 + cols)`, so the
+/// block needs no per-element mask (windows and documents are always checked).
+#[cube]
+fn block_fully_visible(
+    q0: u32,
+    k0: u32,
+    seq: u32,
+    #[comptime] rows: u32,
+    #[comptime] cols: u32,
+    #[comptime] mask: AttentionMask,
+) -> bool {
+    let mut all = q0 + rows <= seq && k0 + cols <= seq;
+    if comptime!(mask.causal) {
+        all = all && k0 + cols <= q0 + 1;
+    }
+    if comptime!(mask.window || mask.documents) {
+        all = false;
+    }
+    all
+}
+
+/// The score column of a forward step that unit `lane` of row `r` handles at its `j`th
+/// turn. Rows sit `s_stride` floats apart, a multiple of 4 (`cmma` stores need it), so
+/// the 32 rows of a plane walking one column in step would hit 8 banks; starting each row
+/// at its own column, they hit 32.
+#[cube]
+fn row_column(r: u32, lane: u32, j: u32, #[comptime] g: FlashGeometry) -> u32 {
+    let upr = comptime!(g.units_per_row());
+    let cols_per_unit = comptime!(g.step_rows / g.units_per_row());
+    lane + ((j + r) % cols_per_unit) * upr
+}
+
+/// Pass 1 of a forward step's online softmax over unit `lane`'s columns of row `r`:
+/// rewrites each score scaled (the floor where hidden, when `checked`) and returns their
+/// max. Two running maxima, so the chain of dependent `max`es is half as long.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn scale_row_scores(
+    scratch: &mut SharedMemory<f32>,
+    r: u32,
+    lane: u32,
+    qpos: u32,
+    k0: u32,
+    seq: u32,
+    window: u32,
+    scale: f32,
+    doc_ids: &Array<i32>,
+    doc_base: usize,
+    #[comptime] checked: bool,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+) -> f32 {
+    let cols_per_unit = comptime!(g.step_rows / g.units_per_row());
+    let mut max_a = f32::min_value();
+    let mut max_b = f32::min_value();
+    if comptime!(cols_per_unit % 2 == 0) {
+        #[unroll]
+        for j in 0..comptime!(cols_per_unit / 2) {
+            let c = row_column(r, lane, 2 * j, g);
+            let x = scale_score(
+                scratch, r, c, qpos, k0, seq, window, scale, doc_ids, doc_base, checked, g, mask,
+            );
+            max_a = f32::max(max_a, x);
+            let c = row_column(r, lane, 2 * j + 1, g);
+            let x = scale_score(
+                scratch, r, c, qpos, k0, seq, window, scale, doc_ids, doc_base, checked, g, mask,
+            );
+            max_b = f32::max(max_b, x);
+        }
+    } else {
+        #[unroll]
+        for j in 0..cols_per_unit {
+            let c = row_column(r, lane, j, g);
+            let x = scale_score(
+                scratch, r, c, qpos, k0, seq, window, scale, doc_ids, doc_base, checked, g, mask,
+            );
+            max_a = f32::max(max_a, x);
+        }
+    }
+    f32::max(max_a, max_b)
+}
+
+/// Score `(r, c)` scaled, written back and returned; the floor where hidden (`checked`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn scale_score(
+    scratch: &mut SharedMemory<f32>,
+    r: u32,
+    c: u32,
+    qpos: u32,
+    k0: u32,
+    seq: u32,
+    window: u32,
+    scale: f32,
+    doc_ids: &Array<i32>,
+    doc_base: usize,
+    #[comptime] checked: bool,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+) -> f32 {
+    let at = (r * comptime!(g.s_stride()) + c) as usize;
+    let mut x = f32::min_value();
+    if comptime!(checked) {
+        if visible(qpos, k0 + c, seq, window, doc_ids, doc_base, mask) {
+            x = scratch[at] * scale;
+        }
+    } else {
+        x = scratch[at] * scale;
+    }
+    scratch[at] = x;
+    x
+}
+
+/// Pass 2: `p = exp(x - m)` over unit `lane`'s columns of row `r` (0 where pass 1 left
+/// the floor, when `checked`; a NaN score stays NaN), rounded into `p_tile`; returns their
+/// sum (two running sums, as the maxima).
+#[cube]
+fn exponentiate_row<F: Float>(
+    scratch: &SharedMemory<f32>,
+    p_tile: &mut SharedMemory<F>,
+    r: u32,
+    lane: u32,
+    m: f32,
+    #[comptime] checked: bool,
+    #[comptime] g: FlashGeometry,
+) -> f32 {
+    let cols_per_unit = comptime!(g.step_rows / g.units_per_row());
+    let mut sum_a = 0.0f32;
+    let mut sum_b = 0.0f32;
+    if comptime!(cols_per_unit % 2 == 0) {
+        #[unroll]
+        for j in 0..comptime!(cols_per_unit / 2) {
+            sum_a += exponentiate_score::<F>(
+                scratch,
+                p_tile,
+                r,
+                row_column(r, lane, 2 * j, g),
+                m,
+                checked,
+                g,
+            );
+            sum_b += exponentiate_score::<F>(
+                scratch,
+                p_tile,
+                r,
+                row_column(r, lane, 2 * j + 1, g),
+                m,
+                checked,
+                g,
+            );
+        }
+    } else {
+        #[unroll]
+        for j in 0..cols_per_unit {
+            sum_a += exponentiate_score::<F>(
+                scratch,
+                p_tile,
+                r,
+                row_column(r, lane, j, g),
+                m,
+                checked,
+                g,
+            );
+        }
+    }
+    sum_a + sum_b
+}
+
+/// `p = exp(x - m)` of score `(r, c)` (0 where pass 1 left the floor, when `checked`),
+/// rounded into `p_tile` and returned.
+#[cube]
+fn exponentiate_score<F: Float>(
+    scratch: &SharedMemory<f32>,
+    p_tile: &mut SharedMemory<F>,
+    r: u32,
+    c: u32,
+    m: f32,
+    #[comptime] checked: bool,
+    #[comptime] g: FlashGeometry,
+) -> f32 {
+    let x = scratch[(r * comptime!(g.s_stride()) + c) as usize];
+    let mut p = 0.0f32;
+    if comptime!(checked) {
+        if x != f32::min_value() {
+            p = f32::exp(x - m);
+        }
+    } else {
+        p = f32::exp(x - m);
+    }
+    p_tile[(r * comptime!(g.p_stride()) + c) as usize] = F::cast_from(p);
+    p
+}
+
 // ---------------------------------------------------------------------------------------
 // Forward
 // ---------------------------------------------------------------------------------------
 
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, fast_math = flash_math(&g))]
 #[allow(clippy::too_many_arguments)]
 fn flash_forward_kernel<F: Float, N: Size>(
     q: &Array<Vector<F, N>>,
@@ -796,7 +993,6 @@ fn flash_forward_kernel<F: Float, N: Size>(
 
     // Softmax ownership: `upr` consecutive units per query row, each `bc / upr` columns.
     let upr = comptime!(g.units_per_row());
-    let cols_per_unit = comptime!(g.step_rows / g.units_per_row());
     let r = UNIT_POS / upr;
     let lane = UNIT_POS % upr;
     let qpos = q0 + r;
@@ -839,18 +1035,42 @@ fn flash_forward_kernel<F: Float, N: Size>(
 
             // Online softmax of the block's rows. Each unit rewrites its own scores scaled,
             // or the floor where hidden, so the second pass reads them back (shared memory,
-            // not `cols_per_unit` registers a unit).
-            let mut local_max = f32::min_value();
-            for j in 0..cols_per_unit {
-                let c = lane + j * upr;
-                let at = (r * comptime!(g.s_stride()) + c) as usize;
-                let mut x = f32::min_value();
-                if visible(qpos, k0 + c, seq, window, doc_ids, doc_base, mask) {
-                    x = scratch[at] * scale;
-                    local_max = f32::max(local_max, x);
-                }
-                scratch[at] = x;
-            }
+            // not `cols_per_unit` registers a unit). A block every query sees whole skips
+            // the mask.
+            let interior = block_fully_visible(q0, k0, seq, br, bc, mask);
+            let local_max = if interior {
+                scale_row_scores(
+                    &mut scratch,
+                    r,
+                    lane,
+                    qpos,
+                    k0,
+                    seq,
+                    window,
+                    scale,
+                    doc_ids,
+                    doc_base,
+                    false,
+                    g,
+                    mask,
+                )
+            } else {
+                scale_row_scores(
+                    &mut scratch,
+                    r,
+                    lane,
+                    qpos,
+                    k0,
+                    seq,
+                    window,
+                    scale,
+                    doc_ids,
+                    doc_base,
+                    true,
+                    g,
+                    mask,
+                )
+            };
             red_max[UNIT_POS as usize] = local_max;
             sync_cube();
             let mut row_max = f32::min_value();
@@ -863,17 +1083,11 @@ fn flash_forward_kernel<F: Float, N: Size>(
                 alpha = f32::exp(m_used - row_max);
                 m_used = row_max;
             }
-            let mut local_sum = 0.0f32;
-            for j in 0..cols_per_unit {
-                let c = lane + j * upr;
-                let x = scratch[(r * comptime!(g.s_stride()) + c) as usize];
-                let mut p = 0.0f32;
-                if x > f32::min_value() {
-                    p = f32::exp(x - m_used);
-                }
-                p_tile[(r * comptime!(g.p_stride()) + c) as usize] = F::cast_from(p);
-                local_sum += p;
-            }
+            let local_sum = if interior {
+                exponentiate_row::<F>(&scratch, &mut p_tile, r, lane, m_used, false, g)
+            } else {
+                exponentiate_row::<F>(&scratch, &mut p_tile, r, lane, m_used, true, g)
+            };
             red_sum[UNIT_POS as usize] = local_sum;
             if lane == 0 {
                 row_scale[r as usize] = alpha;
@@ -1033,16 +1247,88 @@ fn probabilities_and_ds<F: Float>(
 ) {
     let cols = comptime!(g.s_cols);
     let total = comptime!(g.s_rows * g.s_cols);
+    if comptime!(g.units.is_multiple_of(cols) && total.is_multiple_of(g.units)) {
+        // Each unit keeps one column and steps down the rows: the loop unrolls, and a
+        // block every query sees whole skips the mask.
+        if block_fully_visible(q0, k0, seq, g.s_rows, cols, mask) {
+            probabilities_and_ds_by_column::<F>(
+                scratch, lse_rows, d_rows, p_tile, ds_tile, q0, k0, seq, window, scale, doc_ids,
+                doc_base, dp_offset, with_p, false, g, mask,
+            );
+        } else {
+            probabilities_and_ds_by_column::<F>(
+                scratch, lse_rows, d_rows, p_tile, ds_tile, q0, k0, seq, window, scale, doc_ids,
+                doc_base, dp_offset, with_p, true, g, mask,
+            );
+        }
+    } else {
+        let s_stride = comptime!(g.s_stride());
+        let p_stride = comptime!(g.p_stride());
+        let mut i = UNIT_POS;
+        while i < total {
+            let r = i / cols;
+            let c = i % cols;
+            let lse = lse_rows[r as usize];
+            let at = (r * s_stride + c) as usize;
+            let mut p = 0.0f32;
+            if lse < f32::max_value()
+                && visible(q0 + r, k0 + c, seq, window, doc_ids, doc_base, mask)
+            {
+                p = f32::exp(scratch[at] * scale - lse);
+            }
+            let ds = p * (scratch[at + dp_offset as usize] - d_rows[r as usize]);
+            let pt = (r * p_stride + c) as usize;
+            if comptime!(with_p) {
+                p_tile[pt] = F::cast_from(p);
+            }
+            ds_tile[pt] = F::cast_from(ds);
+            i += comptime!(g.units);
+        }
+    }
+}
+
+/// [`probabilities_and_ds`] with each unit on one column, `units / s_cols` rows apart;
+/// the mask is applied only when `checked`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn probabilities_and_ds_by_column<F: Float>(
+    scratch: &SharedMemory<f32>,
+    lse_rows: &SharedMemory<f32>,
+    d_rows: &SharedMemory<f32>,
+    p_tile: &mut SharedMemory<F>,
+    ds_tile: &mut SharedMemory<F>,
+    q0: u32,
+    k0: u32,
+    seq: u32,
+    window: u32,
+    scale: f32,
+    doc_ids: &Array<i32>,
+    doc_base: usize,
+    #[comptime] dp_offset: u32,
+    #[comptime] with_p: bool,
+    #[comptime] checked: bool,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+) {
+    let cols = comptime!(g.s_cols);
     let s_stride = comptime!(g.s_stride());
     let p_stride = comptime!(g.p_stride());
-    let mut i = UNIT_POS;
-    while i < total {
-        let r = i / cols;
-        let c = i % cols;
+    let rows_apart = comptime!(g.units / g.s_cols);
+    let c = UNIT_POS % cols;
+    let r0 = UNIT_POS / cols;
+    #[unroll]
+    for e in 0..comptime!(g.s_rows * g.s_cols / g.units) {
+        let r = r0 + e * rows_apart;
         let lse = lse_rows[r as usize];
         let at = (r * s_stride + c) as usize;
         let mut p = 0.0f32;
-        if lse < f32::max_value() && visible(q0 + r, k0 + c, seq, window, doc_ids, doc_base, mask) {
+        if comptime!(checked) {
+            if lse < f32::max_value()
+                && visible(q0 + r, k0 + c, seq, window, doc_ids, doc_base, mask)
+            {
+                p = f32::exp(scratch[at] * scale - lse);
+            }
+        } else if lse < f32::max_value() {
             p = f32::exp(scratch[at] * scale - lse);
         }
         let ds = p * (scratch[at + dp_offset as usize] - d_rows[r as usize]);
@@ -1051,11 +1337,10 @@ fn probabilities_and_ds<F: Float>(
             p_tile[pt] = F::cast_from(p);
         }
         ds_tile[pt] = F::cast_from(ds);
-        i += comptime!(g.units);
     }
 }
 
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, fast_math = flash_math(&g))]
 #[allow(clippy::too_many_arguments)]
 fn flash_backward_kv_kernel<F: Float, N: Size>(
     q: &Array<Vector<F, N>>,
@@ -1221,7 +1506,7 @@ fn flash_backward_kv_kernel<F: Float, N: Size>(
     );
 }
 
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, fast_math = flash_math(&g))]
 #[allow(clippy::too_many_arguments)]
 fn flash_backward_q_kernel<F: Float, N: Size>(
     q: &Array<Vector<F, N>>,
@@ -1435,7 +1720,23 @@ pub fn flash_geometry(
         tensor_cores,
         s_rows,
         s_cols,
+        fast_exp: false,
     }
+}
+
+/// The math modes of a flash kernel: fast `exp`/`ln` where [`FlashGeometry::fast_exp`].
+pub fn flash_math(g: &FlashGeometry) -> enumset::EnumSet<FastMath> {
+    if g.fast_exp {
+        FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf
+    } else {
+        enumset::EnumSet::empty()
+    }
+}
+
+/// Whether `exp` may use the approximate hardware exponential on this runtime (CUDA and
+/// HIP compile the fast-math modes to intrinsics only; other compilers attach assumptions).
+fn fast_exp_supported<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    matches!(R::name(client), "cuda" | "hip")
 }
 
 /// Whether the device runs `cmma` 16×16×16 products of `dtype` into f32 on 32-wide planes.
@@ -1473,18 +1774,23 @@ pub struct FlashPlan {
     pub vector: usize,
     /// Rows of the FMA path's blocks.
     pub fma_rows: u32,
+    /// See [`FlashGeometry::fast_exp`].
+    pub fast_exp: bool,
 }
 
 impl FlashPlan {
     /// The geometry of `kernel`.
     pub fn geometry(&self, kernel: FlashKernel) -> FlashGeometry {
-        flash_geometry(
-            kernel,
-            self.variant,
-            self.head_dim,
-            self.vector,
-            self.fma_rows,
-        )
+        FlashGeometry {
+            fast_exp: self.fast_exp,
+            ..flash_geometry(
+                kernel,
+                self.variant,
+                self.head_dim,
+                self.vector,
+                self.fma_rows,
+            )
+        }
     }
 }
 
@@ -1539,6 +1845,7 @@ pub fn flash_plan<R: Runtime>(
             head_dim,
             vector,
             fma_rows,
+            fast_exp: fast_exp_supported(client),
         };
         let units = plan.geometry(FlashKernel::Forward).units;
         if units > props.hardware.max_units_per_cube {

@@ -10,7 +10,7 @@ use cubecl::prelude::{AddressType, KernelLauncher, KernelSettings};
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 use cubecl_cpp::cuda::CudaDialect;
 use cubecl_cpp::cuda::mma::CudaWmmaCompiler;
-use cubecl_cpp::shared::{CompilationOptions, CppCompiler};
+use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 
 type R = WgpuRuntime;
 
@@ -19,7 +19,14 @@ fn cuda_source(def: cubecl::prelude::KernelDefinition) -> String {
     let kernel = compiler
         .compile(
             def,
-            &CompilationOptions::default(),
+            // As the CUDA runtime sets them.
+            &CompilationOptions {
+                supports_features: CppSupportedFeatures {
+                    fast_math: true,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
             cubecl::prelude::ExecutionMode::Unchecked,
             AddressType::U32.unsigned_type(),
         )
@@ -45,6 +52,12 @@ fn check_source(name: &str, source: &str) {
     assert!(
         source.contains("mma_sync"),
         "{name}: no mma_sync:\n{source}"
+    );
+    // `fast_exp`: the hardware exponential, not libm's.
+    assert!(source.contains("__expf("), "{name}: no __expf:\n{source}");
+    assert!(
+        !source.contains(" exp("),
+        "{name}: an accurate exp:\n{source}"
     );
 }
 
@@ -75,6 +88,10 @@ fn tensor_core_kernels_compile_to_cuda() {
                 n,
                 16,
             );
+            let g = FlashGeometry {
+                fast_exp: true,
+                ..g
+            };
             let s = settings(&g);
             let mut launcher = KernelLauncher::<R>::new(s.clone());
             launcher.with_scope(|scope| {
@@ -120,6 +137,10 @@ fn tensor_core_kernels_compile_to_cuda() {
                 n,
                 16,
             );
+            let g = FlashGeometry {
+                fast_exp: true,
+                ..g
+            };
             let s = settings(&g);
             let mut launcher = KernelLauncher::<R>::new(s.clone());
             launcher.with_scope(|scope| {
@@ -165,6 +186,10 @@ fn tensor_core_kernels_compile_to_cuda() {
                 n,
                 16,
             );
+            let g = FlashGeometry {
+                fast_exp: true,
+                ..g
+            };
             let s = settings(&g);
             let mut launcher = KernelLauncher::<R>::new(s.clone());
             launcher.with_scope(|scope| {

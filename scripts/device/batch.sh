@@ -8,7 +8,7 @@
 #   usage: scripts/device/batch.sh [check] [check-full] [cuda-tests] [bench] [matmul]
 #                                  [elementwise] [ce] [ce-hold] [flce] [vulkan] [converge]
 #                                  [train] [e2e-llama] [e2e-qwen] [optimizer] [cache-out]
-#                                  [attention-test] [attention] [sdpa]
+#                                  [attention-test] [attention] [sdpa] [post]
 #
 # check-full: the full conformance sweep of every op (f32 and bf16). cuda-tests: the
 # liger_burn test suite on CUDA from .gpu/liger_burn_tests (TESTS filters it).
@@ -33,6 +33,12 @@
 # E2E_MASTER_WEIGHTS=on gives the liger-on mode's fused AdamW f32 master weights.
 # E2E_MODES (default off,on) picks the modes (on alone against the PyTorch anchor);
 # E2E_CHECKPOINTING=on runs both with Burn's balanced gradient checkpointing.
+#
+# E2E_MODEL overrides the model (e.g. llama3-8b) and E2E_LORA_RANK gives LoRA steps
+# (`--e2e-lora-rank`; the anchor's counterpart: ANCHOR_E2E_ARGS="--lora-rank N").
+#
+# post: `liger bench --op fused_linear_dpo,fused_linear_jsd` (bf16, stock compositions in the
+# same process); their PyTorch and Liger-Kernel rows come from scripts/device/anchor_post.py.
 #
 # optimizer: one AdamW step over Llama 3.2 1B's parameters (1.24 B, 146 tensors), bf16 then
 # f32: liger-burn's fused AdamW (moments in the dtype; with f32 master weights) against
@@ -159,17 +165,26 @@ for step in $steps; do
       # own process. --e2e-budget stops starting cases in time for the table and summary
       # to print inside one device call; rows are appended to the CSV as cases finish.
       if [ "$step" = e2e-llama ]; then model=llama3.2-1b; else model=qwen2.5-1.5b; fi
+      model=${E2E_MODEL:-$model}
       layers=${E2E_LAYERS:+--e2e-layers $E2E_LAYERS}
+      lora=${E2E_LORA_RANK:+--e2e-lora-rank $E2E_LORA_RANK}
       attention=${E2E_LIGER_ATTENTION:-on}
       pool=${E2E_MEMORY_POOL:-default}
-      log="$OUT/bench_e2e_$model$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool")$([ "${E2E_CHECKPOINTING:-off}" = off ] || echo _ckpt).log"
+      log="$OUT/bench_e2e_$model${E2E_LORA_RANK:+_lora$E2E_LORA_RANK}$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool")$([ "${E2E_CHECKPOINTING:-off}" = off ] || echo _ckpt).log"
       timeout "${E2E_WALL:-585}" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 --e2e-models "$model" \
         --e2e-seq "${E2E_SEQ:-1024,2048,4096,8192,16384,32768}" --e2e-batch "${E2E_BATCH:-1}" \
-        --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget "${E2E_BUDGET:-550}" $layers \
+        --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget "${E2E_BUDGET:-550}" $layers $lora \
         --e2e-liger-attention "$attention" --memory-pool "$pool" \
         --e2e-master-weights "${E2E_MASTER_WEIGHTS:-off}" --e2e-modes "${E2E_MODES:-off,on}" \
         --e2e-gradient-checkpointing "${E2E_CHECKPOINTING:-off}" --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
       tail -n 30 "$log"
+      ;;
+    post)
+      # The fused post-training losses (DPO, distillation JSD) against their stock
+      # compositions; scripts/device/anchor_post.py gives Liger-Kernel's and PyTorch's rows.
+      timeout 280 $BIN bench --device cuda --dtype bf16 --op fused_linear_dpo,fused_linear_jsd \
+        --csv "$OUT/bench_post.csv" >"$OUT/bench_post.log" 2>&1 || status=1
+      tail -n 16 "$OUT/bench_post.log"
       ;;
     optimizer)
       for dtype in bf16 f32; do

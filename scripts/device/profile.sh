@@ -4,11 +4,15 @@
 # bytes, clocks left alone), so each step's kernels can be summed and set against the
 # bench's own wall time of the same step (the difference is host-side or launch gaps).
 #
-#   usage: scripts/gpu_profile.sh [ce] [flce] [swiglu] [swiglu-detail]
+#   usage: scripts/device/profile.sh [ce] [flce] [swiglu] [swiglu-detail] [flash-detail]
 #
 # swiglu-detail: ncu's speed-of-light, occupancy, launch, warp-state and memory sections
 # for every kernel of one SwiGLU bench iteration (the copy and x+y ceilings included), to
 # set the fused kernel's stalls and achieved bandwidth beside Burn's add kernel's.
+#
+# flash-detail: the same sections plus instruction and source counters for the flash
+# attention kernels (forward, dK/dV, dQ) of one bf16 forward+backward iteration at
+# FLASH_SHAPE (default 1x4096x32x8x64).
 #
 # Writes $OUT/ncu_<step>.csv (one row per kernel and metric) and $OUT/ncu_<step>.log.
 # Summarize here with scripts/ncu_summary.py.
@@ -29,6 +33,11 @@ for step in ${*:-ce flce swiglu}; do
       args="--op swiglu --shape 8192x14336 --copy-mib 1024"
       collect="--page details --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats" ;;
+    flash-detail)
+      args="--attention --attention-shape ${FLASH_SHAPE:-1x4096x32x8x64} --attention-provider flash"
+      collect="--kernel-name regex:flash --launch-skip 1 --launch-count 6 --page details --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --section ComputeWorkloadAnalysis --section SchedulerStats --section InstructionStats" ;;
     *) echo "unknown step $step"; status=1; continue ;;
   esac
   timeout 280 "$NCU" --clock-control none --csv $collect --log-file "$OUT/ncu_$step.csv" \

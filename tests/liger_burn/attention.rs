@@ -394,7 +394,8 @@ mod flash_kernel {
     use burn_cubecl::{CubeBackend, CubeRuntime};
     use liger_cubecl_kernels::attention::{
         AttentionMask, FlashBackwardArgs, FlashForwardArgs, FlashProblem, FlashVariant,
-        flash_attention, flash_attention_backward, flash_plan, tensor_cores_supported,
+        document_ranges, flash_attention, flash_attention_backward, flash_plan,
+        tensor_cores_supported,
     };
     use liger_tests::attention::{
         Problem, compare_lse, compare_rows, random_documents, reference, row_tolerance,
@@ -559,15 +560,127 @@ mod flash_kernel {
             dtype.into(),
         )
         .map_err(|e| e.to_string())?;
-        let expected = reference(p, &read(&q), &read(&k), &read(&v), &read(&g));
+        let (q_values, k_values, v_values) = (read(&q), read(&k), read(&v));
+        let expected = reference(p, &q_values, &k_values, &v_values, &read(&g));
         let tol = row_tolerance(dtype);
         let bounds = |which| expected.row_bounds(which, d, tol, dtype, DType::F32);
-        compare_rows("output", &read(&out), &expected.out, &bounds(0))?;
+        let out_values = read(&out);
+        compare_rows("output", &out_values, &expected.out, &bounds(0)).map_err(|e| {
+            match &p.documents {
+                Some(ids) if b > 1 => format!(
+                    "{e}; {}",
+                    diagnose_documents(p, ids, &out_values, &q_values, &k_values, &v_values, dtype)
+                ),
+                _ => e,
+            }
+        })?;
         compare_lse(&read(&lse), &expected.lse, tol)?;
         compare_rows("grad_q", &read(&gq), &expected.grad_q, &bounds(1))?;
         compare_rows("grad_k", &read(&gk), &expected.grad_k, &bounds(2))?;
         compare_rows("grad_v", &read(&gv), &expected.grad_v, &bounds(3))?;
         Ok(())
+    }
+
+    /// Which batch rows of a wrong document-masked output are wrong, and whether they match
+    /// the output the ids of batch row 0 would give (a kernel reading the wrong row of ids).
+    fn diagnose_documents(
+        p: &Problem,
+        ids: &[i64],
+        out: &[f64],
+        q: &[f64],
+        k: &[f64],
+        v: &[f64],
+        dtype: DType,
+    ) -> String {
+        let s = p.seq;
+        let per_batch = p.q_heads * s * p.head_dim;
+        let zeros = vec![0.0; q.len()];
+        let row_of = |ids: Vec<i64>| {
+            let alt = Problem {
+                documents: Some(ids),
+                ..p.clone()
+            };
+            reference(&alt, q, k, v, &zeros).out
+        };
+        let first_row: Vec<i64> = (0..p.batch).flat_map(|_| ids[..s].to_vec()).collect();
+        let without: Vec<i64> = vec![0; ids.len()];
+        let candidates = [
+            ("row 0's ids", row_of(first_row)),
+            ("no document mask", row_of(without)),
+        ];
+        let expected = row_of(ids.to_vec());
+        let tol = row_tolerance(dtype) * 4.0;
+        let close = |a: &[f64], e: &[f64]| {
+            let err = a
+                .iter()
+                .zip(e)
+                .map(|(x, y)| (x - y).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            let norm = e.iter().map(|y| y * y).sum::<f64>().sqrt().max(1e-30);
+            err / norm <= tol
+        };
+        let mut notes = Vec::new();
+        for bi in 0..p.batch {
+            let span = bi * per_batch..(bi + 1) * per_batch;
+            let right = close(&out[span.clone()], &expected[span.clone()]);
+            let mut note = format!("batch row {bi}: {}", if right { "right" } else { "wrong" });
+            if !right {
+                for (name, alt) in &candidates {
+                    if close(&out[span.clone()], &alt[span.clone()]) {
+                        note += &format!(" (matches {name})");
+                    }
+                }
+            }
+            notes.push(note);
+        }
+        format!("diagnosis: {}", notes.join(", "))
+    }
+
+    /// The per-block `[min, max]` id tables the flash kernels skip blocks by, against the
+    /// ids, for several batch rows, block sizes and a partial last block.
+    #[test]
+    fn document_ranges_are_each_blocks_least_and_greatest_id() {
+        struct T(Rng);
+        impl RuntimeVisitor for T {
+            fn visit<R: CubeRuntime>(&mut self, label: &str, device: &R::Device) {
+                for (batch, seq, block) in [(3usize, 100usize, 16usize), (2, 100, 64), (2, 17, 128)]
+                {
+                    let ids = random_documents(&mut self.0, batch, seq, 30, true);
+                    let t = Tensor::<Plain<R>, 2, Int>::from_data(
+                        TensorData::new(
+                            ids.iter().map(|&x| x as i32).collect::<Vec<_>>(),
+                            [batch, seq],
+                        ),
+                        device,
+                    );
+                    let t: CubeTensor<R> = t.into_primitive();
+                    let ranges = document_ranges::<R>(&t.client, &t.handle, batch, seq, block);
+                    let blocks = seq.div_ceil(block);
+                    let bytes = t.client.read_one(ranges).expect("read the document ranges");
+                    let got: Vec<i32> = bytes
+                        .chunks_exact(4)
+                        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                    assert_eq!(got.len(), batch * blocks * 2, "{label}: table length");
+                    for bi in 0..batch {
+                        for blk in 0..blocks {
+                            let span =
+                                bi * seq + blk * block..bi * seq + ((blk + 1) * block).min(seq);
+                            let lo = ids[span.clone()].iter().min().copied().unwrap() as i32;
+                            let hi = ids[span].iter().max().copied().unwrap() as i32;
+                            let at = (bi * blocks + blk) * 2;
+                            assert_eq!(
+                                (got[at], got[at + 1]),
+                                (lo, hi),
+                                "{label}: batch {batch} seq {seq} block {block}: row {bi} block {blk}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        for_each_runtime(&mut T(Rng::from_env()));
     }
 
     /// The problems: odd lengths (1, 17, 100: partial last blocks), head_dim 64 and 128 (and
