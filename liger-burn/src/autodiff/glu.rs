@@ -1,4 +1,4 @@
-//! Backward nodes of the gated linear units, exact GELU and sigmoid.
+//! Backward nodes of the gated linear units.
 //!
 //! The GLU node keeps `gate` and `up` (the tensors the forward read anyway) and recomputes
 //! the activation in the backward kernel. When only `up` is tracked its gradient
@@ -12,7 +12,7 @@ use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind, unary};
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
 #[derive(Debug)]
 struct GluBackward {
@@ -39,36 +39,6 @@ impl<B: FusedOps> Backward<B, 2> for GluBackward {
             }
             [None, None] => {}
         }
-    }
-}
-
-#[derive(Debug)]
-struct GeluBackward;
-
-impl<B: FusedOps> Backward<B, 1> for GeluBackward {
-    /// The forward's input.
-    type State = FloatTensor<B>;
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let x = ops.state;
-        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-            B::fused_gelu_backward(grad, x)
-        });
-    }
-}
-
-#[derive(Debug)]
-struct SigmoidBackward;
-
-impl<B: FusedOps> Backward<B, 1> for SigmoidBackward {
-    /// The forward's output.
-    type State = FloatTensor<B>;
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let y = ops.state;
-        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-            B::fused_sigmoid_backward(grad, y)
-        });
     }
 }
 
@@ -105,33 +75,5 @@ pub(crate) fn glu_backward<B: FusedOps, C: CheckpointStrategy>(
     GluGrads {
         grad_gate: Autodiff::<B, C>::from_inner(g.grad_gate),
         grad_up: Autodiff::<B, C>::from_inner(g.grad_up),
-    }
-}
-
-pub(crate) fn gelu<B: FusedOps, C: CheckpointStrategy>(
-    x: FloatTensor<Autodiff<B, C>>,
-) -> FloatTensor<Autodiff<B, C>> {
-    let output = B::fused_gelu(x.primitive.clone());
-    match GeluBackward
-        .prepare::<C>([x.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(x.primitive, output),
-        OpsKind::UnTracked(prep) => prep.finish(output),
-    }
-}
-
-pub(crate) fn sigmoid<B: FusedOps, C: CheckpointStrategy>(
-    x: FloatTensor<Autodiff<B, C>>,
-) -> FloatTensor<Autodiff<B, C>> {
-    let output = B::fused_sigmoid(x.primitive.clone());
-    match SigmoidBackward
-        .prepare::<C>([x.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(output.clone(), output),
-        OpsKind::UnTracked(prep) => prep.finish(output),
     }
 }

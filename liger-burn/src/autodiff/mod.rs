@@ -3,6 +3,7 @@
 //! backward kernels too. Nodes keep exactly what the backward kernel needs (the inputs
 //! and the per-row statistics, or the softmax output), never a recomputed graph.
 
+mod activation;
 mod attention;
 mod chunked_loss;
 mod cross_entropy;
@@ -11,10 +12,13 @@ mod fused_linear_distill;
 mod fused_linear_preference;
 mod fused_linear_rl;
 mod glu;
+mod layer_norm;
 mod linear_cross_entropy;
 mod lora;
 mod matmul;
+mod rms_norm;
 mod rope;
+mod softmax;
 
 use crate::ops::{
     AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
@@ -22,13 +26,12 @@ use crate::ops::{
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::FloatTensor;
 use burn_autodiff::Autodiff;
-use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind, unary};
+use burn_autodiff::ops::Ops;
 
 /// Registers the gradients of a weighted normalization's parents (`x`, weight, bias).
-fn register_norm_grads<B: FusedOps, const N: usize>(
+pub(crate) fn register_norm_grads<B: FusedOps, const N: usize>(
     ops: &Ops<impl Sized, N>,
     grads: &mut Gradients,
     g: NormGrads<B>,
@@ -42,108 +45,13 @@ fn register_norm_grads<B: FusedOps, const N: usize>(
     }
 }
 
-#[derive(Debug)]
-struct RmsNormBackward;
-
-impl<B: FusedOps> Backward<B, 2> for RmsNormBackward {
-    type State = (
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-        RmsNormOptions,
-    );
-
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
-        let (x, weight, rstd, options) = ops.state.clone();
-        let g = B::fused_rms_norm_backward(grad, x, weight, rstd, options);
-        register_norm_grads::<B, 2>(&ops, grads, g);
-    }
-}
-
-#[derive(Debug)]
-struct LayerNormBackward;
-
-impl<B: FusedOps, const N: usize> Backward<B, N> for LayerNormBackward {
-    /// `x`, gamma, mean, rstd.
-    type State = (
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-    );
-
-    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
-        let (x, gamma, mean, rstd) = ops.state.clone();
-        let g = B::fused_layer_norm_backward(grad, x, gamma, mean, rstd, N == 3);
-        register_norm_grads::<B, N>(&ops, grads, g);
-    }
-}
-
-#[derive(Debug)]
-struct SoftmaxBackward {
-    log: bool,
-}
-
-impl<B: FusedOps> Backward<B, 1> for SoftmaxBackward {
-    /// The forward's output.
-    type State = FloatTensor<B>;
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let output = ops.state;
-        let log = self.log;
-        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-            if log {
-                B::fused_log_softmax_backward(grad, output)
-            } else {
-                B::fused_softmax_backward(grad, output)
-            }
-        });
-    }
-}
-
-/// The `x + residual` half of the fused add + RMSNorm: gradient passes through to both.
-#[derive(Debug)]
-struct ResidualAddBackward;
-
-impl<B: FusedOps> Backward<B, 2> for ResidualAddBackward {
-    type State = ();
-
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
-        let [a, b] = ops.parents;
-        match (a, b) {
-            (Some(a), Some(b)) => {
-                grads.register::<B>(a.id, grad.clone());
-                grads.register::<B>(b.id, grad);
-            }
-            (Some(node), None) | (None, Some(node)) => grads.register::<B>(node.id, grad),
-            (None, None) => {}
-        }
-    }
-}
-
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     fn fused_rms_norm(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         options: RmsNormOptions,
     ) -> RmsNormOutput<Self> {
-        let out = B::fused_rms_norm(x.primitive.clone(), weight.primitive.clone(), options);
-        let rstd = Self::from_inner(out.rstd.clone());
-        let output = match RmsNormBackward
-            .prepare::<C>([x.node.clone(), weight.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(
-                (x.primitive, weight.primitive, out.rstd, options),
-                out.output,
-            ),
-            OpsKind::UnTracked(prep) => prep.finish(out.output),
-        };
-        RmsNormOutput { output, rstd }
+        rms_norm::rms_norm::<B, C>(x, weight, options)
     }
 
     fn fused_rms_norm_backward(
@@ -174,30 +82,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         weight: FloatTensor<Self>,
         options: RmsNormOptions,
     ) -> AddRmsNormOutput<Self> {
-        // One fused forward launch; the graph gets two nodes (the add, then the norm of
-        // the sum), so the sum's own consumers and the norm both send gradient back.
-        let out = B::fused_add_rms_norm(
-            x.primitive.clone(),
-            residual.primitive.clone(),
-            weight.primitive.clone(),
-            options,
-        );
-        let sum = ResidualAddBackward
-            .prepare::<C>([x.node.clone(), residual.node.clone()])
-            .compute_bound()
-            .stateless(out.sum.clone());
-        let rstd = Self::from_inner(out.rstd.clone());
-        let output = match RmsNormBackward
-            .prepare::<C>([sum.node.clone(), weight.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                prep.finish((out.sum, weight.primitive, out.rstd, options), out.output)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(out.output),
-        };
-        AddRmsNormOutput { output, sum, rstd }
+        rms_norm::add_rms_norm::<B, C>(x, residual, weight, options)
     }
 
     fn fused_layer_norm(
@@ -206,39 +91,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         beta: Option<FloatTensor<Self>>,
         eps: f64,
     ) -> LayerNormOutput<Self> {
-        let out = B::fused_layer_norm(
-            x.primitive.clone(),
-            gamma.primitive.clone(),
-            beta.as_ref().map(|b| b.primitive.clone()),
-            eps,
-        );
-        let mean = Self::from_inner(out.mean.clone());
-        let rstd = Self::from_inner(out.rstd.clone());
-        let state = (
-            x.primitive.clone(),
-            gamma.primitive.clone(),
-            out.mean,
-            out.rstd,
-        );
-        let output = match beta {
-            Some(beta) => match LayerNormBackward
-                .prepare::<C>([x.node.clone(), gamma.node.clone(), beta.node.clone()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish(state, out.output),
-                OpsKind::UnTracked(prep) => prep.finish(out.output),
-            },
-            None => match LayerNormBackward
-                .prepare::<C>([x.node.clone(), gamma.node.clone()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish(state, out.output),
-                OpsKind::UnTracked(prep) => prep.finish(out.output),
-            },
-        };
-        LayerNormOutput { output, mean, rstd }
+        layer_norm::layer_norm::<B, C>(x, gamma, beta, eps)
     }
 
     fn fused_layer_norm_backward(
@@ -265,11 +118,11 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     }
 
     fn fused_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        softmax::<B, C>(x, false)
+        softmax::softmax::<B, C>(x, false)
     }
 
     fn fused_log_softmax(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        softmax::<B, C>(x, true)
+        softmax::softmax::<B, C>(x, true)
     }
 
     fn fused_softmax_backward(
@@ -310,7 +163,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     }
 
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        glu::gelu::<B, C>(x)
+        activation::gelu::<B, C>(x)
     }
 
     fn fused_gelu_backward(
@@ -321,7 +174,7 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
     }
 
     fn fused_sigmoid(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        glu::sigmoid::<B, C>(x)
+        activation::sigmoid::<B, C>(x)
     }
 
     fn fused_sigmoid_backward(
@@ -596,25 +449,5 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
             options,
         )
         .map(Self::from_inner)
-    }
-}
-
-fn softmax<B: FusedOps, C: CheckpointStrategy>(
-    x: FloatTensor<Autodiff<B, C>>,
-    log: bool,
-) -> FloatTensor<Autodiff<B, C>> {
-    let output = if log {
-        B::fused_log_softmax(x.primitive.clone())
-    } else {
-        B::fused_softmax(x.primitive.clone())
-    };
-    let node = SoftmaxBackward { log };
-    match node
-        .prepare::<C>([x.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(output.clone(), output),
-        OpsKind::UnTracked(prep) => prep.finish(output),
     }
 }
