@@ -229,3 +229,33 @@ fn tensor_core_kernels_compile_to_cuda() {
         }
     }
 }
+
+#[test]
+fn document_ranges_kernel_compiles_to_cuda() {
+    let client = R::client(&WgpuDevice::DefaultDevice);
+    let s = KernelSettings::default()
+        .cube_dim(CubeDim::new_1d(128))
+        .address_type(AddressType::U32);
+    let mut launcher = KernelLauncher::<R>::new(s.clone());
+    launcher.with_scope(|scope| scope.device_properties(client.properties()));
+    let h = client.empty(64);
+    let arr = |h: &Handle| unsafe { ArrayArg::<R>::from_raw_parts(h.clone(), 4) };
+    macro_rules! reg {
+        ($t:ty, $v:expr) => {
+            <$t as LaunchArg>::register($v, &mut launcher)
+        };
+    }
+    let kernel = document_ranges_kernel::DocumentRangesKernel::<R>::new(
+        s,
+        client.clone(),
+        reg!(Array<i32>, arr(&h)),
+        reg!(Array<i32>, arr(&h)),
+        reg!(u32, 1u32),
+        reg!(u32, 1u32),
+        reg!(u32, 1u32),
+        reg!(u32, 1u32),
+    );
+    let source = cuda_source(kernel.define());
+    dump("document_ranges", &source);
+    assert!(source.contains("document_ranges_kernel"), "{source}");
+}

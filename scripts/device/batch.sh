@@ -60,9 +60,11 @@ for step in $steps; do
       ;;
     check-full)
       # The full sweep of every op in f32 and bf16 (DTYPES overrides), one op family per
-      # process so a slow one does not hide the rest; CHECK_TIMEOUT per family (200 s).
+      # process so a slow one does not hide the rest; CHECK_TIMEOUT per family (200 s);
+      # OPS narrows the families (`fused_linear` is fused linear cross entropy and every
+      # fused post-training loss).
       for dtype in ${DTYPES:-f32 bf16}; do
-        for op in rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear; do
+        for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd}; do
           log="$OUT/check_full_${dtype}.log"
           echo "== $op" >>"$log"
           timeout "${CHECK_TIMEOUT:-200}" $BIN check --device cuda --dtype "$dtype" --op $op >>"$log" 2>&1 || status=1

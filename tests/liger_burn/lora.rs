@@ -24,6 +24,8 @@ use liger_tests::BackendVisitor;
 use liger_tests::bounded::{Bounded, U32, round, unit, wrong_outputs};
 use liger_tests::errors::{assert_mentions, panic_message};
 use liger_verify::conformance::Rng;
+use liger_verify::conformance::compare_normwise;
+use liger_verify::conformance::linear_cross_entropy::TF32_NORMWISE;
 
 type AD<B> = Autodiff<B>;
 
@@ -71,6 +73,30 @@ fn check_with_rejection(
         if reference.check(what, &wrong, 1.0).is_ok() {
             failures.push(format!("{what}: the wrong output `{how}` passes the bound"));
         }
+    }
+}
+
+/// [`check_with_rejection`], or for the stock composition on a device whose f32 matmul
+/// runs on TF32 tensor cores (Burn's CUDA matmul: inputs rounded to 10 mantissa bits) a
+/// norm-wise comparison within TF32's bound: that path's rounding is not f32's, and it is
+/// the premise, not the op under test.
+fn check_path(
+    failures: &mut Vec<String>,
+    what: &str,
+    reference: &Bounded,
+    actual: &[f64],
+    stock_on_tf32: bool,
+) {
+    if stock_on_tf32 {
+        let c = compare_normwise("", actual, &reference.v, TF32_NORMWISE);
+        if !c.passed {
+            failures.push(format!(
+                "{what}: norm-wise error {:.3} of TF32's bound",
+                c.max_used
+            ));
+        }
+    } else {
+        check_with_rejection(failures, what, reference, actual);
     }
 }
 
@@ -246,6 +272,8 @@ struct LinearParity {
 impl BackendVisitor for LinearParity {
     fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
         let data = LinearData::new(&mut self.rng);
+        let tf32 =
+            liger_tests::stock_matmul_is_tf32::<B>((ROWS, D_IN, D_OUT), device, &mut self.rng);
         let mut failures = Vec::new();
         for dtype in liger_tests::dtypes::<B>(device) {
             for precision in [AdapterPrecision::F32, AdapterPrecision::Activation] {
@@ -266,14 +294,15 @@ impl BackendVisitor for LinearParity {
                             )
                         };
                         let mut f = Vec::new();
-                        check_with_rejection(&mut f, &name("output"), &r.y, &y);
+                        let relaxed = !fused && tf32 && dtype == DType::F32;
+                        check_path(&mut f, &name("output"), &r.y, &y, relaxed);
                         let gx_ref = if fused { &r.gx } else { &r.gx_stock };
-                        check_with_rejection(&mut f, &name("grad_x"), gx_ref, &gx);
+                        check_path(&mut f, &name("grad_x"), gx_ref, &gx, relaxed);
                         if separate {
-                            check_with_rejection(&mut f, &name("grad_adapter_x"), &r.gxa, &gxa);
+                            check_path(&mut f, &name("grad_adapter_x"), &r.gxa, &gxa, relaxed);
                         }
-                        check_with_rejection(&mut f, &name("grad_A"), &r.ga, &ga);
-                        check_with_rejection(&mut f, &name("grad_B"), &r.gb, &gb);
+                        check_path(&mut f, &name("grad_A"), &r.ga, &ga, relaxed);
+                        check_path(&mut f, &name("grad_B"), &r.gb, &gb, relaxed);
                         // The stock composition is the model's premise, not the op under
                         // test: its rejections are not asserted.
                         if fused {
@@ -781,6 +810,7 @@ impl BackendVisitor for HeadParity {
     fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
         let data = HeadData::new(&mut self.rng);
         let scale = 16.0 / (R as f64).sqrt(); // rsLoRA's alpha / sqrt(r)
+        let tf32 = liger_tests::stock_matmul_is_tf32::<B>((N, H, V), device, &mut self.rng);
         let mut failures = Vec::new();
         for dtype in liger_tests::dtypes::<B>(device) {
             for precision in [AdapterPrecision::F32, AdapterPrecision::Activation] {
@@ -802,20 +832,23 @@ impl BackendVisitor for HeadParity {
                         let who = if fused { "fused" } else { "unfused" };
                         let name = |t: &str| format!("{label} {c:?} chunk {chunk:?} {who} {t}");
                         let mut f = Vec::new();
+                        let relaxed = !fused && tf32 && dtype == DType::F32;
                         let loss_ref = &r.loss;
-                        if let Err(e) = loss_ref.check(&name("loss"), &out[0], 1.0) {
+                        if relaxed {
+                            check_path(&mut f, &name("loss"), loss_ref, &out[0], true);
+                        } else if let Err(e) = loss_ref.check(&name("loss"), &out[0], 1.0) {
                             f.push(e);
                         }
-                        check_with_rejection(&mut f, &name("grad_x"), &r.gx, &out[1]);
+                        check_path(&mut f, &name("grad_x"), &r.gx, &out[1], relaxed);
                         if c.separate {
-                            check_with_rejection(&mut f, &name("grad_adapter_x"), &r.gxa, &out[2]);
+                            check_path(&mut f, &name("grad_adapter_x"), &r.gxa, &out[2], relaxed);
                         }
-                        check_with_rejection(&mut f, &name("grad_A"), &r.ga, &out[3]);
-                        check_with_rejection(&mut f, &name("grad_B"), &r.gb, &out[4]);
+                        check_path(&mut f, &name("grad_A"), &r.ga, &out[3], relaxed);
+                        check_path(&mut f, &name("grad_B"), &r.gb, &out[4], relaxed);
                         if c.train_head {
-                            check_with_rejection(&mut f, &name("grad_weight"), &r.gw, &out[5]);
+                            check_path(&mut f, &name("grad_weight"), &r.gw, &out[5], relaxed);
                             if c.bias {
-                                check_with_rejection(&mut f, &name("grad_bias"), &r.gbias, &out[6]);
+                                check_path(&mut f, &name("grad_bias"), &r.gbias, &out[6], relaxed);
                             }
                         }
                         if fused {
