@@ -65,11 +65,15 @@ def config_value(config, key):
 
 
 def variant(provider, config):
-    """The provider, named with the settings that make it another line: a memory pool or
-    an AdamW implementation other than the default."""
+    """The provider, named with the settings that make it another line: LoRA steps, a
+    memory pool or an AdamW implementation other than the default."""
     extra = [f"{key.replace('_', ' ')} {value}"
              for key in ("memory_pool", "adamw_impl")
              if (value := config_value(config, key)) not in (None, "default")]
+    lora = config_value(config, "lora")
+    if lora:
+        # `r64:alpha128:targets`: LoRA steps are another workload, not another setting.
+        extra.insert(0, "LoRA " + lora.split(":")[0])
     return f"{provider} ({', '.join(extra)})" if extra else provider
 
 
