@@ -449,6 +449,27 @@ mod flash_kernel {
         t.reshape(dims).into_primitive().tensor()
     }
 
+    /// `[batch, seq]` i32 ids, contiguous: the kernels take raw handles, and a 2-D upload
+    /// may get padded rows (CUDA pitches them), which the Burn glue makes contiguous first.
+    fn contiguous_ids<R: CubeRuntime>(
+        ids: &[i64],
+        batch: usize,
+        seq: usize,
+        device: &R::Device,
+    ) -> CubeTensor<R> {
+        let t = Tensor::<Plain<R>, 1, Int>::from_data(
+            TensorData::new(
+                ids.iter().map(|&x| x as i32).collect::<Vec<_>>(),
+                [batch * seq],
+            ),
+            device,
+        )
+        .reshape([batch, seq]);
+        let t: CubeTensor<R> = t.into_primitive();
+        assert!(t.is_contiguous(), "the ids must be contiguous");
+        t
+    }
+
     fn read<R: CubeRuntime>(t: &CubeTensor<R>) -> Vec<f64> {
         values(Tensor::<Plain<R>, 4>::from_primitive(
             TensorPrimitive::Float(t.clone()),
@@ -499,13 +520,10 @@ mod flash_kernel {
         };
         let out = nan(vec![b, hq, s, d], dtype);
         let lse = nan(vec![b, hq, s], DType::F32);
-        let ids: Option<CubeTensor<R>> = p.documents.as_ref().map(|ids| {
-            let t = Tensor::<Plain<R>, 2, Int>::from_data(
-                TensorData::new(ids.iter().map(|&x| x as i32).collect::<Vec<_>>(), [b, s]),
-                device,
-            );
-            t.into_primitive()
-        });
+        let ids: Option<CubeTensor<R>> = p
+            .documents
+            .as_ref()
+            .map(|ids| contiguous_ids::<R>(ids, b, s, device));
         let problem = FlashProblem {
             batch: b,
             q_heads: hq,
@@ -647,14 +665,7 @@ mod flash_kernel {
                 for (batch, seq, block) in [(3usize, 100usize, 16usize), (2, 100, 64), (2, 17, 128)]
                 {
                     let ids = random_documents(&mut self.0, batch, seq, 30, true);
-                    let t = Tensor::<Plain<R>, 2, Int>::from_data(
-                        TensorData::new(
-                            ids.iter().map(|&x| x as i32).collect::<Vec<_>>(),
-                            [batch, seq],
-                        ),
-                        device,
-                    );
-                    let t: CubeTensor<R> = t.into_primitive();
+                    let t = contiguous_ids::<R>(&ids, batch, seq, device);
                     let ranges = document_ranges::<R>(&t.client, &t.handle, batch, seq, block);
                     let blocks = seq.div_ceil(block);
                     let bytes = t.client.read_one(ranges).expect("read the document ranges");

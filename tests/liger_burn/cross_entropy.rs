@@ -510,12 +510,16 @@ impl BackendVisitor for BackwardRescale {
         for dtype in liger_tests::dtypes::<B>(device) {
             for (per_row, held) in [(true, false), (false, false), (true, true)] {
                 let rng = &mut self.rng;
-                // Uploaded as they are (no lazily fused op in front of the kernel) and read
-                // from a twin built the same way: a read of `stored` itself may leave the
-                // runtime holding its buffer, and the kernel then (rightly) declines to
-                // work in place.
+                // Uploaded flat and reshaped (a 2-D upload may get padded rows on CUDA, and
+                // a strided gradient rightly takes the composition) and read from a twin
+                // built the same way (a read of `stored` itself may leave the runtime
+                // holding its buffer).
                 let raw: Vec<f32> = rng.vec(N * V, 0.1, 1.0, 0.0).iter().map(|x| -x).collect();
-                let build = || floats::<B, 2>(&raw, [N, V], device).cast(dtype);
+                let build = || {
+                    floats::<B, 1>(&raw, [N * V], device)
+                        .reshape([N, V])
+                        .cast(dtype)
+                };
                 let stored = build();
                 let stored_values = values(build());
                 let s: Vec<f32> = if per_row {

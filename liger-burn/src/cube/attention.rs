@@ -127,7 +127,6 @@ where
     BT: BoolElement,
 {
     let plan = match &mask {
-        None if options.blockwise_for_documents(q.shape()[0], document_ids.is_some()) => None,
         None => plan(&q.client, q.dtype, q.shape()[3], &options),
         Some(_) if options.kernel == AttentionKernel::Flash => {
             panic!(

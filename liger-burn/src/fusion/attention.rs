@@ -95,10 +95,7 @@ pub(crate) fn forward<B: FusionBackend + FusedOps>(
             "attention: AttentionKernel::Flash cannot take a mask tensor (the flash kernels build causal, window and document masks from positions and ids)"
         );
     }
-    if mask.is_some()
-        || !flash::<B>(&q, &options)
-        || options.blockwise_for_documents(q.shape()[0], document_ids.is_some())
-    {
+    if mask.is_some() || !flash::<B>(&q, &options) {
         return compose::attention::forward::<Fusion<B>>(q, k, v, mask, document_ids, options);
     }
     // Validated here, eagerly: the stream executes later.

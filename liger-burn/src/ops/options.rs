@@ -341,14 +341,6 @@ pub enum AttentionKernel {
 }
 
 impl AttentionOptions {
-    /// Whether `Auto` leaves the flash kernels for the blockwise path because document
-    /// ids come with more than one batch row. Known defect: on CUDA the flash kernels give
-    /// wrong rows for document ids in batch rows after the first (every variant and dtype,
-    /// tests/liger_burn/attention.rs `flash_kernel`); the blockwise path is correct.
-    pub(crate) fn blockwise_for_documents(&self, batch: usize, documents: bool) -> bool {
-        documents && batch > 1 && self.kernel == AttentionKernel::Auto
-    }
-
     /// Causal attention of `head_dim`-wide heads, scaled by `head_dim^-0.5`.
     pub fn causal(head_dim: usize) -> Self {
         Self {
