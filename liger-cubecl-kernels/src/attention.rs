@@ -1262,26 +1262,29 @@ fn probabilities_and_ds<F: Float>(
             );
         }
     } else {
-        let s_stride = comptime!(g.s_stride());
-        let p_stride = comptime!(g.p_stride());
         let mut i = UNIT_POS;
         while i < total {
-            let r = i / cols;
-            let c = i % cols;
-            let lse = lse_rows[r as usize];
-            let at = (r * s_stride + c) as usize;
-            let mut p = 0.0f32;
-            if lse < f32::max_value()
-                && visible(q0 + r, k0 + c, seq, window, doc_ids, doc_base, mask)
-            {
-                p = f32::exp(scratch[at] * scale - lse);
-            }
-            let ds = p * (scratch[at + dp_offset as usize] - d_rows[r as usize]);
-            let pt = (r * p_stride + c) as usize;
-            if comptime!(with_p) {
-                p_tile[pt] = F::cast_from(p);
-            }
-            ds_tile[pt] = F::cast_from(ds);
+            probability_and_ds_at::<F>(
+                scratch,
+                lse_rows,
+                d_rows,
+                p_tile,
+                ds_tile,
+                i / cols,
+                i % cols,
+                q0,
+                k0,
+                seq,
+                window,
+                scale,
+                doc_ids,
+                doc_base,
+                dp_offset,
+                with_p,
+                true,
+                g,
+                mask,
+            );
             i += comptime!(g.units);
         }
     }
@@ -1311,33 +1314,76 @@ fn probabilities_and_ds_by_column<F: Float>(
     #[comptime] mask: AttentionMask,
 ) {
     let cols = comptime!(g.s_cols);
-    let s_stride = comptime!(g.s_stride());
-    let p_stride = comptime!(g.p_stride());
     let rows_apart = comptime!(g.units / g.s_cols);
     let c = UNIT_POS % cols;
     let r0 = UNIT_POS / cols;
     #[unroll]
     for e in 0..comptime!(g.s_rows * g.s_cols / g.units) {
-        let r = r0 + e * rows_apart;
-        let lse = lse_rows[r as usize];
-        let at = (r * s_stride + c) as usize;
-        let mut p = 0.0f32;
-        if comptime!(checked) {
-            if lse < f32::max_value()
-                && visible(q0 + r, k0 + c, seq, window, doc_ids, doc_base, mask)
-            {
-                p = f32::exp(scratch[at] * scale - lse);
-            }
-        } else if lse < f32::max_value() {
+        probability_and_ds_at::<F>(
+            scratch,
+            lse_rows,
+            d_rows,
+            p_tile,
+            ds_tile,
+            r0 + e * rows_apart,
+            c,
+            q0,
+            k0,
+            seq,
+            window,
+            scale,
+            doc_ids,
+            doc_base,
+            dp_offset,
+            with_p,
+            checked,
+            g,
+            mask,
+        );
+    }
+}
+
+/// `P` and `dS` of score `(r, c)` of a step (see [`probabilities_and_ds`]); the mask is
+/// applied only when `checked`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn probability_and_ds_at<F: Float>(
+    scratch: &SharedMemory<f32>,
+    lse_rows: &SharedMemory<f32>,
+    d_rows: &SharedMemory<f32>,
+    p_tile: &mut SharedMemory<F>,
+    ds_tile: &mut SharedMemory<F>,
+    r: u32,
+    c: u32,
+    q0: u32,
+    k0: u32,
+    seq: u32,
+    window: u32,
+    scale: f32,
+    doc_ids: &Array<i32>,
+    doc_base: usize,
+    #[comptime] dp_offset: u32,
+    #[comptime] with_p: bool,
+    #[comptime] checked: bool,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+) {
+    let lse = lse_rows[r as usize];
+    let at = (r * comptime!(g.s_stride()) + c) as usize;
+    let mut p = 0.0f32;
+    if comptime!(checked) {
+        if lse < f32::max_value() && visible(q0 + r, k0 + c, seq, window, doc_ids, doc_base, mask) {
             p = f32::exp(scratch[at] * scale - lse);
         }
-        let ds = p * (scratch[at + dp_offset as usize] - d_rows[r as usize]);
-        let pt = (r * p_stride + c) as usize;
-        if comptime!(with_p) {
-            p_tile[pt] = F::cast_from(p);
-        }
-        ds_tile[pt] = F::cast_from(ds);
+    } else if lse < f32::max_value() {
+        p = f32::exp(scratch[at] * scale - lse);
     }
+    let ds = p * (scratch[at + dp_offset as usize] - d_rows[r as usize]);
+    let pt = (r * comptime!(g.p_stride()) + c) as usize;
+    if comptime!(with_p) {
+        p_tile[pt] = F::cast_from(p);
+    }
+    ds_tile[pt] = F::cast_from(ds);
 }
 
 #[cube(launch_unchecked, fast_math = flash_math(&g))]
