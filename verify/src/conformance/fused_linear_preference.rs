@@ -252,6 +252,33 @@ pub(crate) fn token_options(ignore_index: i64) -> CrossEntropyOptions {
         .with_reduction(Reduction::None)
 }
 
+/// The reference model's per-sequence log-probabilities over `targets` (`[S·T]`): none (0),
+/// given, or from its own head's rows.
+pub(crate) fn reference_logps(
+    reference: &RefInputs,
+    targets: &[i64],
+    dtype: DType,
+    (s, t, v): (usize, usize, usize),
+    ignore_index: i64,
+    average: bool,
+) -> Vec<Tracked> {
+    match reference {
+        RefInputs::None => vec![Tracked::exact(0.0); s],
+        RefInputs::LogProbs(l) => l.iter().map(|&x| Tracked::exact(x)).collect(),
+        RefInputs::Model { x, w, b, hidden } => {
+            let head = LinearInputs {
+                x,
+                w,
+                b: *b,
+                targets,
+                class_weight: None,
+                g: &[],
+            };
+            sequence_logps(&head, dtype, (s, t, *hidden, v), ignore_index, average).2
+        }
+    }
+}
+
 /// Each row's `log p(y_t)` (0 on ignored rows) and each sequence's log-probability
 /// (`[2B]`), from the logits of a head.
 pub(crate) fn sequence_logps(
@@ -367,33 +394,14 @@ pub fn expected(
         options.ignore_index,
         options.average_log_prob,
     );
-    let ref_logps: Vec<Tracked> = match &inp.reference {
-        RefInputs::None => vec![Tracked::exact(0.0); s],
-        RefInputs::LogProbs(l) => l.iter().map(|&x| Tracked::exact(x)).collect(),
-        RefInputs::Model {
-            x,
-            w,
-            b: rb,
-            hidden,
-        } => {
-            let rhead = LinearInputs {
-                x,
-                w,
-                b: *rb,
-                targets: inp.targets,
-                class_weight: None,
-                g: &[],
-            };
-            sequence_logps(
-                &rhead,
-                dtype,
-                (s, t, *hidden, v),
-                options.ignore_index,
-                options.average_log_prob,
-            )
-            .2
-        }
-    };
+    let ref_logps = reference_logps(
+        &inp.reference,
+        inp.targets,
+        dtype,
+        (s, t, v),
+        options.ignore_index,
+        options.average_log_prob,
+    );
     let pairs: Vec<PairTerms> = (0..b)
         .map(|p| {
             pair_terms(

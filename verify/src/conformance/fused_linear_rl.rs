@@ -13,7 +13,7 @@
 use super::bounds::{Expected, U32};
 use super::cross_entropy::{Factors, RowStats, element, row_stats};
 use super::fused_linear_preference::{
-    RefInputs, draw_targets, row_logit_sum, sequence_logps, token_options,
+    RefInputs, draw_targets, reference_logps, row_logit_sum, sequence_logps, token_options,
 };
 use super::linear_cross_entropy::{
     GradElement, LinearInputs, RowLayout, compare_linear, linear_gradients, linear_row_stats, logit,
@@ -108,33 +108,14 @@ pub fn kto_expected(
         options.ignore_index,
         options.average_log_prob,
     );
-    let refs: Vec<Tracked> = match &inp.reference {
-        RefInputs::None => vec![Tracked::exact(0.0); b],
-        RefInputs::LogProbs(l) => l.iter().map(|&x| Tracked::exact(x)).collect(),
-        RefInputs::Model {
-            x,
-            w,
-            b: rb,
-            hidden,
-        } => {
-            let rhead = LinearInputs {
-                x,
-                w,
-                b: *rb,
-                targets: inp.head.targets,
-                class_weight: None,
-                g: &[],
-            };
-            sequence_logps(
-                &rhead,
-                dtype,
-                (b, t, *hidden, v),
-                options.ignore_index,
-                options.average_log_prob,
-            )
-            .2
-        }
-    };
+    let refs = reference_logps(
+        &inp.reference,
+        inp.head.targets,
+        dtype,
+        (b, t, v),
+        options.ignore_index,
+        options.average_log_prob,
+    );
     let beta = options.beta;
     let mut losses = Vec::new();
     let mut rewards = Vec::new();
