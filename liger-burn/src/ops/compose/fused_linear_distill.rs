@@ -29,7 +29,6 @@ use super::divergence::log_add_exp;
 use super::fused_linear_preference::token_options;
 use super::linear_cross_entropy::automatic_chunk_rows;
 use crate::ops::{DistillOptions, DistillOutput, Divergence, FusedOps, TeacherHead, validate};
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{
     DType, Int, Tensor, TensorMetadata,
     ops::{FloatTensor, IntTensor},
@@ -159,8 +158,9 @@ pub fn forward<B: FusedOps>(
         } else {
             s32.clone()
         };
-        let log_q = log_softmax(padded * inv_t, 1);
-        let log_p = log_softmax(t.cast(DType::F32) * inv_t, 1);
+        // The row log-softmaxes through the fused kernel where the backend has one.
+        let log_q: Tensor<B, 2> = float(B::fused_log_softmax(prim(padded * inv_t)));
+        let log_p: Tensor<B, 2> = float(B::fused_log_softmax(prim(t.cast(DType::F32) * inv_t)));
         let (rows, soft_grad) = divergence_rows(log_q.clone(), log_p, options.divergence);
         soft_sum = soft_sum + (rows * mask.clone()).sum();
         if compute_grad {
@@ -172,7 +172,7 @@ pub fn forward<B: FusedOps>(
             let probs = if vt == v && options.temperature == 1.0 {
                 log_q.exp()
             } else {
-                burn::tensor::activation::softmax(s32, 1)
+                float(B::fused_softmax(prim(s32)))
             };
             let classes = Tensor::<B, 1, Int>::arange(0..v as i64, &device)
                 .reshape([1, v])
