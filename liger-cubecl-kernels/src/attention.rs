@@ -1729,10 +1729,10 @@ const CMMA_PLANE: u32 = 32;
 /// step's score strips at four accumulator fragments per plane, and the `O` fragments of
 /// head_dim 128 at eight. At head_dim 64 the forward keeps 128 queries, as FlashAttention-2
 /// does, so each key/value tile loaded serves twice as many queries, with a plane per
-/// strip: twice the planes to hide latency, half the fragments and softmax columns each
-/// (ncu on an H100 found the 4-plane forward stalled on dependencies with 2 warps per
-/// scheduler). Shared memory per
-/// cube ([`shared_bytes`]) at bf16: forward 90 KiB (head_dim 64) / 95 KiB (128), dK/dV
+/// strip: the softmax and the fragment loads are chains of dependent instructions, and
+/// more planes per cube hide their latency (each holds half the fragments and softmax
+/// columns of a 2-strip plane). Shared memory per cube ([`shared_bytes`]) at bf16:
+/// forward 92 KiB (head_dim 64) / 95 KiB (128), dK/dV
 /// 90 / 123 KiB, dQ 78 / 113 KiB. The FMA path exists for correctness on devices without
 /// cooperative matrices: its blocks are the largest of 16, 8 or 4 rows whose tiles fit the
 /// device's shared memory (lavapipe has 32 KiB: 16 rows up to head_dim 64 in f32).
