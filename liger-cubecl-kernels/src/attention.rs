@@ -1732,7 +1732,7 @@ const CMMA_PLANE: u32 = 32;
 /// strip: the softmax and the fragment loads are chains of dependent instructions, and
 /// more planes per cube hide their latency (each holds half the fragments and softmax
 /// columns of a 2-strip plane). Shared memory per cube ([`shared_bytes`]) at bf16:
-/// forward 92 KiB (head_dim 64) / 95 KiB (128), dK/dV
+/// forward 91 KiB (head_dim 64) / 95 KiB (128), dK/dV
 /// 90 / 123 KiB, dQ 78 / 113 KiB. The FMA path exists for correctness on devices without
 /// cooperative matrices: its blocks are the largest of 16, 8 or 4 rows whose tiles fit the
 /// device's shared memory (lavapipe has 32 KiB: 16 rows up to head_dim 64 in f32).
