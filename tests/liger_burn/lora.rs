@@ -102,6 +102,27 @@ fn check_path(
     }
 }
 
+/// The failures that count: all of the fused op's; of the stock composition (the model's
+/// premise, not the op under test) all but its rejections of deliberately wrong outputs.
+fn keep_failures(failures: &mut Vec<String>, found: Vec<String>, fused: bool) {
+    if fused {
+        failures.extend(found);
+    } else {
+        failures.extend(found.into_iter().filter(|m| !m.contains("wrong output")));
+    }
+}
+
+/// The result dtype, when the stock composition runs f32 products (f32 inputs, or f32
+/// adapter products) on TF32 tensor cores: [`check_path`] then compares it norm-wise.
+fn stock_on_tf32(
+    fused: bool,
+    tf32: bool,
+    dtype: DType,
+    precision: AdapterPrecision,
+) -> Option<DType> {
+    (!fused && tf32 && (dtype == DType::F32 || precision == AdapterPrecision::F32)).then_some(dtype)
+}
+
 // ---------------------------------------------------------------------------------------
 // The LoRA linear layer.
 
@@ -296,10 +317,7 @@ impl BackendVisitor for LinearParity {
                             )
                         };
                         let mut f = Vec::new();
-                        let relaxed = (!fused
-                            && tf32
-                            && (dtype == DType::F32 || precision == AdapterPrecision::F32))
-                            .then_some(dtype);
+                        let relaxed = stock_on_tf32(fused, tf32, dtype, precision);
                         check_path(&mut f, &name("output"), &r.y, &y, relaxed);
                         let gx_ref = if fused { &r.gx } else { &r.gx_stock };
                         check_path(&mut f, &name("grad_x"), gx_ref, &gx, relaxed);
@@ -308,13 +326,7 @@ impl BackendVisitor for LinearParity {
                         }
                         check_path(&mut f, &name("grad_A"), &r.ga, &ga, relaxed);
                         check_path(&mut f, &name("grad_B"), &r.gb, &gb, relaxed);
-                        // The stock composition is the model's premise, not the op under
-                        // test: its rejections are not asserted.
-                        if fused {
-                            failures.extend(f);
-                        } else {
-                            failures.extend(f.into_iter().filter(|m| !m.contains("wrong output")));
-                        }
+                        keep_failures(&mut failures, f, fused);
                         self.cases += 1;
                     }
                 }
@@ -837,10 +849,7 @@ impl BackendVisitor for HeadParity {
                         let who = if fused { "fused" } else { "unfused" };
                         let name = |t: &str| format!("{label} {c:?} chunk {chunk:?} {who} {t}");
                         let mut f = Vec::new();
-                        let relaxed = (!fused
-                            && tf32
-                            && (dtype == DType::F32 || precision == AdapterPrecision::F32))
-                            .then_some(dtype);
+                        let relaxed = stock_on_tf32(fused, tf32, dtype, precision);
                         let loss_ref = &r.loss;
                         if relaxed.is_some() {
                             check_path(&mut f, &name("loss"), loss_ref, &out[0], relaxed);
@@ -859,11 +868,7 @@ impl BackendVisitor for HeadParity {
                                 check_path(&mut f, &name("grad_bias"), &r.gbias, &out[6], relaxed);
                             }
                         }
-                        if fused {
-                            failures.extend(f);
-                        } else {
-                            failures.extend(f.into_iter().filter(|m| !m.contains("wrong output")));
-                        }
+                        keep_failures(&mut failures, f, fused);
                         self.cases += 1;
                     }
                 }
