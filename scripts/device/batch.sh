@@ -63,20 +63,43 @@ for step in $steps; do
       # process so a slow one does not hide the rest; CHECK_TIMEOUT per family (200 s);
       # OPS narrows the families (`fused_linear` is fused linear cross entropy and every
       # fused post-training loss).
+      # CHECK_JOBS > 1 runs that many (dtype, op) processes at once (the f64 references
+      # are CPU work; the device machine has 16 cores), each logged apart, then joined.
+      mkdir -p "$OUT/parts"
       for dtype in ${DTYPES:-f32 bf16}; do
         for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd}; do
-          log="$OUT/check_full_${dtype}.log"
-          echo "== $op" >>"$log"
-          timeout "${CHECK_TIMEOUT:-200}" $BIN check --device cuda --dtype "$dtype" --op $op >>"$log" 2>&1 || status=1
-          echo "$dtype $op: $(tail -n 2 "$log" | head -1)"
+          echo "$dtype $op"
+        done
+      done | CHECK_OUT="$OUT" CHECK_BIN="$BIN" CHECK_TIMEOUT="${CHECK_TIMEOUT:-200}" \
+        xargs -P "${CHECK_JOBS:-1}" -L 1 sh -c '
+        log="$CHECK_OUT/parts/check_full_$0_$1.log"
+        echo "== $1" >"$log"
+        timeout "$CHECK_TIMEOUT" "$CHECK_BIN" check --device cuda --dtype "$0" --op "$1" >>"$log" 2>&1
+        echo "== $1 exit $?" >>"$log"
+        echo "$0 $1: $(tail -n 3 "$log" | head -2 | tr "\n" " ")"
+      ' || status=1
+      for dtype in ${DTYPES:-f32 bf16}; do
+        for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd}; do
+          cat "$OUT/parts/check_full_${dtype}_$op.log" >>"$OUT/check_full_${dtype}.log" 2>/dev/null
         done
       done
+      rm -rf "$OUT/parts"
       ;;
     cuda-tests)
       # The liger_burn suite on CUDA (matmul through cuBLASLt, AdamW, attention, every op on
       # both reduction paths): TESTS filters (default: all of it).
-      LIGER_TEST_DEVICE=cuda timeout "${TESTS_TIMEOUT:-400}" $TEST_BIN ${TESTS:-} --test-threads 4 \
-        >"$OUT/cuda_tests.log" 2>&1 || status=1
+      # TESTS_SHARDS > 1 splits the listed tests round-robin over that many processes run at
+      # once (each with TESTS_THREADS threads), so the whole suite fits one device call.
+      shards=${TESTS_SHARDS:-1}
+      LIGER_TEST_DEVICE=cuda $TEST_BIN ${TESTS:-} --list 2>/dev/null | sed -n 's/: test$//p' >"$OUT/tests.list"
+      for k in $(seq 0 $((shards - 1))); do
+        awk -v n="$shards" -v k="$k" 'NR % n == k' "$OUT/tests.list" >"$OUT/tests.$k"
+        LIGER_TEST_DEVICE=cuda timeout "${TESTS_TIMEOUT:-400}" $TEST_BIN --exact $(cat "$OUT/tests.$k") \
+          --test-threads "${TESTS_THREADS:-4}" >"$OUT/cuda_tests.$k.log" 2>&1 &
+      done
+      wait || status=1
+      for k in $(seq 0 $((shards - 1))); do cat "$OUT/cuda_tests.$k.log"; rm -f "$OUT/tests.$k" "$OUT/cuda_tests.$k.log"; done >"$OUT/cuda_tests.log"
+      echo "listed $(wc -l <"$OUT/tests.list"); ok $(grep -c '^test .* ok$' "$OUT/cuda_tests.log")"
       grep -E "^test .*FAILED|^test result|panicked" "$OUT/cuda_tests.log" | head -40
       ;;
     bench)
