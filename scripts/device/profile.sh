@@ -4,7 +4,7 @@
 # bytes, clocks left alone), so each step's kernels can be summed and set against the
 # bench's own wall time of the same step (the difference is host-side or launch gaps).
 #
-#   usage: scripts/device/profile.sh [ce] [flce] [swiglu] [swiglu-detail] [flash-detail]
+#   usage: scripts/device/profile.sh [ce] [flce] [jsd] [swiglu] [swiglu-detail] [flash-detail]
 #
 # swiglu-detail: ncu's speed-of-light, occupancy, launch, warp-state and memory sections
 # for every kernel of one SwiGLU bench iteration (the copy and x+y ceilings included), to
@@ -13,6 +13,9 @@
 # flash-detail: the same sections plus instruction and source counters for the flash
 # attention kernels (forward, dK/dV, dQ) of one bf16 forward+backward iteration at
 # FLASH_SHAPE (default 1x4096x32x8x64).
+#
+# jsd: kernel durations of one fused linear JSD iteration (liger and the stock composition)
+# at JSD_SHAPE (default 1024x4096x128256: two chunks).
 #
 # Writes $OUT/ncu_<step>.csv (one row per kernel and metric) and $OUT/ncu_<step>.log.
 # Summarize here with scripts/ncu_summary.py.
@@ -28,6 +31,7 @@ for step in ${*:-ce flce swiglu}; do
   case $step in
     ce) args="--op cross_entropy --shape 8192x128256" ;;
     flce) args="--op fused_linear_cross_entropy --shape 8192x4096x128256"; collect="--metrics gpu__time_duration.sum" ;;
+    jsd) args="--op fused_linear_jsd --shape ${JSD_SHAPE:-1024x4096x128256}"; collect="--metrics gpu__time_duration.sum" ;;
     swiglu) args="--op swiglu --shape 8192x14336" ;;
     swiglu-detail)
       args="--op swiglu --shape 8192x14336 --copy-mib 1024"
