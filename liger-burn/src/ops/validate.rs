@@ -1,5 +1,11 @@
-//! Input validation shared by every layer: bad input is a clear error naming the op,
-//! the shapes and the dtypes, raised before any kernel is launched.
+//! Input validation: bad input is a clear error naming the op, the shapes and the dtypes,
+//! raised before any work is queued.
+//!
+//! Validation runs once, at the API entry (functional, nn, optim, and `Liger<B>`'s
+//! overrides of Burn's primitives); the [`FusedOps`](crate::ops::FusedOps) primitives
+//! assume validated input, as Burn's `FloatTensorOps` do. The dtypes a backend's fused
+//! primitives take ([`FusedOps::fused_dtype_supported`](crate::ops::FusedOps::fused_dtype_supported))
+//! reach the checks through [`kernel_dtypes`] and [`fused_dtype`].
 
 use burn::tensor::{DType, Shape, TensorMetadata};
 
@@ -22,6 +28,32 @@ fn fail<T>(msg: String) -> Result<T, LigerError> {
 /// Whether the fused kernels read this dtype.
 pub fn kernel_dtype(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::Flex32)
+}
+
+/// The `kernel_dtypes` condition of the checks below for a tensor of `dtype` on `B`:
+/// whether its dtype must be one the kernels read, i.e. `B`'s fused primitives do not take
+/// it (every backend takes the kernels' dtypes: see
+/// [`FusedOps::fused_dtype_supported`](crate::ops::FusedOps::fused_dtype_supported)).
+pub fn kernel_dtypes<B: crate::ops::FusedOps>(dtype: DType) -> bool {
+    !B::fused_dtype_supported(dtype)
+}
+
+/// A tensor `name` of `shape` whose dtype the backend's fused primitives must take:
+/// `supported` is [`FusedOps::fused_dtype_supported`](crate::ops::FusedOps::fused_dtype_supported)
+/// of it. For entries whose other checks have no `kernel_dtypes` condition.
+pub fn fused_dtype(
+    op: &str,
+    name: &str,
+    t: (&Shape, DType),
+    supported: bool,
+) -> Result<(), LigerError> {
+    let (shape, dtype) = t;
+    if !supported {
+        return fail(format!(
+            "{op}: unsupported dtype {dtype:?} for the fused kernels (f32, f16 and bf16 are supported; {name} {shape:?})"
+        ));
+    }
+    Ok(())
 }
 
 /// A row-wise op's input: rank ≥ 1, no empty dimension, a float dtype (one the kernels
