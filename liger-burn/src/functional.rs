@@ -3,10 +3,11 @@
 //! stock-op composition), with autodiff when the backend has it.
 //!
 //! Every function validates its inputs first and panics with a message naming the op,
-//! the shapes and the dtypes (Burn's convention for invalid tensor input).
+//! the shapes and the dtypes (Burn's convention for invalid tensor input): this is where
+//! validation runs, once; the [`FusedOps`] primitives it calls assume valid input.
 
 use crate::ops::compose::cross_entropy::{non_ignored_weight, reciprocal_or_zero};
-use crate::ops::validate::{self, NormInputs};
+use crate::ops::validate::{self, NormInputs, kernel_dtypes};
 use crate::ops::{FusedOps, RmsNormOptions};
 use burn::tensor::{Tensor, TensorPrimitive};
 
@@ -44,7 +45,7 @@ fn check_norm<B: FusedOps, const D: usize>(
         x: (x.shape(), x.dtype()),
         weight: (weight.shape(), weight.dtype()),
         bias: bias.map(|b| (b.shape(), b.dtype())),
-        kernel_dtypes: false,
+        kernel_dtypes: kernel_dtypes::<B>(x.dtype()),
     }));
 }
 
@@ -137,7 +138,11 @@ fn along_last<B: FusedOps, const D: usize>(
         "{op}: dim {dim} is out of range for a tensor of rank {D} (shape {:?})",
         x.shape()
     );
-    validate::check(validate::rows(op, (&x.shape(), x.dtype()), false));
+    validate::check(validate::rows(
+        op,
+        (&x.shape(), x.dtype()),
+        kernel_dtypes::<B>(x.dtype()),
+    ));
     if dim == D - 1 {
         wrap(f(prim(x)))
     } else {
@@ -173,7 +178,7 @@ fn glu<B: FusedOps, const D: usize>(
             ("gate", &gate.shape(), gate.dtype()),
             ("up", &up.shape(), up.dtype()),
         ],
-        false,
+        kernel_dtypes::<B>(gate.dtype()),
     ));
     wrap(B::fused_glu(prim(gate), prim(up), activation))
 }
@@ -211,7 +216,11 @@ pub fn geglu<B: FusedOps, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) 
 /// NaN/Inf: as PyTorch (`F.gelu`): `gelu(+∞) = +∞`, `gelu(−∞) = NaN` (`−∞·Φ(−∞) = −∞·0`),
 /// and the gradient at ±∞ is NaN (`±∞·φ(±∞)`).
 pub fn gelu<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    validate::check(validate::rows("gelu", (&x.shape(), x.dtype()), false));
+    validate::check(validate::rows(
+        "gelu",
+        (&x.shape(), x.dtype()),
+        kernel_dtypes::<B>(x.dtype()),
+    ));
     wrap(B::fused_gelu(prim(x)))
 }
 
@@ -221,7 +230,11 @@ pub fn gelu<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 ///
 /// NaN/Inf: as PyTorch (`torch.sigmoid`): `σ(+∞) = 1`, `σ(−∞) = 0`, gradient 0 at both.
 pub fn sigmoid<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    validate::check(validate::rows("sigmoid", (&x.shape(), x.dtype()), false));
+    validate::check(validate::rows(
+        "sigmoid",
+        (&x.shape(), x.dtype()),
+        kernel_dtypes::<B>(x.dtype()),
+    ));
     wrap(B::fused_sigmoid(prim(x)))
 }
 
@@ -261,7 +274,7 @@ pub fn rope<B: FusedOps>(
         ],
         cos: (cos.shape(), cos.dtype()),
         sin: (sin.shape(), sin.dtype()),
-        kernel_dtypes: false,
+        kernel_dtypes: kernel_dtypes::<B>(q.dtype()),
     }));
     let out = B::fused_rope(prim(q), prim(k), prim(cos), prim(sin), layout);
     (wrap(out.q), wrap(out.k))
@@ -483,7 +496,7 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
             class_weight: class_weight.as_ref().map(|w| (w.shape(), w.dtype())),
             grad_scale: None,
             z_loss_scale: None,
-            kernel_dtypes: false,
+            kernel_dtypes: kernel_dtypes::<B>(logits.dtype()),
         },
         &options,
     ));
@@ -628,6 +641,7 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
         class_weight.as_ref().map(|w| (w.shape(), w.dtype())),
         &options,
     ));
+    check_logits_dtype(OP, &x);
     let vocab = weight.dims()[0];
     let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
     let bounds = options
@@ -652,6 +666,17 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
         loss: wrap(out.loss),
         z_loss: out.z_loss.map(wrap),
     }
+}
+
+/// The chunks' logits of a fused linear loss over `x` reach the fused cross entropy in
+/// `x`'s dtype: one `B`'s fused primitives must take.
+pub(crate) fn check_logits_dtype<B: FusedOps, const D: usize>(op: &str, x: &Tensor<B, D>) {
+    validate::check(validate::fused_dtype(
+        op,
+        "x",
+        (&x.shape(), x.dtype()),
+        B::fused_dtype_supported(x.dtype()),
+    ));
 }
 
 /// A LoRA adapter on the LM head of [`fused_linear_cross_entropy_lora`]: `A: [r, H]`,
@@ -702,6 +727,7 @@ pub fn fused_linear_cross_entropy_lora<B: FusedOps>(
         class_weight.as_ref().map(|w| (w.shape(), w.dtype())),
         &options,
     ));
+    check_logits_dtype(OP, &x);
     let vocab = weight.dims()[0];
     if let Some(ad) = &adapter {
         let (xs, as_, bs) = (x.shape(), ad.a.shape(), ad.b.shape());

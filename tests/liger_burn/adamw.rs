@@ -571,57 +571,73 @@ fn the_comparison_rejects_wrong_updates() {
     });
 }
 
+/// Bad input is refused where it enters, the optimizer's step (`fused_adamw_step` itself
+/// assumes valid input): a gradient or a stored moment of another shape. The states the
+/// optimizer never builds (AMSGrad without the running maximum, step 0) are refused by the
+/// same check, shown on shapes and dtypes.
 #[test]
 fn adamw_step_rejects_bad_input() {
     struct Bad;
     impl BackendVisitor for Bad {
         fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
-            let t = |shape: [usize; 2], dtype: DType| {
-                upload::<B>(&vec![0.5; shape[0] * shape[1]], shape, dtype, device)
+            use burn::optim::{AdaptiveMomentumState, SimpleOptimizer};
+            use liger_burn::optim::{AdamWConfig, AdamWState};
+            let t = |shape: [usize; 2]| {
+                Tensor::<B, 2>::from_data(
+                    TensorData::new(vec![0.5f32; shape[0] * shape[1]], shape),
+                    device,
+                )
             };
-            let options = AdamWStepOptions::new(1e-3, 2);
+            let optim = AdamWConfig::new().build();
             let msg = panic_message(|| {
-                B::fused_adamw_step(t([3, 4], DType::F32), t([4, 3], DType::F32), None, options);
+                optim.step(1e-3, t([3, 4]), t([4, 3]), None);
             });
             assert_mentions(label, &msg, &["adamw_step", "grad", "[4, 3]", "[3, 4]"]);
-            let moments = AdamWMoments {
-                moment_1: t([3, 4], DType::F32),
-                moment_2: t([3, 5], DType::F32),
-                max_moment_2: None,
+            let state = AdamWState {
+                momentum: AdaptiveMomentumState {
+                    time: 1,
+                    moment_1: t([3, 4]),
+                    moment_2: t([3, 5]),
+                    max_moment_2: None,
+                },
+                master: None,
             };
             let msg = panic_message(|| {
-                B::fused_adamw_step(
-                    t([3, 4], DType::F32),
-                    t([3, 4], DType::F32),
-                    Some(moments),
-                    options,
-                );
+                optim.step(1e-3, t([3, 4]), t([3, 4]), Some(state));
             });
             assert_mentions(label, &msg, &["adamw_step", "moment_2", "[3, 5]"]);
-            let amsgrad = AdamWStepOptions {
-                amsgrad: true,
-                ..options
-            };
-            let moments = AdamWMoments {
-                moment_1: t([3, 4], DType::F32),
-                moment_2: t([3, 4], DType::F32),
-                max_moment_2: None,
-            };
-            let msg = panic_message(|| {
-                B::fused_adamw_step(
-                    t([3, 4], DType::F32),
-                    t([3, 4], DType::F32),
-                    Some(moments),
-                    amsgrad,
-                );
-            });
-            assert_mentions(label, &msg, &["adamw_step", "max_moment_2", "AMSGrad"]);
-            let first = AdamWStepOptions { time: 0, ..options };
-            let msg = panic_message(|| {
-                B::fused_adamw_step(t([2, 2], DType::F32), t([2, 2], DType::F32), None, first);
-            });
-            assert_mentions(label, &msg, &["adamw_step", "time", "from 1"]);
         }
     }
     for_each_backend(&mut Bad);
+    use burn::tensor::Shape;
+    use liger_burn::ops::validate::{AdamWInputs, adamw_step};
+    let meta = || (Shape::new([3, 4]), DType::F32);
+    let options = AdamWStepOptions::new(1e-3, 2);
+    let amsgrad = AdamWStepOptions {
+        amsgrad: true,
+        ..options
+    };
+    let err = adamw_step(&AdamWInputs {
+        param: meta(),
+        grad: meta(),
+        moments: Some([Some(meta()), Some(meta()), None]),
+        options: &amsgrad,
+        kernel_dtypes: false,
+    })
+    .unwrap_err();
+    assert_mentions(
+        "amsgrad",
+        &err.0,
+        &["adamw_step", "max_moment_2", "AMSGrad"],
+    );
+    let first = AdamWStepOptions { time: 0, ..options };
+    let err = adamw_step(&AdamWInputs {
+        param: meta(),
+        grad: meta(),
+        moments: None,
+        options: &first,
+        kernel_dtypes: false,
+    })
+    .unwrap_err();
+    assert_mentions("time", &err.0, &["adamw_step", "time", "from 1"]);
 }

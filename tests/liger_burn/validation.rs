@@ -1,5 +1,6 @@
-//! Bad input is a clear error naming the op, the shapes and the dtypes, raised before any
-//! kernel launch: on the CubeCL backends of the test device and on the NdArray fallback.
+//! Bad input is a clear error naming the op, the shapes and the dtypes, raised at the API
+//! entry (the primitives it calls assume valid input): on the CubeCL backends of the test
+//! device and on the NdArray fallback.
 
 use burn::tensor::{DType, Shape, Tensor, TensorData, backend::Backend};
 use liger_burn::functional;
@@ -73,18 +74,22 @@ impl BackendVisitor for BadInputs {
             });
             assert_mentions("validation", &msg, &["rms_norm", "F16", "F32"]);
         }
-        // The backward primitive checks its inputs too (grad_output vs x).
-        let msg = panic_message(|| {
-            let x = t::<B, 2>([4, 8], device).into_primitive().tensor();
-            let g = t::<B, 2>([4, 6], device).into_primitive().tensor();
-            let w = t::<B, 1>([8], device).into_primitive().tensor();
-            let rstd = t::<B, 2>([4, 1], device).into_primitive().tensor();
-            let _ = B::fused_rms_norm_backward(g, x, w, rstd, opts);
-        });
-        assert!(
-            msg.contains("rms_norm_backward") || msg.contains("[4, 6]"),
-            "{label}: {msg}"
-        );
+        // A dtype the backend's fused primitives do not take (f64 on the CubeCL backends),
+        // where the device has it: refused at the entry, by name.
+        if B::supports_dtype(device, DType::F64) && !B::fused_dtype_supported(DType::F64) {
+            let msg = panic_message(|| {
+                functional::rms_norm(
+                    t::<B, 2>([4, 8], device).cast(DType::F64),
+                    t::<B, 1>([8], device).cast(DType::F64),
+                    opts,
+                );
+            });
+            assert_mentions(
+                label,
+                &msg,
+                &["rms_norm", "unsupported dtype F64", "[4, 8]"],
+            );
+        }
         // eps must be positive and finite, for every norm.
         for eps in [0.0, -1e-6, f64::NAN, f64::INFINITY] {
             let shown = format!("got {eps}");
@@ -152,6 +157,63 @@ impl BackendVisitor for BadInputs {
 #[test]
 fn bad_inputs_are_rejected_with_clear_errors() {
     liger_tests::for_each_backend(&mut BadInputs);
+}
+
+/// `Liger<B>`'s overrides are entries too: Burn's own API reaches them having checked only
+/// what its primitives need, and the fused primitives behind them assume valid input.
+struct LigerEntries;
+
+impl BackendVisitor for LigerEntries {
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        type L<B> = liger_burn::Liger<B>;
+        let msg = panic_message(|| {
+            burn::tensor::activation::softmax(t::<L<B>, 2>([0, 8], device), 1);
+        });
+        assert_mentions(label, &msg, &["softmax", "empty", "[0, 8]"]);
+        let msg = panic_message(|| {
+            burn::nn::LayerNormConfig::new(5)
+                .init::<L<B>>(device)
+                .forward(t::<L<B>, 2>([3, 4], device));
+        });
+        assert_mentions(label, &msg, &["layer_norm", "[5]", "[3, 4]"]);
+    }
+}
+
+#[test]
+fn liger_overrides_reject_bad_inputs() {
+    liger_tests::for_each_backend(&mut LigerEntries);
+}
+
+/// What the entry asks each backend: every one takes the kernels' dtypes; the CubeCL
+/// backends (and `Fusion` of them) nothing else, the stock-op fallback every float dtype;
+/// `Autodiff<B>` and `Liger<B>` answer as `B`.
+struct DtypeCapability;
+
+impl BackendVisitor for DtypeCapability {
+    fn visit<B: FusedOps>(&mut self, label: &str, _device: &B::Device) {
+        use burn::backend::Autodiff;
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::Flex32] {
+            assert!(B::fused_dtype_supported(dtype), "{label}: {dtype:?}");
+        }
+        let f64 = B::fused_dtype_supported(DType::F64);
+        assert_eq!(f64, label.ends_with("fallback"), "{label}: F64");
+        assert!(!B::fused_dtype_supported(DType::I32), "{label}: I32");
+        assert_eq!(
+            Autodiff::<B>::fused_dtype_supported(DType::F64),
+            f64,
+            "{label}"
+        );
+        assert_eq!(
+            liger_burn::Liger::<B>::fused_dtype_supported(DType::F64),
+            f64,
+            "{label}"
+        );
+    }
+}
+
+#[test]
+fn fused_dtype_capability_per_backend() {
+    liger_tests::for_each_backend(&mut DtypeCapability);
 }
 
 #[test]

@@ -46,6 +46,10 @@ pub(crate) fn register_norm_grads<B: FusedOps, const N: usize>(
 }
 
 impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
+    fn fused_dtype_supported(dtype: burn::tensor::DType) -> bool {
+        B::fused_dtype_supported(dtype)
+    }
+
     fn fused_rms_norm(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,

@@ -12,6 +12,10 @@ use crate::ops::{GluActivation, GluGrads};
 use burn::tensor::ops::FloatTensor;
 
 impl<B: FusedOps> FusedOps for Liger<B> {
+    fn fused_dtype_supported(dtype: burn::tensor::DType) -> bool {
+        B::fused_dtype_supported(dtype)
+    }
+
     fn fused_rms_norm(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,

@@ -4,8 +4,14 @@
 //! the script's `FUSED_OVERRIDES` / `ADAPTER_OVERRIDES`, as `overrides::<name>::<B>(args...)`,
 //! with the arguments of the Burn method in order. Since `FloatTensor<Liger<B>>` *is*
 //! `FloatTensor<B>`, they are written on `B`'s primitives.
+//!
+//! They are API entries of the fused primitives: Burn's `Tensor` API reaches them having
+//! checked only what its own primitives need (a dimension in range, matching inner
+//! dimensions), so each override validates what its [`FusedOps`] primitive assumes, or
+//! routes what that primitive does not take to `B`'s own.
 
 use crate::ops::FusedOps;
+use crate::ops::validate::{self, kernel_dtypes};
 use burn::tensor::{
     Shape, TensorMetadata,
     backend::{Backend, BackendTypes},
@@ -18,6 +24,7 @@ use burn::tensor::{
 /// over any other.
 pub(crate) fn softmax<B: FusedOps>(tensor: FloatTensor<B>, dim: usize) -> FloatTensor<B> {
     if is_last_dim::<B>(&tensor, dim) {
+        check_rows::<B>("softmax", &tensor);
         B::fused_softmax(tensor)
     } else {
         B::softmax(tensor, dim)
@@ -28,6 +35,7 @@ pub(crate) fn softmax<B: FusedOps>(tensor: FloatTensor<B>, dim: usize) -> FloatT
 /// `B::log_softmax` over any other.
 pub(crate) fn log_softmax<B: FusedOps>(tensor: FloatTensor<B>, dim: usize) -> FloatTensor<B> {
     if is_last_dim::<B>(&tensor, dim) {
+        check_rows::<B>("log_softmax", &tensor);
         B::fused_log_softmax(tensor)
     } else {
         B::log_softmax(tensor, dim)
@@ -43,6 +51,13 @@ pub(crate) fn layer_norm<B: FusedOps>(
     beta: Option<FloatTensor<B>>,
     epsilon: f64,
 ) -> FloatTensor<B> {
+    validate::check(validate::norm(&validate::NormInputs {
+        op: "layer_norm",
+        x: (tensor.shape(), tensor.dtype()),
+        weight: (gamma.shape(), gamma.dtype()),
+        bias: beta.as_ref().map(|b| (b.shape(), b.dtype())),
+        kernel_dtypes: kernel_dtypes::<B>(tensor.dtype()),
+    }));
     B::fused_layer_norm(tensor, gamma, beta, epsilon).output
 }
 
@@ -76,7 +91,7 @@ pub(crate) fn attention<B: FusedOps>(
         && q[1] % k[1] == 0
         && key.dtype() == dtype
         && value.dtype() == dtype
-        && crate::ops::validate::kernel_dtype(dtype);
+        && validate::kernel_dtype(dtype);
     if !routed {
         return B::attention(query, key, value, mask, attn_bias, options);
     }
@@ -136,8 +151,11 @@ pub(crate) fn sigmoid_backward<B: FusedOps>(
 }
 
 /// `FloatTensorOps::float_matmul`: `B::fused_matmul` (cuBLASLt on CUDA, `B`'s own matmul
-/// elsewhere; same semantics: `[..., m, k] · [..., k, n]`, batch dims broadcast).
+/// elsewhere; same semantics: `[..., m, k] · [..., k, n]`, batch dims broadcast). Burn's
+/// `Tensor::matmul` checks the inner dimensions only; the ranks, the dtypes and the batch
+/// dimensions are checked here.
 pub(crate) fn matmul<B: FusedOps>(lhs: FloatTensor<B>, rhs: FloatTensor<B>) -> FloatTensor<B> {
+    validate::check(validate::matmul_tensors("matmul", &lhs, &rhs).map(|_| ()));
     B::fused_matmul(lhs, rhs)
 }
 
@@ -163,7 +181,10 @@ pub(crate) fn linear<B: FusedOps>(
             weight.dtype()
         );
     }
-    let mut out = B::fused_matmul(rows::<B>(x, d_in), weight);
+    let x = rows::<B>(x, d_in);
+    // The shapes agree (checked above); the product's check adds the dtypes.
+    validate::check(validate::matmul_tensors("matmul", &x, &weight).map(|_| ()));
+    let mut out = B::fused_matmul(x, weight);
     if let Some(bias) = bias {
         out = B::float_add(out, B::float_reshape(bias, Shape::new([1, d_out])));
     }
@@ -236,11 +257,22 @@ enum Route {
 fn route<B: Backend>(tensor: &FloatTensor<B>) -> Route {
     if tensor.shape().num_elements() == 0 {
         Route::Empty
-    } else if crate::ops::validate::kernel_dtype(tensor.dtype()) {
+    } else if validate::kernel_dtype(tensor.dtype()) {
         Route::Fused
     } else {
         Route::Stock
     }
+}
+
+/// The input of a row-wise fused primitive: rank ≥ 1, not empty, a dtype `B`'s fused
+/// primitives take.
+fn check_rows<B: FusedOps>(op: &str, tensor: &FloatTensor<B>) {
+    let (shape, dtype) = (tensor.shape(), tensor.dtype());
+    validate::check(validate::rows(
+        op,
+        (&shape, dtype),
+        kernel_dtypes::<B>(dtype),
+    ));
 }
 
 fn is_last_dim<B: Backend>(tensor: &FloatTensor<B>, dim: usize) -> bool {

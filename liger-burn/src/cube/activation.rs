@@ -16,11 +16,7 @@ pub(crate) enum Unary {
 }
 
 pub(crate) fn forward<R: CubeRuntime>(x: CubeTensor<R>, kind: Unary) -> CubeTensor<R> {
-    let op = match kind {
-        Unary::Gelu => "gelu",
-        Unary::Sigmoid => "sigmoid",
-    };
-    let [x] = prepare(op, [("x", x)]);
+    let [x] = prepare([x]);
     let shape = x.shape();
     let len = shape.num_elements();
     let output = empty_like(&x, shape, x.dtype);
@@ -45,11 +41,7 @@ pub(crate) fn backward<R: CubeRuntime>(
     saved: CubeTensor<R>,
     kind: Unary,
 ) -> CubeTensor<R> {
-    let (op, saved_name) = match kind {
-        Unary::Gelu => ("gelu_backward", "x"),
-        Unary::Sigmoid => ("sigmoid_backward", "output"),
-    };
-    let [saved, grad] = prepare(op, [(saved_name, saved), ("grad_output", grad)]);
+    let [saved, grad] = prepare([saved, grad]);
     let shape = saved.shape();
     let len = shape.num_elements();
     let grad_x = empty_like(&saved, shape, saved.dtype);

@@ -43,15 +43,6 @@ pub(crate) fn step<B, R: CubeRuntime>(
 where
     B: Backend<FloatTensorPrimitive = CubeTensor<R>>,
 {
-    validate::check(validate::adamw_step_tensors(
-        &param,
-        &grad,
-        moments
-            .as_ref()
-            .map(|m| (&m.moment_1, &m.moment_2, m.max_moment_2.as_ref())),
-        &options,
-        false,
-    ));
     let state_dtype = moments
         .as_ref()
         .map_or(options.state_dtype, |m| m.moment_1.dtype);

@@ -1,7 +1,7 @@
 //! Cross entropy on CubeCL tensors.
 
 use super::{empty_like, launched};
-use crate::ops::{CrossEntropyOptions, CrossEntropyRows, validate};
+use crate::ops::{CrossEntropyOptions, CrossEntropyRows};
 use burn::tensor::{DType, IntDType, Shape, TensorMetadata, backend::Backend};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
@@ -34,16 +34,6 @@ pub(crate) fn forward<B, R: CubeRuntime>(
 where
     B: Backend<FloatTensorPrimitive = CubeTensor<R>, IntTensorPrimitive = CubeTensor<R>>,
 {
-    validate::check(validate::cross_entropy_tensors(
-        "cross_entropy",
-        &logits,
-        &targets,
-        class_weight.as_ref(),
-        grad_scale.as_ref(),
-        z_loss_scale.as_ref(),
-        true,
-        &options,
-    ));
     let logits = into_contiguous(logits);
     let shape = logits.shape();
     let (rows, vocab) = (shape[0], shape[1]);
@@ -125,14 +115,6 @@ pub(crate) fn backward<B, R: CubeRuntime>(
 where
     B: Backend<FloatTensorPrimitive = CubeTensor<R>>,
 {
-    const OP: &str = "cross_entropy_backward";
-    validate::check(validate::cross_entropy_backward_tensors(
-        OP,
-        &grad,
-        &grad_rows,
-        &grad_scale,
-        true,
-    ));
     if !(grad.can_mut() && grad.is_contiguous()) {
         return crate::ops::compose::cross_entropy::backward::<B>(grad, grad_rows, grad_scale);
     }

@@ -136,7 +136,7 @@ pub struct DeviceSupport {
 }
 
 /// The product `lhs [..., m, k] · rhs [..., k, n]` on cuBLASLt, laid out by
-/// [`super::matmul`] (which validates, picks layouts and allocates `out`).
+/// [`super::matmul`] (which picks layouts and allocates `out` for validated shapes).
 pub(crate) struct Product<'a> {
     pub lhs: &'a CubeTensor<CudaRuntime>,
     pub rhs: &'a CubeTensor<CudaRuntime>,

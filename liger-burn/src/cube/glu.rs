@@ -1,7 +1,7 @@
 //! Gated linear units (SwiGLU, GeGLU) on CubeCL tensors.
 
 use super::{empty_like, launched};
-use crate::ops::{GluActivation, validate};
+use crate::ops::GluActivation;
 use burn::tensor::TensorMetadata;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
@@ -15,15 +15,11 @@ fn kernel_activation(activation: GluActivation) -> kernels::GluActivation {
     }
 }
 
-/// Validates elementwise operands (same shape and dtype, a kernel dtype, not empty) and
-/// makes them dense.
+/// Elementwise operands, dense.
 pub(crate) fn prepare<R: CubeRuntime, const N: usize>(
-    op: &str,
-    tensors: [(&str, CubeTensor<R>); N],
+    tensors: [CubeTensor<R>; N],
 ) -> [CubeTensor<R>; N] {
-    let refs: Vec<(&str, &CubeTensor<R>)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
-    validate::check(validate::elementwise_tensors(op, &refs, true));
-    tensors.map(|(_, t)| into_contiguous(t))
+    tensors.map(into_contiguous)
 }
 
 pub(crate) fn forward<R: CubeRuntime>(
@@ -31,7 +27,7 @@ pub(crate) fn forward<R: CubeRuntime>(
     up: CubeTensor<R>,
     activation: GluActivation,
 ) -> CubeTensor<R> {
-    let [gate, up] = prepare(activation.op_name(), [("gate", gate), ("up", up)]);
+    let [gate, up] = prepare([gate, up]);
     let shape = gate.shape();
     let len = shape.num_elements();
     let output = empty_like(&gate, shape, gate.dtype);
@@ -55,10 +51,7 @@ pub(crate) fn backward<R: CubeRuntime>(
     up: CubeTensor<R>,
     activation: GluActivation,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
-    let [gate, up, grad] = prepare(
-        activation.backward_name(),
-        [("gate", gate), ("up", up), ("grad_output", grad)],
-    );
+    let [gate, up, grad] = prepare([gate, up, grad]);
     let shape = gate.shape();
     let len = shape.num_elements();
     let grad_gate = empty_like(&gate, shape.clone(), gate.dtype);

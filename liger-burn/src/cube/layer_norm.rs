@@ -1,7 +1,7 @@
 //! LayerNorm on CubeCL tensors.
 
 use super::{empty_like, launched, prepare_norm, rows_width};
-use crate::ops::{LayerNormOutput, NormGrads, row_stat_shape, validate};
+use crate::ops::{LayerNormOutput, NormGrads, row_stat_shape};
 use burn::tensor::{DType, TensorMetadata, backend::Backend};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
@@ -17,7 +17,7 @@ pub(crate) fn forward<B, R: CubeRuntime>(
 where
     B: Backend<FloatTensorPrimitive = CubeTensor<R>>,
 {
-    let (x, gamma) = prepare_norm("layer_norm", x, gamma, beta.as_ref());
+    let (x, gamma) = prepare_norm(x, gamma);
     let beta = beta.map(into_contiguous);
     let shape = x.shape();
     let (rows, width) = rows_width(&shape);
@@ -52,12 +52,7 @@ pub(crate) fn backward<B, R: CubeRuntime>(
 where
     B: Backend<FloatTensorPrimitive = CubeTensor<R>>,
 {
-    validate::check(validate::same_shape_dtype(
-        "layer_norm_backward",
-        ("grad_output", &grad.shape(), grad.dtype()),
-        ("x", &x.shape(), x.dtype()),
-    ));
-    let (x, gamma) = prepare_norm("layer_norm_backward", x, gamma, None);
+    let (x, gamma) = prepare_norm(x, gamma);
     let grad = into_contiguous(grad);
     let mean = into_contiguous(mean);
     let rstd = into_contiguous(rstd);

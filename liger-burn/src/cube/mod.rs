@@ -1,9 +1,10 @@
 //! [`FusedOps`] for `CubeBackend` on any CubeCL runtime (CUDA, ROCm, wgpu): the fused
 //! kernels of `liger-cubecl-kernels` launched on Burn's tensors.
 //!
-//! Inputs are made contiguous (a no-op for the usual row-major activations), outputs are
-//! allocated dense, and the inputs are validated before any launch, so bad input is a
-//! clear panic naming the op, the shapes and the dtypes rather than a device fault.
+//! Inputs are made contiguous (a no-op for the usual row-major activations) and outputs
+//! are allocated dense. Inputs arrive validated: the API entry checks them, and the dtypes
+//! the kernels read ([`FusedOps::fused_dtype_supported`]), before anything reaches these
+//! primitives (see [`FusedOps`]).
 
 mod activation;
 mod adamw;
@@ -42,6 +43,10 @@ where
     I: IntElement,
     BT: BoolElement,
 {
+    fn fused_dtype_supported(dtype: DType) -> bool {
+        validate::kernel_dtype(dtype)
+    }
+
     fn fused_rms_norm(
         x: CubeTensor<R>,
         weight: CubeTensor<R>,
@@ -264,14 +269,11 @@ pub(crate) fn empty_like<R: CubeRuntime>(
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
 }
 
-/// Validates a normalization's inputs and makes them dense.
+/// A normalization's input and weight, dense.
 pub(crate) fn prepare_norm<R: CubeRuntime>(
-    op: &'static str,
     x: CubeTensor<R>,
     weight: CubeTensor<R>,
-    bias: Option<&CubeTensor<R>>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
-    validate::check(validate::norm_tensors(op, &x, &weight, bias, true));
     (into_contiguous(x), into_contiguous(weight))
 }
 

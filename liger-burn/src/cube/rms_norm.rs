@@ -1,9 +1,7 @@
 //! RMSNorm on CubeCL tensors.
 
 use super::{empty_like, launched, prepare_norm, rows_width};
-use crate::ops::{
-    NormGrads, RmsNormCasting, RmsNormOptions, RmsNormOutput, row_stat_shape, validate,
-};
+use crate::ops::{NormGrads, RmsNormCasting, RmsNormOptions, RmsNormOutput, row_stat_shape};
 use burn::tensor::{DType, TensorMetadata};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
@@ -28,19 +26,7 @@ pub(crate) fn forward<B, R: CubeRuntime>(
 where
     B: burn::tensor::backend::Backend<FloatTensorPrimitive = CubeTensor<R>>,
 {
-    let op = if residual.is_some() {
-        "fused_add_rms_norm"
-    } else {
-        "rms_norm"
-    };
-    if let Some(res) = &residual {
-        validate::check(validate::same_shape_dtype(
-            op,
-            ("x", &x.shape(), x.dtype()),
-            ("residual", &res.shape(), res.dtype()),
-        ));
-    }
-    let (x, weight) = prepare_norm(op, x, weight, None);
+    let (x, weight) = prepare_norm(x, weight);
     let residual = residual.map(into_contiguous);
     let shape = x.shape();
     let (rows, width) = rows_width(&shape);
@@ -78,12 +64,7 @@ pub(crate) fn backward<B, R: CubeRuntime>(
 where
     B: burn::tensor::backend::Backend<FloatTensorPrimitive = CubeTensor<R>>,
 {
-    validate::check(validate::same_shape_dtype(
-        "rms_norm_backward",
-        ("grad_output", &grad.shape(), grad.dtype()),
-        ("x", &x.shape(), x.dtype()),
-    ));
-    let (x, weight) = prepare_norm("rms_norm_backward", x, weight, None);
+    let (x, weight) = prepare_norm(x, weight);
     let grad = into_contiguous(grad);
     let rstd = into_contiguous(rstd);
     let shape = x.shape();

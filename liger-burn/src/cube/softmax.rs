@@ -1,28 +1,13 @@
 //! Softmax and log-softmax on CubeCL tensors.
 
 use super::{empty_like, launched, rows_width};
-use crate::ops::validate;
 use burn::tensor::TensorMetadata;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use liger_cubecl_kernels::softmax::{softmax_backward, softmax_forward};
 
-fn name(log: bool, backward: bool) -> &'static str {
-    match (log, backward) {
-        (false, false) => "softmax",
-        (true, false) => "log_softmax",
-        (false, true) => "softmax_backward",
-        (true, true) => "log_softmax_backward",
-    }
-}
-
 pub(crate) fn forward<R: CubeRuntime>(x: CubeTensor<R>, log: bool) -> CubeTensor<R> {
-    validate::check(validate::rows(
-        name(log, false),
-        (&x.shape(), x.dtype()),
-        true,
-    ));
     let x = into_contiguous(x);
     let shape = x.shape();
     let (rows, width) = rows_width(&shape);
@@ -45,13 +30,6 @@ pub(crate) fn backward<R: CubeRuntime>(
     output: CubeTensor<R>,
     log: bool,
 ) -> CubeTensor<R> {
-    let op = name(log, true);
-    validate::check(validate::rows(op, (&output.shape(), output.dtype()), true));
-    validate::check(validate::same_shape_dtype(
-        op,
-        ("grad_output", &grad.shape(), grad.dtype()),
-        ("output", &output.shape(), output.dtype()),
-    ));
     let grad = into_contiguous(grad);
     let output = into_contiguous(output);
     let shape = output.shape();

@@ -1,6 +1,6 @@
 //! [`fused_linear_distill`]: distillation from a frozen teacher over linear heads, chunked.
 
-use super::{check_target_bounds, prim, target_bounds, wrap};
+use super::{check_logits_dtype, check_target_bounds, prim, target_bounds, wrap};
 use crate::ops::{DistillOptions, FusedOps, TeacherHead, validate};
 use burn::tensor::{Int, Tensor, TensorMetadata};
 
@@ -65,6 +65,7 @@ pub fn fused_linear_distill<B: FusedOps>(
         &(targets.shape(), targets.dtype()),
         &options,
     ));
+    check_logits_dtype(OP, &x);
     let vocab = weight.dims()[0];
     let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
     let bounds = target_bounds(&targets, options.ignore_index);

@@ -1,7 +1,7 @@
 //! [`fused_linear_preference`]: DPO, ORPO, CPO and SimPO over a linear head, chunked.
 
 use super::sequences::{check_sequences, sequence_stats};
-use super::{prim, wrap};
+use super::{check_logits_dtype, prim, wrap};
 use crate::ops::{FusedOps, PreferenceOptions, ReferenceInput, validate};
 use burn::tensor::{DType, Int, Tensor};
 
@@ -157,6 +157,7 @@ pub fn fused_linear_preference<B: FusedOps>(
         &validate::ReferenceMeta::of(&reference),
         &options,
     ));
+    check_logits_dtype(OP, &x);
     let vocab = weight.dims()[0];
     let shape = targets.dims();
     let stats = sequence_stats(&targets, options.ignore_index);

@@ -3,7 +3,7 @@
 
 use super::fused_linear_preference::Reference;
 use super::sequences::{check_sequences, sequence_stats};
-use super::{prim, wrap};
+use super::{check_logits_dtype, prim, wrap};
 use crate::ops::{FusedOps, GrpoOptions, KtoOptions, ReferenceInput, validate};
 use burn::tensor::{DType, Int, Tensor};
 
@@ -120,6 +120,7 @@ pub fn fused_linear_kto<B: FusedOps>(
             .as_ref(),
         &options,
     ));
+    check_logits_dtype(OP, &x);
     let vocab = weight.dims()[0];
     let shape = targets.dims();
     let stats = sequence_stats(&targets, options.ignore_index);
@@ -234,6 +235,10 @@ pub fn fused_linear_grpo<B: FusedOps>(
         old_logps.as_ref().map(|o| (o.shape(), o.dtype())).as_ref(),
         &options,
     ));
+    // At another temperature the chunks' logits reach the cross entropy in f32.
+    if options.temperature == 1.0 {
+        check_logits_dtype(OP, &x);
+    }
     let vocab = weight.dims()[0];
     let shape = completion_ids.dims();
     // The ids outside the mask are never read: check the masked ids only.

@@ -1,11 +1,10 @@
 //! One AdamW step in the fusion stream: one custom operation (`CustomOpIr`) that runs the
 //! inner backend's fused step when the stream reaches it. A buffer whose last use this is
-//! reaches the kernel alone, so the step updates it in place. Inputs are validated
-//! eagerly, where the optimizer called the op (dtypes the kernel does not read, f64, are
-//! left to the inner backend's stock-op update).
+//! reaches the kernel alone, so the step updates it in place (dtypes the kernel does not
+//! read, f64, are left to the inner backend's stock-op update).
 
 use super::custom_op::{self, CustomKernel, Handles, float_inputs};
-use crate::ops::{AdamWMoments, AdamWStepOptions, AdamWStepOutput, FusedOps, validate};
+use crate::ops::{AdamWMoments, AdamWStepOptions, AdamWStepOutput, FusedOps};
 use burn::tensor::TensorMetadata;
 use burn_fusion::{Fusion, FusionBackend, FusionTensor};
 use burn_ir::TensorIr;
@@ -43,15 +42,6 @@ pub(crate) fn step<B: FusionBackend + FusedOps>(
     moments: Option<AdamWMoments<Fusion<B>>>,
     options: AdamWStepOptions,
 ) -> AdamWStepOutput<Fusion<B>> {
-    validate::check(validate::adamw_step_tensors(
-        &param,
-        &grad,
-        moments
-            .as_ref()
-            .map(|m| (&m.moment_1, &m.moment_2, m.max_moment_2.as_ref())),
-        &options,
-        false,
-    ));
     let shape = param.shape();
     let state_dtype = moments
         .as_ref()

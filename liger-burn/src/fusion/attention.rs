@@ -5,7 +5,7 @@
 
 use super::custom_op::{self, CustomKernel, Handles};
 use crate::ops::{
-    AttentionGrads, AttentionKernel, AttentionOptions, AttentionOutput, FusedOps, compose, validate,
+    AttentionGrads, AttentionKernel, AttentionOptions, AttentionOutput, FusedOps, compose,
 };
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_fusion::{Fusion, FusionBackend, FusionTensor};
@@ -58,25 +58,6 @@ impl<B: FusionBackend + FusedOps> CustomKernel<B> for Backward {
     }
 }
 
-fn check<B: FusionBackend>(
-    op: &'static str,
-    q: &Tensor<B>,
-    k: &Tensor<B>,
-    v: &Tensor<B>,
-    document_ids: Option<&Tensor<B>>,
-    options: &AttentionOptions,
-) {
-    validate::check(validate::attention(&validate::AttentionInputs {
-        op,
-        q: (q.shape(), q.dtype()),
-        k: (k.shape(), k.dtype()),
-        v: (v.shape(), v.dtype()),
-        mask: None,
-        document_ids: document_ids.map(|d| (d.shape(), d.dtype())),
-        window: options.window,
-    }));
-}
-
 fn flash<B: FusionBackend + FusedOps>(q: &Tensor<B>, options: &AttentionOptions) -> bool {
     B::flash_attention_available(q.client.device(), q.dtype(), q.shape()[3], options)
 }
@@ -98,8 +79,6 @@ pub(crate) fn forward<B: FusionBackend + FusedOps>(
     if mask.is_some() || !flash::<B>(&q, &options) {
         return compose::attention::forward::<Fusion<B>>(q, k, v, mask, document_ids, options);
     }
-    // Validated here, eagerly: the stream executes later.
-    check::<B>("attention", &q, &k, &v, document_ids.as_ref(), &options);
     let shape = q.shape();
     let outputs = [
         (shape.clone(), q.dtype()),
@@ -146,15 +125,6 @@ pub(crate) fn backward<B: FusionBackend + FusedOps>(
             options,
         );
     };
-    let op = "attention_backward";
-    check::<B>(op, &q, &k, &v, document_ids.as_ref(), &options);
-    for (name, t) in [("grad_output", &grad_output), ("output", &output)] {
-        validate::check(validate::same_shape_dtype(
-            op,
-            (name, &t.shape(), t.dtype()),
-            ("q", &q.shape(), q.dtype()),
-        ));
-    }
     let outputs = [
         (q.shape(), q.dtype()),
         (k.shape(), k.dtype()),

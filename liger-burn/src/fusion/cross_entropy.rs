@@ -1,7 +1,7 @@
 //! Cross entropy in the fusion stream: one custom operation with float and int inputs.
 
 use super::custom_op::{self, CustomKernel, Handles};
-use crate::ops::{CrossEntropyOptions, CrossEntropyRows, FusedOps, validate};
+use crate::ops::{CrossEntropyOptions, CrossEntropyRows, FusedOps};
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_fusion::{FusionBackend, FusionTensor};
 use burn_ir::TensorIr;
@@ -53,17 +53,6 @@ pub(crate) fn forward<B: FusionBackend + FusedOps>(
     z_loss_scale: Option<FusionTensor<B::FusionRuntime>>,
     options: CrossEntropyOptions,
 ) -> CrossEntropyRows<burn_fusion::Fusion<B>> {
-    // Validated here, eagerly: the stream executes later.
-    validate::check(validate::cross_entropy_tensors(
-        "cross_entropy",
-        &logits,
-        &targets,
-        class_weight.as_ref(),
-        grad_scale.as_ref(),
-        z_loss_scale.as_ref(),
-        true,
-        &options,
-    ));
     let shape = logits.shape();
     let dtype = logits.dtype();
     let rows = shape[0];
@@ -124,13 +113,6 @@ pub(crate) fn backward<B: FusionBackend + FusedOps>(
     grad_rows: FusionTensor<B::FusionRuntime>,
     grad_scale: FusionTensor<B::FusionRuntime>,
 ) -> FusionTensor<B::FusionRuntime> {
-    validate::check(validate::cross_entropy_backward_tensors(
-        "cross_entropy_backward",
-        &grad,
-        &grad_rows,
-        &grad_scale,
-        true,
-    ));
     let spec = (grad.shape(), grad.dtype());
     custom_op::register::<B, _>(
         "liger_cross_entropy_backward",

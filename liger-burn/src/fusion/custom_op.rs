@@ -62,7 +62,7 @@ impl<B: FusionBackend, K: CustomKernel<B>> Operation<B::FusionRuntime> for Custo
     }
 }
 
-/// Registers `kernel` as the custom operation `id` on `inputs` (validated by the caller,
+/// Registers `kernel` as the custom operation `id` on `inputs` (validated at the API entry,
 /// eagerly: the stream runs later); returns its outputs, of the given shapes and dtypes,
 /// in order.
 pub(crate) fn register<B: FusionBackend, K: CustomKernel<B>>(

@@ -1,9 +1,9 @@
 //! Gated linear units, exact GELU and sigmoid in the fusion stream: each call is one
 //! custom operation (`CustomOpIr`) that runs the inner backend's fused kernel when the
-//! stream reaches it. Inputs are validated eagerly, where the user called the op.
+//! stream reaches it.
 
 use super::custom_op::{self, CustomKernel, Handles, float_inputs};
-use crate::ops::{FusedOps, GluActivation, GluGrads, validate};
+use crate::ops::{FusedOps, GluActivation, GluGrads};
 use burn::tensor::TensorMetadata;
 use burn_fusion::{Fusion, FusionBackend, FusionTensor};
 use burn_ir::TensorIr;
@@ -20,21 +20,17 @@ pub(crate) enum ElementwiseKind {
 }
 
 impl ElementwiseKind {
-    /// Op name for messages and the custom op's id.
-    fn names(self) -> (&'static str, &'static str) {
+    /// The custom op's id.
+    fn id(self) -> &'static str {
         match self {
-            ElementwiseKind::Glu(GluActivation::Silu) => ("swiglu", "liger_swiglu"),
-            ElementwiseKind::Glu(GluActivation::GeluTanh) => ("geglu", "liger_geglu"),
-            ElementwiseKind::GluBackward(GluActivation::Silu) => {
-                ("swiglu_backward", "liger_swiglu_backward")
-            }
-            ElementwiseKind::GluBackward(GluActivation::GeluTanh) => {
-                ("geglu_backward", "liger_geglu_backward")
-            }
-            ElementwiseKind::Gelu => ("gelu", "liger_gelu"),
-            ElementwiseKind::GeluBackward => ("gelu_backward", "liger_gelu_backward"),
-            ElementwiseKind::Sigmoid => ("sigmoid", "liger_sigmoid"),
-            ElementwiseKind::SigmoidBackward => ("sigmoid_backward", "liger_sigmoid_backward"),
+            ElementwiseKind::Glu(GluActivation::Silu) => "liger_swiglu",
+            ElementwiseKind::Glu(GluActivation::GeluTanh) => "liger_geglu",
+            ElementwiseKind::GluBackward(GluActivation::Silu) => "liger_swiglu_backward",
+            ElementwiseKind::GluBackward(GluActivation::GeluTanh) => "liger_geglu_backward",
+            ElementwiseKind::Gelu => "liger_gelu",
+            ElementwiseKind::GeluBackward => "liger_gelu_backward",
+            ElementwiseKind::Sigmoid => "liger_sigmoid",
+            ElementwiseKind::SigmoidBackward => "liger_sigmoid_backward",
         }
     }
 
@@ -65,19 +61,14 @@ impl<B: FusionBackend + FusedOps> CustomKernel<B> for ElementwiseKind {
     }
 }
 
-/// Validates `inputs` (named; all the same shape and dtype) and registers `kind` on them;
-/// returns its outputs, each of the inputs' shape and dtype.
+/// Registers `kind` on `inputs` (all of one shape and dtype); returns its outputs, each of
+/// the inputs' shape and dtype.
 pub(crate) fn register<B: FusionBackend + FusedOps>(
     kind: ElementwiseKind,
-    inputs: Vec<(&str, FusionTensor<B::FusionRuntime>)>,
+    inputs: Vec<FusionTensor<B::FusionRuntime>>,
 ) -> Vec<FusionTensor<B::FusionRuntime>> {
-    let (op, id) = kind.names();
-    let named: Vec<(&str, &FusionTensor<B::FusionRuntime>)> =
-        inputs.iter().map(|(n, t)| (*n, t)).collect();
-    validate::check(validate::elementwise_tensors(op, &named, true));
-    let inputs: Vec<_> = inputs.into_iter().map(|(_, t)| t).collect();
     let out = (inputs[0].shape(), inputs[0].dtype());
-    custom_op::register::<B, _>(id, inputs, &vec![out; kind.outputs()], kind)
+    custom_op::register::<B, _>(kind.id(), inputs, &vec![out; kind.outputs()], kind)
 }
 
 type Tensor<B> = FusionTensor<<B as FusionBackend>::FusionRuntime>;
@@ -87,11 +78,7 @@ pub(crate) fn glu<B: FusionBackend + FusedOps>(
     up: Tensor<B>,
     activation: GluActivation,
 ) -> Tensor<B> {
-    register::<B>(
-        ElementwiseKind::Glu(activation),
-        vec![("gate", gate), ("up", up)],
-    )
-    .remove(0)
+    register::<B>(ElementwiseKind::Glu(activation), vec![gate, up]).remove(0)
 }
 
 pub(crate) fn glu_backward<B: FusionBackend + FusedOps>(
@@ -102,7 +89,7 @@ pub(crate) fn glu_backward<B: FusionBackend + FusedOps>(
 ) -> GluGrads<Fusion<B>> {
     let [grad_gate, grad_up]: [_; 2] = register::<B>(
         ElementwiseKind::GluBackward(activation),
-        vec![("grad_output", grad_output), ("gate", gate), ("up", up)],
+        vec![grad_output, gate, up],
     )
     .try_into()
     .unwrap();
@@ -111,7 +98,7 @@ pub(crate) fn glu_backward<B: FusionBackend + FusedOps>(
 
 /// `kind` is [`ElementwiseKind::Gelu`] or [`ElementwiseKind::Sigmoid`].
 pub(crate) fn unary<B: FusionBackend + FusedOps>(x: Tensor<B>, kind: ElementwiseKind) -> Tensor<B> {
-    register::<B>(kind, vec![("x", x)]).remove(0)
+    register::<B>(kind, vec![x]).remove(0)
 }
 
 /// `kind` is [`ElementwiseKind::GeluBackward`] (`saved` = the input) or
@@ -121,13 +108,5 @@ pub(crate) fn unary_backward<B: FusionBackend + FusedOps>(
     saved: Tensor<B>,
     kind: ElementwiseKind,
 ) -> Tensor<B> {
-    let saved_name = match kind {
-        ElementwiseKind::SigmoidBackward => "output",
-        _ => "x",
-    };
-    register::<B>(
-        kind,
-        vec![("grad_output", grad_output), (saved_name, saved)],
-    )
-    .remove(0)
+    register::<B>(kind, vec![grad_output, saved]).remove(0)
 }

@@ -2,10 +2,10 @@
 //! library (cuBLASLt on CUDA), it is one custom operation (`CustomOpIr`) that runs the
 //! inner `fused_matmul` when the stream reaches it; everywhere else it is Burn's own
 //! matmul operation, which the fusion optimizer may fuse with neighbouring elementwise
-//! work. Inputs are validated eagerly, where the user called the op.
+//! work.
 
 use super::custom_op::{self, CustomKernel, Handles, float_inputs};
-use crate::ops::{FusedOps, validate};
+use crate::ops::{FusedOps, matmul_shape};
 use burn::tensor::TensorMetadata;
 use burn::tensor::ops::FloatTensorOps;
 use burn_fusion::{Fusion, FusionBackend, FusionTensor};
@@ -31,14 +31,11 @@ pub(crate) fn matmul<B: FusionBackend + FusedOps>(
     lhs: FusionTensor<B::FusionRuntime>,
     rhs: FusionTensor<B::FusionRuntime>,
 ) -> FusionTensor<B::FusionRuntime> {
-    let out_shape = match validate::matmul_tensors("matmul", &lhs, &rhs) {
-        Ok(shape) => shape,
-        Err(e) => panic!("{e}"),
-    };
     let dtype = lhs.dtype();
     if !B::fused_matmul_uses_vendor_library(lhs.client.device(), dtype) {
         return Fusion::<B>::float_matmul(lhs, rhs);
     }
+    let out_shape = matmul_shape(&lhs.shape(), &rhs.shape());
     custom_op::register::<B, _>(
         "liger_matmul",
         vec![lhs, rhs],

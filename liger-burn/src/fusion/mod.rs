@@ -2,8 +2,8 @@
 //! as one custom operation (`CustomOpIr`), so it is ordered with the surrounding lazily
 //! fused ops and executes `B`'s fused kernel when the stream reaches it.
 //!
-//! Inputs are validated here, eagerly: the stream executes later (possibly on another
-//! thread), and bad input must fail where the user called the op.
+//! Inputs arrive validated: the API entry checks them where the user called the op, before
+//! anything is registered (the stream executes later, possibly on another thread).
 
 mod activation;
 mod adamw;
@@ -17,35 +17,18 @@ mod rms_norm;
 mod rope;
 mod softmax;
 
-use crate::ops::validate;
 use crate::ops::{
     AddRmsNormOutput, FusedOps, LayerNormOutput, NormGrads, RmsNormOptions, RmsNormOutput,
 };
-use burn::tensor::{DType, TensorMetadata};
-use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
-
-pub(super) fn norm_check<R: FusionRuntime>(
-    op: &'static str,
-    x: &FusionTensor<R>,
-    weight: &FusionTensor<R>,
-    bias: Option<&FusionTensor<R>>,
-) {
-    validate::check(validate::norm_tensors(op, x, weight, bias, true));
-}
-
-pub(super) fn same<R: FusionRuntime>(
-    op: &'static str,
-    a: (&str, &FusionTensor<R>),
-    b: (&str, &FusionTensor<R>),
-) {
-    validate::check(validate::same_shape_dtype(
-        op,
-        (a.0, &a.1.shape(), a.1.dtype()),
-        (b.0, &b.1.shape(), b.1.dtype()),
-    ));
-}
+use burn::tensor::DType;
+use burn_fusion::{Fusion, FusionBackend, FusionTensor};
 
 impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
+    /// The custom operations run `B`'s fused primitives: `B`'s dtypes.
+    fn fused_dtype_supported(dtype: DType) -> bool {
+        B::fused_dtype_supported(dtype)
+    }
+
     fn fused_rms_norm(
         x: FusionTensor<B::FusionRuntime>,
         weight: FusionTensor<B::FusionRuntime>,

@@ -129,7 +129,26 @@ pub struct LinearCrossEntropyOutput<B: Backend> {
 }
 
 /// The fused primitives. See the module docs for the shape conventions.
+///
+/// Validation runs once, at the API entry (the [functional API](crate::functional), the
+/// [`nn`](crate::nn) modules, the [optimizers](crate::optim) and `Liger<B>`'s overrides);
+/// the primitives assume validated input, as Burn's `FloatTensorOps` do, and neither the
+/// default bodies nor the backends' implementations (CubeCL, `Fusion<B>`, `Autodiff<B>`,
+/// `Liger<B>`) check it again. Bad input handed to a primitive directly is the caller's
+/// error. The entry asks [`fused_dtype_supported`](FusedOps::fused_dtype_supported)
+/// which dtypes the backend's primitives take.
 pub trait FusedOps: Backend {
+    /// Whether the fused primitives take float tensors of `dtype`. The default bodies
+    /// compose stock Burn ops and take every float dtype; CubeCL backends (and `Fusion` of
+    /// them) take the dtypes their kernels read ([`validate::kernel_dtype`]: f32, f16,
+    /// bf16, flex32), which every backend takes. The API entry rejects any other dtype with
+    /// an error naming the op, the dtype and the shape. The primitives that send dtypes
+    /// their kernels do not read to a composition themselves (matrix products, attention,
+    /// the AdamW step, divergences) take every float dtype whatever this says.
+    fn fused_dtype_supported(dtype: DType) -> bool {
+        dtype.is_float()
+    }
+
     /// RMSNorm over the last dimension: `x * rstd * (offset + weight)`.
     ///
     /// `x: [..., d]`, `weight: [d]`.
@@ -650,7 +669,6 @@ pub trait FusedOps: Backend {
     /// says so; `Liger<B>` routes Burn's `float_matmul` here, and `Autodiff<B>` records a
     /// backward node whose two products are `fused_matmul` of the inner backend.
     fn fused_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        validate::check(validate::matmul_tensors("matmul", &lhs, &rhs).map(|_| ()));
         Self::float_matmul(lhs, rhs)
     }
 
@@ -756,6 +774,18 @@ pub trait FusedOps: Backend {
     ) -> AdamWStepOutput<Self> {
         compose::adamw::step::<Self>(param, grad, moments, options)
     }
+}
+
+/// `[..., m, k] · [..., k, n]` → `[...batch, m, n]`, each batch dimension broadcast (equal,
+/// or 1 on one side), for inputs the entry validated ([`validate::matmul`]).
+pub(crate) fn matmul_shape(lhs: &Shape, rhs: &Shape) -> Shape {
+    let rank = lhs.num_dims();
+    let mut out: Vec<usize> = (0..rank - 2)
+        .map(|d| if lhs[d] == 1 { rhs[d] } else { lhs[d] })
+        .collect();
+    out.push(lhs[rank - 2]);
+    out.push(rhs[rank - 1]);
+    Shape::from(out)
 }
 
 /// `[..., d]` → `[..., 1]`: the shape of per-row statistics.

@@ -71,14 +71,6 @@ impl GluActivation {
             GluActivation::GeluTanh => "geglu",
         }
     }
-
-    /// The name of its backward: `swiglu_backward` or `geglu_backward`.
-    pub fn backward_name(self) -> &'static str {
-        match self {
-            GluActivation::Silu => "swiglu_backward",
-            GluActivation::GeluTanh => "geglu_backward",
-        }
-    }
 }
 
 /// Which elements [`rope`](crate::functional::rope) rotates together.

@@ -1,7 +1,13 @@
-//! Input validation shared by every layer: bad input is a clear error naming the op,
-//! the shapes and the dtypes, raised before any kernel is launched.
+//! Input validation: bad input is a clear error naming the op, the shapes and the dtypes,
+//! raised before any work is queued.
+//!
+//! Validation runs once, at the API entry (functional, nn, optim, and `Liger<B>`'s
+//! overrides of Burn's primitives); the [`FusedOps`](crate::ops::FusedOps) primitives
+//! assume validated input, as Burn's `FloatTensorOps` do. The dtypes a backend's fused
+//! primitives take ([`FusedOps::fused_dtype_supported`](crate::ops::FusedOps::fused_dtype_supported))
+//! reach the checks through [`kernel_dtypes`] and [`fused_dtype`].
 
-use burn::tensor::{DType, Shape, TensorMetadata};
+use burn::tensor::{DType, Shape};
 
 /// A rejected input.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +28,32 @@ fn fail<T>(msg: String) -> Result<T, LigerError> {
 /// Whether the fused kernels read this dtype.
 pub fn kernel_dtype(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::Flex32)
+}
+
+/// The `kernel_dtypes` condition of the checks below for a tensor of `dtype` on `B`:
+/// whether its dtype must be one the kernels read, i.e. `B`'s fused primitives do not take
+/// it (every backend takes the kernels' dtypes: see
+/// [`FusedOps::fused_dtype_supported`](crate::ops::FusedOps::fused_dtype_supported)).
+pub fn kernel_dtypes<B: crate::ops::FusedOps>(dtype: DType) -> bool {
+    !B::fused_dtype_supported(dtype)
+}
+
+/// A tensor `name` of `shape` whose dtype the backend's fused primitives must take:
+/// `supported` is [`FusedOps::fused_dtype_supported`](crate::ops::FusedOps::fused_dtype_supported)
+/// of it. For entries whose other checks have no `kernel_dtypes` condition.
+pub fn fused_dtype(
+    op: &str,
+    name: &str,
+    t: (&Shape, DType),
+    supported: bool,
+) -> Result<(), LigerError> {
+    let (shape, dtype) = t;
+    if !supported {
+        return fail(format!(
+            "{op}: unsupported dtype {dtype:?} for the fused kernels (f32, f16 and bf16 are supported; {name} {shape:?})"
+        ));
+    }
+    Ok(())
 }
 
 /// A row-wise op's input: rank ≥ 1, no empty dimension, a float dtype (one the kernels
@@ -116,23 +148,6 @@ pub fn eps(op: &str, eps: f64, x: Option<&Shape>) -> Result<(), LigerError> {
     Ok(())
 }
 
-/// [`norm`] on tensors of any layer (Burn primitives, CubeCL or fusion tensors).
-pub fn norm_tensors<T: TensorMetadata>(
-    op: &'static str,
-    x: &T,
-    weight: &T,
-    bias: Option<&T>,
-    kernel_dtypes: bool,
-) -> Result<(), LigerError> {
-    norm(&NormInputs {
-        op,
-        x: (x.shape(), x.dtype()),
-        weight: (weight.shape(), weight.dtype()),
-        bias: bias.map(|b| (b.shape(), b.dtype())),
-        kernel_dtypes,
-    })
-}
-
 /// Panics with the error's message: the Burn convention for invalid tensor input.
 pub(crate) fn check(result: Result<(), LigerError>) {
     if let Err(e) = result {
@@ -157,19 +172,6 @@ pub fn elementwise(
     rows(op, (shape, dtype), kernel_dtypes)
 }
 
-/// [`elementwise`] on tensors of any layer (Burn primitives, CubeCL or fusion tensors).
-pub fn elementwise_tensors<T: TensorMetadata>(
-    op: &str,
-    tensors: &[(&str, &T)],
-    kernel_dtypes: bool,
-) -> Result<(), LigerError> {
-    let meta: Vec<(&str, Shape, DType)> = tensors
-        .iter()
-        .map(|(name, t)| (*name, t.shape(), t.dtype()))
-        .collect();
-    let refs: Vec<(&str, &Shape, DType)> = meta.iter().map(|(n, s, d)| (*n, s, *d)).collect();
-    elementwise(op, &refs, kernel_dtypes)
-}
 mod adamw;
 mod attention;
 mod lora;
@@ -181,11 +183,10 @@ pub use attention::{AttentionInputs, attention};
 pub use lora::{AdapterInputs, adapter, lora_linear, lora_linear_tensors};
 pub use matmul::{matmul, matmul_tensors};
 pub use post_training::{
-    Meta, ReferenceMeta, distill, distill_tensors, divergence, divergence_tensors, grpo,
-    grpo_tensors, kto, kto_tensors, preference, preference_tensors, row_head, sequence_head,
+    Meta, ReferenceMeta, distill, divergence, grpo, kto, preference, row_head, sequence_head,
     sequence_targets,
 };
-pub use rope::{RopeInputs, rope, rope_tensors};
+pub use rope::{RopeInputs, rope};
 /// A cross-entropy call's inputs: `logits: [N, V]`, `targets: [N]` (integers),
 /// `class_weight: [V]`, `grad_scale: [1]` or `[N]`, `z_loss_scale: [1]` (with a `[1]`
 /// `grad_scale`).
@@ -285,88 +286,8 @@ pub fn cross_entropy(
     Ok(())
 }
 
-/// [`cross_entropy`] on tensors of any layer.
-#[allow(clippy::too_many_arguments)]
-pub fn cross_entropy_tensors<F: TensorMetadata, I: TensorMetadata>(
-    op: &'static str,
-    logits: &F,
-    targets: &I,
-    class_weight: Option<&F>,
-    grad_scale: Option<&F>,
-    z_loss_scale: Option<&F>,
-    kernel_dtypes: bool,
-    options: &crate::ops::CrossEntropyOptions,
-) -> Result<(), LigerError> {
-    cross_entropy(
-        &CrossEntropyInputs {
-            op,
-            logits: (logits.shape(), logits.dtype()),
-            targets: (targets.shape(), targets.dtype()),
-            class_weight: class_weight.map(|w| (w.shape(), w.dtype())),
-            grad_scale: grad_scale.map(|s| (s.shape(), s.dtype())),
-            z_loss_scale: z_loss_scale.map(|s| (s.shape(), s.dtype())),
-            kernel_dtypes,
-        },
-        options,
-    )
-}
-
-/// Validates the backward of a cross entropy's per-row loss: `grad: [N, V]` float (a dtype
-/// the kernels read when `kernel_dtypes`), `grad_rows: [N]` and `grad_scale: [1]` or `[N]`,
-/// both float.
-pub fn cross_entropy_backward_tensors<F: TensorMetadata>(
-    op: &'static str,
-    grad: &F,
-    grad_rows: &F,
-    grad_scale: &F,
-    kernel_dtypes: bool,
-) -> Result<(), LigerError> {
-    let (shape, dtype) = (grad.shape(), grad.dtype());
-    if shape.num_dims() != 2 {
-        return fail(format!(
-            "{op}: the logits gradient must be [N, V], got shape {shape:?} (dtype {dtype:?})"
-        ));
-    }
-    rows(op, (&shape, dtype), kernel_dtypes)?;
-    let n = shape[0];
-    let (r_shape, r_dtype) = (grad_rows.shape(), grad_rows.dtype());
-    if r_shape.num_dims() != 1 || r_shape[0] != n || !r_dtype.is_float() {
-        return fail(format!(
-            "{op}: the incoming gradient must be a float tensor of shape [{n}] (logits gradient {shape:?}), got shape {r_shape:?} and dtype {r_dtype:?}"
-        ));
-    }
-    let (s_shape, s_dtype) = (grad_scale.shape(), grad_scale.dtype());
-    if !(s_shape.num_dims() == 1 && (s_shape[0] == 1 || s_shape[0] == n)) || !s_dtype.is_float() {
-        return fail(format!(
-            "{op}: grad_scale must be a float tensor of shape [1] or [{n}] (logits gradient {shape:?}), got shape {s_shape:?} and dtype {s_dtype:?}"
-        ));
-    }
-    Ok(())
-}
-
 /// Validates a linear cross entropy's inputs: `x: [N, H]`, `weight: [V, H]` and
 /// `bias: [V]` of one float dtype, integer `targets: [N]`, `class_weight: [V]`.
-pub fn linear_cross_entropy_tensors<F: TensorMetadata, I: TensorMetadata>(
-    op: &'static str,
-    x: &F,
-    weight: &F,
-    bias: Option<&F>,
-    targets: &I,
-    class_weight: Option<&F>,
-    options: &crate::ops::CrossEntropyOptions,
-) -> Result<(), LigerError> {
-    linear_cross_entropy(
-        op,
-        (x.shape(), x.dtype()),
-        (weight.shape(), weight.dtype()),
-        bias.map(|b| (b.shape(), b.dtype())),
-        (targets.shape(), targets.dtype()),
-        class_weight.map(|w| (w.shape(), w.dtype())),
-        options,
-    )
-}
-
-/// [`linear_cross_entropy_tensors`] on shapes and dtypes.
 pub fn linear_cross_entropy(
     op: &'static str,
     x: (Shape, DType),

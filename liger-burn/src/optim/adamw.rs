@@ -27,7 +27,7 @@
 //! optional `master` tensor ([`AdamWStateItem`]), so a record of Burn's `AdamW` loads into
 //! it (the master copy is then taken from the parameter at the next step).
 
-use crate::ops::{AdamWMoments, AdamWStepOptions, FusedOps};
+use crate::ops::{AdamWMoments, AdamWStepOptions, FusedOps, validate};
 use burn::config::Config;
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
@@ -255,7 +255,17 @@ impl<B: FusedOps> SimpleOptimizer<B> for AdamW {
             state_dtype,
             copy_dtype: master_weights.then_some(dtype),
         };
-        let out = B::fused_adamw_step(primitive(target), primitive(grad), moments, options);
+        let (target, grad) = (primitive(target), primitive(grad));
+        validate::check(validate::adamw_step_tensors(
+            &target,
+            &grad,
+            moments
+                .as_ref()
+                .map(|m| (&m.moment_1, &m.moment_2, m.max_moment_2.as_ref())),
+            &options,
+            false,
+        ));
+        let out = B::fused_adamw_step(target, grad, moments, options);
         let (param, master) = match out.param_copy {
             Some(copy) => (tensor(copy), Some(tensor(out.param))),
             None => (tensor(out.param), None),

@@ -2,13 +2,8 @@
 //! rounded once to the input dtype, like the kernels).
 
 use super::{reciprocal, to_dtype, to_f32};
-use crate::ops::validate;
 use burn::tensor::{TensorMetadata, backend::Backend, ops::FloatTensor};
 use core::f64::consts::{FRAC_1_SQRT_2, PI};
-
-pub(crate) fn check<B: Backend>(op: &str, tensors: &[(&str, &FloatTensor<B>)]) {
-    validate::check(validate::elementwise_tensors(op, tensors, false));
-}
 
 /// `Φ(x) = (1 + erf(x / √2)) / 2`, f32 in and out.
 fn normal_cdf<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
@@ -18,7 +13,6 @@ fn normal_cdf<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
 
 /// `x Φ(x)`.
 pub fn gelu<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
-    check::<B>("gelu", &[("x", &x)]);
     let dtype = x.dtype();
     let x = to_f32::<B>(x);
     to_dtype::<B>(B::float_mul(x.clone(), normal_cdf::<B>(x)), dtype)
@@ -26,7 +20,6 @@ pub fn gelu<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
 
 /// `grad (Φ(x) + x φ(x))`, `φ(x) = exp(-x²/2) / √(2π)`.
 pub fn gelu_backward<B: Backend>(grad: FloatTensor<B>, x: FloatTensor<B>) -> FloatTensor<B> {
-    check::<B>("gelu_backward", &[("x", &x), ("grad_output", &grad)]);
     let dtype = x.dtype();
     let x = to_f32::<B>(x);
     let g = to_f32::<B>(grad);
@@ -46,7 +39,6 @@ pub(crate) fn sigmoid_f32<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
 
 /// `1 / (1 + exp(-x))`.
 pub fn sigmoid<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
-    check::<B>("sigmoid", &[("x", &x)]);
     let dtype = x.dtype();
     to_dtype::<B>(sigmoid_f32::<B>(to_f32::<B>(x)), dtype)
 }
@@ -56,10 +48,6 @@ pub fn sigmoid_backward<B: Backend>(
     grad: FloatTensor<B>,
     output: FloatTensor<B>,
 ) -> FloatTensor<B> {
-    check::<B>(
-        "sigmoid_backward",
-        &[("output", &output), ("grad_output", &grad)],
-    );
     let dtype = output.dtype();
     let y = to_f32::<B>(output);
     let g = to_f32::<B>(grad);

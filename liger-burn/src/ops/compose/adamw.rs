@@ -4,7 +4,7 @@
 //! updated, and rounded once to their own dtypes: the fused kernel's contract.
 
 use super::to_dtype;
-use crate::ops::{AdamWMoments, AdamWStepOptions, AdamWStepOutput, validate};
+use crate::ops::{AdamWMoments, AdamWStepOptions, AdamWStepOutput};
 use burn::tensor::{
     DType, Shape, Tensor, TensorMetadata, TensorPrimitive, backend::Backend, ops::FloatTensor,
 };
@@ -37,15 +37,6 @@ pub fn step<B: Backend>(
     moments: Option<AdamWMoments<B>>,
     options: AdamWStepOptions,
 ) -> AdamWStepOutput<B> {
-    validate::check(validate::adamw_step_tensors(
-        &param,
-        &grad,
-        moments
-            .as_ref()
-            .map(|m| (&m.moment_1, &m.moment_2, m.max_moment_2.as_ref())),
-        &options,
-        false,
-    ));
     let shape = param.shape();
     let param_dtype = param.dtype();
     let state_dtype = moments

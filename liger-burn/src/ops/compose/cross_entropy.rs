@@ -4,7 +4,7 @@
 //! backends without CubeCL and the reference the fused kernels must equal.
 
 use super::{to_dtype, to_f32};
-use crate::ops::{CrossEntropyOptions, CrossEntropyRows, validate};
+use crate::ops::{CrossEntropyOptions, CrossEntropyRows};
 use burn::tensor::{
     Bool, DType, Int, Tensor, TensorMetadata, TensorPrimitive,
     backend::Backend,
@@ -19,7 +19,10 @@ fn prim<B: Backend, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
     x.into_primitive().tensor()
 }
 
-/// Rows whose target is in `[0, V)` and not `ignore_index`: `[N]`.
+/// Rows whose target is in `[0, V)` and not `ignore_index`: `[N]`. The others are treated
+/// as ignored here rather than rejected: target values live on the device, and the API
+/// entry checks them with one read once the loss is queued
+/// (`functional::check_target_bounds`), so nothing reads out of bounds before that.
 pub(crate) fn valid_rows<B: Backend>(
     targets: Tensor<B, 1, Int>,
     vocab: usize,
@@ -46,16 +49,6 @@ pub fn forward<B: Backend>(
     z_loss_scale: Option<FloatTensor<B>>,
     options: CrossEntropyOptions,
 ) -> CrossEntropyRows<B> {
-    validate::check(validate::cross_entropy_tensors(
-        "cross_entropy",
-        &logits,
-        &targets,
-        class_weight.as_ref(),
-        grad_scale.as_ref(),
-        z_loss_scale.as_ref(),
-        false,
-        &options,
-    ));
     let dtype = logits.dtype();
     let shape = logits.shape();
     let (n, v) = (shape[0], shape[1]);
@@ -165,13 +158,6 @@ pub fn backward<B: Backend>(
     grad_scale: FloatTensor<B>,
 ) -> FloatTensor<B> {
     use burn::tensor::ElementConversion;
-    validate::check(validate::cross_entropy_backward_tensors(
-        "cross_entropy_backward",
-        &grad,
-        &grad_rows,
-        &grad_scale,
-        false,
-    ));
     let dtype = grad.dtype();
     let r: Tensor<B, 1> = float::<B, 1>(grad_rows).cast(DType::F32);
     let n = r.dims()[0];

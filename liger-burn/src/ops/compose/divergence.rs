@@ -6,7 +6,7 @@
 use super::chunked_linear::{float, prim};
 use super::cross_entropy::reciprocal_or_zero;
 use super::to_dtype;
-use crate::ops::{DivergenceOptions, DivergenceOutput, DivergenceReduction, FusedOps, validate};
+use crate::ops::{DivergenceOptions, DivergenceOutput, DivergenceReduction, FusedOps};
 use burn::tensor::{
     DType, Int, Tensor, TensorMetadata,
     ops::{FloatTensor, IntTensor},
@@ -56,13 +56,6 @@ pub fn forward<B: FusedOps>(
     compute_grad: bool,
     options: DivergenceOptions,
 ) -> DivergenceOutput<B> {
-    validate::check(validate::divergence_tensors::<B>(
-        "divergence",
-        &input,
-        &target,
-        labels.as_ref(),
-        &options,
-    ));
     let dtype = input.dtype();
     let [n, v] = [input.shape()[0], input.shape()[1]];
     let x = float::<B, 2>(input).cast(DType::F32);

@@ -28,7 +28,7 @@ use super::cross_entropy::{mask_f32, reciprocal_or_zero, valid_rows};
 use super::divergence::log_add_exp;
 use super::fused_linear_preference::token_options;
 use super::linear_cross_entropy::automatic_chunk_rows;
-use crate::ops::{DistillOptions, DistillOutput, Divergence, FusedOps, TeacherHead, validate};
+use crate::ops::{DistillOptions, DistillOutput, Divergence, FusedOps, TeacherHead};
 use burn::tensor::{
     DType, Int, Tensor, TensorMetadata,
     ops::{FloatTensor, IntTensor},
@@ -110,15 +110,6 @@ pub fn forward<B: FusedOps>(
     compute_grad: bool,
     options: DistillOptions,
 ) -> DistillOutput<B> {
-    validate::check(validate::distill_tensors::<B>(
-        "fused_linear_distill",
-        &x,
-        &weight,
-        bias.as_ref(),
-        &teacher,
-        &targets,
-        &options,
-    ));
     let [n, h] = [x.shape()[0], x.shape()[1]];
     let v = weight.shape()[0];
     let vt = teacher.weight.shape()[0];

@@ -11,7 +11,7 @@
 use super::chunked_linear::{LinearGrads, float, logits as chunk_logits, prim};
 use super::cross_entropy::reciprocal_or_zero;
 use super::fused_linear_preference::{Head, chunk_sequences, token_options};
-use crate::ops::{FusedOps, GrpoLossType, GrpoOptions, GrpoOutput, ReferenceInput, validate};
+use crate::ops::{FusedOps, GrpoLossType, GrpoOptions, GrpoOutput, ReferenceInput};
 use burn::tensor::{
     DType, Int, Tensor, TensorMetadata,
     ops::{FloatTensor, IntTensor},
@@ -57,18 +57,6 @@ pub fn forward<B: FusedOps>(
     compute_grad: bool,
     options: GrpoOptions,
 ) -> GrpoOutput<B> {
-    validate::check(validate::grpo_tensors::<B>(
-        "fused_linear_grpo",
-        &x,
-        &weight,
-        bias.as_ref(),
-        &completion_ids,
-        &completion_mask,
-        &advantages,
-        &reference,
-        old_logps.as_ref(),
-        &options,
-    ));
     let shape = x.shape();
     let (b, t, h) = (shape[0], shape[1], shape[2]);
     let v = weight.shape()[0];

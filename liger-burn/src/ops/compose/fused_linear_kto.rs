@@ -12,7 +12,7 @@ use super::fused_linear_preference::{
     Head, chunk_sequences, logit_sums as sequence_logit_sums, sequence_logps, token_nll,
     token_options,
 };
-use crate::ops::{FusedOps, KtoOptions, KtoOutput, ReferenceInput, validate};
+use crate::ops::{FusedOps, KtoOptions, KtoOutput, ReferenceInput};
 use burn::tensor::activation::sigmoid;
 use burn::tensor::{
     DType, Int, Tensor, TensorMetadata,
@@ -39,17 +39,6 @@ pub fn forward<B: FusedOps>(
     compute_grad: bool,
     options: KtoOptions,
 ) -> KtoOutput<B> {
-    validate::check(validate::kto_tensors::<B>(
-        "fused_linear_kto",
-        &x,
-        &weight,
-        bias.as_ref(),
-        &targets,
-        &labels,
-        &reference,
-        kl.as_ref(),
-        &options,
-    ));
     let shape = x.shape();
     let (b, t, h) = (shape[0], shape[1], shape[2]);
     let v = weight.shape()[0];

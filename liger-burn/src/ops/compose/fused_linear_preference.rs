@@ -29,7 +29,7 @@ use super::cross_entropy::reciprocal_or_zero;
 use super::linear_cross_entropy::chunk_rows;
 use crate::ops::{
     CrossEntropyOptions, DpoLossType, FusedOps, PreferenceLoss, PreferenceOptions,
-    PreferenceOutput, Reduction, ReferenceInput, validate,
+    PreferenceOutput, Reduction, ReferenceInput,
 };
 use burn::tensor::activation::{log_sigmoid, sigmoid};
 use burn::tensor::{
@@ -311,15 +311,6 @@ pub fn forward<B: FusedOps>(
     compute_grad: bool,
     options: PreferenceOptions,
 ) -> PreferenceOutput<B> {
-    validate::check(validate::preference_tensors(
-        "fused_linear_preference",
-        &x,
-        &weight,
-        bias.as_ref(),
-        &targets,
-        &reference,
-        &options,
-    ));
     let shape = x.shape();
     let (s2, t, h) = (shape[0], shape[1], shape[2]);
     let b = s2 / 2;

@@ -41,7 +41,7 @@ use super::{to_dtype, to_f32};
 use crate::ops::compose::cross_entropy::{non_ignored_weight, reciprocal_or_zero};
 use crate::ops::{
     AdapterPrecision, CrossEntropyOptions, FusedOps, LinearCrossEntropyGradsWanted,
-    LinearCrossEntropyOutput, LoraHead, LoraHeadGrads, Reduction, validate,
+    LinearCrossEntropyOutput, LoraHead, LoraHeadGrads, Reduction,
 };
 use burn::tensor::{
     DType, Int, Tensor, TensorMetadata,
@@ -156,28 +156,6 @@ pub(crate) fn chunked<B: FusedOps>(
     wanted: LinearCrossEntropyGradsWanted,
     options: CrossEntropyOptions,
 ) -> LinearCrossEntropyOutput<B> {
-    validate::check(validate::linear_cross_entropy_tensors(
-        "fused_linear_cross_entropy",
-        &x,
-        &weight,
-        bias.as_ref(),
-        &targets,
-        class_weight.as_ref(),
-        &options,
-    ));
-    if let Some(ad) = &adapter {
-        let xa = ad.x.as_ref().map(|t| (t.shape(), t.dtype()));
-        validate::check(validate::adapter(&validate::AdapterInputs {
-            op: "fused_linear_cross_entropy (LoRA head)",
-            x: (&x.shape(), x.dtype()),
-            adapter_x: xa.as_ref().map(|(s, d)| (s, *d)),
-            a: (&ad.a.shape(), ad.a.dtype()),
-            b: (&ad.b.shape(), ad.b.dtype()),
-            d_in: x.shape()[1],
-            d_out: weight.shape()[0],
-            options: &ad.options,
-        }));
-    }
     let [n, h] = [x.shape()[0], x.shape()[1]];
     let v = weight.shape()[0];
     let x_dtype = x.dtype();

@@ -19,7 +19,7 @@
 use super::to_dtype;
 use crate::ops::{
     AdapterPrecision, FusedOps, LoraLinearGrads, LoraLinearGradsWanted, LoraLinearOutput,
-    LoraOptions, validate,
+    LoraOptions,
 };
 use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive, ops::FloatTensor};
 
@@ -84,19 +84,6 @@ pub fn forward<B: FusedOps>(
     b: FloatTensor<B>,
     options: LoraOptions,
 ) -> LoraLinearOutput<B> {
-    validate::check(
-        validate::lora_linear_tensors(
-            "lora_linear",
-            &x,
-            &weight,
-            bias.as_ref(),
-            adapter_x.as_ref(),
-            &a,
-            &b,
-            &options,
-        )
-        .map(|_| ()),
-    );
     let shape = x.shape();
     let dtype = x.dtype();
     let c = options.precision.compute_dtype(dtype);

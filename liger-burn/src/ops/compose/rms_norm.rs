@@ -1,7 +1,6 @@
 //! RMSNorm and residual-add RMSNorm as stock Burn ops.
 
 use super::{broadcast_row, reciprocal, sum_rows, to_dtype, to_f32};
-use crate::ops::validate;
 use crate::ops::{AddRmsNormOutput, NormGrads, RmsNormCasting, RmsNormOptions, RmsNormOutput};
 use burn::tensor::{TensorMetadata, backend::Backend, ops::FloatTensor};
 
@@ -11,7 +10,6 @@ pub fn forward<B: Backend>(
     weight: FloatTensor<B>,
     options: RmsNormOptions,
 ) -> RmsNormOutput<B> {
-    check_norm::<B>("rms_norm", &x, &weight, None);
     let dtype = x.dtype();
     let rank = x.shape().num_dims();
     let last = rank - 1;
@@ -43,11 +41,6 @@ pub fn add_forward<B: Backend>(
     weight: FloatTensor<B>,
     options: RmsNormOptions,
 ) -> AddRmsNormOutput<B> {
-    validate::check(validate::same_shape_dtype(
-        "fused_add_rms_norm",
-        ("x", &x.shape(), x.dtype()),
-        ("residual", &residual.shape(), residual.dtype()),
-    ));
     let sum = B::float_add(x, residual);
     let RmsNormOutput { output, rstd } = forward::<B>(sum.clone(), weight, options);
     AddRmsNormOutput { output, sum, rstd }
@@ -61,7 +54,6 @@ pub fn backward<B: Backend>(
     rstd: FloatTensor<B>,
     options: RmsNormOptions,
 ) -> NormGrads<B> {
-    check_backward::<B>("rms_norm_backward", &grad_output, &x, &weight);
     let dtype = x.dtype();
     let weight_dtype = weight.dtype();
     let rank = x.shape().num_dims();
@@ -87,29 +79,4 @@ pub fn backward<B: Backend>(
         grad_weight: to_dtype::<B>(grad_weight, weight_dtype),
         grad_bias: None,
     }
-}
-
-/// Validates a normalization's inputs (any float dtype: this path composes stock ops).
-pub(crate) fn check_norm<B: Backend>(
-    op: &'static str,
-    x: &FloatTensor<B>,
-    w: &FloatTensor<B>,
-    b: Option<&FloatTensor<B>>,
-) {
-    validate::check(validate::norm_tensors(op, x, w, b, false));
-}
-
-/// Validates a normalization backward's inputs.
-pub(crate) fn check_backward<B: Backend>(
-    op: &'static str,
-    grad: &FloatTensor<B>,
-    x: &FloatTensor<B>,
-    w: &FloatTensor<B>,
-) {
-    validate::check(validate::same_shape_dtype(
-        op,
-        ("grad_output", &grad.shape(), grad.dtype()),
-        ("x", &x.shape(), x.dtype()),
-    ));
-    check_norm::<B>(op, x, w, None);
 }

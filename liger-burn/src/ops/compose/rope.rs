@@ -5,7 +5,7 @@
 //! (`rotᵀ = -rot`), exact for any tables.
 
 use super::{to_dtype, to_f32};
-use crate::ops::{RopeGrads, RopeLayout, RopeOutput, validate};
+use crate::ops::{RopeGrads, RopeLayout, RopeOutput};
 use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive, backend::Backend, ops::FloatTensor};
 
 fn tensor<B: Backend, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
@@ -60,15 +60,6 @@ pub fn forward<B: Backend>(
     sin: FloatTensor<B>,
     layout: RopeLayout,
 ) -> RopeOutput<B> {
-    validate::check(validate::rope_tensors(
-        "rope",
-        Some(&q),
-        Some(&k),
-        &cos,
-        &sin,
-        false,
-        false,
-    ));
     let (cos, sin) = (table::<B>(cos), table::<B>(sin));
     RopeOutput {
         q: apply::<B>(q, &cos, &sin, layout, false),
@@ -90,15 +81,6 @@ pub fn backward<B: Backend>(
             grad_k: None,
         };
     }
-    validate::check(validate::rope_tensors(
-        "rope_backward",
-        grad_q.as_ref(),
-        grad_k.as_ref(),
-        &cos,
-        &sin,
-        true,
-        false,
-    ));
     let (cos, sin) = (table::<B>(cos), table::<B>(sin));
     RopeGrads {
         grad_q: grad_q.map(|g| apply::<B>(g, &cos, &sin, layout, true)),

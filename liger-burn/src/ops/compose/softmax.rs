@@ -1,29 +1,14 @@
 //! Softmax and log-softmax over the last dimension as stock Burn ops.
 
 use super::{to_dtype, to_f32};
-use crate::ops::validate;
 use burn::tensor::{TensorMetadata, backend::Backend, ops::FloatTensor};
 
 fn last_dim<B: Backend>(x: &FloatTensor<B>) -> usize {
     x.shape().num_dims() - 1
 }
 
-fn check<B: Backend>(op: &str, x: &FloatTensor<B>) {
-    validate::check(validate::rows(op, (&x.shape(), x.dtype()), false));
-}
-
-fn check_backward<B: Backend>(op: &str, grad: &FloatTensor<B>, output: &FloatTensor<B>) {
-    check::<B>(op, output);
-    validate::check(validate::same_shape_dtype(
-        op,
-        ("grad_output", &grad.shape(), grad.dtype()),
-        ("output", &output.shape(), output.dtype()),
-    ));
-}
-
 /// `exp(x - max) / sum(exp(x - max))`.
 pub fn softmax<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
-    check::<B>("softmax", &x);
     let dtype = x.dtype();
     let dim = last_dim::<B>(&x);
     let xf = to_f32::<B>(x);
@@ -38,7 +23,6 @@ pub fn softmax_backward<B: Backend>(
     grad: FloatTensor<B>,
     output: FloatTensor<B>,
 ) -> FloatTensor<B> {
-    check_backward::<B>("softmax_backward", &grad, &output);
     let dtype = output.dtype();
     let dim = last_dim::<B>(&output);
     let y = to_f32::<B>(output);
@@ -49,7 +33,6 @@ pub fn softmax_backward<B: Backend>(
 
 /// `x - max - log(sum(exp(x - max)))`.
 pub fn log_softmax<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
-    check::<B>("log_softmax", &x);
     let dtype = x.dtype();
     let dim = last_dim::<B>(&x);
     let xf = to_f32::<B>(x);
@@ -64,7 +47,6 @@ pub fn log_softmax_backward<B: Backend>(
     grad: FloatTensor<B>,
     output: FloatTensor<B>,
 ) -> FloatTensor<B> {
-    check_backward::<B>("log_softmax_backward", &grad, &output);
     let dtype = output.dtype();
     let dim = last_dim::<B>(&output);
     let y = to_f32::<B>(output);

@@ -176,27 +176,6 @@ pub fn preference(
     }
 }
 
-/// [`preference`] on tensors of any layer.
-pub fn preference_tensors<B: Backend>(
-    op: &str,
-    x: &B::FloatTensorPrimitive,
-    weight: &B::FloatTensorPrimitive,
-    bias: Option<&B::FloatTensorPrimitive>,
-    targets: &B::IntTensorPrimitive,
-    reference: &ReferenceInput<B>,
-    options: &PreferenceOptions,
-) -> Result<(), LigerError> {
-    preference(
-        op,
-        &meta(x),
-        &meta(weight),
-        bias.map(meta).as_ref(),
-        &meta(targets),
-        &ReferenceMeta::of(reference),
-        options,
-    )
-}
-
 /// A linear head over rows: `x: [N, H]` (named `x_name`), `weight: [V, H]`, `bias: [V]`,
 /// one float dtype, no empty dimension. Returns `[N, H, V]`.
 pub fn row_head(
@@ -264,31 +243,6 @@ pub fn distill(
     Ok(())
 }
 
-/// [`distill`] on tensors of any layer.
-pub fn distill_tensors<B: Backend>(
-    op: &str,
-    x: &B::FloatTensorPrimitive,
-    weight: &B::FloatTensorPrimitive,
-    bias: Option<&B::FloatTensorPrimitive>,
-    teacher: &crate::ops::TeacherHead<B>,
-    targets: &B::IntTensorPrimitive,
-    options: &crate::ops::DistillOptions,
-) -> Result<(), LigerError> {
-    distill(
-        op,
-        &meta(x),
-        &meta(weight),
-        bias.map(meta).as_ref(),
-        (
-            &meta(&teacher.x),
-            &meta(&teacher.weight),
-            teacher.bias.as_ref().map(meta).as_ref(),
-        ),
-        &meta(targets),
-        options,
-    )
-}
-
 /// Validates a divergence's inputs: `input: [N, V]` (no empty dimension, a float dtype),
 /// `target` of its shape and dtype, integer `labels: [N]`, and the options.
 pub fn divergence(
@@ -318,23 +272,6 @@ pub fn divergence(
         ));
     }
     Ok(())
-}
-
-/// [`divergence`] on tensors of any layer.
-pub fn divergence_tensors<B: Backend>(
-    op: &str,
-    input: &B::FloatTensorPrimitive,
-    target: &B::FloatTensorPrimitive,
-    labels: Option<&B::IntTensorPrimitive>,
-    options: &crate::ops::DivergenceOptions,
-) -> Result<(), LigerError> {
-    divergence(
-        op,
-        &meta(input),
-        &meta(target),
-        labels.map(meta).as_ref(),
-        options,
-    )
 }
 
 /// A float tensor of exactly `shape` (named `name`), for inputs that go with `x`.
@@ -416,32 +353,6 @@ pub fn kto(
     reference_input(op, reference, &[s], x, v)
 }
 
-/// [`kto`] on tensors of any layer.
-#[allow(clippy::too_many_arguments)]
-pub fn kto_tensors<B: Backend>(
-    op: &str,
-    x: &B::FloatTensorPrimitive,
-    weight: &B::FloatTensorPrimitive,
-    bias: Option<&B::FloatTensorPrimitive>,
-    targets: &B::IntTensorPrimitive,
-    labels: &B::IntTensorPrimitive,
-    reference: &ReferenceInput<B>,
-    kl: Option<&B::FloatTensorPrimitive>,
-    options: &crate::ops::KtoOptions,
-) -> Result<(), LigerError> {
-    kto(
-        op,
-        &meta(x),
-        &meta(weight),
-        bias.map(meta).as_ref(),
-        &meta(targets),
-        &meta(labels),
-        &ReferenceMeta::of(reference),
-        kl.map(meta).as_ref(),
-        options,
-    )
-}
-
 /// Validates a fused linear GRPO's inputs: the head over `x: [B, T, H]`, integer
 /// `completion_ids` and `completion_mask` `[B, T]`, `advantages: [B]`, a reference of
 /// `[B, T]` log-probabilities or a head (needed when `β ≠ 0`), old log-probabilities
@@ -476,32 +387,4 @@ pub fn grpo(
         ));
     }
     reference_input(op, reference, &[s, t], x, v)
-}
-
-/// [`grpo`] on tensors of any layer.
-#[allow(clippy::too_many_arguments)]
-pub fn grpo_tensors<B: Backend>(
-    op: &str,
-    x: &B::FloatTensorPrimitive,
-    weight: &B::FloatTensorPrimitive,
-    bias: Option<&B::FloatTensorPrimitive>,
-    completion_ids: &B::IntTensorPrimitive,
-    completion_mask: &B::IntTensorPrimitive,
-    advantages: &B::FloatTensorPrimitive,
-    reference: &ReferenceInput<B>,
-    old_logps: Option<&B::FloatTensorPrimitive>,
-    options: &crate::ops::GrpoOptions,
-) -> Result<(), LigerError> {
-    grpo(
-        op,
-        &meta(x),
-        &meta(weight),
-        bias.map(meta).as_ref(),
-        &meta(completion_ids),
-        &meta(completion_mask),
-        &meta(advantages),
-        &ReferenceMeta::of(reference),
-        old_logps.map(meta).as_ref(),
-        options,
-    )
 }

@@ -1,16 +1,16 @@
 //! Validation of RoPE's inputs: `q: [batch, q_heads, seq, head_dim]`,
-//! `k: [batch, kv_heads, seq, head_dim]` (or their gradients), `cos, sin: [1 or batch,
-//! seq, head_dim]`, one float dtype, an even `head_dim`, nothing empty.
+//! `k: [batch, kv_heads, seq, head_dim]`, `cos, sin: [1 or batch, seq, head_dim]`, one
+//! float dtype, an even `head_dim`, nothing empty.
 
 use super::{LigerError, fail, kernel_dtype};
-use burn::tensor::{DType, Shape, TensorMetadata};
+use burn::tensor::{DType, Shape};
 
 /// RoPE's inputs, for messages and checks.
 pub struct RopeInputs {
     /// Op name for messages.
     pub op: &'static str,
-    /// Name, shape and dtype of the rotated tensors (`q`/`k`, or `grad_q`/`grad_k` for the
-    /// backward); absent ones are skipped, at least one of them is needed.
+    /// Name, shape and dtype of the rotated tensors (`q`, `k`); absent ones are skipped, at
+    /// least one of them is needed.
     pub rotated: [Option<(&'static str, Shape, DType)>; 2],
     /// `cos` shape and dtype.
     pub cos: (Shape, DType),
@@ -92,32 +92,4 @@ pub fn rope(inputs: &RopeInputs) -> Result<(), LigerError> {
         ));
     }
     Ok(())
-}
-
-/// [`rope`] on tensors of any layer (Burn primitives, CubeCL or fusion tensors).
-/// `backward` names the rotated tensors `grad_q`/`grad_k` instead of `q`/`k`.
-pub fn rope_tensors<T: TensorMetadata>(
-    op: &'static str,
-    q: Option<&T>,
-    k: Option<&T>,
-    cos: &T,
-    sin: &T,
-    backward: bool,
-    kernel_dtypes: bool,
-) -> Result<(), LigerError> {
-    let (qn, kn) = if backward {
-        ("grad_q", "grad_k")
-    } else {
-        ("q", "k")
-    };
-    rope(&RopeInputs {
-        op,
-        rotated: [
-            q.map(|t| (qn, t.shape(), t.dtype())),
-            k.map(|t| (kn, t.shape(), t.dtype())),
-        ],
-        cos: (cos.shape(), cos.dtype()),
-        sin: (sin.shape(), sin.dtype()),
-        kernel_dtypes,
-    })
 }
