@@ -3,7 +3,8 @@
 //! (inside `B`'s primitive), and the node only scales them by the upstream gradient, or
 //! hands them over untouched when it is exactly 1 (Liger-Kernel's backward).
 
-use crate::ops::FusedOps;
+use crate::ops::{DistillOutput, FusedOps, GrpoOutput, KtoOutput, PreferenceOutput};
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, ElementConversion, Tensor, TensorMetadata, TensorPrimitive};
 use burn_autodiff::Autodiff;
@@ -54,25 +55,68 @@ fn scale<B: FusedOps>(t: FloatTensor<B>, g: f64) -> FloatTensor<B> {
     B::float_reshape(scaled.into_primitive().tensor(), shape)
 }
 
-/// Runs a chunked loss on `B` and tracks its `[1]` loss with the stored-gradient node:
-/// `parents` are the autodiff tensors of x, the weight and the bias (where there is one),
-/// `run(compute_grad)` the inner forward returning the loss, the gradients of the parents
-/// in order, and the rest of the output. Gradients are computed exactly when a parent is
-/// tracked.
-pub(crate) fn track<B: FusedOps, C: CheckpointStrategy, T>(
-    parents: [Option<&FloatTensor<Autodiff<B, C>>>; 3],
-    run: impl FnOnce(bool) -> (FloatTensor<B>, State<B>, T),
-) -> (FloatTensor<Autodiff<B, C>>, T) {
+/// The output of a chunked loss: its `[1]` loss, the gradients of x, the weight and the
+/// bias (for an upstream gradient of 1), and the same output on `Autodiff<B, C>`.
+pub(crate) trait ChunkedLossOutput<B: FusedOps>: Sized {
+    /// This output with `Autodiff<B, C>` tensors.
+    type Tracked<C: CheckpointStrategy>;
+    /// The loss and the stored gradients of (x, weight, bias).
+    fn parts(&self) -> (FloatTensor<B>, State<B>);
+    /// This output on `Autodiff<B, C>` with `loss` (the tracked loss) in place of its own;
+    /// the rest are constants of the graph.
+    fn tracked<C: CheckpointStrategy>(self, loss: FloatTensor<Autodiff<B, C>>) -> Self::Tracked<C>;
+}
+
+macro_rules! chunked_loss_output {
+    ($($output:ident),*) => {$(
+        impl<B: FusedOps> ChunkedLossOutput<B> for $output<B> {
+            type Tracked<C: CheckpointStrategy> = $output<Autodiff<B, C>>;
+
+            fn parts(&self) -> (FloatTensor<B>, State<B>) {
+                let stored = [self.grad_x.clone(), self.grad_weight.clone(), self.grad_bias.clone()];
+                (self.loss.clone(), stored)
+            }
+
+            fn tracked<C: CheckpointStrategy>(
+                self,
+                loss: FloatTensor<Autodiff<B, C>>,
+            ) -> Self::Tracked<C> {
+                $output {
+                    loss,
+                    ..self.map(Autodiff::<B, C>::from_inner)
+                }
+            }
+        }
+    )*};
+}
+
+chunked_loss_output!(PreferenceOutput, DistillOutput, KtoOutput, GrpoOutput);
+
+/// Runs a chunked loss of the linear layer (`x`, `weight`, `bias`) on `B` and tracks its
+/// `[1]` loss with the stored-gradient node: `run(compute_grad)` is the inner forward.
+/// Gradients are computed exactly when a parameter is tracked.
+pub(crate) fn track<B: FusedOps, C: CheckpointStrategy, O: ChunkedLossOutput<B>>(
+    x: &FloatTensor<Autodiff<B, C>>,
+    weight: &FloatTensor<Autodiff<B, C>>,
+    bias: Option<&FloatTensor<Autodiff<B, C>>>,
+    run: impl FnOnce(bool) -> O,
+) -> O::Tracked<C> {
+    let parents = [Some(x), Some(weight), bias];
+    let run = |compute_grad| {
+        let out = run(compute_grad);
+        let (loss, stored) = out.parts();
+        (loss, stored, out)
+    };
     let nodes: Vec<_> = parents.iter().flatten().map(|p| p.node.clone()).collect();
-    match nodes.len() {
-        2 => finish::<B, C, 2, T>(
+    let (loss, out) = match nodes.len() {
+        2 => finish::<B, C, 2, O>(
             StoredGradientsBackward
                 .prepare::<C>([nodes[0].clone(), nodes[1].clone()])
                 .compute_bound()
                 .stateful(),
             run,
         ),
-        3 => finish::<B, C, 3, T>(
+        3 => finish::<B, C, 3, O>(
             StoredGradientsBackward
                 .prepare::<C>([nodes[0].clone(), nodes[1].clone(), nodes[2].clone()])
                 .compute_bound()
@@ -80,7 +124,8 @@ pub(crate) fn track<B: FusedOps, C: CheckpointStrategy, T>(
             run,
         ),
         n => unreachable!("a linear head has 2 or 3 parameters, got {n}"),
-    }
+    };
+    out.tracked(loss)
 }
 
 fn finish<B: FusedOps, C: CheckpointStrategy, const N: usize, T>(

@@ -4,7 +4,6 @@
 
 use super::chunked_loss::track;
 use crate::ops::{DistillOptions, DistillOutput, FusedOps, TeacherHead};
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -18,8 +17,8 @@ pub(crate) fn forward<B: FusedOps, C: CheckpointStrategy>(
     options: DistillOptions,
 ) -> DistillOutput<Autodiff<B, C>> {
     let teacher = teacher.map(|t| t.primitive);
-    let (loss, rest) = track::<B, C, _>([Some(&x), Some(&weight), bias.as_ref()], |grad| {
-        let out = B::fused_linear_distill(
+    track::<B, C, _>(&x, &weight, bias.as_ref(), |grad| {
+        B::fused_linear_distill(
             x.primitive.clone(),
             weight.primitive.clone(),
             bias.as_ref().map(|b| b.primitive.clone()),
@@ -27,16 +26,6 @@ pub(crate) fn forward<B: FusedOps, C: CheckpointStrategy>(
             targets,
             grad,
             options,
-        );
-        let stored = [
-            out.grad_x.clone(),
-            out.grad_weight.clone(),
-            out.grad_bias.clone(),
-        ];
-        (out.loss.clone(), stored, out)
-    });
-    DistillOutput {
-        loss,
-        ..rest.map(Autodiff::<B, C>::from_inner)
-    }
+        )
+    })
 }

@@ -4,7 +4,6 @@
 
 use super::chunked_loss::track;
 use crate::ops::{FusedOps, GrpoOptions, GrpoOutput, KtoOptions, KtoOutput, ReferenceInput};
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -22,8 +21,8 @@ pub(crate) fn kto<B: FusedOps, C: CheckpointStrategy>(
 ) -> KtoOutput<Autodiff<B, C>> {
     let reference = reference.map(|t| t.primitive);
     let kl = kl.map(|k| k.primitive);
-    let (loss, rest) = track::<B, C, _>([Some(&x), Some(&weight), bias.as_ref()], |grad| {
-        let out = B::fused_linear_kto(
+    track::<B, C, _>(&x, &weight, bias.as_ref(), |grad| {
+        B::fused_linear_kto(
             x.primitive.clone(),
             weight.primitive.clone(),
             bias.as_ref().map(|b| b.primitive.clone()),
@@ -33,18 +32,8 @@ pub(crate) fn kto<B: FusedOps, C: CheckpointStrategy>(
             kl,
             grad,
             options,
-        );
-        let stored = [
-            out.grad_x.clone(),
-            out.grad_weight.clone(),
-            out.grad_bias.clone(),
-        ];
-        (out.loss.clone(), stored, out)
-    });
-    KtoOutput {
-        loss,
-        ..rest.map(Autodiff::<B, C>::from_inner)
-    }
+        )
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -62,8 +51,8 @@ pub(crate) fn grpo<B: FusedOps, C: CheckpointStrategy>(
     let reference = reference.map(|t| t.primitive);
     let old_logps = old_logps.map(|o| o.primitive);
     let advantages = advantages.primitive;
-    let (loss, rest) = track::<B, C, _>([Some(&x), Some(&weight), bias.as_ref()], |grad| {
-        let out = B::fused_linear_grpo(
+    track::<B, C, _>(&x, &weight, bias.as_ref(), |grad| {
+        B::fused_linear_grpo(
             x.primitive.clone(),
             weight.primitive.clone(),
             bias.as_ref().map(|b| b.primitive.clone()),
@@ -74,16 +63,6 @@ pub(crate) fn grpo<B: FusedOps, C: CheckpointStrategy>(
             old_logps,
             grad,
             options,
-        );
-        let stored = [
-            out.grad_x.clone(),
-            out.grad_weight.clone(),
-            out.grad_bias.clone(),
-        ];
-        (out.loss.clone(), stored, out)
-    });
-    GrpoOutput {
-        loss,
-        ..rest.map(Autodiff::<B, C>::from_inner)
-    }
+        )
+    })
 }
