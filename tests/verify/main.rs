@@ -1,3 +1,4 @@
 //! Integration suite of liger-verify: the convergence comparison of fused against stock training.
 
 mod convergence;
+mod rounding;

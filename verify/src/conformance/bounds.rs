@@ -75,14 +75,43 @@ pub fn flush(dtype: DType, value: f64) -> f64 {
     }
 }
 
-/// `v` rounded to `dtype`, as the device stores it.
+/// `v` rounded to `dtype` to nearest, ties to even, as the device stores it.
 pub fn round_to(dtype: DType, v: f64) -> f64 {
     match dtype {
-        DType::F16 => f16::from_f64(v).to_f64(),
-        DType::BF16 => bf16::from_f64(v).to_f64(),
+        DType::F16 => nearest(v, f16::from_f64(v).to_bits(), |b| {
+            f16::from_bits(b).to_f64()
+        }),
+        DType::BF16 => nearest(v, bf16::from_f64(v).to_bits(), |b| {
+            bf16::from_bits(b).to_f64()
+        }),
         DType::F64 => v,
         _ => v as f32 as f64,
     }
+}
+
+/// The 16-bit value nearest to `v` (ties to the even bit pattern) among `guess` and its two
+/// neighbours. `half`'s f64 conversions are not correctly rounded: bf16's (and f16's
+/// without the F16C instructions) drops the low 32 bits of `v` before rounding, so a
+/// value just above a tie rounds down (one f32 in about 9,400 for bf16), and f16's F16C
+/// path rounds twice (through f32). One unit either way covers both.
+fn nearest(v: f64, guess: u16, value: impl Fn(u16) -> f64) -> f64 {
+    let g = value(guess);
+    if !g.is_finite() || !v.is_finite() {
+        return g;
+    }
+    let mut best = (guess, (g - v).abs());
+    for bits in [guess.wrapping_sub(1), guess.wrapping_add(1)] {
+        let c = value(bits);
+        // Stepping the bit pattern across zero or out of the finite range is no neighbour.
+        if !c.is_finite() || (c != 0.0 && g != 0.0 && c.signum() != g.signum()) {
+            continue;
+        }
+        let d = (c - v).abs();
+        if d < best.1 || (d == best.1 && bits & 1 == 0) {
+            best = (bits, d);
+        }
+    }
+    value(best.0)
 }
 
 /// Relative error of f32 `exp(x)`: `3 + 2|x|` ulp (Vulkan's precision requirement).
