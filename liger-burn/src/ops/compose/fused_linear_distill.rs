@@ -87,9 +87,9 @@ pub(crate) fn divergence_rows<B: FusedOps>(
 /// The row sums of an f32 `[m, V]` tensor, `[m, 1]` f32. Where the backend's f32 matmul is
 /// the vendor library's (cuBLASLt: true f32 accumulation, not TF32) they are one product
 /// with a column of ones, memory-bound like any reduction; elsewhere Burn's `sum_dim`.
-/// Burn's reduction picks its strategy by autotune, and without autotune (this
-/// workspace's default) it sums a `[512, 128256]` row block in 5.6 ms on an H200, 60×
-/// the bandwidth bound, and that decided the whole distillation loss's speed.
+/// Burn's reduction picks its strategy by autotune; without autotune (this workspace's
+/// default) it sums a `[512, 128256]` row block in 5.6 ms on an H200, 60× the bandwidth
+/// bound, which made these sums most of the loss's time.
 fn row_sums<B: FusedOps>(t: Tensor<B, 2>) -> Tensor<B, 2> {
     let device = t.device();
     if !B::fused_matmul_uses_vendor_library(&device, DType::F32) {
