@@ -72,6 +72,9 @@ use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
+#[path = "attention_mma.rs"]
+mod mma;
+
 /// A row's running max moves only when a block's max exceeds it by more than this (natural
 /// log units): the exponentials of a block stay below `e^5.5 ≈ 245`. See the module docs.
 pub const RESCALE_THRESHOLD: f32 = 5.5;
@@ -111,6 +114,9 @@ pub struct FlashGeometry {
     pub vector: u32,
     /// `cmma` products (else FMA loops).
     pub tensor_cores: bool,
+    /// The forward's register-resident `mma.sync` products ([`FlashVariant::Mma`]; the
+    /// forward geometry only).
+    pub mma: bool,
     /// Score tile rows (queries).
     pub s_rows: u32,
     /// Score tile columns (keys).
@@ -161,6 +167,9 @@ pub enum FlashKernel {
 
 /// Bytes of shared memory a kernel of geometry `g` uses for inputs of `elem` bytes.
 pub fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) -> usize {
+    if g.mma && kernel == FlashKernel::Forward {
+        return mma::shared_bytes(g, elem);
+    }
     let tile = |rows: u32| rows as usize * g.stride() as usize * g.vector as usize * elem;
     let s_tile = g.s_rows as usize * g.s_stride() as usize * 4;
     let p_tile = g.s_rows as usize * g.p_stride() as usize * elem;
@@ -1706,6 +1715,10 @@ fn flash_backward_q_kernel<F: Float, N: Size>(
 /// How the flash kernels compute their products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FlashVariant {
+    /// The forward on register-resident `mma.sync` m16n8k16 products (PTX layouts: CUDA
+    /// with f16/bf16 on sm_80 and later; module `attention_mma`), the backward as
+    /// [`FlashVariant::TensorCores`].
+    Mma,
     /// `cmma` 16×16×16 fragments of the input dtype with f32 accumulators (tensor cores).
     TensorCores,
     /// FMA loops on every unit: any device (lavapipe), any float dtype.
@@ -1744,7 +1757,11 @@ pub fn flash_geometry(
     fma_rows: u32,
 ) -> FlashGeometry {
     let (own, step, planes, tensor_cores) = match variant {
-        FlashVariant::TensorCores => {
+        FlashVariant::Mma if kernel == FlashKernel::Forward => {
+            let planes = if head_dim <= 64 { 8 } else { 4 };
+            (16 * planes, 64, planes, true)
+        }
+        FlashVariant::TensorCores | FlashVariant::Mma => {
             if kernel == FlashKernel::Forward && head_dim <= 64 {
                 (128, 64, 8, true)
             } else {
@@ -1766,6 +1783,7 @@ pub fn flash_geometry(
         head_dim: head_dim as u32,
         vector: vector as u32,
         tensor_cores,
+        mma: variant == FlashVariant::Mma && kernel == FlashKernel::Forward,
         s_rows,
         s_cols,
         fast_exp: false,
@@ -1804,6 +1822,20 @@ pub fn tensor_cores_supported<R: Runtime>(client: &ComputeClient<R>, dtype: Stor
                 && c.b_type == dtype
                 && c.cd_type == f32_type
                 && (c.m, c.n, c.k) == (16, 16, 16)
+        })
+}
+
+/// Whether the device runs manual (register-level) m16n8k16 products of `dtype` into f32
+/// with PTX's register layouts, which [`FlashVariant::Mma`]'s forward assumes: CUDA only
+/// (other runtimes' manual products lay registers out differently).
+pub fn register_mma_supported<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType) -> bool {
+    let f32_type: StorageType = ElemType::Float(FloatKind::F32).into();
+    R::name(client) == "cuda"
+        && client.properties().features.matmul.mma.iter().any(|c| {
+            c.a_type == dtype
+                && c.b_type == dtype
+                && c.cd_type == f32_type
+                && (c.m, c.n, c.k) == (16, 8, 16)
         })
 }
 
@@ -1859,9 +1891,14 @@ pub fn flash_plan<R: Runtime>(
             "head_dim {head_dim} (the flash kernels take multiples of 16 up to {MAX_HEAD_DIM})"
         ));
     }
-    if variant == FlashVariant::TensorCores && !tensor_cores_supported(client, dtype) {
+    if variant != FlashVariant::Fma && !tensor_cores_supported(client, dtype) {
         return unsupported(format!(
             "no 16x16x16 cooperative-matrix product of {dtype:?} into f32 on 32-wide planes on this device"
+        ));
+    }
+    if variant == FlashVariant::Mma && !register_mma_supported(client, dtype) {
+        return unsupported(format!(
+            "no register-level m16n8k16 product of {dtype:?} into f32 with PTX layouts on this device (CUDA sm_80+)"
         ));
     }
     let props = client.properties();
@@ -1870,6 +1907,11 @@ pub fn flash_plan<R: Runtime>(
         .filter(|v| *v <= 8 && head_dim.is_multiple_of(*v))
         .max()
         .unwrap_or(1);
+    if variant == FlashVariant::Mma && vector < 2 {
+        return unsupported(format!(
+            "vectors of {vector} {dtype:?} (the register-level forward stages 32-bit pairs)"
+        ));
+    }
     let max = props.hardware.max_shared_memory_size;
     let kernels = [
         FlashKernel::Forward,
@@ -1883,7 +1925,7 @@ pub fn flash_plan<R: Runtime>(
             .find(|(_, bytes)| *bytes > max)
     };
     let candidates: &[u32] = match variant {
-        FlashVariant::TensorCores => &[16],
+        FlashVariant::TensorCores | FlashVariant::Mma => &[16],
         FlashVariant::Fma => &[16, 8, 4],
     };
     let mut last = None;
@@ -2102,42 +2144,81 @@ pub fn flash_attention<R: Runtime>(
     // Safety: every buffer holds the items passed with it (see `arr`); the kernel indexes
     // inside `[batch, heads, seq, head_dim]` (rows past `seq` are never read or written).
     unsafe {
-        flash_forward_kernel::launch_unchecked::<R>(
-            client,
-            count,
-            CubeDim::new_1d(g.units),
-            n,
-            arr(args.q, q_len),
-            arr(args.k, kv_len),
-            arr(args.v, kv_len),
-            arr(&ids, if p.mask.documents { p.batch * p.seq } else { 1 }),
-            arr(
-                &q_ranges,
-                if p.mask.documents {
-                    table(g.own_rows)
-                } else {
-                    1
-                },
-            ),
-            arr(
-                &k_ranges,
-                if p.mask.documents {
-                    table(g.step_rows)
-                } else {
-                    1
-                },
-            ),
-            arr(args.output, q_len),
-            arr(args.lse, p.batch * p.q_heads * p.seq),
-            p.seq as u32,
-            p.q_heads as u32,
-            p.kv_heads as u32,
-            p.window as u32,
-            p.scale as f32,
-            g,
-            p.mask,
-            dtype,
-        );
+        if g.mma {
+            mma::flash_forward_mma_kernel::launch_unchecked::<R>(
+                client,
+                count,
+                CubeDim::new_1d(g.units),
+                n,
+                arr(args.q, q_len),
+                arr(args.k, kv_len),
+                arr(args.v, kv_len),
+                arr(&ids, if p.mask.documents { p.batch * p.seq } else { 1 }),
+                arr(
+                    &q_ranges,
+                    if p.mask.documents {
+                        table(g.own_rows)
+                    } else {
+                        1
+                    },
+                ),
+                arr(
+                    &k_ranges,
+                    if p.mask.documents {
+                        table(g.step_rows)
+                    } else {
+                        1
+                    },
+                ),
+                arr(args.output, q_len),
+                arr(args.lse, p.batch * p.q_heads * p.seq),
+                p.seq as u32,
+                p.q_heads as u32,
+                p.kv_heads as u32,
+                p.window as u32,
+                p.scale as f32,
+                g,
+                p.mask,
+                dtype,
+            );
+        } else {
+            flash_forward_kernel::launch_unchecked::<R>(
+                client,
+                count,
+                CubeDim::new_1d(g.units),
+                n,
+                arr(args.q, q_len),
+                arr(args.k, kv_len),
+                arr(args.v, kv_len),
+                arr(&ids, if p.mask.documents { p.batch * p.seq } else { 1 }),
+                arr(
+                    &q_ranges,
+                    if p.mask.documents {
+                        table(g.own_rows)
+                    } else {
+                        1
+                    },
+                ),
+                arr(
+                    &k_ranges,
+                    if p.mask.documents {
+                        table(g.step_rows)
+                    } else {
+                        1
+                    },
+                ),
+                arr(args.output, q_len),
+                arr(args.lse, p.batch * p.q_heads * p.seq),
+                p.seq as u32,
+                p.q_heads as u32,
+                p.kv_heads as u32,
+                p.window as u32,
+                p.scale as f32,
+                g,
+                p.mask,
+                dtype,
+            );
+        }
     }
     counters::record(Kernel::flash_attention_forward);
     Ok(())

@@ -259,3 +259,101 @@ fn document_ranges_kernel_compiles_to_cuda() {
     dump("document_ranges", &source);
     assert!(source.contains("document_ranges_kernel"), "{source}");
 }
+
+/// CUDA's register layouts for manual products, as the CUDA runtime declares them (the
+/// wgpu client expanding the kernel here has none).
+fn cuda_mma_properties() -> cubecl::ir::TargetProperties {
+    use cubecl::ir::{ContiguousElements, MatrixLayout, MmaProperties, TargetProperties};
+    TargetProperties {
+        mma: MmaProperties {
+            register_size_bits: 32,
+            const_plane_size: 32,
+            register_layout_a: MatrixLayout::RowMajor,
+            register_layout_b: MatrixLayout::ColMajor,
+            register_layout_acc: MatrixLayout::RowMajor,
+            register_duplication_a: 1,
+            register_duplication_b: 1,
+            register_duplication_acc: 1,
+            contiguous_elements: ContiguousElements::new(
+                cubecl_cpp::cuda::mma::contiguous_elements_cuda,
+            ),
+        },
+    }
+}
+
+#[test]
+fn register_mma_forward_compiles_to_cuda() {
+    let client = R::client(&WgpuDevice::DefaultDevice);
+    let n = 8usize;
+    let h = client.empty(64);
+    let arr = |h: &Handle| unsafe { ArrayArg::<R>::from_raw_parts(h.clone(), 4) };
+    for (dtype, kind) in [(FloatKind::BF16, "bf16"), (FloatKind::F16, "f16")] {
+        let elem: StorageType = ElemType::Float(dtype).into();
+        for head_dim in [64usize, 128] {
+            for mask in [
+                AttentionMask {
+                    causal: true,
+                    window: false,
+                    documents: false,
+                },
+                AttentionMask {
+                    causal: true,
+                    window: true,
+                    documents: true,
+                },
+            ] {
+                let g = FlashGeometry {
+                    fast_exp: true,
+                    ..flash_geometry(FlashKernel::Forward, FlashVariant::Mma, head_dim, n, 16)
+                };
+                assert!(g.mma && g.own_rows == 16 * g.planes);
+                let s = settings(&g);
+                let mut launcher = KernelLauncher::<R>::new(s.clone());
+                launcher.with_scope(|scope| {
+                    scope.device_properties(client.properties());
+                    scope.runtime_properties = std::rc::Rc::new(cuda_mma_properties());
+                    scope.register_size::<DynamicSize<mma::flash_forward_mma_kernel::_N>>(n);
+                    scope.register_type::<DynamicScalar<mma::flash_forward_mma_kernel::_F>>(elem);
+                });
+                macro_rules! reg {
+                    ($t:ty, $v:expr) => {
+                        <$t as LaunchArg>::register($v, &mut launcher)
+                    };
+                }
+                type FV = Array<
+                    Vector<mma::flash_forward_mma_kernel::F, mma::flash_forward_mma_kernel::N>,
+                >;
+                let kernel = mma::flash_forward_mma_kernel::FlashForwardMmaKernel::<R>::new(
+                    s,
+                    client.clone(),
+                    reg!(FV, arr(&h)),
+                    reg!(FV, arr(&h)),
+                    reg!(FV, arr(&h)),
+                    reg!(Array<i32>, arr(&h)),
+                    reg!(Array<i32>, arr(&h)),
+                    reg!(Array<i32>, arr(&h)),
+                    reg!(FV, arr(&h)),
+                    reg!(Array<f32>, arr(&h)),
+                    reg!(u32, 1u32),
+                    reg!(u32, 1u32),
+                    reg!(u32, 1u32),
+                    reg!(u32, 1u32),
+                    reg!(f32, 1.0f32),
+                    n,
+                    g,
+                    mask,
+                    elem,
+                );
+                let source = cuda_source(kernel.define());
+                let name = format!("forward_mma_{kind}_d{head_dim}_{}", mask.documents);
+                dump(&name, &source);
+                assert!(
+                    source.contains("mma.sync.aligned.m16n8k16"),
+                    "{name}: no m16n8k16 mma.sync:\n{source}"
+                );
+                assert!(!source.contains("wmma"), "{name}: a wmma call:\n{source}");
+                assert!(source.contains("__expf("), "{name}: no __expf:\n{source}");
+            }
+        }
+    }
+}

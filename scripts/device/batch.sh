@@ -65,16 +65,20 @@ for step in $steps; do
       # fused post-training loss).
       # CHECK_JOBS > 1 runs that many (dtype, op) processes at once (the f64 references
       # are CPU work; the device machine has 16 cores), each logged apart, then joined.
+      # CHECK_REDUCTION (auto, plane, shared, both) picks the kernels' reduction path;
+      # CHECK_BIN the binary (default $BIN).
       mkdir -p "$OUT/parts"
       for dtype in ${DTYPES:-f32 bf16}; do
         for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd}; do
           echo "$dtype $op"
         done
-      done | CHECK_OUT="$OUT" CHECK_BIN="$BIN" CHECK_TIMEOUT="${CHECK_TIMEOUT:-200}" \
+      done | CHECK_OUT="$OUT" CHECK_BIN="${CHECK_BIN:-$BIN}" CHECK_TIMEOUT="${CHECK_TIMEOUT:-200}" \
+        CHECK_REDUCTION="${CHECK_REDUCTION:-auto}" \
         xargs -P "${CHECK_JOBS:-1}" -L 1 sh -c '
         log="$CHECK_OUT/parts/check_full_$0_$1.log"
         echo "== $1" >"$log"
-        timeout "$CHECK_TIMEOUT" "$CHECK_BIN" check --device cuda --dtype "$0" --op "$1" >>"$log" 2>&1
+        timeout "$CHECK_TIMEOUT" "$CHECK_BIN" check --device cuda --dtype "$0" --op "$1" \
+          --reduction "$CHECK_REDUCTION" >>"$log" 2>&1
         echo "== $1 exit $?" >>"$log"
         echo "$0 $1: $(tail -n 3 "$log" | head -2 | tr "\n" " ")"
       ' || status=1

@@ -395,7 +395,7 @@ mod flash_kernel {
     use liger_cubecl_kernels::attention::{
         AttentionMask, FlashBackwardArgs, FlashForwardArgs, FlashProblem, FlashVariant,
         document_ranges, flash_attention, flash_attention_backward, flash_plan,
-        tensor_cores_supported,
+        register_mma_supported, tensor_cores_supported,
     };
     use liger_tests::attention::{
         Problem, compare_lse, compare_rows, random_documents, reference, row_tolerance,
@@ -787,6 +787,13 @@ mod flash_kernel {
                     let mut variants = vec![FlashVariant::Fma];
                     if tensor_cores_supported(&client, dtype.into()) {
                         variants.push(FlashVariant::TensorCores);
+                        if register_mma_supported(&client, dtype.into()) {
+                            variants.push(FlashVariant::Mma);
+                        } else {
+                            assert!(
+                                flash_plan(&client, 64, dtype.into(), FlashVariant::Mma).is_err()
+                            );
+                        }
                     } else {
                         assert!(
                             flash_plan(&client, 64, dtype.into(), FlashVariant::TensorCores)
@@ -927,13 +934,14 @@ mod paths {
                 let seed = self.0.seed();
                 for dtype in dtypes::<B>(device) {
                     for p in problems(&mut self.0) {
-                        let flash_here = B::flash_attention_available(
+                        let flash_here = B::flash_attention_variant(
                             device,
                             dtype,
                             p.head_dim,
                             &AttentionOptions::causal(p.head_dim)
                                 .with_kernel(AttentionKernel::Flash),
-                        );
+                        )
+                        .is_some();
                         let mut kernels = vec![AttentionKernel::Blockwise, AttentionKernel::Auto];
                         if flash_here {
                             kernels.push(AttentionKernel::Flash);

@@ -57,10 +57,10 @@ pub struct CheckArgs {
     /// Element type of the inputs and outputs (accumulation is always f32).
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
-    /// Only the ops whose name contains NAME (rms_norm, rms_norm_gemma,
-    /// fused_add_rms_norm, layer_norm, layer_norm_no_bias, softmax, log_softmax,
-    /// rope_rotate_half, rope_interleaved);
-    /// e.g. `rms_norm` selects the three RMSNorm variants. All ops when absent.
+    /// Only the ops whose name contains NAME, or the op named NAME alone when written
+    /// `=NAME`: e.g. `rms_norm` selects the three RMSNorm variants, `fused_linear` fused
+    /// linear cross entropy and every fused post-training loss, `=cross_entropy` the plain
+    /// cross entropy alone. All ops when absent; a NAME that selects none lists them.
     #[arg(long, value_name = "NAME")]
     pub op: Option<String>,
     /// Quick sweep (shapes a software rasterizer runs in seconds) instead of the full one.

@@ -41,7 +41,12 @@ impl OnDevice for Check {
         let filter = args.op.as_deref();
         let ops: Vec<Op> = Op::ALL
             .into_iter()
-            .filter(|op| filter.is_none_or(|f| op.name().contains(f)))
+            .filter(|op| {
+                filter.is_none_or(|f| match f.strip_prefix('=') {
+                    Some(name) => op.name() == name,
+                    None => op.name().contains(f),
+                })
+            })
             .collect();
         if ops.is_empty() {
             let names: Vec<&str> = Op::ALL.iter().map(|op| op.name()).collect();

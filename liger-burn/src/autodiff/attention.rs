@@ -136,12 +136,12 @@ pub(crate) fn backward<B: FusedOps, C: CheckpointStrategy>(
     }
 }
 
-/// `flash_attention_available` for `Autodiff<B>`: `B`'s.
-pub(crate) fn flash_available<B: FusedOps>(
+/// `flash_attention_variant` for `Autodiff<B>`: `B`'s.
+pub(crate) fn flash_variant<B: FusedOps>(
     device: &B::Device,
     dtype: burn::tensor::DType,
     head_dim: usize,
     options: &AttentionOptions,
-) -> bool {
-    B::flash_attention_available(device, dtype, head_dim, options)
+) -> Option<liger_cubecl_kernels::attention::FlashVariant> {
+    B::flash_attention_variant(device, dtype, head_dim, options)
 }

@@ -421,13 +421,13 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         attention::backward::<B, C>(grad_output, q, k, v, mask, document_ids, forward, options)
     }
 
-    fn flash_attention_available(
+    fn flash_attention_variant(
         device: &Self::Device,
         dtype: burn::tensor::DType,
         head_dim: usize,
         options: &crate::ops::AttentionOptions,
-    ) -> bool {
-        attention::flash_available::<B>(device, dtype, head_dim, options)
+    ) -> Option<liger_cubecl_kernels::attention::FlashVariant> {
+        attention::flash_variant::<B>(device, dtype, head_dim, options)
     }
 
     fn fused_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {

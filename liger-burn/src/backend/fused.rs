@@ -465,13 +465,13 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         B::fused_adamw_step(param, grad, moments.map(|m| m.map(|t| t)), options).map(|t| t)
     }
 
-    fn flash_attention_available(
+    fn flash_attention_variant(
         device: &Self::Device,
         dtype: burn::tensor::DType,
         head_dim: usize,
         options: &crate::ops::AttentionOptions,
-    ) -> bool {
-        B::flash_attention_available(device, dtype, head_dim, options)
+    ) -> Option<liger_cubecl_kernels::attention::FlashVariant> {
+        B::flash_attention_variant(device, dtype, head_dim, options)
     }
 }
 

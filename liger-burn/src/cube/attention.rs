@@ -3,7 +3,8 @@
 //! composition ([`compose::attention`](crate::ops::compose::attention)) on this backend.
 //!
 //! The choice ([`AttentionOptions::kernel`]): `Auto` takes the flash kernels on tensor
-//! cores (devices with 16×16×16 `cmma` of the dtype into f32: CUDA f16/bf16) and head
+//! cores (devices with 16×16×16 `cmma` of the dtype into f32: CUDA f16/bf16; the forward
+//! with register-resident `mma.sync` products where PTX's layouts hold: CUDA sm_80+) and head
 //! dimensions that are multiples of 16 up to 256; `Flash` takes them everywhere (the FMA
 //! variant without tensor cores); `Blockwise` never. A mask tensor always goes blockwise.
 
@@ -34,7 +35,10 @@ pub(crate) fn plan<R: CubeRuntime>(
     if !validate::kernel_dtype(dtype) {
         return None;
     }
-    let tensor_cores = || flash_plan(client, head_dim, dtype.into(), FlashVariant::TensorCores);
+    let tensor_cores = || {
+        flash_plan(client, head_dim, dtype.into(), FlashVariant::Mma)
+            .or_else(|_| flash_plan(client, head_dim, dtype.into(), FlashVariant::TensorCores))
+    };
     match options.kernel {
         AttentionKernel::Blockwise => None,
         AttentionKernel::Auto => tensor_cores().ok(),
@@ -46,14 +50,14 @@ pub(crate) fn plan<R: CubeRuntime>(
     }
 }
 
-/// Whether the flash kernels run these inputs (no mask tensor) on `device`.
-pub(crate) fn available<R: CubeRuntime>(
+/// Which flash kernels run these inputs (no mask tensor) on `device`, if any.
+pub(crate) fn variant<R: CubeRuntime>(
     device: &R::Device,
     dtype: DType,
     head_dim: usize,
     options: &AttentionOptions,
-) -> bool {
-    plan(&R::client(device), dtype, head_dim, options).is_some()
+) -> Option<FlashVariant> {
+    plan(&R::client(device), dtype, head_dim, options).map(|p| p.variant)
 }
 
 fn problem(q: &Shape, k: &Shape, options: &AttentionOptions, documents: bool) -> FlashProblem {

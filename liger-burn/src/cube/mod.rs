@@ -244,13 +244,13 @@ where
         attention::backward(grad_output, q, k, v, mask, document_ids, forward, options)
     }
 
-    fn flash_attention_available(
+    fn flash_attention_variant(
         device: &R::Device,
         dtype: DType,
         head_dim: usize,
         options: &crate::ops::AttentionOptions,
-    ) -> bool {
-        attention::available::<R>(device, dtype, head_dim, options)
+    ) -> Option<liger_cubecl_kernels::attention::FlashVariant> {
+        attention::variant::<R>(device, dtype, head_dim, options)
     }
 }
 

@@ -59,7 +59,7 @@ impl<B: FusionBackend + FusedOps> CustomKernel<B> for Backward {
 }
 
 fn flash<B: FusionBackend + FusedOps>(q: &Tensor<B>, options: &AttentionOptions) -> bool {
-    B::flash_attention_available(q.client.device(), q.dtype(), q.shape()[3], options)
+    B::flash_attention_variant(q.client.device(), q.dtype(), q.shape()[3], options).is_some()
 }
 
 /// `fused_attention` for `Fusion<B>`.
@@ -148,12 +148,12 @@ pub(crate) fn backward<B: FusionBackend + FusedOps>(
     }
 }
 
-/// `flash_attention_available` for `Fusion<B>`: `B`'s.
-pub(crate) fn available<B: FusionBackend + FusedOps>(
+/// `flash_attention_variant` for `Fusion<B>`: `B`'s.
+pub(crate) fn variant<B: FusionBackend + FusedOps>(
     device: &B::Device,
     dtype: DType,
     head_dim: usize,
     options: &AttentionOptions,
-) -> bool {
-    B::flash_attention_available(device, dtype, head_dim, options)
+) -> Option<liger_cubecl_kernels::attention::FlashVariant> {
+    B::flash_attention_variant(device, dtype, head_dim, options)
 }

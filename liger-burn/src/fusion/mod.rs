@@ -227,12 +227,12 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         attention::backward::<B>(grad_output, q, k, v, mask, document_ids, forward, options)
     }
 
-    fn flash_attention_available(
+    fn flash_attention_variant(
         device: &B::Device,
         dtype: DType,
         head_dim: usize,
         options: &crate::ops::AttentionOptions,
-    ) -> bool {
-        attention::available::<B>(device, dtype, head_dim, options)
+    ) -> Option<liger_cubecl_kernels::attention::FlashVariant> {
+        attention::variant::<B>(device, dtype, head_dim, options)
     }
 }

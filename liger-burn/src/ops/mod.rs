@@ -685,7 +685,7 @@ pub trait FusedOps: Backend {
     /// `softmax(mask(q·kᵀ·scale))·v` with f32 softmax statistics.
     ///
     /// Two implementations, chosen by [`AttentionOptions::kernel`] and
-    /// [`flash_attention_available`](FusedOps::flash_attention_available):
+    /// [`flash_attention_variant`](FusedOps::flash_attention_variant):
     /// - the flash kernels (CubeCL backends; `liger_cubecl_kernels::attention`): one pass
     ///   over the key blocks the mask leaves, probabilities never leave the chip, `lse`
     ///   returned for the backward;
@@ -742,17 +742,17 @@ pub trait FusedOps: Backend {
         compose::attention::backward::<Self>(grad_output, q, k, v, mask, document_ids, options)
     }
 
-    /// Whether [`fused_attention`](FusedOps::fused_attention) of inputs of `dtype` and
-    /// `head_dim`, without a mask tensor, runs the flash kernels on `device` (and returns
-    /// `lse`). The default bodies have none.
-    fn flash_attention_available(
+    /// Which flash kernels [`fused_attention`](FusedOps::fused_attention) of inputs of
+    /// `dtype` and `head_dim`, without a mask tensor, runs on `device` (they return
+    /// `lse`), or `None` for the blockwise composition. The default bodies have none.
+    fn flash_attention_variant(
         device: &Self::Device,
         dtype: burn::tensor::DType,
         head_dim: usize,
         options: &AttentionOptions,
-    ) -> bool {
+    ) -> Option<liger_cubecl_kernels::attention::FlashVariant> {
         let _ = (device, dtype, head_dim, options);
-        false
+        None
     }
 
     /// One AdamW step of one parameter: Burn 0.21's `AdamW` update (decoupled weight

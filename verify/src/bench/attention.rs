@@ -30,6 +30,7 @@ use burn::backend::Autodiff;
 use burn::tensor::{Distribution, Tensor};
 use liger_burn::functional::attention;
 use liger_burn::ops::{AttentionKernel, AttentionOptions, FusedOps};
+use liger_cubecl_kernels::attention::FlashVariant;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
 use std::str::FromStr;
@@ -208,7 +209,7 @@ fn measure<B: FusedOps, H>(
 /// The measurements of one shape.
 struct Group {
     shape: AttentionShape,
-    tensor_cores: bool,
+    variant: Option<FlashVariant>,
     results: Vec<(AttentionProvider, ProviderResult, [usize; 2])>,
 }
 
@@ -254,8 +255,8 @@ impl OnDevice for Bench {
                 shape.kv_heads,
                 shape.head_dim,
             );
-            let tensor_cores =
-                B::flash_attention_available(&ctx.device, dtype, d, &AttentionOptions::causal(d));
+            let variant =
+                B::flash_attention_variant(&ctx.device, dtype, d, &AttentionOptions::causal(d));
             // Inputs rotate among sets (at least two; about 256 MiB of inputs a rotation).
             let bytes = (b * (hq + 2 * hk) * s * d * args.dtype.size()).max(1);
             let sets = (256usize << 20).div_ceil(bytes).clamp(2, 8);
@@ -312,7 +313,7 @@ impl OnDevice for Bench {
             }
             let group = Group {
                 shape: shape.clone(),
-                tensor_cores,
+                variant,
                 results,
             };
             if let Some(path) = &args.csv {
@@ -346,9 +347,12 @@ fn rows(g: &Group, args: &BenchArgs, timing: Timing) -> Vec<Row> {
                 Mode::Forward => res.forward.as_ref().ok().map(|m| m.launches),
                 _ => res.full.as_ref().ok().map(|m| m.launches),
             };
-            let variant = match (provider, g.tensor_cores) {
-                (AttentionProvider::Flash, true) => " variant=tensor_cores",
-                (AttentionProvider::Flash, false) => " variant=fma",
+            let variant = match (provider, g.variant) {
+                (AttentionProvider::Flash, Some(FlashVariant::Mma)) => " variant=register_mma",
+                (AttentionProvider::Flash, Some(FlashVariant::TensorCores)) => {
+                    " variant=tensor_cores"
+                }
+                (AttentionProvider::Flash, _) => " variant=fma",
                 _ => "",
             };
             let config = format!(
@@ -410,7 +414,11 @@ fn render(groups: &[Group]) -> String {
         table.title(format!(
             "attention {} (causal{})",
             g.shape.label(),
-            if g.tensor_cores { ", tensor cores" } else { "" }
+            match g.variant {
+                Some(FlashVariant::Mma) => ", register mma",
+                Some(FlashVariant::TensorCores) => ", tensor cores",
+                _ => "",
+            }
         ));
         for (provider, res, _) in &g.results {
             for (mode, r) in [("forward", &res.forward), ("full", &res.full)] {

@@ -1,0 +1,489 @@
+//! The flash forward with register-resident products ([`FlashVariant::Mma`]): the
+//! scores, the probabilities and the output accumulator never leave registers, as in
+//! FlashAttention-2.
+//!
+//! Products are PTX `mma.sync` m16n8k16 (f16/bf16 into f32) through CubeCL's manual MMA,
+//! whose per-lane layout is fixed by PTX (lane `4g + t`, `g = lane / 4`, `t = lane % 4`):
+//! - A (16×16): registers `(row g, cols 2t, 2t+1)`, `(g + 8, 2t..)`, `(g, 2t + 8..)`,
+//!   `(g + 8, 2t + 8..)`;
+//! - B (16×8): `(rows 2t, 2t+1; col g)` and `(rows 2t + 8, 2t + 9; col g)`;
+//! - C (16×8, f32): `(row g, cols 2t, 2t+1)` and `(row g + 8, cols 2t, 2t+1)`.
+//!
+//! Two neighbouring 8-column C tiles of `S` are therefore exactly one A operand of the
+//! next product: `P = exp(S - m)` goes from the score registers, rounded to the input
+//! dtype, straight into `O += P·V` with no trip through shared memory. A row's values sit
+//! in the four lanes of a quad, so its max and sum are two `shuffle_xor`s.
+//!
+//! Each plane owns 16 query rows of the cube; per key block the cube stages `K` row-major
+//! and `V` transposed in shared memory as 32-bit pairs, so that every B register is one
+//! aligned 32-bit load (`K[key, e..e+2]` and `Vᵀ[d, key..key+2]`); rows are padded to 4
+//! words past a multiple of 32 banks, so the 32 lanes of a load hit 32 banks. The math is
+//! the forward of the module docs unchanged: f32 scores, the lazy rescale, `P` rounded
+//! to the input dtype before `P·V`, `l` summed from the unrounded `P`.
+
+use super::{
+    AttentionMask, FlashGeometry, RESCALE_THRESHOLD, block_fully_visible, documents_meet,
+    flash_math, key_block_range, visible,
+};
+use cubecl::cmma::MmaDefinition;
+use cubecl::prelude::*;
+
+/// Two elements: one 32-bit register of f16/bf16, or half an f32 C register pair.
+type Pair = Const<2>;
+
+/// Words (pairs) per row of the q/k staging tiles: `head_dim / 2` plus 4 (bank spread).
+pub(super) fn qk_stride(g: &FlashGeometry) -> u32 {
+    g.head_dim / 2 + 4
+}
+
+/// Words (pairs) per row of the transposed value tile: `step_rows / 2` plus 4.
+pub(super) fn vt_stride(g: &FlashGeometry) -> u32 {
+    g.step_rows / 2 + 4
+}
+
+/// Bytes of shared memory of the forward (`elem`-byte inputs).
+pub(super) fn shared_bytes(g: &FlashGeometry, elem: usize) -> usize {
+    let pair = 2 * elem;
+    (g.own_rows * qk_stride(g) + g.step_rows * qk_stride(g) + g.head_dim * vt_stride(g)) as usize
+        * pair
+}
+
+/// `acc[at..at + 2] += a·b`: one m16n8k16 product into the C registers `at`, `at + 1`.
+#[cube]
+fn mma<F: Float>(
+    a: &Array<Vector<F, Pair>>,
+    b: &Array<Vector<F, Pair>>,
+    acc: &mut Array<Vector<f32, Pair>>,
+    #[comptime] at: usize,
+) {
+    let def = MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
+    let mut c = Array::<Vector<f32, Pair>>::new(2usize);
+    c[0] = acc[at];
+    c[1] = acc[at + 1];
+    def.execute_inplace(a, b, &mut c);
+    acc[at] = c[0];
+    acc[at + 1] = c[1];
+}
+
+/// Two f32 values as a pair.
+#[cube]
+fn pair(x0: f32, x1: f32) -> Vector<f32, Pair> {
+    let mut v = Vector::<f32, Pair>::empty();
+    v[0] = x0;
+    v[1] = x1;
+    v
+}
+
+/// Max over the four lanes of a quad (one row of a C tile).
+#[cube]
+fn quad_max(x: f32) -> f32 {
+    let x = f32::max(x, plane_shuffle_xor(x, 1u32));
+    f32::max(x, plane_shuffle_xor(x, 2u32))
+}
+
+/// Sum over the four lanes of a quad.
+#[cube]
+fn quad_sum(x: f32) -> f32 {
+    let x = x + plane_shuffle_xor(x, 1u32);
+    x + plane_shuffle_xor(x, 2u32)
+}
+
+/// Copies rows `row0..row0 + rows` of a `[seq, head_dim]` slab (vector `base`) into the
+/// pair tile `tile` (`qk_stride` words a row; zeros past `seq`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_rows<F: Float, N: Size>(
+    src: &Array<Vector<F, N>>,
+    base: usize,
+    row0: u32,
+    seq: u32,
+    tile: &mut SharedMemory<Vector<F, Pair>>,
+    #[comptime] rows: u32,
+    #[comptime] g: FlashGeometry,
+) {
+    let dv = comptime!(g.dv());
+    let stride = comptime!(qk_stride(&g));
+    let pairs = comptime!(g.vector / 2);
+    let total = comptime!(rows * g.dv());
+    let mut i = UNIT_POS;
+    while i < total {
+        let r = i / dv;
+        let c = i % dv;
+        let row = row0 + r;
+        let mut x = Vector::<F, N>::new(F::new(0.0));
+        if row < seq {
+            x = src[base + (row * dv + c) as usize];
+        }
+        #[unroll]
+        for j in 0..pairs {
+            let mut p = Vector::<F, Pair>::empty();
+            p[0] = x[(2 * j) as usize];
+            p[1] = x[(2 * j + 1) as usize];
+            tile[(r * stride + c * pairs + j) as usize] = p;
+        }
+        i += comptime!(g.units);
+    }
+}
+
+/// Copies key rows `row0..row0 + step_rows` of the `[seq, head_dim]` value slab (vector
+/// `base`) transposed into `tile`: word `d · vt_stride + j` holds `(V[2j, d], V[2j+1, d])`
+/// (zeros past `seq`). Consecutive units take consecutive key pairs, so a plane's stores
+/// hit 32 banks.
+#[cube]
+fn stage_values_transposed<F: Float, N: Size>(
+    src: &Array<Vector<F, N>>,
+    base: usize,
+    row0: u32,
+    seq: u32,
+    tile: &mut SharedMemory<Vector<F, Pair>>,
+    #[comptime] g: FlashGeometry,
+) {
+    let dv = comptime!(g.dv());
+    let stride = comptime!(vt_stride(&g));
+    let key_pairs = comptime!(g.step_rows / 2);
+    let total = comptime!(g.step_rows / 2 * g.dv());
+    let mut i = UNIT_POS;
+    while i < total {
+        let kp = i % key_pairs;
+        let c = i / key_pairs;
+        let row = row0 + 2 * kp;
+        let mut x0 = Vector::<F, N>::new(F::new(0.0));
+        let mut x1 = Vector::<F, N>::new(F::new(0.0));
+        if row < seq {
+            x0 = src[base + (row * dv + c) as usize];
+        }
+        if row + 1 < seq {
+            x1 = src[base + ((row + 1) * dv + c) as usize];
+        }
+        #[unroll]
+        for e in 0..comptime!(g.vector) {
+            let mut p = Vector::<F, Pair>::empty();
+            p[0] = x0[e as usize];
+            p[1] = x1[e as usize];
+            tile[((c * comptime!(g.vector) + e) * stride + kp) as usize] = p;
+        }
+        i += comptime!(g.units);
+    }
+}
+
+/// The forward (see the module docs and the parent module's); launched by
+/// `flash_attention` for [`FlashVariant::Mma`] plans.
+#[cube(launch_unchecked, fast_math = flash_math(&g))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
+    doc_ids: &Array<i32>,
+    q_ranges: &Array<i32>,
+    k_ranges: &Array<i32>,
+    out: &mut Array<Vector<F, N>>,
+    lse: &mut Array<f32>,
+    seq: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    window: u32,
+    scale: f32,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+    #[define(F)] _dtype: StorageType,
+) {
+    let br = comptime!(g.own_rows);
+    let bc = comptime!(g.step_rows);
+    let dv = comptime!(g.dv());
+    let pairs = comptime!(g.vector / 2);
+    let qk_s = comptime!(qk_stride(&g));
+    let vt_s = comptime!(vt_stride(&g));
+    // Products per row strip: k-steps of the head (S) and of the keys (P·V); C tiles of the
+    // keys (S) and of the head (O).
+    let head_steps = comptime!(g.head_dim / 16);
+    let key_steps = comptime!(g.step_rows / 16);
+    let key_tiles = comptime!(g.step_rows / 8);
+    let head_tiles = comptime!(g.head_dim / 8);
+
+    let q_blocks = seq.div_ceil(br);
+    // Heaviest (last, under a causal mask) query blocks first.
+    let qb = q_blocks - 1u32 - CUBE_POS_X;
+    let head = CUBE_POS_Y;
+    let batch = CUBE_POS_Z;
+    let kv_head = head / (q_heads / kv_heads);
+    let q0 = qb * br;
+    let seq_len = seq as usize;
+    let q_base = (batch * q_heads + head) as usize * seq_len * dv as usize;
+    let kv_base = (batch * kv_heads + kv_head) as usize * seq_len * dv as usize;
+    let row_base = (batch * q_heads + head) as usize * seq_len;
+    let doc_base = batch as usize * seq_len;
+
+    let mut q_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((br * qk_stride(&g)) as usize),
+        128usize,
+    );
+    let mut k_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((bc * qk_stride(&g)) as usize),
+        128usize,
+    );
+    let mut vt_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((g.head_dim * vt_stride(&g)) as usize),
+        128usize,
+    );
+
+    let plane = UNIT_POS / 32u32;
+    let lane = UNIT_POS_PLANE;
+    let gid = lane / 4u32;
+    let tid = lane % 4u32;
+    // This plane's 16 rows of the block; the lane's two rows.
+    let strip0 = plane * 16u32;
+    let row_lo = strip0 + gid;
+    let qpos_lo = q0 + row_lo;
+    let qpos_hi = qpos_lo + 8u32;
+
+    stage_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, br, g);
+    sync_cube();
+    // The strip's A operands of Q for every head step, kept for the whole key loop.
+    let mut qa = Array::<Vector<F, Pair>>::new(comptime!(4 * g.head_dim as usize / 16));
+    #[unroll]
+    for kk in 0..head_steps {
+        let lo = (row_lo * qk_s + kk * 8 + tid) as usize;
+        let hi = lo + (8 * qk_s) as usize;
+        qa[(4 * kk) as usize] = q_tile[lo];
+        qa[(4 * kk + 1) as usize] = q_tile[hi];
+        qa[(4 * kk + 2) as usize] = q_tile[lo + 4];
+        qa[(4 * kk + 3) as usize] = q_tile[hi + 4];
+    }
+
+    let mut o = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
+    #[unroll]
+    for i in 0..comptime!(2 * head_tiles) {
+        o[i as usize] = Vector::<f32, Pair>::new(0.0);
+    }
+    let mut s = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
+    let mut pv = Array::<Vector<F, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
+    let mut a = Array::<Vector<F, Pair>>::new(4usize);
+    let mut b = Array::<Vector<F, Pair>>::new(2usize);
+    // Running max (lazy) and the lane's part of the running sum, per row (lo, hi).
+    let mut m_lo = f32::min_value();
+    let mut m_hi = f32::min_value();
+    let mut l_lo = 0.0f32;
+    let mut l_hi = 0.0f32;
+
+    let k_blocks = seq.div_ceil(bc);
+    let mut doc_lo = 0i32;
+    let mut doc_hi = 0i32;
+    if comptime!(mask.documents) {
+        let at = ((batch * q_blocks + qb) * 2u32) as usize;
+        doc_lo = q_ranges[at];
+        doc_hi = q_ranges[at + 1];
+    }
+    let (kb_first, kb_end) = key_block_range(q0, seq, window, br, bc, mask);
+    for kb in kb_first..kb_end {
+        let mut live = true;
+        if comptime!(mask.documents) {
+            live = documents_meet(
+                k_ranges,
+                ((batch * k_blocks + kb) * 2u32) as usize,
+                doc_lo,
+                doc_hi,
+            );
+        }
+        if live {
+            let k0 = kb * bc;
+            // The previous step is done with the k/v tiles.
+            sync_cube();
+            stage_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bc, g);
+            stage_values_transposed::<F, N>(v, kv_base, k0, seq, &mut vt_tile, g);
+            sync_cube();
+
+            // A strip entirely before the block's first key (causal) has nothing to do.
+            let mut strip_live = true;
+            if comptime!(mask.causal) {
+                strip_live = q0 + strip0 + 15u32 >= k0;
+            }
+            if strip_live {
+                // S = Q·Kᵀ (B[e, key] = K[key, e]: a pair of K's row is one B register).
+                #[unroll]
+                for i in 0..comptime!(2 * key_tiles) {
+                    s[i as usize] = Vector::<f32, Pair>::new(0.0);
+                }
+                #[unroll]
+                for kk in 0..head_steps {
+                    a[0] = qa[(4 * kk) as usize];
+                    a[1] = qa[(4 * kk + 1) as usize];
+                    a[2] = qa[(4 * kk + 2) as usize];
+                    a[3] = qa[(4 * kk + 3) as usize];
+                    #[unroll]
+                    for n in 0..key_tiles {
+                        let at = ((n * 8 + gid) * qk_s + kk * 8 + tid) as usize;
+                        b[0] = k_tile[at];
+                        b[1] = k_tile[at + 4];
+                        mma::<F>(&a, &b, &mut s, comptime!(2 * n as usize));
+                    }
+                }
+
+                // Scale, mask and the rows' block max.
+                let interior = block_fully_visible(q0 + strip0, k0, seq, 16u32, bc, mask);
+                let mut max_lo = f32::min_value();
+                let mut max_hi = f32::min_value();
+                #[unroll]
+                for n in 0..key_tiles {
+                    let kpos = k0 + n * 8 + 2 * tid;
+                    let lo = s[(2 * n) as usize];
+                    let hi = s[(2 * n + 1) as usize];
+                    let mut x0 = lo[0] * scale;
+                    let mut x1 = lo[1] * scale;
+                    let mut x2 = hi[0] * scale;
+                    let mut x3 = hi[1] * scale;
+                    if !interior {
+                        let floor = f32::min_value();
+                        if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
+                            x0 = floor;
+                        }
+                        if !visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask) {
+                            x1 = floor;
+                        }
+                        if !visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask) {
+                            x2 = floor;
+                        }
+                        if !visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask) {
+                            x3 = floor;
+                        }
+                    }
+                    s[(2 * n) as usize] = pair(x0, x1);
+                    s[(2 * n + 1) as usize] = pair(x2, x3);
+                    max_lo = f32::max(max_lo, f32::max(x0, x1));
+                    max_hi = f32::max(max_hi, f32::max(x2, x3));
+                }
+                max_lo = quad_max(max_lo);
+                max_hi = quad_max(max_hi);
+
+                // Lazy rescale: a quad's lanes agree on the max, so the branch is per quad.
+                if max_lo > m_lo + comptime!(RESCALE_THRESHOLD) {
+                    let alpha = f32::exp(m_lo - max_lo);
+                    m_lo = max_lo;
+                    l_lo *= alpha;
+                    #[unroll]
+                    for dn in 0..head_tiles {
+                        o[(2 * dn) as usize] =
+                            o[(2 * dn) as usize] * Vector::<f32, Pair>::new(alpha);
+                    }
+                }
+                if max_hi > m_hi + comptime!(RESCALE_THRESHOLD) {
+                    let alpha = f32::exp(m_hi - max_hi);
+                    m_hi = max_hi;
+                    l_hi *= alpha;
+                    #[unroll]
+                    for dn in 0..head_tiles {
+                        o[(2 * dn + 1) as usize] =
+                            o[(2 * dn + 1) as usize] * Vector::<f32, Pair>::new(alpha);
+                    }
+                }
+
+                // P = exp(x - m) (0 where hidden; a NaN score stays NaN), rounded for P·V.
+                #[unroll]
+                for n in 0..key_tiles {
+                    let lo = s[(2 * n) as usize];
+                    let hi = s[(2 * n + 1) as usize];
+                    let mut p0 = f32::exp(lo[0] - m_lo);
+                    let mut p1 = f32::exp(lo[1] - m_lo);
+                    let mut p2 = f32::exp(hi[0] - m_hi);
+                    let mut p3 = f32::exp(hi[1] - m_hi);
+                    if !interior {
+                        let floor = f32::min_value();
+                        if lo[0] == floor {
+                            p0 = 0.0;
+                        }
+                        if lo[1] == floor {
+                            p1 = 0.0;
+                        }
+                        if hi[0] == floor {
+                            p2 = 0.0;
+                        }
+                        if hi[1] == floor {
+                            p3 = 0.0;
+                        }
+                    }
+                    l_lo += p0 + p1;
+                    l_hi += p2 + p3;
+                    pv[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
+                    pv[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(p2, p3));
+                }
+
+                // O += P·V: C tiles 2j, 2j+1 of P are the A operand of key step j;
+                // B[key, d] = V[key, d], a pair of Vᵀ's row is one B register.
+                #[unroll]
+                for j in 0..key_steps {
+                    a[0] = pv[(4 * j) as usize];
+                    a[1] = pv[(4 * j + 1) as usize];
+                    a[2] = pv[(4 * j + 2) as usize];
+                    a[3] = pv[(4 * j + 3) as usize];
+                    #[unroll]
+                    for dn in 0..head_tiles {
+                        let at = ((dn * 8 + gid) * vt_s + j * 8 + tid) as usize;
+                        b[0] = vt_tile[at];
+                        b[1] = vt_tile[at + 4];
+                        mma::<F>(&a, &b, &mut o, comptime!(2 * dn as usize));
+                    }
+                }
+            }
+        }
+    }
+
+    // 1/l per row (0 for a row that saw no key), and lse.
+    let l_lo = quad_sum(l_lo);
+    let l_hi = quad_sum(l_hi);
+    let mut inv_lo = 0.0f32;
+    let mut inv_hi = 0.0f32;
+    if l_lo > 0.0 {
+        inv_lo = 1.0f32 / l_lo;
+    }
+    if l_hi > 0.0 {
+        inv_hi = 1.0f32 / l_hi;
+    }
+    if tid == 0 {
+        if qpos_lo < seq {
+            let mut value = f32::max_value();
+            if l_lo > 0.0 {
+                value = m_lo + f32::ln(l_lo);
+            }
+            lse[row_base + qpos_lo as usize] = value;
+        }
+        if qpos_hi < seq {
+            let mut value = f32::max_value();
+            if l_hi > 0.0 {
+                value = m_hi + f32::ln(l_hi);
+            }
+            lse[row_base + qpos_hi as usize] = value;
+        }
+    }
+
+    // O / l through the q tile (free: the strips' Q is in registers), then whole vectors.
+    sync_cube();
+    #[unroll]
+    for dn in 0..head_tiles {
+        let lo = (row_lo * qk_s + dn * 4 + tid) as usize;
+        let hi = lo + (8 * qk_s) as usize;
+        q_tile[lo] =
+            Vector::<F, Pair>::cast_from(o[(2 * dn) as usize] * Vector::<f32, Pair>::new(inv_lo));
+        q_tile[hi] = Vector::<F, Pair>::cast_from(
+            o[(2 * dn + 1) as usize] * Vector::<f32, Pair>::new(inv_hi),
+        );
+    }
+    sync_cube();
+    let total = comptime!(g.own_rows * g.dv());
+    let mut i = UNIT_POS;
+    while i < total {
+        let r = i / dv;
+        let c = i % dv;
+        let row = q0 + r;
+        if row < seq {
+            let mut x = Vector::<F, N>::empty();
+            #[unroll]
+            for j in 0..pairs {
+                let p = q_tile[(r * qk_s + c * pairs + j) as usize];
+                x[(2 * j) as usize] = p[0];
+                x[(2 * j + 1) as usize] = p[1];
+            }
+            out[q_base + (row * dv + c) as usize] = x;
+        }
+        i += comptime!(g.units);
+    }
+}
