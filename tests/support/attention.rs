@@ -147,8 +147,11 @@ pub struct Reference {
 impl Reference {
     /// The error bound of each `row_len`-wide row of tensor `which` (0 out, 1 grad_q,
     /// 2 grad_k, 3 grad_v) in `dtype`, the scores rounded to `scores`:
-    /// `tol·‖magnitude_r‖ + 8·u_scores·‖exp_magnitude_r‖ + 2·step·‖absolute_magnitude_r‖`,
-    /// `step` the dtype's absolute rounding step below its smallest normal. The flash
+    /// `tol·‖magnitude_r‖ + 8·u_scores·‖exp_magnitude_r‖ + 2·step·‖absolute_magnitude_r‖`
+    /// `+ step_stored·√row_len`, `step` the dtype's absolute rounding step below its
+    /// smallest normal (intermediates), `step_stored` the same for the stored result
+    /// (f16 only: 2⁻²⁵; a key few queries see in a causal mask can have a gradient that
+    /// small). The flash
     /// kernels keep scores in f32; the blockwise path rounds them to the input dtype, as
     /// eager attention does.
     pub fn row_bounds(
@@ -172,12 +175,20 @@ impl Reference {
             DType::F16 => 2f64.powi(-25),
             _ => 2f64.powi(-126),
         };
+        // Every result is stored once in `dtype`: below f16's smallest normal (2⁻¹⁴) that
+        // rounding is absolute, half a subnormal step (2⁻²⁵) an element, however small the
+        // row; bf16 and f32 keep their subnormals far below any result here.
+        let stored = match dtype {
+            DType::F16 => 2f64.powi(-25) * (row_len as f64).sqrt(),
+            _ => 0.0,
+        };
         (0..m.len() / row_len.max(1))
             .map(|r| {
                 let span = r * row_len..(r + 1) * row_len;
                 tol * norm(&m[span.clone()])
                     + 8.0 * u32_ * norm(&e[span.clone()])
                     + 2.0 * step * norm(&a[span])
+                    + stored
             })
             .collect()
     }

@@ -1,13 +1,32 @@
 //! Checks of the errors bad input raises: the panic's message, and what it must name.
 
+use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Once;
+
+thread_local! {
+    /// Whether this thread is inside [`quiet_panic`].
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+}
 
 /// Runs `f`; returns the message of its panic, if any, without printing it.
+///
+/// The panic hook is process-wide and tests run on many threads at once: swapping it in
+/// and out here would also silence a failing test on another thread (its assertion
+/// message lost). One hook, installed once, stays quiet only for the threads inside.
 pub fn quiet_panic(f: impl FnOnce()) -> Option<String> {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
     let result = catch_unwind(AssertUnwindSafe(f));
-    std::panic::set_hook(previous);
+    QUIET.with(|q| q.set(was));
     result.err().map(|payload| {
         payload
             .downcast_ref::<String>()
