@@ -114,8 +114,8 @@ pub struct FlashGeometry {
     pub vector: u32,
     /// `cmma` products (else FMA loops).
     pub tensor_cores: bool,
-    /// The forward's register-resident `mma.sync` products ([`FlashVariant::Mma`]; the
-    /// forward geometry only).
+    /// Register-resident `mma.sync` products ([`FlashVariant::Mma`]: the forward and dQ
+    /// geometries).
     pub mma: bool,
     /// Score tile rows (queries).
     pub s_rows: u32,
@@ -167,8 +167,8 @@ pub enum FlashKernel {
 
 /// Bytes of shared memory a kernel of geometry `g` uses for inputs of `elem` bytes.
 pub fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) -> usize {
-    if g.mma && kernel == FlashKernel::Forward {
-        return mma::shared_bytes(g, elem);
+    if g.mma {
+        return mma::shared_bytes(g, kernel, elem);
     }
     let tile = |rows: u32| rows as usize * g.stride() as usize * g.vector as usize * elem;
     let s_tile = g.s_rows as usize * g.s_stride() as usize * 4;
@@ -1715,8 +1715,8 @@ fn flash_backward_q_kernel<F: Float, N: Size>(
 /// How the flash kernels compute their products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FlashVariant {
-    /// The forward on register-resident `mma.sync` m16n8k16 products (PTX layouts: CUDA
-    /// with f16/bf16 on sm_80 and later; module `attention_mma`), the backward as
+    /// The forward and dQ on register-resident `mma.sync` m16n8k16 products (PTX
+    /// layouts: CUDA with f16/bf16 on sm_80 and later; module `attention_mma`), dK/dV as
     /// [`FlashVariant::TensorCores`].
     Mma,
     /// `cmma` 16×16×16 fragments of the input dtype with f32 accumulators (tensor cores).
@@ -1736,7 +1736,16 @@ const CMMA_PLANE: u32 = 32;
 /// | tensor cores | forward | > 64 | 64 queries | 64 keys | 128 (4 planes, 1 strip each) |
 /// | tensor cores | dK/dV | any | 64 keys | 64 queries | 128 |
 /// | tensor cores | dQ | any | 64 queries | 64 keys | 128 |
+/// | register mma | forward | ≤ 64 | 128 queries | 64 keys | 256 (8 planes) |
+/// | register mma | forward | > 64 | 64 queries | 64 keys | 128 (4 planes) |
+/// | register mma | dQ | any | 64 queries | 64 keys | 128 |
+/// | register mma | dK/dV | any | as tensor cores |
 /// | FMA | all | any | `fma_rows` | `fma_rows` | 64 |
+///
+/// Register mma: each plane owns 16 rows; its scores (64 keys: 32 f32 registers a lane)
+/// and accumulator (head_dim / 2 a lane) stay in registers: at head_dim 64 the forward
+/// takes 128 registers a unit, two cubes an SM; at 128, 175 (measured by ptxas for
+/// sm_90). Shared memory: forward 36 KiB (64) / 52 KiB (128), dQ 36 / 69 KiB.
 ///
 /// Tensor cores: each plane owns 16-row strips of the cube's rows; 64-key steps keep a
 /// step's score strips at four accumulator fragments per plane, and the `O` fragments of
@@ -1757,8 +1766,12 @@ pub fn flash_geometry(
     fma_rows: u32,
 ) -> FlashGeometry {
     let (own, step, planes, tensor_cores) = match variant {
-        FlashVariant::Mma if kernel == FlashKernel::Forward => {
-            let planes = if head_dim <= 64 { 8 } else { 4 };
+        FlashVariant::Mma if kernel != FlashKernel::BackwardKv => {
+            let planes = if kernel == FlashKernel::Forward && head_dim <= 64 {
+                8
+            } else {
+                4
+            };
             (16 * planes, 64, planes, true)
         }
         FlashVariant::TensorCores | FlashVariant::Mma => {
@@ -1783,7 +1796,7 @@ pub fn flash_geometry(
         head_dim: head_dim as u32,
         vector: vector as u32,
         tensor_cores,
-        mma: variant == FlashVariant::Mma && kernel == FlashKernel::Forward,
+        mma: variant == FlashVariant::Mma && kernel != FlashKernel::BackwardKv,
         s_rows,
         s_cols,
         fast_exp: false,
@@ -2326,30 +2339,57 @@ pub fn flash_attention_backward<R: Runtime>(
     )?;
     // Safety: as above.
     unsafe {
-        flash_backward_q_kernel::launch_unchecked::<R>(
-            client,
-            q_count,
-            CubeDim::new_1d(gq.units),
-            n,
-            arr(args.q, q_len),
-            arr(args.k, kv_len),
-            arr(args.v, kv_len),
-            arr(args.grad_output, q_len),
-            arr(args.lse, rows),
-            arr(&dot, rows),
-            arr(&ids, ids_len),
-            arr(&q_ranges, q_table),
-            arr(&k_ranges, k_table),
-            arr(args.grad_q, q_len),
-            p.seq as u32,
-            p.q_heads as u32,
-            p.kv_heads as u32,
-            p.window as u32,
-            p.scale as f32,
-            gq,
-            p.mask,
-            dtype,
-        );
+        if gq.mma {
+            mma::flash_backward_q_mma_kernel::launch_unchecked::<R>(
+                client,
+                q_count,
+                CubeDim::new_1d(gq.units),
+                n,
+                arr(args.q, q_len),
+                arr(args.k, kv_len),
+                arr(args.v, kv_len),
+                arr(args.grad_output, q_len),
+                arr(args.lse, rows),
+                arr(&dot, rows),
+                arr(&ids, ids_len),
+                arr(&q_ranges, q_table),
+                arr(&k_ranges, k_table),
+                arr(args.grad_q, q_len),
+                p.seq as u32,
+                p.q_heads as u32,
+                p.kv_heads as u32,
+                p.window as u32,
+                p.scale as f32,
+                gq,
+                p.mask,
+                dtype,
+            );
+        } else {
+            flash_backward_q_kernel::launch_unchecked::<R>(
+                client,
+                q_count,
+                CubeDim::new_1d(gq.units),
+                n,
+                arr(args.q, q_len),
+                arr(args.k, kv_len),
+                arr(args.v, kv_len),
+                arr(args.grad_output, q_len),
+                arr(args.lse, rows),
+                arr(&dot, rows),
+                arr(&ids, ids_len),
+                arr(&q_ranges, q_table),
+                arr(&k_ranges, k_table),
+                arr(args.grad_q, q_len),
+                p.seq as u32,
+                p.q_heads as u32,
+                p.kv_heads as u32,
+                p.window as u32,
+                p.scale as f32,
+                gq,
+                p.mask,
+                dtype,
+            );
+        }
     }
     counters::record(Kernel::flash_attention_backward);
     Ok(())

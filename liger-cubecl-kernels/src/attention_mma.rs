@@ -22,8 +22,8 @@
 //! to the input dtype before `P·V`, `l` summed from the unrounded `P`.
 
 use super::{
-    AttentionMask, FlashGeometry, RESCALE_THRESHOLD, block_fully_visible, documents_meet,
-    flash_math, key_block_range, visible,
+    AttentionMask, FlashGeometry, FlashKernel, RESCALE_THRESHOLD, block_fully_visible,
+    documents_meet, flash_math, key_block_range, visible,
 };
 use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
@@ -41,10 +41,16 @@ pub(super) fn vt_stride(g: &FlashGeometry) -> u32 {
     g.step_rows / 2 + 4
 }
 
-/// Bytes of shared memory of the forward (`elem`-byte inputs).
-pub(super) fn shared_bytes(g: &FlashGeometry, elem: usize) -> usize {
+/// Bytes of shared memory of the forward or the dQ kernel (`elem`-byte inputs).
+pub(super) fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) -> usize {
     let pair = 2 * elem;
-    (g.own_rows * qk_stride(g) + g.step_rows * qk_stride(g) + g.head_dim * vt_stride(g)) as usize
+    // Forward: q (then the output), k, vᵀ. dQ: q and dO in turn (then dQ), k, v, kᵀ.
+    let row_tiles = match kernel {
+        FlashKernel::BackwardQ => 2,
+        _ => 1,
+    };
+    (g.own_rows * qk_stride(g) + row_tiles * g.step_rows * qk_stride(g) + g.head_dim * vt_stride(g))
+        as usize
         * pair
 }
 
@@ -125,12 +131,13 @@ fn stage_rows<F: Float, N: Size>(
     }
 }
 
-/// Copies key rows `row0..row0 + step_rows` of the `[seq, head_dim]` value slab (vector
-/// `base`) transposed into `tile`: word `d · vt_stride + j` holds `(V[2j, d], V[2j+1, d])`
+/// Copies key rows `row0..row0 + step_rows` of a `[seq, head_dim]` slab (vector `base`;
+/// values in the forward, keys in dQ) transposed into `tile`: word `d · vt_stride + j`
+/// holds `(X[2j, d], X[2j+1, d])`
 /// (zeros past `seq`). Consecutive units take consecutive key pairs, so a plane's stores
 /// hit 32 banks.
 #[cube]
-fn stage_values_transposed<F: Float, N: Size>(
+fn stage_transposed<F: Float, N: Size>(
     src: &Array<Vector<F, N>>,
     base: usize,
     row0: u32,
@@ -191,13 +198,7 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     let br = comptime!(g.own_rows);
     let bc = comptime!(g.step_rows);
     let dv = comptime!(g.dv());
-    let pairs = comptime!(g.vector / 2);
-    let qk_s = comptime!(qk_stride(&g));
-    let vt_s = comptime!(vt_stride(&g));
-    // Products per row strip: k-steps of the head (S) and of the keys (P·V); C tiles of the
-    // keys (S) and of the head (O).
-    let head_steps = comptime!(g.head_dim / 16);
-    let key_steps = comptime!(g.step_rows / 16);
+    // C tiles of a strip: of the keys (S) and of the head (O).
     let key_tiles = comptime!(g.step_rows / 8);
     let head_tiles = comptime!(g.head_dim / 8);
 
@@ -241,15 +242,7 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     sync_cube();
     // The strip's A operands of Q for every head step, kept for the whole key loop.
     let mut qa = Array::<Vector<F, Pair>>::new(comptime!(4 * g.head_dim as usize / 16));
-    #[unroll]
-    for kk in 0..head_steps {
-        let lo = (row_lo * qk_s + kk * 8 + tid) as usize;
-        let hi = lo + (8 * qk_s) as usize;
-        qa[(4 * kk) as usize] = q_tile[lo];
-        qa[(4 * kk + 1) as usize] = q_tile[hi];
-        qa[(4 * kk + 2) as usize] = q_tile[lo + 4];
-        qa[(4 * kk + 3) as usize] = q_tile[hi + 4];
-    }
+    load_row_operand::<F>(&q_tile, &mut qa, row_lo, g);
 
     let mut o = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
     #[unroll]
@@ -258,8 +251,6 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     }
     let mut s = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
     let mut pv = Array::<Vector<F, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
-    let mut a = Array::<Vector<F, Pair>>::new(4usize);
-    let mut b = Array::<Vector<F, Pair>>::new(2usize);
     // Running max (lazy) and the lane's part of the running sum, per row (lo, hi).
     let mut m_lo = f32::min_value();
     let mut m_hi = f32::min_value();
@@ -290,7 +281,7 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
             // The previous step is done with the k/v tiles.
             sync_cube();
             stage_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bc, g);
-            stage_values_transposed::<F, N>(v, kv_base, k0, seq, &mut vt_tile, g);
+            stage_transposed::<F, N>(v, kv_base, k0, seq, &mut vt_tile, g);
             sync_cube();
 
             // A strip entirely before the block's first key (causal) has nothing to do.
@@ -300,24 +291,7 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
             }
             if strip_live {
                 // S = Q·Kᵀ (B[e, key] = K[key, e]: a pair of K's row is one B register).
-                #[unroll]
-                for i in 0..comptime!(2 * key_tiles) {
-                    s[i as usize] = Vector::<f32, Pair>::new(0.0);
-                }
-                #[unroll]
-                for kk in 0..head_steps {
-                    a[0] = qa[(4 * kk) as usize];
-                    a[1] = qa[(4 * kk + 1) as usize];
-                    a[2] = qa[(4 * kk + 2) as usize];
-                    a[3] = qa[(4 * kk + 3) as usize];
-                    #[unroll]
-                    for n in 0..key_tiles {
-                        let at = ((n * 8 + gid) * qk_s + kk * 8 + tid) as usize;
-                        b[0] = k_tile[at];
-                        b[1] = k_tile[at + 4];
-                        mma::<F>(&a, &b, &mut s, comptime!(2 * n as usize));
-                    }
-                }
+                row_products::<F>(&qa, &k_tile, &mut s, g);
 
                 // Scale, mask and the rows' block max.
                 let interior = block_fully_visible(q0 + strip0, k0, seq, 16u32, bc, mask);
@@ -409,20 +383,7 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
 
                 // O += P·V: C tiles 2j, 2j+1 of P are the A operand of key step j;
                 // B[key, d] = V[key, d], a pair of Vᵀ's row is one B register.
-                #[unroll]
-                for j in 0..key_steps {
-                    a[0] = pv[(4 * j) as usize];
-                    a[1] = pv[(4 * j + 1) as usize];
-                    a[2] = pv[(4 * j + 2) as usize];
-                    a[3] = pv[(4 * j + 3) as usize];
-                    #[unroll]
-                    for dn in 0..head_tiles {
-                        let at = ((dn * 8 + gid) * vt_s + j * 8 + tid) as usize;
-                        b[0] = vt_tile[at];
-                        b[1] = vt_tile[at + 4];
-                        mma::<F>(&a, &b, &mut o, comptime!(2 * dn as usize));
-                    }
-                }
+                step_products::<F>(&pv, &vt_tile, &mut o, g);
             }
         }
     }
@@ -457,33 +418,346 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
 
     // O / l through the q tile (free: the strips' Q is in registers), then whole vectors.
     sync_cube();
+    rows_to_tile::<F>(&o, &mut q_tile, row_lo, inv_lo, inv_hi, g);
+    sync_cube();
+    tile_to_rows::<F, N>(&q_tile, out, q_base, q0, seq, g);
+}
+
+/// The four A registers of head step `kk` of this lane's rows (`row_lo`, `row_lo + 8`)
+/// from a pair tile of `qk_stride` words a row, into `frags[4·kk..4·kk + 4]`.
+#[cube]
+fn load_row_operand<F: Float>(
+    tile: &SharedMemory<Vector<F, Pair>>,
+    frags: &mut Array<Vector<F, Pair>>,
+    row_lo: u32,
+    #[comptime] g: FlashGeometry,
+) {
+    let qk_s = comptime!(qk_stride(&g));
+    let tid = UNIT_POS_PLANE % 4u32;
     #[unroll]
-    for dn in 0..head_tiles {
+    for kk in 0..comptime!(g.head_dim / 16) {
+        let lo = (row_lo * qk_s + kk * 8 + tid) as usize;
+        let hi = lo + (8 * qk_s) as usize;
+        frags[(4 * kk) as usize] = tile[lo];
+        frags[(4 * kk + 1) as usize] = tile[hi];
+        frags[(4 * kk + 2) as usize] = tile[lo + 4];
+        frags[(4 * kk + 3) as usize] = tile[hi + 4];
+    }
+}
+
+/// `acc = X·Yᵀ` for this plane's 16 rows: `x` the A registers of the rows (per head step),
+/// `y` a pair tile of `step_rows` rows (`qk_stride` words a row): a pair of `Y`'s row is
+/// one B register. `acc` holds `2 · step_rows / 8` C registers.
+#[cube]
+fn row_products<F: Float>(
+    x: &Array<Vector<F, Pair>>,
+    y: &SharedMemory<Vector<F, Pair>>,
+    acc: &mut Array<Vector<f32, Pair>>,
+    #[comptime] g: FlashGeometry,
+) {
+    let qk_s = comptime!(qk_stride(&g));
+    let lane = UNIT_POS_PLANE;
+    let gid = lane / 4u32;
+    let tid = lane % 4u32;
+    let mut a = Array::<Vector<F, Pair>>::new(4usize);
+    let mut b = Array::<Vector<F, Pair>>::new(2usize);
+    #[unroll]
+    for i in 0..comptime!(2 * g.step_rows / 8) {
+        acc[i as usize] = Vector::<f32, Pair>::new(0.0);
+    }
+    #[unroll]
+    for kk in 0..comptime!(g.head_dim / 16) {
+        a[0] = x[(4 * kk) as usize];
+        a[1] = x[(4 * kk + 1) as usize];
+        a[2] = x[(4 * kk + 2) as usize];
+        a[3] = x[(4 * kk + 3) as usize];
+        #[unroll]
+        for n in 0..comptime!(g.step_rows / 8) {
+            let at = ((n * 8 + gid) * qk_s + kk * 8 + tid) as usize;
+            b[0] = y[at];
+            b[1] = y[at + 4];
+            mma::<F>(&a, &b, acc, comptime!(2 * n as usize));
+        }
+    }
+}
+
+/// `acc += W·Z` for this plane's 16 rows: `w` the rows' `[16, step_rows]` operand as C
+/// registers rounded to pairs (`2 · step_rows / 8`), `zt` the pair tile of `Zᵀ`
+/// (`head_dim` rows of `vt_stride` words): a pair of `Zᵀ`'s row is one B register.
+#[cube]
+fn step_products<F: Float>(
+    w: &Array<Vector<F, Pair>>,
+    zt: &SharedMemory<Vector<F, Pair>>,
+    acc: &mut Array<Vector<f32, Pair>>,
+    #[comptime] g: FlashGeometry,
+) {
+    let vt_s = comptime!(vt_stride(&g));
+    let lane = UNIT_POS_PLANE;
+    let gid = lane / 4u32;
+    let tid = lane % 4u32;
+    let mut a = Array::<Vector<F, Pair>>::new(4usize);
+    let mut b = Array::<Vector<F, Pair>>::new(2usize);
+    #[unroll]
+    for j in 0..comptime!(g.step_rows / 16) {
+        a[0] = w[(4 * j) as usize];
+        a[1] = w[(4 * j + 1) as usize];
+        a[2] = w[(4 * j + 2) as usize];
+        a[3] = w[(4 * j + 3) as usize];
+        #[unroll]
+        for dn in 0..comptime!(g.head_dim / 8) {
+            let at = ((dn * 8 + gid) * vt_s + j * 8 + tid) as usize;
+            b[0] = zt[at];
+            b[1] = zt[at + 4];
+            mma::<F>(&a, &b, acc, comptime!(2 * dn as usize));
+        }
+    }
+}
+
+/// Writes this plane's 16 rows of `acc` (`2 · head_dim / 8` C registers) times `factor`
+/// into the pair tile `tile` (`qk_stride` words a row), in the input dtype.
+#[cube]
+fn rows_to_tile<F: Float>(
+    acc: &Array<Vector<f32, Pair>>,
+    tile: &mut SharedMemory<Vector<F, Pair>>,
+    row_lo: u32,
+    factor_lo: f32,
+    factor_hi: f32,
+    #[comptime] g: FlashGeometry,
+) {
+    let qk_s = comptime!(qk_stride(&g));
+    let tid = UNIT_POS_PLANE % 4u32;
+    #[unroll]
+    for dn in 0..comptime!(g.head_dim / 8) {
         let lo = (row_lo * qk_s + dn * 4 + tid) as usize;
         let hi = lo + (8 * qk_s) as usize;
-        q_tile[lo] =
-            Vector::<F, Pair>::cast_from(o[(2 * dn) as usize] * Vector::<f32, Pair>::new(inv_lo));
-        q_tile[hi] = Vector::<F, Pair>::cast_from(
-            o[(2 * dn + 1) as usize] * Vector::<f32, Pair>::new(inv_hi),
+        tile[lo] = Vector::<F, Pair>::cast_from(
+            acc[(2 * dn) as usize] * Vector::<f32, Pair>::new(factor_lo),
+        );
+        tile[hi] = Vector::<F, Pair>::cast_from(
+            acc[(2 * dn + 1) as usize] * Vector::<f32, Pair>::new(factor_hi),
         );
     }
-    sync_cube();
+}
+
+/// Stores rows `0..own_rows` of the pair tile `tile` to rows `row0..` (those below `seq`)
+/// of the `[seq, head_dim]` slab at vector `base` of `out`, whole vectors.
+#[cube]
+fn tile_to_rows<F: Float, N: Size>(
+    tile: &SharedMemory<Vector<F, Pair>>,
+    out: &mut Array<Vector<F, N>>,
+    base: usize,
+    row0: u32,
+    seq: u32,
+    #[comptime] g: FlashGeometry,
+) {
+    let dv = comptime!(g.dv());
+    let qk_s = comptime!(qk_stride(&g));
+    let pairs = comptime!(g.vector / 2);
     let total = comptime!(g.own_rows * g.dv());
     let mut i = UNIT_POS;
     while i < total {
         let r = i / dv;
         let c = i % dv;
-        let row = q0 + r;
+        let row = row0 + r;
         if row < seq {
             let mut x = Vector::<F, N>::empty();
             #[unroll]
             for j in 0..pairs {
-                let p = q_tile[(r * qk_s + c * pairs + j) as usize];
+                let p = tile[(r * qk_s + c * pairs + j) as usize];
                 x[(2 * j) as usize] = p[0];
                 x[(2 * j + 1) as usize] = p[1];
             }
-            out[q_base + (row * dv + c) as usize] = x;
+            out[base + (row * dv + c) as usize] = x;
         }
         i += comptime!(g.units);
     }
+}
+
+/// dQ of the backward (the parent module's dQ kernel with register-resident products):
+/// per key block `S = Q·Kᵀ` and `dP = dO·Vᵀ` from registers, `P = exp(S·scale − lse)`,
+/// `dS = P ∘ (dP − D)` rounded to the input dtype straight into the A operand of
+/// `dQ += dS·K`; `dQ · scale` stored once.
+#[cube(launch_unchecked, fast_math = flash_math(&g))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
+    grad: &Array<Vector<F, N>>,
+    lse: &Array<f32>,
+    dot: &Array<f32>,
+    doc_ids: &Array<i32>,
+    q_ranges: &Array<i32>,
+    k_ranges: &Array<i32>,
+    grad_q: &mut Array<Vector<F, N>>,
+    seq: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    window: u32,
+    scale: f32,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+    #[define(F)] _dtype: StorageType,
+) {
+    let bq = comptime!(g.own_rows);
+    let bk = comptime!(g.step_rows);
+    let dv = comptime!(g.dv());
+    let key_tiles = comptime!(g.step_rows / 8);
+    let q_blocks = seq.div_ceil(bq);
+    let qb = q_blocks - 1u32 - CUBE_POS_X;
+    let head = CUBE_POS_Y;
+    let batch = CUBE_POS_Z;
+    let kv_head = head / (q_heads / kv_heads);
+    let q0 = qb * bq;
+    let seq_len = seq as usize;
+    let q_base = (batch * q_heads + head) as usize * seq_len * dv as usize;
+    let kv_base = (batch * kv_heads + kv_head) as usize * seq_len * dv as usize;
+    let row_base = (batch * q_heads + head) as usize * seq_len;
+    let doc_base = batch as usize * seq_len;
+
+    let mut row_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((bq * qk_stride(&g)) as usize),
+        128usize,
+    );
+    let mut k_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((bk * qk_stride(&g)) as usize),
+        128usize,
+    );
+    let mut v_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((bk * qk_stride(&g)) as usize),
+        128usize,
+    );
+    let mut kt_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((g.head_dim * vt_stride(&g)) as usize),
+        128usize,
+    );
+
+    let plane = UNIT_POS / 32u32;
+    let lane = UNIT_POS_PLANE;
+    let tid = lane % 4u32;
+    let strip0 = plane * 16u32;
+    let row_lo = strip0 + lane / 4u32;
+    let qpos_lo = q0 + row_lo;
+    let qpos_hi = qpos_lo + 8u32;
+
+    // Q's and dO's A operands, staged in turn through one tile.
+    let mut qa = Array::<Vector<F, Pair>>::new(comptime!(4 * g.head_dim as usize / 16));
+    let mut doa = Array::<Vector<F, Pair>>::new(comptime!(4 * g.head_dim as usize / 16));
+    stage_rows::<F, N>(q, q_base, q0, seq, &mut row_tile, bq, g);
+    sync_cube();
+    load_row_operand::<F>(&row_tile, &mut qa, row_lo, g);
+    sync_cube();
+    stage_rows::<F, N>(grad, q_base, q0, seq, &mut row_tile, bq, g);
+    sync_cube();
+    load_row_operand::<F>(&row_tile, &mut doa, row_lo, g);
+
+    let mut lse_lo = f32::max_value();
+    let mut lse_hi = f32::max_value();
+    let mut d_lo = 0.0f32;
+    let mut d_hi = 0.0f32;
+    if qpos_lo < seq {
+        lse_lo = lse[row_base + qpos_lo as usize];
+        d_lo = dot[row_base + qpos_lo as usize];
+    }
+    if qpos_hi < seq {
+        lse_hi = lse[row_base + qpos_hi as usize];
+        d_hi = dot[row_base + qpos_hi as usize];
+    }
+
+    let mut dq = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
+    #[unroll]
+    for i in 0..comptime!(2 * g.head_dim / 8) {
+        dq[i as usize] = Vector::<f32, Pair>::new(0.0);
+    }
+    let mut s = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
+    let mut dp = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
+    let mut ds = Array::<Vector<F, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
+
+    let k_blocks = seq.div_ceil(bk);
+    let mut doc_lo = 0i32;
+    let mut doc_hi = 0i32;
+    if comptime!(mask.documents) {
+        let at = ((batch * q_blocks + qb) * 2u32) as usize;
+        doc_lo = q_ranges[at];
+        doc_hi = q_ranges[at + 1];
+    }
+    let (kb_first, kb_end) = key_block_range(q0, seq, window, bq, bk, mask);
+    for kb in kb_first..kb_end {
+        let mut live = true;
+        if comptime!(mask.documents) {
+            live = documents_meet(
+                k_ranges,
+                ((batch * k_blocks + kb) * 2u32) as usize,
+                doc_lo,
+                doc_hi,
+            );
+        }
+        if live {
+            let k0 = kb * bk;
+            sync_cube();
+            stage_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bk, g);
+            stage_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bk, g);
+            stage_transposed::<F, N>(k, kv_base, k0, seq, &mut kt_tile, g);
+            sync_cube();
+
+            let mut strip_live = true;
+            if comptime!(mask.causal) {
+                strip_live = q0 + strip0 + 15u32 >= k0;
+            }
+            if strip_live {
+                row_products::<F>(&qa, &k_tile, &mut s, g);
+                row_products::<F>(&doa, &v_tile, &mut dp, g);
+                let interior = block_fully_visible(q0 + strip0, k0, seq, 16u32, bk, mask);
+                #[unroll]
+                for n in 0..key_tiles {
+                    let kpos = k0 + n * 8 + 2 * tid;
+                    let s_lo = s[(2 * n) as usize];
+                    let s_hi = s[(2 * n + 1) as usize];
+                    let dp_lo = dp[(2 * n) as usize];
+                    let dp_hi = dp[(2 * n + 1) as usize];
+                    let mut p0 = 0.0f32;
+                    let mut p1 = 0.0f32;
+                    let mut p2 = 0.0f32;
+                    let mut p3 = 0.0f32;
+                    if lse_lo < f32::max_value() {
+                        p0 = f32::exp(s_lo[0] * scale - lse_lo);
+                        p1 = f32::exp(s_lo[1] * scale - lse_lo);
+                    }
+                    if lse_hi < f32::max_value() {
+                        p2 = f32::exp(s_hi[0] * scale - lse_hi);
+                        p3 = f32::exp(s_hi[1] * scale - lse_hi);
+                    }
+                    if !interior {
+                        if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
+                            p0 = 0.0;
+                        }
+                        if !visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask) {
+                            p1 = 0.0;
+                        }
+                        if !visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask) {
+                            p2 = 0.0;
+                        }
+                        if !visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask) {
+                            p3 = 0.0;
+                        }
+                    }
+                    ds[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(
+                        p0 * (dp_lo[0] - d_lo),
+                        p1 * (dp_lo[1] - d_lo),
+                    ));
+                    ds[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(
+                        p2 * (dp_hi[0] - d_hi),
+                        p3 * (dp_hi[1] - d_hi),
+                    ));
+                }
+                // dQ += dS·K (B[key, e] = K[key, e]: a pair of Kᵀ's row).
+                step_products::<F>(&ds, &kt_tile, &mut dq, g);
+            }
+        }
+    }
+
+    sync_cube();
+    rows_to_tile::<F>(&dq, &mut row_tile, row_lo, scale, scale, g);
+    sync_cube();
+    tile_to_rows::<F, N>(&row_tile, grad_q, q_base, q0, seq, g);
 }
