@@ -114,8 +114,7 @@ pub struct FlashGeometry {
     pub vector: u32,
     /// `cmma` products (else FMA loops).
     pub tensor_cores: bool,
-    /// Register-resident `mma.sync` products ([`FlashVariant::Mma`]: the forward and dQ
-    /// geometries).
+    /// Register-resident `mma.sync` products ([`FlashVariant::Mma`]).
     pub mma: bool,
     /// Score tile rows (queries).
     pub s_rows: u32,
@@ -1715,9 +1714,8 @@ fn flash_backward_q_kernel<F: Float, N: Size>(
 /// How the flash kernels compute their products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FlashVariant {
-    /// The forward and dQ on register-resident `mma.sync` m16n8k16 products (PTX
-    /// layouts: CUDA with f16/bf16 on sm_80 and later; module `attention_mma`), dK/dV as
-    /// [`FlashVariant::TensorCores`].
+    /// Register-resident `mma.sync` m16n8k16 products (PTX layouts: CUDA with f16/bf16
+    /// on sm_80 and later; module `attention_mma`).
     Mma,
     /// `cmma` 16×16×16 fragments of the input dtype with f32 accumulators (tensor cores).
     TensorCores,
@@ -1738,8 +1736,8 @@ const CMMA_PLANE: u32 = 32;
 /// | tensor cores | dQ | any | 64 queries | 64 keys | 128 |
 /// | register mma | forward | ≤ 64 | 128 queries | 64 keys | 256 (8 planes) |
 /// | register mma | forward | > 64 | 64 queries | 64 keys | 128 (4 planes) |
+/// | register mma | dK/dV | any | 64 keys | 64 queries | 128 |
 /// | register mma | dQ | any | 64 queries | 64 keys | 128 |
-/// | register mma | dK/dV | any | as tensor cores |
 /// | FMA | all | any | `fma_rows` | `fma_rows` | 64 |
 ///
 /// Register mma: each plane owns 16 rows; its scores (64 keys: 32 f32 registers a lane)
@@ -1766,7 +1764,7 @@ pub fn flash_geometry(
     fma_rows: u32,
 ) -> FlashGeometry {
     let (own, step, planes, tensor_cores) = match variant {
-        FlashVariant::Mma if kernel != FlashKernel::BackwardKv => {
+        FlashVariant::Mma => {
             let planes = if kernel == FlashKernel::Forward && head_dim <= 64 {
                 8
             } else {
@@ -1774,7 +1772,7 @@ pub fn flash_geometry(
             };
             (16 * planes, 64, planes, true)
         }
-        FlashVariant::TensorCores | FlashVariant::Mma => {
+        FlashVariant::TensorCores => {
             if kernel == FlashKernel::Forward && head_dim <= 64 {
                 (128, 64, 8, true)
             } else {
@@ -1796,7 +1794,7 @@ pub fn flash_geometry(
         head_dim: head_dim as u32,
         vector: vector as u32,
         tensor_cores,
-        mma: variant == FlashVariant::Mma && kernel != FlashKernel::BackwardKv,
+        mma: variant == FlashVariant::Mma,
         s_rows,
         s_cols,
         fast_exp: false,
@@ -2304,31 +2302,59 @@ pub fn flash_attention_backward<R: Runtime>(
     )?;
     // Safety: as in the forward; `dot` holds `rows` f32.
     unsafe {
-        flash_backward_kv_kernel::launch_unchecked::<R>(
-            client,
-            kv_count,
-            CubeDim::new_1d(gkv.units),
-            n,
-            arr(args.q, q_len),
-            arr(args.k, kv_len),
-            arr(args.v, kv_len),
-            arr(args.grad_output, q_len),
-            arr(args.lse, rows),
-            arr(&dot, rows),
-            arr(&ids, ids_len),
-            arr(&q_ranges, q_table),
-            arr(&k_ranges, k_table),
-            arr(args.grad_k, kv_len),
-            arr(args.grad_v, kv_len),
-            p.seq as u32,
-            p.q_heads as u32,
-            p.kv_heads as u32,
-            p.window as u32,
-            p.scale as f32,
-            gkv,
-            p.mask,
-            dtype,
-        );
+        if gkv.mma {
+            mma::flash_backward_kv_mma_kernel::launch_unchecked::<R>(
+                client,
+                kv_count,
+                CubeDim::new_1d(gkv.units),
+                n,
+                arr(args.q, q_len),
+                arr(args.k, kv_len),
+                arr(args.v, kv_len),
+                arr(args.grad_output, q_len),
+                arr(args.lse, rows),
+                arr(&dot, rows),
+                arr(&ids, ids_len),
+                arr(&q_ranges, q_table),
+                arr(&k_ranges, k_table),
+                arr(args.grad_k, kv_len),
+                arr(args.grad_v, kv_len),
+                p.seq as u32,
+                p.q_heads as u32,
+                p.kv_heads as u32,
+                p.window as u32,
+                p.scale as f32,
+                gkv,
+                p.mask,
+                dtype,
+            );
+        } else {
+            flash_backward_kv_kernel::launch_unchecked::<R>(
+                client,
+                kv_count,
+                CubeDim::new_1d(gkv.units),
+                n,
+                arr(args.q, q_len),
+                arr(args.k, kv_len),
+                arr(args.v, kv_len),
+                arr(args.grad_output, q_len),
+                arr(args.lse, rows),
+                arr(&dot, rows),
+                arr(&ids, ids_len),
+                arr(&q_ranges, q_table),
+                arr(&k_ranges, k_table),
+                arr(args.grad_k, kv_len),
+                arr(args.grad_v, kv_len),
+                p.seq as u32,
+                p.q_heads as u32,
+                p.kv_heads as u32,
+                p.window as u32,
+                p.scale as f32,
+                gkv,
+                p.mask,
+                dtype,
+            );
+        }
     }
     let q_count = cube_count(
         client,

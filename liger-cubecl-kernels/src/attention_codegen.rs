@@ -410,6 +410,65 @@ fn register_mma_forward_compiles_to_cuda() {
                     "{name}: no m16n8k16 mma.sync:\n{source}"
                 );
                 assert!(!source.contains("wmma"), "{name}: a wmma call:\n{source}");
+
+                let g = FlashGeometry {
+                    fast_exp: true,
+                    ..flash_geometry(FlashKernel::BackwardKv, FlashVariant::Mma, head_dim, n, 16)
+                };
+                assert!(g.mma);
+                let s = settings(&g);
+                let mut launcher = KernelLauncher::<R>::new(s.clone());
+                launcher.with_scope(|scope| {
+                    scope.device_properties(client.properties());
+                    scope.runtime_properties = std::rc::Rc::new(cuda_mma_properties());
+                    scope.register_size::<DynamicSize<mma::flash_backward_kv_mma_kernel::_N>>(n);
+                    scope.register_type::<DynamicScalar<mma::flash_backward_kv_mma_kernel::_F>>(
+                        elem,
+                    );
+                });
+                macro_rules! reg {
+                    ($t:ty, $v:expr) => {
+                        <$t as LaunchArg>::register($v, &mut launcher)
+                    };
+                }
+                type KV = Array<
+                    Vector<
+                        mma::flash_backward_kv_mma_kernel::F,
+                        mma::flash_backward_kv_mma_kernel::N,
+                    >,
+                >;
+                let kernel = mma::flash_backward_kv_mma_kernel::FlashBackwardKvMmaKernel::<R>::new(
+                    s,
+                    client.clone(),
+                    reg!(KV, arr(&h)),
+                    reg!(KV, arr(&h)),
+                    reg!(KV, arr(&h)),
+                    reg!(KV, arr(&h)),
+                    reg!(Array<f32>, arr(&h)),
+                    reg!(Array<f32>, arr(&h)),
+                    reg!(Array<i32>, arr(&h)),
+                    reg!(Array<i32>, arr(&h)),
+                    reg!(Array<i32>, arr(&h)),
+                    reg!(KV, arr(&h)),
+                    reg!(KV, arr(&h)),
+                    reg!(u32, 1u32),
+                    reg!(u32, 1u32),
+                    reg!(u32, 1u32),
+                    reg!(u32, 1u32),
+                    reg!(f32, 1.0f32),
+                    n,
+                    g,
+                    mask,
+                    elem,
+                );
+                let source = cuda_source(kernel.define());
+                let name = format!("backward_kv_mma_{kind}_d{head_dim}_{}", mask.documents);
+                dump(&name, &source);
+                assert!(
+                    source.contains("mma.sync.aligned.m16n8k16"),
+                    "{name}: no m16n8k16 mma.sync:\n{source}"
+                );
+                assert!(!source.contains("wmma"), "{name}: a wmma call:\n{source}");
             }
         }
     }

@@ -1,6 +1,6 @@
-//! The flash forward with register-resident products ([`FlashVariant::Mma`]): the
-//! scores, the probabilities and the output accumulator never leave registers, as in
-//! FlashAttention-2.
+//! The flash kernels with register-resident products ([`FlashVariant::Mma`]): scores,
+//! probabilities and accumulators never leave registers, as in FlashAttention-2. The
+//! forward, dQ and dK/dV do the parent module's math (see its docs) unchanged.
 //!
 //! Products are PTX `mma.sync` m16n8k16 (f16/bf16 into f32) through CubeCL's manual MMA,
 //! whose per-lane layout is fixed by PTX (lane `4g + t`, `g = lane / 4`, `t = lane % 4`):
@@ -14,16 +14,18 @@
 //! dtype, straight into `O += P·V` with no trip through shared memory. A row's values sit
 //! in the four lanes of a quad, so its max and sum are two `shuffle_xor`s.
 //!
-//! Each plane owns 16 query rows of the cube; per key block the cube stages `K` row-major
-//! and `V` transposed in shared memory as 32-bit pairs, so that every B register is one
-//! aligned 32-bit load (`K[key, e..e+2]` and `Vᵀ[d, key..key+2]`); rows are padded to 4
-//! words past a multiple of 32 banks, so the 32 lanes of a load hit 32 banks. The math is
-//! the forward of the module docs unchanged: f32 scores, the lazy rescale, `P` rounded
-//! to the input dtype before `P·V`, `l` summed from the unrounded `P`.
+//! Each plane owns 16 rows of the cube (queries; keys in dK/dV). Per step the cube
+//! stages the streamed rows in shared memory as 32-bit pairs, row-major where they are
+//! the B operand of a product over the head (`X·Yᵀ`: `Y[row, e..e+2]`) and transposed
+//! where they are the B operand of a product over the step (`W·Z`: `Zᵀ[e, row..row+2]`),
+//! so every B register is one aligned 32-bit load; rows are padded to 4 words past a
+//! multiple of 32 banks, so the 32 lanes of a load hit 32 banks. As in the parent
+//! module: f32 scores, the forward's lazy rescale, `P` rounded to the input dtype before
+//! `P·V`, `l` summed from the unrounded `P`, `dS` rounded once before its products.
 
 use super::{
     AttentionMask, FlashGeometry, FlashKernel, RESCALE_THRESHOLD, block_fully_visible,
-    documents_meet, flash_math, key_block_range, visible,
+    documents_meet, flash_math, key_block_range, load_row_values, query_block_range, visible,
 };
 use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
@@ -41,17 +43,22 @@ pub(super) fn vt_stride(g: &FlashGeometry) -> u32 {
     g.step_rows / 2 + 4
 }
 
-/// Bytes of shared memory of the forward or the dQ kernel (`elem`-byte inputs).
+/// Bytes of shared memory of a kernel (`elem`-byte inputs).
 pub(super) fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) -> usize {
     let pair = 2 * elem;
-    // Forward: q (then the output), k, vᵀ. dQ: q and dO in turn (then dQ), k, v, kᵀ.
-    let row_tiles = match kernel {
-        FlashKernel::BackwardQ => 2,
-        _ => 1,
-    };
-    (g.own_rows * qk_stride(g) + row_tiles * g.step_rows * qk_stride(g) + g.head_dim * vt_stride(g))
-        as usize
-        * pair
+    let own = (g.own_rows * qk_stride(g)) as usize * pair;
+    let step = (g.step_rows * qk_stride(g)) as usize * pair;
+    let transposed = (g.head_dim * vt_stride(g)) as usize * pair;
+    match kernel {
+        // q (then the output), k, vᵀ.
+        FlashKernel::Forward => own + step + transposed,
+        // q and dO in turn (then dQ), k, v, kᵀ.
+        FlashKernel::BackwardQ => own + 2 * step + transposed,
+        // k, v (then dK, dV), q, dO, qᵀ, dOᵀ, lse and D of the step.
+        FlashKernel::BackwardKv => {
+            2 * own + 2 * step + 2 * transposed + 2 * g.step_rows as usize * 4
+        }
+    }
 }
 
 /// `acc[at..at + 2] += a·b`: one m16n8k16 product into the C registers `at`, `at + 1`.
@@ -760,4 +767,228 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
     rows_to_tile::<F>(&dq, &mut row_tile, row_lo, scale, scale, g);
     sync_cube();
     tile_to_rows::<F, N>(&row_tile, grad_q, q_base, q0, seq, g);
+}
+
+/// dK and dV of the backward (the parent module's dK/dV kernel with register-resident
+/// products): per query block of each query head of the group, `Sᵀ = K·Qᵀ` and
+/// `dPᵀ = V·dOᵀ` ([keys, queries], rows of this plane's 16 keys), `Pᵀ = exp(Sᵀ·scale − lse)`
+/// and `dSᵀ = Pᵀ ∘ (dPᵀ − D)` rounded to the input dtype straight into the A operands of
+/// `dV += Pᵀ·dO` and `dK += dSᵀ·Q`; the group's heads summed in registers, `dK · scale`
+/// and `dV` stored once (no atomics: deterministic).
+#[cube(launch_unchecked, fast_math = flash_math(&g))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
+    grad: &Array<Vector<F, N>>,
+    lse: &Array<f32>,
+    dot: &Array<f32>,
+    doc_ids: &Array<i32>,
+    q_ranges: &Array<i32>,
+    k_ranges: &Array<i32>,
+    grad_k: &mut Array<Vector<F, N>>,
+    grad_v: &mut Array<Vector<F, N>>,
+    seq: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    window: u32,
+    scale: f32,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+    #[define(F)] _dtype: StorageType,
+) {
+    let bk = comptime!(g.own_rows);
+    let bq = comptime!(g.step_rows);
+    let dv = comptime!(g.dv());
+    let query_tiles = comptime!(g.step_rows / 8);
+    let kb = CUBE_POS_X;
+    let kv_head = CUBE_POS_Y;
+    let batch = CUBE_POS_Z;
+    let group = q_heads / kv_heads;
+    let k0 = kb * bk;
+    let seq_len = seq as usize;
+    let kv_base = (batch * kv_heads + kv_head) as usize * seq_len * dv as usize;
+    let doc_base = batch as usize * seq_len;
+
+    let mut k_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((bk * qk_stride(&g)) as usize),
+        128usize,
+    );
+    let mut v_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((bk * qk_stride(&g)) as usize),
+        128usize,
+    );
+    let mut q_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((bq * qk_stride(&g)) as usize),
+        128usize,
+    );
+    let mut do_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((bq * qk_stride(&g)) as usize),
+        128usize,
+    );
+    let mut qt_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((g.head_dim * vt_stride(&g)) as usize),
+        128usize,
+    );
+    let mut dot_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
+        comptime!((g.head_dim * vt_stride(&g)) as usize),
+        128usize,
+    );
+    let mut lse_rows = SharedMemory::<f32>::new(comptime!(bq as usize));
+    let mut d_rows = SharedMemory::<f32>::new(comptime!(bq as usize));
+
+    let plane = UNIT_POS / 32u32;
+    let lane = UNIT_POS_PLANE;
+    let tid = lane % 4u32;
+    let strip0 = plane * 16u32;
+    let row_lo = strip0 + lane / 4u32;
+    let kpos_lo = k0 + row_lo;
+    let kpos_hi = kpos_lo + 8u32;
+
+    stage_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bk, g);
+    stage_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bk, g);
+
+    let mut dk = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
+    let mut dvv = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
+    #[unroll]
+    for i in 0..comptime!(2 * g.head_dim / 8) {
+        dk[i as usize] = Vector::<f32, Pair>::new(0.0);
+        dvv[i as usize] = Vector::<f32, Pair>::new(0.0);
+    }
+    let mut xa = Array::<Vector<F, Pair>>::new(comptime!(4 * g.head_dim as usize / 16));
+    let mut st = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
+    let mut dpt = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
+    let mut pt = Array::<Vector<F, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
+    let mut dst = Array::<Vector<F, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
+
+    let k_blocks = seq.div_ceil(bk);
+    let q_blocks = seq.div_ceil(bq);
+    let mut doc_lo = 0i32;
+    let mut doc_hi = 0i32;
+    if comptime!(mask.documents) {
+        let at = ((batch * k_blocks + kb) * 2u32) as usize;
+        doc_lo = k_ranges[at];
+        doc_hi = k_ranges[at + 1];
+    }
+    let (qb_first, qb_end) = query_block_range(k0, seq, window, bk, bq, mask);
+    for h in 0..group {
+        let head = kv_head * group + h;
+        let q_base = (batch * q_heads + head) as usize * seq_len * dv as usize;
+        let row_base = (batch * q_heads + head) as usize * seq_len;
+        for qb in qb_first..qb_end {
+            let mut live = true;
+            if comptime!(mask.documents) {
+                live = documents_meet(
+                    q_ranges,
+                    ((batch * q_blocks + qb) * 2u32) as usize,
+                    doc_lo,
+                    doc_hi,
+                );
+            }
+            if live {
+                let q0 = qb * bq;
+                sync_cube();
+                stage_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, bq, g);
+                stage_rows::<F, N>(grad, q_base, q0, seq, &mut do_tile, bq, g);
+                stage_transposed::<F, N>(q, q_base, q0, seq, &mut qt_tile, g);
+                stage_transposed::<F, N>(grad, q_base, q0, seq, &mut dot_tile, g);
+                load_row_values(
+                    lse,
+                    row_base,
+                    q0,
+                    seq,
+                    &mut lse_rows,
+                    f32::max_value(),
+                    bq,
+                    comptime!(g.units),
+                );
+                load_row_values(
+                    dot,
+                    row_base,
+                    q0,
+                    seq,
+                    &mut d_rows,
+                    0.0,
+                    bq,
+                    comptime!(g.units),
+                );
+                sync_cube();
+
+                // A strip of keys after the block's last query (causal) has nothing to do.
+                let mut strip_live = true;
+                if comptime!(mask.causal) {
+                    strip_live = q0 + bq - 1 >= k0 + strip0;
+                }
+                if strip_live {
+                    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, [keys, queries].
+                    load_row_operand::<F>(&k_tile, &mut xa, row_lo, g);
+                    row_products::<F>(&xa, &q_tile, &mut st, g);
+                    load_row_operand::<F>(&v_tile, &mut xa, row_lo, g);
+                    row_products::<F>(&xa, &do_tile, &mut dpt, g);
+                    let interior = block_fully_visible(q0, k0 + strip0, seq, bq, 16u32, mask);
+                    #[unroll]
+                    for n in 0..query_tiles {
+                        // This lane's two queries (columns) of C tile n.
+                        let c = n * 8 + 2 * tid;
+                        let lse0 = lse_rows[c as usize];
+                        let lse1 = lse_rows[(c + 1) as usize];
+                        let d0 = d_rows[c as usize];
+                        let d1 = d_rows[(c + 1) as usize];
+                        let s_lo = st[(2 * n) as usize];
+                        let s_hi = st[(2 * n + 1) as usize];
+                        let dp_lo = dpt[(2 * n) as usize];
+                        let dp_hi = dpt[(2 * n + 1) as usize];
+                        let mut p0 = 0.0f32;
+                        let mut p1 = 0.0f32;
+                        let mut p2 = 0.0f32;
+                        let mut p3 = 0.0f32;
+                        if lse0 < f32::max_value() {
+                            p0 = f32::exp(s_lo[0] * scale - lse0);
+                            p2 = f32::exp(s_hi[0] * scale - lse0);
+                        }
+                        if lse1 < f32::max_value() {
+                            p1 = f32::exp(s_lo[1] * scale - lse1);
+                            p3 = f32::exp(s_hi[1] * scale - lse1);
+                        }
+                        if !interior {
+                            let qpos = q0 + c;
+                            if !visible(qpos, kpos_lo, seq, window, doc_ids, doc_base, mask) {
+                                p0 = 0.0;
+                            }
+                            if !visible(qpos + 1, kpos_lo, seq, window, doc_ids, doc_base, mask) {
+                                p1 = 0.0;
+                            }
+                            if !visible(qpos, kpos_hi, seq, window, doc_ids, doc_base, mask) {
+                                p2 = 0.0;
+                            }
+                            if !visible(qpos + 1, kpos_hi, seq, window, doc_ids, doc_base, mask) {
+                                p3 = 0.0;
+                            }
+                        }
+                        pt[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
+                        pt[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(p2, p3));
+                        dst[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(
+                            p0 * (dp_lo[0] - d0),
+                            p1 * (dp_lo[1] - d1),
+                        ));
+                        dst[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(
+                            p2 * (dp_hi[0] - d0),
+                            p3 * (dp_hi[1] - d1),
+                        ));
+                    }
+                    // dV += Pᵀ·dO and dK += dSᵀ·Q (B[query, e]: a pair of dOᵀ's / Qᵀ's row).
+                    step_products::<F>(&pt, &dot_tile, &mut dvv, g);
+                    step_products::<F>(&dst, &qt_tile, &mut dk, g);
+                }
+            }
+        }
+    }
+
+    sync_cube();
+    rows_to_tile::<F>(&dk, &mut k_tile, row_lo, scale, scale, g);
+    rows_to_tile::<F>(&dvv, &mut v_tile, row_lo, 1.0, 1.0, g);
+    sync_cube();
+    tile_to_rows::<F, N>(&k_tile, grad_k, kv_base, k0, seq, g);
+    tile_to_rows::<F, N>(&v_tile, grad_v, kv_base, k0, seq, g);
 }
