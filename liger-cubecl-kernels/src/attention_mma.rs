@@ -25,39 +25,30 @@
 
 use super::{
     AttentionMask, FlashGeometry, FlashKernel, RESCALE_THRESHOLD, block_fully_visible,
-    documents_meet, flash_math, key_block_range, load_row_values, query_block_range, visible,
+    documents_meet, flash_math, key_block_range, load_row_values, load_rows, query_block_range,
+    visible,
 };
 use cubecl::cmma::MmaDefinition;
+use cubecl::ir::MatrixIdent;
 use cubecl::prelude::*;
 
 /// Two elements: one 32-bit register of f16/bf16, or half an f32 C register pair.
 type Pair = Const<2>;
 
-/// Words (pairs) per row of the q/k staging tiles: `head_dim / 2` plus 4 (bank spread).
-pub(super) fn qk_stride(g: &FlashGeometry) -> u32 {
-    g.head_dim / 2 + 4
-}
-
-/// Words (pairs) per row of the transposed value tile: `step_rows / 2` plus 4.
-pub(super) fn vt_stride(g: &FlashGeometry) -> u32 {
-    g.step_rows / 2 + 4
-}
-
-/// Bytes of shared memory of a kernel (`elem`-byte inputs).
+/// Bytes of shared memory of a kernel (`elem`-byte inputs): row-major tiles of
+/// [`FlashGeometry::stride`] vectors a row (16 bytes of padding: the 8 rows of an
+/// `ldmatrix` phase hit 32 banks).
 pub(super) fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) -> usize {
-    let pair = 2 * elem;
-    let own = (g.own_rows * qk_stride(g)) as usize * pair;
-    let step = (g.step_rows * qk_stride(g)) as usize * pair;
-    let transposed = (g.head_dim * vt_stride(g)) as usize * pair;
+    let row = (g.stride() * g.vector) as usize * elem;
+    let own = g.own_rows as usize * row;
+    let step = g.step_rows as usize * row;
     match kernel {
-        // q (then the output), k, vᵀ.
-        FlashKernel::Forward => own + step + transposed,
-        // q and dO in turn (then dQ), k, v, kᵀ.
-        FlashKernel::BackwardQ => own + 2 * step + transposed,
-        // k, v (then dK, dV), q, dO, qᵀ, dOᵀ, lse and D of the step.
-        FlashKernel::BackwardKv => {
-            2 * own + 2 * step + 2 * transposed + 2 * g.step_rows as usize * 4
-        }
+        // q (then the output), k, v.
+        FlashKernel::Forward => own + 2 * step,
+        // q (then dQ), dO, k, v.
+        FlashKernel::BackwardQ => 2 * own + 2 * step,
+        // k, v (then dK, dV), q, dO, lse and D of the step.
+        FlashKernel::BackwardKv => 2 * own + 2 * step + 2 * g.step_rows as usize * 4,
     }
 }
 
@@ -101,83 +92,26 @@ fn quad_sum(x: f32) -> f32 {
     x + plane_shuffle_xor(x, 2u32)
 }
 
-/// Copies rows `row0..row0 + rows` of a `[seq, head_dim]` slab (vector `base`) into the
-/// pair tile `tile` (`qk_stride` words a row; zeros past `seq`).
+/// Four 8×8 matrices of 16-bit elements from the row-major tile `tile` (`stride` vectors
+/// of 8 a row) by one `ldmatrix.x4` (`.trans` when `transpose`): lane `l` names row `row`,
+/// vector column `col` of matrix `l / 8`; register `m` of every lane comes from matrix
+/// `m`, holding its elements `(l / 4, 2·(l % 4) ..+2)` (transposed: `(2·(l % 4) ..+2, l / 4)`).
 #[cube]
-#[allow(clippy::too_many_arguments)]
-fn stage_rows<F: Float, N: Size>(
-    src: &Array<Vector<F, N>>,
-    base: usize,
-    row0: u32,
-    seq: u32,
-    tile: &mut SharedMemory<Vector<F, Pair>>,
-    #[comptime] rows: u32,
+fn ldmatrix_x4<F: Float, N: Size>(
+    tile: &SharedMemory<Vector<F, N>>,
+    row: u32,
+    col: u32,
+    #[comptime] transpose: bool,
     #[comptime] g: FlashGeometry,
-) {
-    let dv = comptime!(g.dv());
-    let stride = comptime!(qk_stride(&g));
-    let pairs = comptime!(g.vector / 2);
-    let total = comptime!(rows * g.dv());
-    let mut i = UNIT_POS;
-    while i < total {
-        let r = i / dv;
-        let c = i % dv;
-        let row = row0 + r;
-        let mut x = Vector::<F, N>::new(F::new(0.0));
-        if row < seq {
-            x = src[base + (row * dv + c) as usize];
-        }
-        #[unroll]
-        for j in 0..pairs {
-            let mut p = Vector::<F, Pair>::empty();
-            p[0] = x[(2 * j) as usize];
-            p[1] = x[(2 * j + 1) as usize];
-            tile[(r * stride + c * pairs + j) as usize] = p;
-        }
-        i += comptime!(g.units);
-    }
-}
-
-/// Copies key rows `row0..row0 + step_rows` of a `[seq, head_dim]` slab (vector `base`;
-/// values in the forward, keys in dQ) transposed into `tile`: word `d · vt_stride + j`
-/// holds `(X[2j, d], X[2j+1, d])`
-/// (zeros past `seq`). Consecutive units take consecutive key pairs, so a plane's stores
-/// hit 32 banks.
-#[cube]
-fn stage_transposed<F: Float, N: Size>(
-    src: &Array<Vector<F, N>>,
-    base: usize,
-    row0: u32,
-    seq: u32,
-    tile: &mut SharedMemory<Vector<F, Pair>>,
-    #[comptime] g: FlashGeometry,
-) {
-    let dv = comptime!(g.dv());
-    let stride = comptime!(vt_stride(&g));
-    let key_pairs = comptime!(g.step_rows / 2);
-    let total = comptime!(g.step_rows / 2 * g.dv());
-    let mut i = UNIT_POS;
-    while i < total {
-        let kp = i % key_pairs;
-        let c = i / key_pairs;
-        let row = row0 + 2 * kp;
-        let mut x0 = Vector::<F, N>::new(F::new(0.0));
-        let mut x1 = Vector::<F, N>::new(F::new(0.0));
-        if row < seq {
-            x0 = src[base + (row * dv + c) as usize];
-        }
-        if row + 1 < seq {
-            x1 = src[base + ((row + 1) * dv + c) as usize];
-        }
-        #[unroll]
-        for e in 0..comptime!(g.vector) {
-            let mut p = Vector::<F, Pair>::empty();
-            p[0] = x0[e as usize];
-            p[1] = x1[e as usize];
-            tile[((c * comptime!(g.vector) + e) * stride + kp) as usize] = p;
-        }
-        i += comptime!(g.units);
-    }
+) -> Array<Vector<F, Pair>> {
+    let def = MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
+    let at = (row * comptime!(g.stride()) + col) as usize;
+    def.load_matrix::<Vector<F, N>, Pair>(
+        &tile.slice(at, at + 1),
+        MatrixIdent::B,
+        4usize,
+        transpose,
+    )
 }
 
 /// The forward (see the module docs and the parent module's); launched by
@@ -222,18 +156,12 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     let row_base = (batch * q_heads + head) as usize * seq_len;
     let doc_base = batch as usize * seq_len;
 
-    let mut q_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((br * qk_stride(&g)) as usize),
-        128usize,
-    );
-    let mut k_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((bc * qk_stride(&g)) as usize),
-        128usize,
-    );
-    let mut vt_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((g.head_dim * vt_stride(&g)) as usize),
-        128usize,
-    );
+    let mut q_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((br * g.stride()) as usize), 128usize);
+    let mut k_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bc * g.stride()) as usize), 128usize);
+    let mut v_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bc * g.stride()) as usize), 128usize);
 
     let plane = UNIT_POS / 32u32;
     let lane = UNIT_POS_PLANE;
@@ -245,11 +173,7 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     let qpos_lo = q0 + row_lo;
     let qpos_hi = qpos_lo + 8u32;
 
-    stage_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, br, g);
-    sync_cube();
-    // The strip's A operands of Q for every head step, kept for the whole key loop.
-    let mut qa = Array::<Vector<F, Pair>>::new(comptime!(4 * g.head_dim as usize / 16));
-    load_row_operand::<F>(&q_tile, &mut qa, row_lo, g);
+    load_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, br, g);
 
     let mut o = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
     #[unroll]
@@ -287,8 +211,8 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
             let k0 = kb * bc;
             // The previous step is done with the k/v tiles.
             sync_cube();
-            stage_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bc, g);
-            stage_transposed::<F, N>(v, kv_base, k0, seq, &mut vt_tile, g);
+            load_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bc, g);
+            load_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bc, g);
             sync_cube();
 
             // A strip entirely before the block's first key (causal) has nothing to do.
@@ -298,7 +222,7 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
             }
             if strip_live {
                 // S = Q·Kᵀ (B[e, key] = K[key, e]: a pair of K's row is one B register).
-                row_products::<F>(&qa, &k_tile, &mut s, g);
+                row_products::<F, N>(&q_tile, strip0, &k_tile, &mut s, g);
 
                 // Scale, mask and the rows' block max.
                 let interior = block_fully_visible(q0 + strip0, k0, seq, 16u32, bc, mask);
@@ -390,7 +314,7 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
 
                 // O += P·V: C tiles 2j, 2j+1 of P are the A operand of key step j;
                 // B[key, d] = V[key, d], a pair of Vᵀ's row is one B register.
-                step_products::<F>(&pv, &vt_tile, &mut o, g);
+                step_products::<F, N>(&pv, &v_tile, &mut o, g);
             }
         }
     }
@@ -425,132 +349,123 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
 
     // O / l through the q tile (free: the strips' Q is in registers), then whole vectors.
     sync_cube();
-    rows_to_tile::<F>(&o, &mut q_tile, row_lo, inv_lo, inv_hi, g);
+    rows_to_tile::<F, N>(&o, &mut q_tile, strip0, inv_lo, inv_hi, g);
     sync_cube();
     tile_to_rows::<F, N>(&q_tile, out, q_base, q0, seq, g);
 }
 
-/// The four A registers of head step `kk` of this lane's rows (`row_lo`, `row_lo + 8`)
-/// from a pair tile of `qk_stride` words a row, into `frags[4·kk..4·kk + 4]`.
+/// `acc = X·Yᵀ` for this plane's 16 rows `strip0..strip0 + 16` of the row-major tile `x`
+/// and the `step_rows` rows of the row-major tile `y`: the A registers of `X` are its
+/// 8×8 blocks (one `ldmatrix.x4` a head step, loaded where used rather than kept: the
+/// registers go to the accumulators), and so are `Y`'s B registers (B[e, n] = Y[n, e]),
+/// one `ldmatrix.x4` for two C tiles. `acc` holds `2 · step_rows / 8` C registers.
 #[cube]
-fn load_row_operand<F: Float>(
-    tile: &SharedMemory<Vector<F, Pair>>,
-    frags: &mut Array<Vector<F, Pair>>,
-    row_lo: u32,
-    #[comptime] g: FlashGeometry,
-) {
-    let qk_s = comptime!(qk_stride(&g));
-    let tid = UNIT_POS_PLANE % 4u32;
-    #[unroll]
-    for kk in 0..comptime!(g.head_dim / 16) {
-        let lo = (row_lo * qk_s + kk * 8 + tid) as usize;
-        let hi = lo + (8 * qk_s) as usize;
-        frags[(4 * kk) as usize] = tile[lo];
-        frags[(4 * kk + 1) as usize] = tile[hi];
-        frags[(4 * kk + 2) as usize] = tile[lo + 4];
-        frags[(4 * kk + 3) as usize] = tile[hi + 4];
-    }
-}
-
-/// `acc = X·Yᵀ` for this plane's 16 rows: `x` the A registers of the rows (per head step),
-/// `y` a pair tile of `step_rows` rows (`qk_stride` words a row): a pair of `Y`'s row is
-/// one B register. `acc` holds `2 · step_rows / 8` C registers.
-#[cube]
-fn row_products<F: Float>(
-    x: &Array<Vector<F, Pair>>,
-    y: &SharedMemory<Vector<F, Pair>>,
+fn row_products<F: Float, N: Size>(
+    x: &SharedMemory<Vector<F, N>>,
+    strip0: u32,
+    y: &SharedMemory<Vector<F, N>>,
     acc: &mut Array<Vector<f32, Pair>>,
     #[comptime] g: FlashGeometry,
 ) {
-    let qk_s = comptime!(qk_stride(&g));
     let lane = UNIT_POS_PLANE;
-    let gid = lane / 4u32;
-    let tid = lane % 4u32;
-    let mut a = Array::<Vector<F, Pair>>::new(4usize);
-    let mut b = Array::<Vector<F, Pair>>::new(2usize);
+    let m = lane / 8u32;
+    let a_row = strip0 + (m % 2) * 8 + lane % 8u32;
+    let mut b0 = Array::<Vector<F, Pair>>::new(2usize);
+    let mut b1 = Array::<Vector<F, Pair>>::new(2usize);
     #[unroll]
     for i in 0..comptime!(2 * g.step_rows / 8) {
         acc[i as usize] = Vector::<f32, Pair>::new(0.0);
     }
     #[unroll]
     for kk in 0..comptime!(g.head_dim / 16) {
-        a[0] = x[(4 * kk) as usize];
-        a[1] = x[(4 * kk + 1) as usize];
-        a[2] = x[(4 * kk + 2) as usize];
-        a[3] = x[(4 * kk + 3) as usize];
+        let a = ldmatrix_x4::<F, N>(x, a_row, kk * 2 + m / 2, false, g);
         #[unroll]
-        for n in 0..comptime!(g.step_rows / 8) {
-            let at = ((n * 8 + gid) * qk_s + kk * 8 + tid) as usize;
-            b[0] = y[at];
-            b[1] = y[at + 4];
-            mma::<F>(&a, &b, acc, comptime!(2 * n as usize));
+        for n2 in 0..comptime!(g.step_rows / 16) {
+            // Matrices: rows of tile 2·n2 at head columns 0-7, 8-15; then tile 2·n2 + 1.
+            let row = (2 * n2 + m / 2) * 8 + lane % 8u32;
+            let regs = ldmatrix_x4::<F, N>(y, row, kk * 2 + m % 2, false, g);
+            b0[0] = regs[0];
+            b0[1] = regs[1];
+            b1[0] = regs[2];
+            b1[1] = regs[3];
+            mma::<F>(&a, &b0, acc, comptime!(4 * n2 as usize));
+            mma::<F>(&a, &b1, acc, comptime!(4 * n2 as usize + 2));
         }
     }
 }
 
 /// `acc += W·Z` for this plane's 16 rows: `w` the rows' `[16, step_rows]` operand as C
-/// registers rounded to pairs (`2 · step_rows / 8`), `zt` the pair tile of `Zᵀ`
-/// (`head_dim` rows of `vt_stride` words): a pair of `Zᵀ`'s row is one B register.
+/// registers rounded to pairs (`2 · step_rows / 8`), `z` the row-major tile of
+/// `step_rows` rows: B[k, n] = Z[k, n] pairs along `k`, the transposed 8×8 blocks; one
+/// `ldmatrix.x4.trans` gives two C tiles' operands.
 #[cube]
-fn step_products<F: Float>(
+fn step_products<F: Float, N: Size>(
     w: &Array<Vector<F, Pair>>,
-    zt: &SharedMemory<Vector<F, Pair>>,
+    z: &SharedMemory<Vector<F, N>>,
     acc: &mut Array<Vector<f32, Pair>>,
     #[comptime] g: FlashGeometry,
 ) {
-    let vt_s = comptime!(vt_stride(&g));
     let lane = UNIT_POS_PLANE;
-    let gid = lane / 4u32;
-    let tid = lane % 4u32;
+    let m = lane / 8u32;
     let mut a = Array::<Vector<F, Pair>>::new(4usize);
-    let mut b = Array::<Vector<F, Pair>>::new(2usize);
+    let mut b0 = Array::<Vector<F, Pair>>::new(2usize);
+    let mut b1 = Array::<Vector<F, Pair>>::new(2usize);
     #[unroll]
     for j in 0..comptime!(g.step_rows / 16) {
         a[0] = w[(4 * j) as usize];
         a[1] = w[(4 * j + 1) as usize];
         a[2] = w[(4 * j + 2) as usize];
         a[3] = w[(4 * j + 3) as usize];
+        // Matrices: rows 0-7, 8-15 of the step at head tile 2·dn2, then at 2·dn2 + 1.
+        let row = j * 16 + (m % 2) * 8 + lane % 8u32;
         #[unroll]
-        for dn in 0..comptime!(g.head_dim / 8) {
-            let at = ((dn * 8 + gid) * vt_s + j * 8 + tid) as usize;
-            b[0] = zt[at];
-            b[1] = zt[at + 4];
-            mma::<F>(&a, &b, acc, comptime!(2 * dn as usize));
+        for dn2 in 0..comptime!(g.head_dim / 16) {
+            let regs = ldmatrix_x4::<F, N>(z, row, 2 * dn2 + m / 2, true, g);
+            b0[0] = regs[0];
+            b0[1] = regs[1];
+            b1[0] = regs[2];
+            b1[1] = regs[3];
+            mma::<F>(&a, &b0, acc, comptime!(4 * dn2 as usize));
+            mma::<F>(&a, &b1, acc, comptime!(4 * dn2 as usize + 2));
         }
     }
 }
 
-/// Writes this plane's 16 rows of `acc` (`2 · head_dim / 8` C registers) times `factor`
-/// into the pair tile `tile` (`qk_stride` words a row), in the input dtype.
+/// Writes this plane's 16 rows (`strip0..`) of `acc` (`2 · head_dim / 8` C registers)
+/// times `factor_lo` / `factor_hi` (the lane's rows `l / 4` and `l / 4 + 8`) into the
+/// row-major tile `tile`, in the input dtype, a pair at a time.
 #[cube]
-fn rows_to_tile<F: Float>(
+fn rows_to_tile<F: Float, N: Size>(
     acc: &Array<Vector<f32, Pair>>,
-    tile: &mut SharedMemory<Vector<F, Pair>>,
-    row_lo: u32,
+    tile: &mut SharedMemory<Vector<F, N>>,
+    strip0: u32,
     factor_lo: f32,
     factor_hi: f32,
     #[comptime] g: FlashGeometry,
 ) {
-    let qk_s = comptime!(qk_stride(&g));
-    let tid = UNIT_POS_PLANE % 4u32;
+    let pairs_per_row = comptime!(g.stride() * g.vector / 2);
+    let lane = UNIT_POS_PLANE;
+    let len = tile.len();
+    let mut view = tile.slice_mut(0usize, len).with_vector_size::<Pair>();
+    let lo_row = strip0 + lane / 4u32;
     #[unroll]
     for dn in 0..comptime!(g.head_dim / 8) {
-        let lo = (row_lo * qk_s + dn * 4 + tid) as usize;
-        let hi = lo + (8 * qk_s) as usize;
-        tile[lo] = Vector::<F, Pair>::cast_from(
+        let lo = (lo_row * pairs_per_row + dn * 4 + lane % 4u32) as usize;
+        let hi = lo + (8 * pairs_per_row) as usize;
+        view[lo] = Vector::<F, Pair>::cast_from(
             acc[(2 * dn) as usize] * Vector::<f32, Pair>::new(factor_lo),
         );
-        tile[hi] = Vector::<F, Pair>::cast_from(
+        view[hi] = Vector::<F, Pair>::cast_from(
             acc[(2 * dn + 1) as usize] * Vector::<f32, Pair>::new(factor_hi),
         );
     }
 }
 
-/// Stores rows `0..own_rows` of the pair tile `tile` to rows `row0..` (those below `seq`)
-/// of the `[seq, head_dim]` slab at vector `base` of `out`, whole vectors.
+/// Stores rows `0..own_rows` of the row-major tile `tile` to rows `row0..` (those below
+/// `seq`) of the `[seq, head_dim]` slab at vector `base` of `out`.
 #[cube]
 fn tile_to_rows<F: Float, N: Size>(
-    tile: &SharedMemory<Vector<F, Pair>>,
+    tile: &SharedMemory<Vector<F, N>>,
     out: &mut Array<Vector<F, N>>,
     base: usize,
     row0: u32,
@@ -558,8 +473,7 @@ fn tile_to_rows<F: Float, N: Size>(
     #[comptime] g: FlashGeometry,
 ) {
     let dv = comptime!(g.dv());
-    let qk_s = comptime!(qk_stride(&g));
-    let pairs = comptime!(g.vector / 2);
+    let stride = comptime!(g.stride());
     let total = comptime!(g.own_rows * g.dv());
     let mut i = UNIT_POS;
     while i < total {
@@ -567,14 +481,7 @@ fn tile_to_rows<F: Float, N: Size>(
         let c = i % dv;
         let row = row0 + r;
         if row < seq {
-            let mut x = Vector::<F, N>::empty();
-            #[unroll]
-            for j in 0..pairs {
-                let p = tile[(r * qk_s + c * pairs + j) as usize];
-                x[(2 * j) as usize] = p[0];
-                x[(2 * j + 1) as usize] = p[1];
-            }
-            out[base + (row * dv + c) as usize] = x;
+            out[base + (row * dv + c) as usize] = tile[(r * stride + c) as usize];
         }
         i += comptime!(g.units);
     }
@@ -622,22 +529,14 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
     let row_base = (batch * q_heads + head) as usize * seq_len;
     let doc_base = batch as usize * seq_len;
 
-    let mut row_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((bq * qk_stride(&g)) as usize),
-        128usize,
-    );
-    let mut k_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((bk * qk_stride(&g)) as usize),
-        128usize,
-    );
-    let mut v_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((bk * qk_stride(&g)) as usize),
-        128usize,
-    );
-    let mut kt_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((g.head_dim * vt_stride(&g)) as usize),
-        128usize,
-    );
+    let mut q_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bq * g.stride()) as usize), 128usize);
+    let mut do_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bq * g.stride()) as usize), 128usize);
+    let mut k_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * g.stride()) as usize), 128usize);
+    let mut v_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * g.stride()) as usize), 128usize);
 
     let plane = UNIT_POS / 32u32;
     let lane = UNIT_POS_PLANE;
@@ -647,16 +546,9 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
     let qpos_lo = q0 + row_lo;
     let qpos_hi = qpos_lo + 8u32;
 
-    // Q's and dO's A operands, staged in turn through one tile.
-    let mut qa = Array::<Vector<F, Pair>>::new(comptime!(4 * g.head_dim as usize / 16));
-    let mut doa = Array::<Vector<F, Pair>>::new(comptime!(4 * g.head_dim as usize / 16));
-    stage_rows::<F, N>(q, q_base, q0, seq, &mut row_tile, bq, g);
-    sync_cube();
-    load_row_operand::<F>(&row_tile, &mut qa, row_lo, g);
-    sync_cube();
-    stage_rows::<F, N>(grad, q_base, q0, seq, &mut row_tile, bq, g);
-    sync_cube();
-    load_row_operand::<F>(&row_tile, &mut doa, row_lo, g);
+    // Q and dO stay in shared memory: their A operands are loaded where used.
+    load_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, bq, g);
+    load_rows::<F, N>(grad, q_base, q0, seq, &mut do_tile, bq, g);
 
     let mut lse_lo = f32::max_value();
     let mut lse_hi = f32::max_value();
@@ -702,9 +594,8 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
         if live {
             let k0 = kb * bk;
             sync_cube();
-            stage_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bk, g);
-            stage_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bk, g);
-            stage_transposed::<F, N>(k, kv_base, k0, seq, &mut kt_tile, g);
+            load_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bk, g);
+            load_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bk, g);
             sync_cube();
 
             let mut strip_live = true;
@@ -712,8 +603,8 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
                 strip_live = q0 + strip0 + 15u32 >= k0;
             }
             if strip_live {
-                row_products::<F>(&qa, &k_tile, &mut s, g);
-                row_products::<F>(&doa, &v_tile, &mut dp, g);
+                row_products::<F, N>(&q_tile, strip0, &k_tile, &mut s, g);
+                row_products::<F, N>(&do_tile, strip0, &v_tile, &mut dp, g);
                 let interior = block_fully_visible(q0 + strip0, k0, seq, 16u32, bk, mask);
                 #[unroll]
                 for n in 0..key_tiles {
@@ -758,15 +649,15 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
                     ));
                 }
                 // dQ += dS·K (B[key, e] = K[key, e]: a pair of Kᵀ's row).
-                step_products::<F>(&ds, &kt_tile, &mut dq, g);
+                step_products::<F, N>(&ds, &k_tile, &mut dq, g);
             }
         }
     }
 
     sync_cube();
-    rows_to_tile::<F>(&dq, &mut row_tile, row_lo, scale, scale, g);
+    rows_to_tile::<F, N>(&dq, &mut q_tile, strip0, scale, scale, g);
     sync_cube();
-    tile_to_rows::<F, N>(&row_tile, grad_q, q_base, q0, seq, g);
+    tile_to_rows::<F, N>(&q_tile, grad_q, q_base, q0, seq, g);
 }
 
 /// dK and dV of the backward (the parent module's dK/dV kernel with register-resident
@@ -811,30 +702,14 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
     let kv_base = (batch * kv_heads + kv_head) as usize * seq_len * dv as usize;
     let doc_base = batch as usize * seq_len;
 
-    let mut k_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((bk * qk_stride(&g)) as usize),
-        128usize,
-    );
-    let mut v_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((bk * qk_stride(&g)) as usize),
-        128usize,
-    );
-    let mut q_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((bq * qk_stride(&g)) as usize),
-        128usize,
-    );
-    let mut do_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((bq * qk_stride(&g)) as usize),
-        128usize,
-    );
-    let mut qt_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((g.head_dim * vt_stride(&g)) as usize),
-        128usize,
-    );
-    let mut dot_tile = SharedMemory::<Vector<F, Pair>>::new_aligned(
-        comptime!((g.head_dim * vt_stride(&g)) as usize),
-        128usize,
-    );
+    let mut k_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * g.stride()) as usize), 128usize);
+    let mut v_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * g.stride()) as usize), 128usize);
+    let mut q_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bq * g.stride()) as usize), 128usize);
+    let mut do_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bq * g.stride()) as usize), 128usize);
     let mut lse_rows = SharedMemory::<f32>::new(comptime!(bq as usize));
     let mut d_rows = SharedMemory::<f32>::new(comptime!(bq as usize));
 
@@ -846,8 +721,8 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
     let kpos_lo = k0 + row_lo;
     let kpos_hi = kpos_lo + 8u32;
 
-    stage_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bk, g);
-    stage_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bk, g);
+    load_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bk, g);
+    load_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bk, g);
 
     let mut dk = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
     let mut dvv = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
@@ -856,7 +731,6 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
         dk[i as usize] = Vector::<f32, Pair>::new(0.0);
         dvv[i as usize] = Vector::<f32, Pair>::new(0.0);
     }
-    let mut xa = Array::<Vector<F, Pair>>::new(comptime!(4 * g.head_dim as usize / 16));
     let mut st = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
     let mut dpt = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
     let mut pt = Array::<Vector<F, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
@@ -889,10 +763,8 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
             if live {
                 let q0 = qb * bq;
                 sync_cube();
-                stage_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, bq, g);
-                stage_rows::<F, N>(grad, q_base, q0, seq, &mut do_tile, bq, g);
-                stage_transposed::<F, N>(q, q_base, q0, seq, &mut qt_tile, g);
-                stage_transposed::<F, N>(grad, q_base, q0, seq, &mut dot_tile, g);
+                load_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, bq, g);
+                load_rows::<F, N>(grad, q_base, q0, seq, &mut do_tile, bq, g);
                 load_row_values(
                     lse,
                     row_base,
@@ -922,10 +794,8 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                 }
                 if strip_live {
                     // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, [keys, queries].
-                    load_row_operand::<F>(&k_tile, &mut xa, row_lo, g);
-                    row_products::<F>(&xa, &q_tile, &mut st, g);
-                    load_row_operand::<F>(&v_tile, &mut xa, row_lo, g);
-                    row_products::<F>(&xa, &do_tile, &mut dpt, g);
+                    row_products::<F, N>(&k_tile, strip0, &q_tile, &mut st, g);
+                    row_products::<F, N>(&v_tile, strip0, &do_tile, &mut dpt, g);
                     let interior = block_fully_visible(q0, k0 + strip0, seq, bq, 16u32, mask);
                     #[unroll]
                     for n in 0..query_tiles {
@@ -978,16 +848,16 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                         ));
                     }
                     // dV += Pᵀ·dO and dK += dSᵀ·Q (B[query, e]: a pair of dOᵀ's / Qᵀ's row).
-                    step_products::<F>(&pt, &dot_tile, &mut dvv, g);
-                    step_products::<F>(&dst, &qt_tile, &mut dk, g);
+                    step_products::<F, N>(&pt, &do_tile, &mut dvv, g);
+                    step_products::<F, N>(&dst, &q_tile, &mut dk, g);
                 }
             }
         }
     }
 
     sync_cube();
-    rows_to_tile::<F>(&dk, &mut k_tile, row_lo, scale, scale, g);
-    rows_to_tile::<F>(&dvv, &mut v_tile, row_lo, 1.0, 1.0, g);
+    rows_to_tile::<F, N>(&dk, &mut k_tile, strip0, scale, scale, g);
+    rows_to_tile::<F, N>(&dvv, &mut v_tile, strip0, 1.0, 1.0, g);
     sync_cube();
     tile_to_rows::<F, N>(&k_tile, grad_k, kv_base, k0, seq, g);
     tile_to_rows::<F, N>(&v_tile, grad_v, kv_base, k0, seq, g);
