@@ -41,12 +41,7 @@ impl OnDevice for Check {
         let filter = args.op.as_deref();
         let ops: Vec<Op> = Op::ALL
             .into_iter()
-            .filter(|op| {
-                filter.is_none_or(|f| match f.strip_prefix('=') {
-                    Some(name) => op.name() == name,
-                    None => op.name().contains(f),
-                })
-            })
+            .filter(|op| conformance::selects(filter, op.name()))
             .collect();
         if ops.is_empty() {
             let names: Vec<&str> = Op::ALL.iter().map(|op| op.name()).collect();

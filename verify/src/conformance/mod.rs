@@ -759,7 +759,16 @@ fn run_row_case<B: FusedOps>(
     compare_all(actual, &expected)
 }
 
-/// Runs the whole sweep for the ops whose name contains `filter` (all when `None`).
+/// Whether `filter` selects the op named `name`: every op when `None`, the op named
+/// `NAME` alone for `=NAME`, else the ops whose name contains it.
+pub fn selects(filter: Option<&str>, name: &str) -> bool {
+    filter.is_none_or(|f| match f.strip_prefix('=') {
+        Some(exact) => name == exact,
+        None => name.contains(f),
+    })
+}
+
+/// Runs the whole sweep for the ops [`selects`] picks.
 pub fn run_suite<B: FusedOps>(
     device: &B::Device,
     dtype: DType,
@@ -770,7 +779,7 @@ pub fn run_suite<B: FusedOps>(
 ) -> Vec<CaseResult> {
     let mut results = Vec::new();
     for op in Op::ALL {
-        if filter.is_some_and(|f| !op.name().contains(f)) {
+        if !selects(filter, op.name()) {
             continue;
         }
         for (rows, width) in shapes(op, quick) {
