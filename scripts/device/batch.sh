@@ -67,15 +67,16 @@ for step in $steps; do
       # are CPU work; the device machine has 16 cores), each logged apart, then joined.
       # CHECK_REDUCTION (auto, plane, shared, both) picks the kernels' reduction path;
       # CHECK_BIN the binary (default $BIN).
-      mkdir -p "$OUT/parts"
+      # Parts go to a folder of their own: two check-full steps may run at once.
+      parts=$(mktemp -d "$OUT/parts.XXXXXX")
       for dtype in ${DTYPES:-f32 bf16}; do
         for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd}; do
           echo "$dtype $op"
         done
-      done | CHECK_OUT="$OUT" CHECK_BIN="${CHECK_BIN:-$BIN}" CHECK_TIMEOUT="${CHECK_TIMEOUT:-200}" \
+      done | CHECK_OUT="$parts" CHECK_BIN="${CHECK_BIN:-$BIN}" CHECK_TIMEOUT="${CHECK_TIMEOUT:-200}" \
         CHECK_REDUCTION="${CHECK_REDUCTION:-auto}" \
         xargs -P "${CHECK_JOBS:-1}" -L 1 sh -c '
-        log="$CHECK_OUT/parts/check_full_$0_$1.log"
+        log="$CHECK_OUT/check_full_$0_$1.log"
         echo "== $1" >"$log"
         timeout "$CHECK_TIMEOUT" "$CHECK_BIN" check --device cuda --dtype "$0" --op "$1" \
           --reduction "$CHECK_REDUCTION" >>"$log" 2>&1
@@ -84,10 +85,10 @@ for step in $steps; do
       ' || status=1
       for dtype in ${DTYPES:-f32 bf16}; do
         for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd}; do
-          cat "$OUT/parts/check_full_${dtype}_$op.log" >>"$OUT/check_full_${dtype}.log" 2>/dev/null
+          cat "$parts/check_full_${dtype}_$op.log" >>"$OUT/check_full_${dtype}.log" 2>/dev/null
         done
       done
-      rm -rf "$OUT/parts"
+      rm -rf "$parts"
       ;;
     cuda-tests)
       # The liger_burn suite on CUDA (matmul through cuBLASLt, AdamW, attention, every op on
