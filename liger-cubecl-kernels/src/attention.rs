@@ -64,6 +64,15 @@
 //!
 //! Shared tiles are padded by 16 bytes per row (fewer bank conflicts; `cmma` strides stay
 //! multiples of 8 elements and tile starts 32-byte aligned).
+//!
+//! # Register-resident products ([`FlashVariant::Mma`], module `attention_mma`)
+//!
+//! Where PTX's `mma.sync` layouts hold (CUDA, f16/bf16, sm_80+) the same three kernels run
+//! with every product as m16n8k16 `mma.sync` on registers: a score tile's C registers
+//! are, rounded, the A operand of the next product, so `S`, `P`, `dP`, `dS` and the
+//! accumulators never touch shared memory, and the row statistics are quad shuffles.
+//! Operands come from the staged tiles by `ldmatrix`. This is the variant the Burn glue
+//! picks first; `cmma` remains for devices with cooperative matrices but other layouts.
 
 use crate::counters::{self, Kernel};
 use crate::launch::{KernelError, check_float_dtype};
