@@ -2302,14 +2302,25 @@ pub fn flash_attention_backward<R: Runtime>(
         1
     };
 
-    let kv_count = cube_count(
-        client,
-        op,
-        p.seq.div_ceil(gkv.own_rows as usize),
-        p.kv_heads,
-        p.batch,
-    )?;
-    // Safety: as in the forward; `dot` holds `rows` f32.
+    let key_blocks = p.seq.div_ceil(gkv.own_rows as usize);
+    let parts = if gkv.mma {
+        mma::flash_backward_kv_parts(key_blocks * p.kv_heads * p.batch, p.q_heads / p.kv_heads)
+    } else {
+        1
+    };
+    let kv_count = cube_count(client, op, key_blocks, p.kv_heads * parts, p.batch)?;
+    let kv_elems = p.batch * p.kv_heads * p.seq * p.head_dim;
+    let (partial_k, partial_v) = if parts > 1 {
+        (
+            client.empty(parts * kv_elems * 4),
+            client.empty(parts * kv_elems * 4),
+        )
+    } else {
+        (client.empty(8), client.empty(8))
+    };
+    let partial_len = if parts > 1 { parts * kv_elems / 2 } else { 1 };
+    // Safety: as in the forward; `dot` holds `rows` f32; the parts buffers hold `parts`
+    // f32 copies of dK and dV (written only when `parts > 1`).
     unsafe {
         if gkv.mma {
             mma::flash_backward_kv_mma_kernel::launch_unchecked::<R>(
@@ -2328,15 +2339,36 @@ pub fn flash_attention_backward<R: Runtime>(
                 arr(&k_ranges, k_table),
                 arr(args.grad_k, kv_len),
                 arr(args.grad_v, kv_len),
+                arr(&partial_k, partial_len),
+                arr(&partial_v, partial_len),
                 p.seq as u32,
                 p.q_heads as u32,
                 p.kv_heads as u32,
                 p.window as u32,
                 p.scale as f32,
+                (kv_elems / 2) as u32,
                 gkv,
                 p.mask,
+                parts as u32,
                 dtype,
             );
+            if parts > 1 {
+                let len = kv_elems / n;
+                let units = 256u32;
+                for (partial, out) in [(&partial_k, args.grad_k), (&partial_v, args.grad_v)] {
+                    mma::partial_sum_kernel::launch_unchecked::<R>(
+                        client,
+                        CubeCount::Static((len as u32).div_ceil(units), 1, 1),
+                        CubeDim::new_1d(units),
+                        n,
+                        arr(partial, parts * len),
+                        arr(out, len),
+                        len as u32,
+                        parts as u32,
+                        dtype,
+                    );
+                }
+            }
         } else {
             flash_backward_kv_kernel::launch_unchecked::<R>(
                 client,

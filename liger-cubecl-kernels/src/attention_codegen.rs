@@ -411,6 +411,8 @@ fn register_mma_forward_compiles_to_cuda() {
                 );
                 assert!(!source.contains("wmma"), "{name}: a wmma call:\n{source}");
 
+                // Both output paths: whole dK/dV, and f32 parts of a split group.
+                let parts = if mask.documents { 3u32 } else { 1 };
                 let g = FlashGeometry {
                     fast_exp: true,
                     ..flash_geometry(FlashKernel::BackwardKv, FlashVariant::Mma, head_dim, n, 16)
@@ -451,18 +453,25 @@ fn register_mma_forward_compiles_to_cuda() {
                     reg!(Array<i32>, arr(&h)),
                     reg!(KV, arr(&h)),
                     reg!(KV, arr(&h)),
+                    reg!(Array<Vector<f32, Const<2>>>, arr(&h)),
+                    reg!(Array<Vector<f32, Const<2>>>, arr(&h)),
                     reg!(u32, 1u32),
                     reg!(u32, 1u32),
                     reg!(u32, 1u32),
                     reg!(u32, 1u32),
                     reg!(f32, 1.0f32),
+                    reg!(u32, 1u32),
                     n,
                     g,
                     mask,
+                    parts,
                     elem,
                 );
                 let source = cuda_source(kernel.define());
-                let name = format!("backward_kv_mma_{kind}_d{head_dim}_{}", mask.documents);
+                let name = format!(
+                    "backward_kv_mma_{kind}_d{head_dim}_{}_parts{parts}",
+                    mask.documents
+                );
                 dump(&name, &source);
                 assert!(
                     source.contains("mma.sync.aligned.m16n8k16"),

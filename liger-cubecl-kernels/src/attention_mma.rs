@@ -680,13 +680,17 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
     k_ranges: &Array<i32>,
     grad_k: &mut Array<Vector<F, N>>,
     grad_v: &mut Array<Vector<F, N>>,
+    partial_k: &mut Array<Vector<f32, Pair>>,
+    partial_v: &mut Array<Vector<f32, Pair>>,
     seq: u32,
     q_heads: u32,
     kv_heads: u32,
     window: u32,
     scale: f32,
+    part_pairs: u32,
     #[comptime] g: FlashGeometry,
     #[comptime] mask: AttentionMask,
+    #[comptime] parts: u32,
     #[define(F)] _dtype: StorageType,
 ) {
     let bk = comptime!(g.own_rows);
@@ -694,9 +698,13 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
     let dv = comptime!(g.dv());
     let query_tiles = comptime!(g.step_rows / 8);
     let kb = CUBE_POS_X;
-    let kv_head = CUBE_POS_Y;
+    // With `parts` > 1 each cube takes `group / parts` of the group's query heads and
+    // writes f32 partial sums (see `flash_backward_kv_parts`).
+    let kv_head = CUBE_POS_Y / parts;
+    let part = CUBE_POS_Y % parts;
     let batch = CUBE_POS_Z;
     let group = q_heads / kv_heads;
+    let heads_per_part = group / parts;
     let k0 = kb * bk;
     let seq_len = seq as usize;
     let kv_base = (batch * kv_heads + kv_head) as usize * seq_len * dv as usize;
@@ -746,7 +754,7 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
         doc_hi = k_ranges[at + 1];
     }
     let (qb_first, qb_end) = query_block_range(k0, seq, window, bk, bq, mask);
-    for h in 0..group {
+    for h in part * heads_per_part..(part + 1) * heads_per_part {
         let head = kv_head * group + h;
         let q_base = (batch * q_heads + head) as usize * seq_len * dv as usize;
         let row_base = (batch * q_heads + head) as usize * seq_len;
@@ -855,10 +863,65 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
         }
     }
 
-    sync_cube();
-    rows_to_tile::<F, N>(&dk, &mut k_tile, strip0, scale, scale, g);
-    rows_to_tile::<F, N>(&dvv, &mut v_tile, strip0, 1.0, 1.0, g);
-    sync_cube();
-    tile_to_rows::<F, N>(&k_tile, grad_k, kv_base, k0, seq, g);
-    tile_to_rows::<F, N>(&v_tile, grad_v, kv_base, k0, seq, g);
+    if comptime!(parts > 1) {
+        // This part's f32 sums, straight from the C registers: `[parts, batch · kv_heads ·
+        // seq, head_dim]` as pairs, `part_pairs` pairs a part.
+        let row_pairs = comptime!(g.head_dim / 2);
+        let rows_base = (batch * kv_heads + kv_head) * seq;
+        #[unroll]
+        for dn in 0..comptime!(g.head_dim / 8) {
+            if kpos_lo < seq {
+                let at =
+                    (part * part_pairs + (rows_base + kpos_lo) * row_pairs + dn * 4 + tid) as usize;
+                partial_k[at] = dk[(2 * dn) as usize] * Vector::<f32, Pair>::new(scale);
+                partial_v[at] = dvv[(2 * dn) as usize];
+            }
+            if kpos_hi < seq {
+                let at =
+                    (part * part_pairs + (rows_base + kpos_hi) * row_pairs + dn * 4 + tid) as usize;
+                partial_k[at] = dk[(2 * dn + 1) as usize] * Vector::<f32, Pair>::new(scale);
+                partial_v[at] = dvv[(2 * dn + 1) as usize];
+            }
+        }
+    } else {
+        sync_cube();
+        rows_to_tile::<F, N>(&dk, &mut k_tile, strip0, scale, scale, g);
+        rows_to_tile::<F, N>(&dvv, &mut v_tile, strip0, 1.0, 1.0, g);
+        sync_cube();
+        tile_to_rows::<F, N>(&k_tile, grad_k, kv_base, k0, seq, g);
+        tile_to_rows::<F, N>(&v_tile, grad_v, kv_base, k0, seq, g);
+    }
+}
+
+/// `out[i] = Σ_p partial[p · len + i]` in the output dtype: the dK/dV parts of
+/// [`flash_backward_kv_mma_kernel`] summed in a fixed order (deterministic).
+#[cube(launch_unchecked)]
+pub(super) fn partial_sum_kernel<F: Float, N: Size>(
+    partial: &Array<Vector<f32, N>>,
+    out: &mut Array<Vector<F, N>>,
+    len: u32,
+    #[comptime] parts: u32,
+    #[define(F)] _dtype: StorageType,
+) {
+    let i = ABSOLUTE_POS as u32;
+    if i < len {
+        let mut sum = partial[i as usize];
+        #[unroll]
+        for p in 1..parts {
+            sum += partial[(p * len + i) as usize];
+        }
+        out[i as usize] = Vector::<F, N>::cast_from(sum);
+    }
+}
+
+/// How many parts the dK/dV kernel splits each group's query heads into: the fewest that
+/// give at least `TARGET_CUBES` cubes (the grid is otherwise `key blocks × kv_heads ×
+/// batch`, a few cubes an SM when there are few kv heads: 128 at 4K tokens and 2 kv heads),
+/// a divisor of `group`. Parts cost an f32 buffer of `parts` times dK and dV.
+pub(super) fn flash_backward_kv_parts(cubes: usize, group: usize) -> usize {
+    const TARGET_CUBES: usize = 1024;
+    (1..=group)
+        .filter(|p| group.is_multiple_of(*p))
+        .find(|p| cubes * p >= TARGET_CUBES)
+        .unwrap_or(group)
 }
