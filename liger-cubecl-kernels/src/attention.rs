@@ -2161,83 +2161,54 @@ pub fn flash_attention<R: Runtime>(
     let q_blocks = p.seq.div_ceil(g.own_rows as usize);
     let count = cube_count(client, op, q_blocks, p.q_heads, p.batch)?;
     let table = |b: u32| p.batch * p.seq.div_ceil(b as usize) * 2;
+    // The two variants take the same arguments.
+    macro_rules! launch {
+        ($kernel:path) => {
+            $kernel(
+                client,
+                count,
+                CubeDim::new_1d(g.units),
+                n,
+                arr(args.q, q_len),
+                arr(args.k, kv_len),
+                arr(args.v, kv_len),
+                arr(&ids, if p.mask.documents { p.batch * p.seq } else { 1 }),
+                arr(
+                    &q_ranges,
+                    if p.mask.documents {
+                        table(g.own_rows)
+                    } else {
+                        1
+                    },
+                ),
+                arr(
+                    &k_ranges,
+                    if p.mask.documents {
+                        table(g.step_rows)
+                    } else {
+                        1
+                    },
+                ),
+                arr(args.output, q_len),
+                arr(args.lse, p.batch * p.q_heads * p.seq),
+                p.seq as u32,
+                p.q_heads as u32,
+                p.kv_heads as u32,
+                p.window as u32,
+                p.scale as f32,
+                g,
+                p.mask,
+                dtype,
+            )
+        };
+    }
     // Safety: every buffer holds the items passed with it (see `arr`); the kernel indexes
     // inside `[batch, heads, seq, head_dim]` (rows past `seq` are never read or written).
     unsafe {
         if g.mma {
-            mma::flash_forward_mma_kernel::launch_unchecked::<R>(
-                client,
-                count,
-                CubeDim::new_1d(g.units),
-                n,
-                arr(args.q, q_len),
-                arr(args.k, kv_len),
-                arr(args.v, kv_len),
-                arr(&ids, if p.mask.documents { p.batch * p.seq } else { 1 }),
-                arr(
-                    &q_ranges,
-                    if p.mask.documents {
-                        table(g.own_rows)
-                    } else {
-                        1
-                    },
-                ),
-                arr(
-                    &k_ranges,
-                    if p.mask.documents {
-                        table(g.step_rows)
-                    } else {
-                        1
-                    },
-                ),
-                arr(args.output, q_len),
-                arr(args.lse, p.batch * p.q_heads * p.seq),
-                p.seq as u32,
-                p.q_heads as u32,
-                p.kv_heads as u32,
-                p.window as u32,
-                p.scale as f32,
-                g,
-                p.mask,
-                dtype,
-            );
+            launch!(mma::flash_forward_mma_kernel::launch_unchecked::<R>);
         } else {
-            flash_forward_kernel::launch_unchecked::<R>(
-                client,
-                count,
-                CubeDim::new_1d(g.units),
-                n,
-                arr(args.q, q_len),
-                arr(args.k, kv_len),
-                arr(args.v, kv_len),
-                arr(&ids, if p.mask.documents { p.batch * p.seq } else { 1 }),
-                arr(
-                    &q_ranges,
-                    if p.mask.documents {
-                        table(g.own_rows)
-                    } else {
-                        1
-                    },
-                ),
-                arr(
-                    &k_ranges,
-                    if p.mask.documents {
-                        table(g.step_rows)
-                    } else {
-                        1
-                    },
-                ),
-                arr(args.output, q_len),
-                arr(args.lse, p.batch * p.q_heads * p.seq),
-                p.seq as u32,
-                p.q_heads as u32,
-                p.kv_heads as u32,
-                p.window as u32,
-                p.scale as f32,
-                g,
-                p.mask,
-                dtype,
-            );
+            launch!(flash_forward_kernel::launch_unchecked::<R>);
         }
     }
     counters::record(Kernel::flash_attention_forward);
@@ -2404,58 +2375,40 @@ pub fn flash_attention_backward<R: Runtime>(
         p.q_heads,
         p.batch,
     )?;
+    macro_rules! launch_q {
+        ($kernel:path) => {
+            $kernel(
+                client,
+                q_count,
+                CubeDim::new_1d(gq.units),
+                n,
+                arr(args.q, q_len),
+                arr(args.k, kv_len),
+                arr(args.v, kv_len),
+                arr(args.grad_output, q_len),
+                arr(args.lse, rows),
+                arr(&dot, rows),
+                arr(&ids, ids_len),
+                arr(&q_ranges, q_table),
+                arr(&k_ranges, k_table),
+                arr(args.grad_q, q_len),
+                p.seq as u32,
+                p.q_heads as u32,
+                p.kv_heads as u32,
+                p.window as u32,
+                p.scale as f32,
+                gq,
+                p.mask,
+                dtype,
+            )
+        };
+    }
     // Safety: as above.
     unsafe {
         if gq.mma {
-            mma::flash_backward_q_mma_kernel::launch_unchecked::<R>(
-                client,
-                q_count,
-                CubeDim::new_1d(gq.units),
-                n,
-                arr(args.q, q_len),
-                arr(args.k, kv_len),
-                arr(args.v, kv_len),
-                arr(args.grad_output, q_len),
-                arr(args.lse, rows),
-                arr(&dot, rows),
-                arr(&ids, ids_len),
-                arr(&q_ranges, q_table),
-                arr(&k_ranges, k_table),
-                arr(args.grad_q, q_len),
-                p.seq as u32,
-                p.q_heads as u32,
-                p.kv_heads as u32,
-                p.window as u32,
-                p.scale as f32,
-                gq,
-                p.mask,
-                dtype,
-            );
+            launch_q!(mma::flash_backward_q_mma_kernel::launch_unchecked::<R>);
         } else {
-            flash_backward_q_kernel::launch_unchecked::<R>(
-                client,
-                q_count,
-                CubeDim::new_1d(gq.units),
-                n,
-                arr(args.q, q_len),
-                arr(args.k, kv_len),
-                arr(args.v, kv_len),
-                arr(args.grad_output, q_len),
-                arr(args.lse, rows),
-                arr(&dot, rows),
-                arr(&ids, ids_len),
-                arr(&q_ranges, q_table),
-                arr(&k_ranges, k_table),
-                arr(args.grad_q, q_len),
-                p.seq as u32,
-                p.q_heads as u32,
-                p.kv_heads as u32,
-                p.window as u32,
-                p.scale as f32,
-                gq,
-                p.mask,
-                dtype,
-            );
+            launch_q!(flash_backward_q_kernel::launch_unchecked::<R>);
         }
     }
     counters::record(Kernel::flash_attention_backward);
