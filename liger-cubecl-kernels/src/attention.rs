@@ -1927,9 +1927,9 @@ pub fn flash_plan<R: Runtime>(
         .filter(|v| *v <= 8 && head_dim.is_multiple_of(*v))
         .max()
         .unwrap_or(1);
-    if variant == FlashVariant::Mma && vector < 2 {
+    if variant == FlashVariant::Mma && vector * dtype.size() != 16 {
         return unsupported(format!(
-            "vectors of {vector} {dtype:?} (the register-level forward stages 32-bit pairs)"
+            "vectors of {vector} {dtype:?} (the register-level kernels stage and `ldmatrix` 16-byte rows)"
         ));
     }
     let max = props.hardware.max_shared_memory_size;

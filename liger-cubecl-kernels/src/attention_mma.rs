@@ -15,13 +15,13 @@
 //! in the four lanes of a quad, so its max and sum are two `shuffle_xor`s.
 //!
 //! Each plane owns 16 rows of the cube (queries; keys in dK/dV). Per step the cube
-//! stages the streamed rows in shared memory as 32-bit pairs, row-major where they are
-//! the B operand of a product over the head (`X·Yᵀ`: `Y[row, e..e+2]`) and transposed
-//! where they are the B operand of a product over the step (`W·Z`: `Zᵀ[e, row..row+2]`),
-//! so every B register is one aligned 32-bit load; rows are padded to 4 words past a
-//! multiple of 32 banks, so the 32 lanes of a load hit 32 banks. As in the parent
-//! module: f32 scores, the forward's lazy rescale, `P` rounded to the input dtype before
-//! `P·V`, `l` summed from the unrounded `P`, `dS` rounded once before its products.
+//! stages the streamed rows row-major in shared memory with 16-byte stores (rows padded
+//! by 16 bytes, so the 8 rows of an `ldmatrix` phase hit 32 banks). Operands come from
+//! the tiles by `ldmatrix.x4`: an A operand or the B operands of two C tiles a load; the
+//! products over the head (`X·Yᵀ`) take `Y`'s 8×8 blocks as they are, the products over
+//! the step (`W·Z`) take `Z`'s transposed (`.trans`). As in the parent module: f32 scores,
+//! the forward's lazy rescale, `P` rounded to the input dtype before `P·V`, `l` summed
+//! from the unrounded `P`, `dS` rounded once before its products.
 
 use super::{
     AttentionMask, FlashGeometry, FlashKernel, RESCALE_THRESHOLD, block_fully_visible,
@@ -313,7 +313,7 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
                 }
 
                 // O += P·V: C tiles 2j, 2j+1 of P are the A operand of key step j;
-                // B[key, d] = V[key, d], a pair of Vᵀ's row is one B register.
+                // B[key, d] = V[key, d]: V's 8×8 blocks transposed.
                 step_products::<F, N>(&pv, &v_tile, &mut o, g);
             }
         }
