@@ -1,7 +1,8 @@
-//! The tensor-core variant of the flash kernels expanded (the `#[cube]` code run into CubeCL
-//! IR, on the default wgpu adapter's client) and compiled to CUDA C++ by CubeCL's own CUDA
-//! compiler, on any machine: a device without `cmma` (lavapipe in CI) cannot run them, but
-//! this catches expansion panics and checks the generated `wmma` calls. `LIGER_DUMP_CUDA=DIR` writes the sources there for
+//! The tensor-core variants of the flash kernels (`cmma` and register-level `mma.sync`)
+//! expanded (the `#[cube]` code run into CubeCL IR, on the default wgpu adapter's client)
+//! and compiled to CUDA C++ by CubeCL's own CUDA compiler, on any machine: a device without
+//! tensor cores (lavapipe in CI) cannot run them, but this catches expansion panics and
+//! checks the generated products. `LIGER_DUMP_CUDA=DIR` writes the sources there for
 //! review (a test-only switch, not a library knob).
 
 use super::*;
@@ -61,171 +62,136 @@ fn check_source(name: &str, source: &str) {
     );
 }
 
+/// A placeholder array for kernel arguments (only the code is wanted).
+fn placeholder(h: &Handle) -> ArrayArg<R> {
+    // Safety: the kernels are expanded and compiled, never launched.
+    unsafe { ArrayArg::<R>::from_raw_parts(h.clone(), 4) }
+}
+
+/// The CUDA source of flash kernel `$module::$kernel` for geometry `$g`, element type
+/// `$elem` and vectors of `$n`; `$mma` gives the scope CUDA's manual-product layouts.
+/// Arguments are named by kind: `io` (the input-dtype arrays), `f32s`, `i32s`, `pairs`
+/// (f32 pairs), `u32`, `f32`; then the comptime arguments after the geometry.
+macro_rules! flash_source {
+    (@arg $launcher:ident $h:ident $m:ident io) => {
+        <Array<Vector<$m::F, $m::N>> as LaunchArg>::register(placeholder(&$h), &mut $launcher)
+    };
+    (@arg $launcher:ident $h:ident $m:ident f32s) => {
+        <Array<f32> as LaunchArg>::register(placeholder(&$h), &mut $launcher)
+    };
+    (@arg $launcher:ident $h:ident $m:ident i32s) => {
+        <Array<i32> as LaunchArg>::register(placeholder(&$h), &mut $launcher)
+    };
+    (@arg $launcher:ident $h:ident $m:ident pairs) => {
+        <Array<Vector<f32, Const<2>>> as LaunchArg>::register(placeholder(&$h), &mut $launcher)
+    };
+    (@arg $launcher:ident $h:ident $m:ident u32) => {
+        <u32 as LaunchArg>::register(1u32, &mut $launcher)
+    };
+    (@arg $launcher:ident $h:ident $m:ident f32) => {
+        <f32 as LaunchArg>::register(1.0f32, &mut $launcher)
+    };
+    ($client:ident, $m:ident :: $kernel:ident, $g:expr, $elem:expr, $n:expr, $mma:expr,
+     [$($kind:ident),* $(,)?], [$($comptime:expr),* $(,)?]) => {{
+        let g: FlashGeometry = $g;
+        let s = settings(&g);
+        let h = $client.empty(64);
+        let mut launcher = KernelLauncher::<R>::new(s.clone());
+        launcher.with_scope(|scope| {
+            scope.device_properties($client.properties());
+            if $mma {
+                scope.runtime_properties = std::rc::Rc::new(cuda_mma_properties());
+            }
+            scope.register_size::<DynamicSize<$m::_N>>($n);
+            scope.register_type::<DynamicScalar<$m::_F>>($elem);
+        });
+        let kernel = $m::$kernel::<R>::new(
+            s,
+            $client.clone(),
+            $(flash_source!(@arg launcher h $m $kind),)*
+            $n,
+            g,
+            $($comptime,)*
+            $elem,
+        );
+        cuda_source(kernel.define())
+    }};
+}
+
+const MASKS: [AttentionMask; 2] = [
+    AttentionMask {
+        causal: true,
+        window: false,
+        documents: false,
+    },
+    AttentionMask {
+        causal: true,
+        window: true,
+        documents: true,
+    },
+];
+
+/// A geometry of `variant` for `kernel` with the hardware exponential.
+fn geometry(
+    kernel: FlashKernel,
+    variant: FlashVariant,
+    head_dim: usize,
+    n: usize,
+) -> FlashGeometry {
+    FlashGeometry {
+        fast_exp: true,
+        ..flash_geometry(kernel, variant, head_dim, n, 16)
+    }
+}
+
 #[test]
 fn tensor_core_kernels_compile_to_cuda() {
     let client = R::client(&WgpuDevice::DefaultDevice);
     let bf16: StorageType = ElemType::Float(FloatKind::BF16).into();
     let n = 8usize;
-    let empty = || client.empty(64);
-    let arr = |h: &Handle| unsafe { ArrayArg::<R>::from_raw_parts(h.clone(), 4) };
+    let v = FlashVariant::TensorCores;
     for head_dim in [64usize, 128] {
-        for mask in [
-            AttentionMask {
-                causal: true,
-                window: false,
-                documents: false,
-            },
-            AttentionMask {
-                causal: true,
-                window: true,
-                documents: true,
-            },
-        ] {
-            let g = flash_geometry(
-                FlashKernel::Forward,
-                FlashVariant::TensorCores,
-                head_dim,
-                n,
-                16,
-            );
-            let g = FlashGeometry {
-                fast_exp: true,
-                ..g
-            };
-            let s = settings(&g);
-            let mut launcher = KernelLauncher::<R>::new(s.clone());
-            launcher.with_scope(|scope| {
-                scope.device_properties(client.properties());
-                scope.register_size::<DynamicSize<flash_forward_kernel::_N>>(n);
-                scope.register_type::<DynamicScalar<flash_forward_kernel::_F>>(bf16);
-            });
-            let h = empty();
-            macro_rules! reg {
-                ($t:ty, $v:expr) => {
-                    <$t as LaunchArg>::register($v, &mut launcher)
-                };
-            }
-            type FV = Array<Vector<flash_forward_kernel::F, flash_forward_kernel::N>>;
-            let kernel = flash_forward_kernel::FlashForwardKernel::<R>::new(
-                s,
-                client.clone(),
-                reg!(FV, arr(&h)),
-                reg!(FV, arr(&h)),
-                reg!(FV, arr(&h)),
-                reg!(Array<i32>, arr(&h)),
-                reg!(Array<i32>, arr(&h)),
-                reg!(Array<i32>, arr(&h)),
-                reg!(FV, arr(&h)),
-                reg!(Array<f32>, arr(&h)),
-                reg!(u32, 1u32),
-                reg!(u32, 1u32),
-                reg!(u32, 1u32),
-                reg!(u32, 1u32),
-                reg!(f32, 1.0f32),
-                n,
-                g,
-                mask,
+        for mask in MASKS {
+            let docs = mask.documents;
+            let source = flash_source!(
+                client,
+                flash_forward_kernel::FlashForwardKernel,
+                geometry(FlashKernel::Forward, v, head_dim, n),
                 bf16,
-            );
-            let source = cuda_source(kernel.define());
-            check_source(&format!("forward_d{head_dim}_{}", mask.documents), &source);
-
-            let g = flash_geometry(
-                FlashKernel::BackwardKv,
-                FlashVariant::TensorCores,
-                head_dim,
                 n,
-                16,
+                false,
+                [
+                    io, io, io, i32s, i32s, i32s, io, f32s, u32, u32, u32, u32, f32
+                ],
+                [mask]
             );
-            let g = FlashGeometry {
-                fast_exp: true,
-                ..g
-            };
-            let s = settings(&g);
-            let mut launcher = KernelLauncher::<R>::new(s.clone());
-            launcher.with_scope(|scope| {
-                scope.device_properties(client.properties());
-                scope.register_size::<DynamicSize<flash_backward_kv_kernel::_N>>(n);
-                scope.register_type::<DynamicScalar<flash_backward_kv_kernel::_F>>(bf16);
-            });
-            type KV = Array<Vector<flash_backward_kv_kernel::F, flash_backward_kv_kernel::N>>;
-            let kernel = flash_backward_kv_kernel::FlashBackwardKvKernel::<R>::new(
-                s,
-                client.clone(),
-                reg!(KV, arr(&h)),
-                reg!(KV, arr(&h)),
-                reg!(KV, arr(&h)),
-                reg!(KV, arr(&h)),
-                reg!(Array<f32>, arr(&h)),
-                reg!(Array<f32>, arr(&h)),
-                reg!(Array<i32>, arr(&h)),
-                reg!(Array<i32>, arr(&h)),
-                reg!(Array<i32>, arr(&h)),
-                reg!(KV, arr(&h)),
-                reg!(KV, arr(&h)),
-                reg!(u32, 1u32),
-                reg!(u32, 1u32),
-                reg!(u32, 1u32),
-                reg!(u32, 1u32),
-                reg!(f32, 1.0f32),
-                n,
-                g,
-                mask,
+            check_source(&format!("forward_d{head_dim}_{docs}"), &source);
+            let source = flash_source!(
+                client,
+                flash_backward_kv_kernel::FlashBackwardKvKernel,
+                geometry(FlashKernel::BackwardKv, v, head_dim, n),
                 bf16,
-            );
-            let source = cuda_source(kernel.define());
-            check_source(
-                &format!("backward_kv_d{head_dim}_{}", mask.documents),
-                &source,
-            );
-
-            let g = flash_geometry(
-                FlashKernel::BackwardQ,
-                FlashVariant::TensorCores,
-                head_dim,
                 n,
-                16,
+                false,
+                [
+                    io, io, io, io, f32s, f32s, i32s, i32s, i32s, io, io, u32, u32, u32, u32, f32
+                ],
+                [mask]
             );
-            let g = FlashGeometry {
-                fast_exp: true,
-                ..g
-            };
-            let s = settings(&g);
-            let mut launcher = KernelLauncher::<R>::new(s.clone());
-            launcher.with_scope(|scope| {
-                scope.device_properties(client.properties());
-                scope.register_size::<DynamicSize<flash_backward_q_kernel::_N>>(n);
-                scope.register_type::<DynamicScalar<flash_backward_q_kernel::_F>>(bf16);
-            });
-            type QV = Array<Vector<flash_backward_q_kernel::F, flash_backward_q_kernel::N>>;
-            let kernel = flash_backward_q_kernel::FlashBackwardQKernel::<R>::new(
-                s,
-                client.clone(),
-                reg!(QV, arr(&h)),
-                reg!(QV, arr(&h)),
-                reg!(QV, arr(&h)),
-                reg!(QV, arr(&h)),
-                reg!(Array<f32>, arr(&h)),
-                reg!(Array<f32>, arr(&h)),
-                reg!(Array<i32>, arr(&h)),
-                reg!(Array<i32>, arr(&h)),
-                reg!(Array<i32>, arr(&h)),
-                reg!(QV, arr(&h)),
-                reg!(u32, 1u32),
-                reg!(u32, 1u32),
-                reg!(u32, 1u32),
-                reg!(u32, 1u32),
-                reg!(f32, 1.0f32),
-                n,
-                g,
-                mask,
+            check_source(&format!("backward_kv_d{head_dim}_{docs}"), &source);
+            let source = flash_source!(
+                client,
+                flash_backward_q_kernel::FlashBackwardQKernel,
+                geometry(FlashKernel::BackwardQ, v, head_dim, n),
                 bf16,
+                n,
+                false,
+                [
+                    io, io, io, io, f32s, f32s, i32s, i32s, i32s, io, u32, u32, u32, u32, f32
+                ],
+                [mask]
             );
-            let source = cuda_source(kernel.define());
-            check_source(
-                &format!("backward_q_d{head_dim}_{}", mask.documents),
-                &source,
-            );
+            check_source(&format!("backward_q_d{head_dim}_{docs}"), &source);
         }
     }
 }
@@ -282,202 +248,81 @@ fn cuda_mma_properties() -> cubecl::ir::TargetProperties {
 }
 
 #[test]
-fn register_mma_forward_compiles_to_cuda() {
+fn register_mma_kernels_compile_to_cuda() {
+    use mma::{
+        flash_backward_kv_mma_kernel, flash_backward_q_mma_kernel, flash_forward_mma_kernel,
+    };
     let client = R::client(&WgpuDevice::DefaultDevice);
     let n = 8usize;
-    let h = client.empty(64);
-    let arr = |h: &Handle| unsafe { ArrayArg::<R>::from_raw_parts(h.clone(), 4) };
+    let v = FlashVariant::Mma;
+    let check = |name: &str, source: &str| {
+        dump(name, source);
+        assert!(
+            source.contains("mma.sync.aligned.m16n8k16"),
+            "{name}: no m16n8k16 mma.sync:\n{source}"
+        );
+        assert!(
+            source.contains("ldmatrix"),
+            "{name}: no ldmatrix:\n{source}"
+        );
+        assert!(!source.contains("wmma"), "{name}: a wmma call:\n{source}");
+        assert!(source.contains("__expf("), "{name}: no __expf:\n{source}");
+    };
     for (dtype, kind) in [(FloatKind::BF16, "bf16"), (FloatKind::F16, "f16")] {
         let elem: StorageType = ElemType::Float(dtype).into();
         for head_dim in [64usize, 128] {
-            for mask in [
-                AttentionMask {
-                    causal: true,
-                    window: false,
-                    documents: false,
-                },
-                AttentionMask {
-                    causal: true,
-                    window: true,
-                    documents: true,
-                },
-            ] {
-                let g = FlashGeometry {
-                    fast_exp: true,
-                    ..flash_geometry(FlashKernel::Forward, FlashVariant::Mma, head_dim, n, 16)
-                };
+            for mask in MASKS {
+                let docs = mask.documents;
+                let g = geometry(FlashKernel::Forward, v, head_dim, n);
                 assert!(g.mma && g.own_rows == 16 * g.planes);
-                let s = settings(&g);
-                let mut launcher = KernelLauncher::<R>::new(s.clone());
-                launcher.with_scope(|scope| {
-                    scope.device_properties(client.properties());
-                    scope.runtime_properties = std::rc::Rc::new(cuda_mma_properties());
-                    scope.register_size::<DynamicSize<mma::flash_forward_mma_kernel::_N>>(n);
-                    scope.register_type::<DynamicScalar<mma::flash_forward_mma_kernel::_F>>(elem);
-                });
-                macro_rules! reg {
-                    ($t:ty, $v:expr) => {
-                        <$t as LaunchArg>::register($v, &mut launcher)
-                    };
-                }
-                type FV = Array<
-                    Vector<mma::flash_forward_mma_kernel::F, mma::flash_forward_mma_kernel::N>,
-                >;
-                let kernel = mma::flash_forward_mma_kernel::FlashForwardMmaKernel::<R>::new(
-                    s,
-                    client.clone(),
-                    reg!(FV, arr(&h)),
-                    reg!(FV, arr(&h)),
-                    reg!(FV, arr(&h)),
-                    reg!(Array<i32>, arr(&h)),
-                    reg!(Array<i32>, arr(&h)),
-                    reg!(Array<i32>, arr(&h)),
-                    reg!(FV, arr(&h)),
-                    reg!(Array<f32>, arr(&h)),
-                    reg!(u32, 1u32),
-                    reg!(u32, 1u32),
-                    reg!(u32, 1u32),
-                    reg!(u32, 1u32),
-                    reg!(f32, 1.0f32),
-                    n,
+                let source = flash_source!(
+                    client,
+                    flash_forward_mma_kernel::FlashForwardMmaKernel,
                     g,
-                    mask,
                     elem,
-                );
-                let source = cuda_source(kernel.define());
-                let name = format!("forward_mma_{kind}_d{head_dim}_{}", mask.documents);
-                dump(&name, &source);
-                assert!(
-                    source.contains("mma.sync.aligned.m16n8k16"),
-                    "{name}: no m16n8k16 mma.sync:\n{source}"
-                );
-                assert!(!source.contains("wmma"), "{name}: a wmma call:\n{source}");
-                assert!(source.contains("__expf("), "{name}: no __expf:\n{source}");
-
-                let g = FlashGeometry {
-                    fast_exp: true,
-                    ..flash_geometry(FlashKernel::BackwardQ, FlashVariant::Mma, head_dim, n, 16)
-                };
-                assert!(g.mma);
-                let s = settings(&g);
-                let mut launcher = KernelLauncher::<R>::new(s.clone());
-                launcher.with_scope(|scope| {
-                    scope.device_properties(client.properties());
-                    scope.runtime_properties = std::rc::Rc::new(cuda_mma_properties());
-                    scope.register_size::<DynamicSize<mma::flash_backward_q_mma_kernel::_N>>(n);
-                    scope
-                        .register_type::<DynamicScalar<mma::flash_backward_q_mma_kernel::_F>>(elem);
-                });
-                macro_rules! reg {
-                    ($t:ty, $v:expr) => {
-                        <$t as LaunchArg>::register($v, &mut launcher)
-                    };
-                }
-                type QV = Array<
-                    Vector<
-                        mma::flash_backward_q_mma_kernel::F,
-                        mma::flash_backward_q_mma_kernel::N,
-                    >,
-                >;
-                let kernel = mma::flash_backward_q_mma_kernel::FlashBackwardQMmaKernel::<R>::new(
-                    s,
-                    client.clone(),
-                    reg!(QV, arr(&h)),
-                    reg!(QV, arr(&h)),
-                    reg!(QV, arr(&h)),
-                    reg!(QV, arr(&h)),
-                    reg!(Array<f32>, arr(&h)),
-                    reg!(Array<f32>, arr(&h)),
-                    reg!(Array<i32>, arr(&h)),
-                    reg!(Array<i32>, arr(&h)),
-                    reg!(Array<i32>, arr(&h)),
-                    reg!(QV, arr(&h)),
-                    reg!(u32, 1u32),
-                    reg!(u32, 1u32),
-                    reg!(u32, 1u32),
-                    reg!(u32, 1u32),
-                    reg!(f32, 1.0f32),
                     n,
-                    g,
-                    mask,
+                    true,
+                    [
+                        io, io, io, i32s, i32s, i32s, io, f32s, u32, u32, u32, u32, f32
+                    ],
+                    [mask]
+                );
+                check(&format!("forward_mma_{kind}_d{head_dim}_{docs}"), &source);
+                let source = flash_source!(
+                    client,
+                    flash_backward_q_mma_kernel::FlashBackwardQMmaKernel,
+                    geometry(FlashKernel::BackwardQ, v, head_dim, n),
                     elem,
+                    n,
+                    true,
+                    [
+                        io, io, io, io, f32s, f32s, i32s, i32s, i32s, io, u32, u32, u32, u32, f32
+                    ],
+                    [mask]
                 );
-                let source = cuda_source(kernel.define());
-                let name = format!("backward_q_mma_{kind}_d{head_dim}_{}", mask.documents);
-                dump(&name, &source);
-                assert!(
-                    source.contains("mma.sync.aligned.m16n8k16"),
-                    "{name}: no m16n8k16 mma.sync:\n{source}"
+                check(
+                    &format!("backward_q_mma_{kind}_d{head_dim}_{docs}"),
+                    &source,
                 );
-                assert!(!source.contains("wmma"), "{name}: a wmma call:\n{source}");
-
                 // Both output paths: whole dK/dV, and f32 parts of a split group.
-                let parts = if mask.documents { 3u32 } else { 1 };
-                let g = FlashGeometry {
-                    fast_exp: true,
-                    ..flash_geometry(FlashKernel::BackwardKv, FlashVariant::Mma, head_dim, n, 16)
-                };
-                assert!(g.mma);
-                let s = settings(&g);
-                let mut launcher = KernelLauncher::<R>::new(s.clone());
-                launcher.with_scope(|scope| {
-                    scope.device_properties(client.properties());
-                    scope.runtime_properties = std::rc::Rc::new(cuda_mma_properties());
-                    scope.register_size::<DynamicSize<mma::flash_backward_kv_mma_kernel::_N>>(n);
-                    scope.register_type::<DynamicScalar<mma::flash_backward_kv_mma_kernel::_F>>(
-                        elem,
-                    );
-                });
-                macro_rules! reg {
-                    ($t:ty, $v:expr) => {
-                        <$t as LaunchArg>::register($v, &mut launcher)
-                    };
-                }
-                type KV = Array<
-                    Vector<
-                        mma::flash_backward_kv_mma_kernel::F,
-                        mma::flash_backward_kv_mma_kernel::N,
-                    >,
-                >;
-                let kernel = mma::flash_backward_kv_mma_kernel::FlashBackwardKvMmaKernel::<R>::new(
-                    s,
-                    client.clone(),
-                    reg!(KV, arr(&h)),
-                    reg!(KV, arr(&h)),
-                    reg!(KV, arr(&h)),
-                    reg!(KV, arr(&h)),
-                    reg!(Array<f32>, arr(&h)),
-                    reg!(Array<f32>, arr(&h)),
-                    reg!(Array<i32>, arr(&h)),
-                    reg!(Array<i32>, arr(&h)),
-                    reg!(Array<i32>, arr(&h)),
-                    reg!(KV, arr(&h)),
-                    reg!(KV, arr(&h)),
-                    reg!(Array<Vector<f32, Const<2>>>, arr(&h)),
-                    reg!(Array<Vector<f32, Const<2>>>, arr(&h)),
-                    reg!(u32, 1u32),
-                    reg!(u32, 1u32),
-                    reg!(u32, 1u32),
-                    reg!(u32, 1u32),
-                    reg!(f32, 1.0f32),
-                    reg!(u32, 1u32),
-                    n,
-                    g,
-                    mask,
-                    parts,
+                let parts = if docs { 3u32 } else { 1 };
+                let source = flash_source!(
+                    client,
+                    flash_backward_kv_mma_kernel::FlashBackwardKvMmaKernel,
+                    geometry(FlashKernel::BackwardKv, v, head_dim, n),
                     elem,
+                    n,
+                    true,
+                    [
+                        io, io, io, io, f32s, f32s, i32s, i32s, i32s, io, io, pairs, pairs, u32,
+                        u32, u32, u32, f32, u32
+                    ],
+                    [mask, parts]
                 );
-                let source = cuda_source(kernel.define());
-                let name = format!(
-                    "backward_kv_mma_{kind}_d{head_dim}_{}_parts{parts}",
-                    mask.documents
+                check(
+                    &format!("backward_kv_mma_{kind}_d{head_dim}_{docs}_parts{parts}"),
+                    &source,
                 );
-                dump(&name, &source);
-                assert!(
-                    source.contains("mma.sync.aligned.m16n8k16"),
-                    "{name}: no m16n8k16 mma.sync:\n{source}"
-                );
-                assert!(!source.contains("wmma"), "{name}: a wmma call:\n{source}");
             }
         }
     }
