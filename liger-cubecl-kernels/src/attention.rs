@@ -2290,11 +2290,11 @@ pub fn flash_attention_backward<R: Runtime>(
         (client.empty(8), client.empty(8))
     };
     let partial_len = if parts > 1 { parts * kv_elems / 2 } else { 1 };
-    // Safety: as in the forward; `dot` holds `rows` f32; the parts buffers hold `parts`
-    // f32 copies of dK and dV (written only when `parts > 1`).
-    unsafe {
-        if gkv.mma {
-            mma::flash_backward_kv_mma_kernel::launch_unchecked::<R>(
+    // The variants share their arguments; the register-mma kernel takes its parts buffers
+    // after the outputs, their stride after the scale and the part count after the mask.
+    macro_rules! launch_kv {
+        ($kernel:path $(, [$($outs:expr),*], [$($scalars:expr),*], [$($comptime:expr),*])?) => {
+            $kernel(
                 client,
                 kv_count,
                 CubeDim::new_1d(gkv.units),
@@ -2310,18 +2310,29 @@ pub fn flash_attention_backward<R: Runtime>(
                 arr(&k_ranges, k_table),
                 arr(args.grad_k, kv_len),
                 arr(args.grad_v, kv_len),
-                arr(&partial_k, partial_len),
-                arr(&partial_v, partial_len),
+                $($($outs,)*)?
                 p.seq as u32,
                 p.q_heads as u32,
                 p.kv_heads as u32,
                 p.window as u32,
                 p.scale as f32,
-                (kv_elems / 2) as u32,
+                $($($scalars,)*)?
                 gkv,
                 p.mask,
-                parts as u32,
+                $($($comptime,)*)?
                 dtype,
+            )
+        };
+    }
+    // Safety: as in the forward; `dot` holds `rows` f32; the parts buffers hold `parts`
+    // f32 copies of dK and dV (written only when `parts > 1`).
+    unsafe {
+        if gkv.mma {
+            launch_kv!(
+                mma::flash_backward_kv_mma_kernel::launch_unchecked::<R>,
+                [arr(&partial_k, partial_len), arr(&partial_v, partial_len)],
+                [(kv_elems / 2) as u32],
+                [parts as u32]
             );
             if parts > 1 {
                 let len = kv_elems / n;
@@ -2341,31 +2352,7 @@ pub fn flash_attention_backward<R: Runtime>(
                 }
             }
         } else {
-            flash_backward_kv_kernel::launch_unchecked::<R>(
-                client,
-                kv_count,
-                CubeDim::new_1d(gkv.units),
-                n,
-                arr(args.q, q_len),
-                arr(args.k, kv_len),
-                arr(args.v, kv_len),
-                arr(args.grad_output, q_len),
-                arr(args.lse, rows),
-                arr(&dot, rows),
-                arr(&ids, ids_len),
-                arr(&q_ranges, q_table),
-                arr(&k_ranges, k_table),
-                arr(args.grad_k, kv_len),
-                arr(args.grad_v, kv_len),
-                p.seq as u32,
-                p.q_heads as u32,
-                p.kv_heads as u32,
-                p.window as u32,
-                p.scale as f32,
-                gkv,
-                p.mask,
-                dtype,
-            );
+            launch_kv!(flash_backward_kv_kernel::launch_unchecked::<R>);
         }
     }
     let q_count = cube_count(
