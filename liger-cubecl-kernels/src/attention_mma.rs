@@ -14,9 +14,11 @@
 //! dtype, straight into `O += P·V` with no trip through shared memory. A row's values sit
 //! in the four lanes of a quad, so its max and sum are two `shuffle_xor`s.
 //!
-//! Each plane owns 16 rows of the cube (queries; keys in dK/dV). Per step the cube
-//! stages the streamed rows row-major in shared memory with 16-byte stores (rows padded
-//! by 16 bytes, so the 8 rows of an `ldmatrix` phase hit 32 banks). Operands come from
+//! Each plane owns 16 rows of the cube (queries; keys in dK/dV). The cube streams the
+//! other rows through two row-major shared-memory buffers (rows padded by 16 bytes, so
+//! the 8 rows of an `ldmatrix` phase hit 32 banks), filled by asynchronous 16-byte copies
+//! (`cp.async`) completed on a cube barrier: the next step's rows land while this step
+//! computes, and the barrier's phase replaces the two cube syncs of a step. Operands come from
 //! the tiles by `ldmatrix.x4`: an A operand or the B operands of two C tiles a load; the
 //! products over the head (`X·Yᵀ`) take `Y`'s 8×8 blocks as they are, the products over
 //! the step (`W·Z`) take `Z`'s transposed (`.trans`). As in the parent module: f32 scores,
@@ -25,11 +27,11 @@
 
 use super::{
     AttentionMask, FlashGeometry, FlashKernel, RESCALE_THRESHOLD, block_fully_visible,
-    documents_meet, flash_math, key_block_range, load_row_values, load_rows, query_block_range,
-    visible,
+    documents_meet, flash_math, key_block_range, query_block_range, visible,
 };
 use cubecl::cmma::MmaDefinition;
 use cubecl::ir::MatrixIdent;
+use cubecl::prelude::barrier::{Barrier, copy_async};
 use cubecl::prelude::*;
 
 /// Two elements: one 32-bit register of f16/bf16, or half an f32 C register pair.
@@ -37,19 +39,127 @@ type Pair = Const<2>;
 
 /// Bytes of shared memory of a kernel (`elem`-byte inputs): row-major tiles of
 /// [`FlashGeometry::stride`] vectors a row (16 bytes of padding: the 8 rows of an
-/// `ldmatrix` phase hit 32 banks).
+/// `ldmatrix` phase hit 32 banks); the streamed tiles twice (one being filled by
+/// `cp.async` while the other is read), and the cube's barrier (8 bytes, placed at a
+/// 128-byte boundary).
 pub(super) fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) -> usize {
     let row = (g.stride() * g.vector) as usize * elem;
     let own = g.own_rows as usize * row;
     let step = g.step_rows as usize * row;
-    match kernel {
-        // q (then the output), k, v.
-        FlashKernel::Forward => own + 2 * step,
-        // q (then dQ), dO, k, v.
-        FlashKernel::BackwardQ => 2 * own + 2 * step,
-        // k, v (then dK, dV), q, dO, lse and D of the step.
-        FlashKernel::BackwardKv => 2 * own + 2 * step + 2 * g.step_rows as usize * 4,
+    let barrier = 128;
+    barrier
+        + match kernel {
+            // q (then the output), k and v twice.
+            FlashKernel::Forward => own + 4 * step,
+            // q (then dQ), dO, k and v twice.
+            FlashKernel::BackwardQ => 2 * own + 4 * step,
+            // k, v (then dK, dV); q, dO, lse and D of the step twice.
+            FlashKernel::BackwardKv => 2 * own + 4 * step + 4 * g.step_rows as usize * 4,
+        }
+}
+
+/// Starts the asynchronous copies (`cp.async`, one vector of 16 bytes a copy) of rows
+/// `row0..row0 + rows` of the `[seq, head_dim]` slab at vector `base` of `src` into rows
+/// `tile_row0..` of the row-major tile `tile`; rows at or past `seq` are stored as zeros.
+/// The rows are there for every unit once the unit has committed the copies to the
+/// cube's barrier (`commit_copy_async`) and the barrier's phase has completed.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_rows_async<F: Float, N: Size>(
+    src: &Array<Vector<F, N>>,
+    base: usize,
+    row0: u32,
+    seq: u32,
+    tile: &mut SharedMemory<Vector<F, N>>,
+    tile_row0: u32,
+    #[comptime] rows: u32,
+    #[comptime] g: FlashGeometry,
+) {
+    let dv = comptime!(g.dv());
+    let stride = comptime!(g.stride());
+    let total = comptime!(rows * g.dv());
+    #[unroll]
+    for e in 0..comptime!(total.div_ceil(g.units)) {
+        let i = UNIT_POS + e * comptime!(g.units);
+        if i < total {
+            let r = i / dv;
+            let c = i % dv;
+            let at = ((tile_row0 + r) * stride + c) as usize;
+            let row = row0 + r;
+            if row < seq {
+                let from = base + (row * dv + c) as usize;
+                copy_async(
+                    &src.slice(from, from + 1),
+                    &mut tile.slice_mut(at, at + 1),
+                    comptime!(g.vector),
+                );
+            } else {
+                tile[at] = Vector::<F, N>::new(F::new(0.0));
+            }
+        }
     }
+}
+
+/// [`copy_rows_async`] for `rows` per-row f32 values (4-byte copies) into `dst` from
+/// `dst0`, `fill` past `seq`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_row_values_async(
+    src: &Array<f32>,
+    base: usize,
+    row0: u32,
+    seq: u32,
+    dst: &mut SharedMemory<f32>,
+    dst0: u32,
+    fill: f32,
+    #[comptime] rows: u32,
+    #[comptime] units: u32,
+) {
+    #[unroll]
+    for e in 0..comptime!(rows.div_ceil(units)) {
+        let r = UNIT_POS + e * units;
+        if r < rows {
+            let at = (dst0 + r) as usize;
+            let row = row0 + r;
+            if row < seq {
+                let from = base + row as usize;
+                copy_async(
+                    &src.slice(from, from + 1),
+                    &mut dst.slice_mut(at, at + 1),
+                    comptime!(1u32),
+                );
+            } else {
+                dst[at] = fill;
+            }
+        }
+    }
+}
+
+/// The first block of `from..end` whose rows meet the documents `doc_lo..=doc_hi` (per
+/// `ranges`, pairs from pair `at0`), `end` when none does; `from` without documents.
+#[cube]
+fn next_live_block(
+    from: u32,
+    end: u32,
+    ranges: &Array<i32>,
+    at0: u32,
+    doc_lo: i32,
+    doc_hi: i32,
+    #[comptime] mask: AttentionMask,
+) -> u32 {
+    let mut b = from;
+    if comptime!(mask.documents) {
+        loop {
+            if b >= end {
+                break;
+            }
+            if documents_meet(ranges, ((at0 + b) * 2u32) as usize, doc_lo, doc_hi) {
+                break;
+            }
+            b += 1;
+        }
+    }
+    b
 }
 
 /// `acc[at..at + 2] += a·b`: one m16n8k16 product into the C registers `at`, `at + 1`.
@@ -158,10 +268,17 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
 
     let mut q_tile =
         SharedMemory::<Vector<F, N>>::new_aligned(comptime!((br * g.stride()) as usize), 128usize);
-    let mut k_tile =
-        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bc * g.stride()) as usize), 128usize);
-    let mut v_tile =
-        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bc * g.stride()) as usize), 128usize);
+    // Two buffers of `bc` rows each: step `i` reads buffer `i % 2` while step `i + 1`'s
+    // rows arrive in the other.
+    let mut k_tile = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!((2 * bc * g.stride()) as usize),
+        128usize,
+    );
+    let mut v_tile = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!((2 * bc * g.stride()) as usize),
+        128usize,
+    );
+    let bar = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
 
     let plane = UNIT_POS / 32u32;
     let lane = UNIT_POS_PLANE;
@@ -172,8 +289,6 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     let row_lo = strip0 + gid;
     let qpos_lo = q0 + row_lo;
     let qpos_hi = qpos_lo + 8u32;
-
-    load_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, br, g);
 
     let mut o = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
     #[unroll]
@@ -197,127 +312,135 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
         doc_hi = q_ranges[at + 1];
     }
     let (kb_first, kb_end) = key_block_range(q0, seq, window, br, bc, mask);
-    for kb in kb_first..kb_end {
-        let mut live = true;
-        if comptime!(mask.documents) {
-            live = documents_meet(
-                k_ranges,
-                ((batch * k_blocks + kb) * 2u32) as usize,
-                doc_lo,
-                doc_hi,
-            );
-        }
-        if live {
-            let k0 = kb * bc;
-            // The previous step is done with the k/v tiles.
-            sync_cube();
-            load_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bc, g);
-            load_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bc, g);
-            sync_cube();
-
-            // A strip entirely before the block's first key (causal) has nothing to do.
-            let mut strip_live = true;
-            if comptime!(mask.causal) {
-                strip_live = q0 + strip0 + 15u32 >= k0;
-            }
-            if strip_live {
-                // S = Q·Kᵀ (B[e, key] = K[key, e]: a pair of K's row is one B register).
-                row_products::<F, N>(&q_tile, strip0, &k_tile, &mut s, g);
-
-                // Scale, mask and the rows' block max.
-                let interior = block_fully_visible(q0 + strip0, k0, seq, 16u32, bc, mask);
-                let mut max_lo = f32::min_value();
-                let mut max_hi = f32::min_value();
-                #[unroll]
-                for n in 0..key_tiles {
-                    let kpos = k0 + n * 8 + 2 * tid;
-                    let lo = s[(2 * n) as usize];
-                    let hi = s[(2 * n + 1) as usize];
-                    let mut x0 = lo[0] * scale;
-                    let mut x1 = lo[1] * scale;
-                    let mut x2 = hi[0] * scale;
-                    let mut x3 = hi[1] * scale;
-                    if !interior {
-                        let floor = f32::min_value();
-                        if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
-                            x0 = floor;
-                        }
-                        if !visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask) {
-                            x1 = floor;
-                        }
-                        if !visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask) {
-                            x2 = floor;
-                        }
-                        if !visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask) {
-                            x3 = floor;
-                        }
-                    }
-                    s[(2 * n) as usize] = pair(x0, x1);
-                    s[(2 * n + 1) as usize] = pair(x2, x3);
-                    max_lo = f32::max(max_lo, f32::max(x0, x1));
-                    max_hi = f32::max(max_hi, f32::max(x2, x3));
-                }
-                max_lo = quad_max(max_lo);
-                max_hi = quad_max(max_hi);
-
-                // Lazy rescale: a quad's lanes agree on the max, so the branch is per quad.
-                if max_lo > m_lo + comptime!(RESCALE_THRESHOLD) {
-                    let alpha = f32::exp(m_lo - max_lo);
-                    m_lo = max_lo;
-                    l_lo *= alpha;
-                    #[unroll]
-                    for dn in 0..head_tiles {
-                        o[(2 * dn) as usize] =
-                            o[(2 * dn) as usize] * Vector::<f32, Pair>::new(alpha);
-                    }
-                }
-                if max_hi > m_hi + comptime!(RESCALE_THRESHOLD) {
-                    let alpha = f32::exp(m_hi - max_hi);
-                    m_hi = max_hi;
-                    l_hi *= alpha;
-                    #[unroll]
-                    for dn in 0..head_tiles {
-                        o[(2 * dn + 1) as usize] =
-                            o[(2 * dn + 1) as usize] * Vector::<f32, Pair>::new(alpha);
-                    }
-                }
-
-                // P = exp(x - m) (0 where hidden; a NaN score stays NaN), rounded for P·V.
-                #[unroll]
-                for n in 0..key_tiles {
-                    let lo = s[(2 * n) as usize];
-                    let hi = s[(2 * n + 1) as usize];
-                    let mut p0 = f32::exp(lo[0] - m_lo);
-                    let mut p1 = f32::exp(lo[1] - m_lo);
-                    let mut p2 = f32::exp(hi[0] - m_hi);
-                    let mut p3 = f32::exp(hi[1] - m_hi);
-                    if !interior {
-                        let floor = f32::min_value();
-                        if lo[0] == floor {
-                            p0 = 0.0;
-                        }
-                        if lo[1] == floor {
-                            p1 = 0.0;
-                        }
-                        if hi[0] == floor {
-                            p2 = 0.0;
-                        }
-                        if hi[1] == floor {
-                            p3 = 0.0;
-                        }
-                    }
-                    l_lo += p0 + p1;
-                    l_hi += p2 + p3;
-                    pv[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
-                    pv[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(p2, p3));
-                }
-
-                // O += P·V: C tiles 2j, 2j+1 of P are the A operand of key step j;
-                // B[key, d] = V[key, d]: V's 8×8 blocks transposed.
-                step_products::<F, N>(&pv, &v_tile, &mut o, g);
-            }
-        }
+    let k_at0 = batch * k_blocks;
+    // The pipeline: Q and the first live step's K/V are copied in before the loop; each
+    // step waits for its rows (the barrier's phase, which also says every plane is done
+    // with the other buffer), starts the next live step's copies into that buffer, and
+    // computes while they land.
+    let mut kb = next_live_block(kb_first, kb_end, k_ranges, k_at0, doc_lo, doc_hi, mask);
+    copy_rows_async::<F, N>(q, q_base, q0, seq, &mut q_tile, 0u32, br, g);
+    if kb < kb_end {
+        copy_rows_async::<F, N>(k, kv_base, kb * bc, seq, &mut k_tile, 0u32, bc, g);
+        copy_rows_async::<F, N>(v, kv_base, kb * bc, seq, &mut v_tile, 0u32, bc, g);
     }
+    bar.commit_copy_async();
+    let mut buf = 0u32;
+    while kb < kb_end {
+        bar.arrive_and_wait();
+        let next = next_live_block(kb + 1, kb_end, k_ranges, k_at0, doc_lo, doc_hi, mask);
+        if next < kb_end {
+            let other = (1u32 - buf) * bc;
+            copy_rows_async::<F, N>(k, kv_base, next * bc, seq, &mut k_tile, other, bc, g);
+            copy_rows_async::<F, N>(v, kv_base, next * bc, seq, &mut v_tile, other, bc, g);
+        }
+        bar.commit_copy_async();
+        let k0 = kb * bc;
+
+        // A strip entirely before the block's first key (causal) has nothing to do.
+        let mut strip_live = true;
+        if comptime!(mask.causal) {
+            strip_live = q0 + strip0 + 15u32 >= k0;
+        }
+        if strip_live {
+            // S = Q·Kᵀ (B[e, key] = K[key, e]: a pair of K's row is one B register).
+            row_products::<F, N>(&q_tile, strip0, &k_tile, buf * bc, &mut s, g);
+
+            // Scale, mask and the rows' block max.
+            let interior = block_fully_visible(q0 + strip0, k0, seq, 16u32, bc, mask);
+            let mut max_lo = f32::min_value();
+            let mut max_hi = f32::min_value();
+            #[unroll]
+            for n in 0..key_tiles {
+                let kpos = k0 + n * 8 + 2 * tid;
+                let lo = s[(2 * n) as usize];
+                let hi = s[(2 * n + 1) as usize];
+                let mut x0 = lo[0] * scale;
+                let mut x1 = lo[1] * scale;
+                let mut x2 = hi[0] * scale;
+                let mut x3 = hi[1] * scale;
+                if !interior {
+                    let floor = f32::min_value();
+                    if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
+                        x0 = floor;
+                    }
+                    if !visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask) {
+                        x1 = floor;
+                    }
+                    if !visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask) {
+                        x2 = floor;
+                    }
+                    if !visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask) {
+                        x3 = floor;
+                    }
+                }
+                s[(2 * n) as usize] = pair(x0, x1);
+                s[(2 * n + 1) as usize] = pair(x2, x3);
+                max_lo = f32::max(max_lo, f32::max(x0, x1));
+                max_hi = f32::max(max_hi, f32::max(x2, x3));
+            }
+            max_lo = quad_max(max_lo);
+            max_hi = quad_max(max_hi);
+
+            // Lazy rescale: a quad's lanes agree on the max, so the branch is per quad.
+            if max_lo > m_lo + comptime!(RESCALE_THRESHOLD) {
+                let alpha = f32::exp(m_lo - max_lo);
+                m_lo = max_lo;
+                l_lo *= alpha;
+                #[unroll]
+                for dn in 0..head_tiles {
+                    o[(2 * dn) as usize] = o[(2 * dn) as usize] * Vector::<f32, Pair>::new(alpha);
+                }
+            }
+            if max_hi > m_hi + comptime!(RESCALE_THRESHOLD) {
+                let alpha = f32::exp(m_hi - max_hi);
+                m_hi = max_hi;
+                l_hi *= alpha;
+                #[unroll]
+                for dn in 0..head_tiles {
+                    o[(2 * dn + 1) as usize] =
+                        o[(2 * dn + 1) as usize] * Vector::<f32, Pair>::new(alpha);
+                }
+            }
+
+            // P = exp(x - m) (0 where hidden; a NaN score stays NaN), rounded for P·V.
+            #[unroll]
+            for n in 0..key_tiles {
+                let lo = s[(2 * n) as usize];
+                let hi = s[(2 * n + 1) as usize];
+                let mut p0 = f32::exp(lo[0] - m_lo);
+                let mut p1 = f32::exp(lo[1] - m_lo);
+                let mut p2 = f32::exp(hi[0] - m_hi);
+                let mut p3 = f32::exp(hi[1] - m_hi);
+                if !interior {
+                    let floor = f32::min_value();
+                    if lo[0] == floor {
+                        p0 = 0.0;
+                    }
+                    if lo[1] == floor {
+                        p1 = 0.0;
+                    }
+                    if hi[0] == floor {
+                        p2 = 0.0;
+                    }
+                    if hi[1] == floor {
+                        p3 = 0.0;
+                    }
+                }
+                l_lo += p0 + p1;
+                l_hi += p2 + p3;
+                pv[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
+                pv[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(p2, p3));
+            }
+
+            // O += P·V: C tiles 2j, 2j+1 of P are the A operand of key step j;
+            // B[key, d] = V[key, d]: V's 8×8 blocks transposed.
+            step_products::<F, N>(&pv, &v_tile, buf * bc, &mut o, g);
+        }
+        kb = next;
+        buf = 1u32 - buf;
+    }
+    // Every copy has landed and every plane is done with the tiles.
+    bar.arrive_and_wait();
 
     // 1/l per row (0 for a row that saw no key), and lse.
     let l_lo = quad_sum(l_lo);
@@ -348,14 +471,13 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     }
 
     // O / l through the q tile (free: the strips' Q is in registers), then whole vectors.
-    sync_cube();
     rows_to_tile::<F, N>(&o, &mut q_tile, strip0, inv_lo, inv_hi, g);
     sync_cube();
     tile_to_rows::<F, N>(&q_tile, out, q_base, q0, seq, g);
 }
 
 /// `acc = X·Yᵀ` for this plane's 16 rows `strip0..strip0 + 16` of the row-major tile `x`
-/// and the `step_rows` rows of the row-major tile `y`: the A registers of `X` are its
+/// and the `step_rows` rows `y_row0..` of the row-major tile `y`: the A registers of `X` are its
 /// 8×8 blocks (one `ldmatrix.x4` a head step, loaded where used rather than kept: the
 /// registers go to the accumulators), and so are `Y`'s B registers (B[e, n] = Y[n, e]),
 /// one `ldmatrix.x4` for two C tiles. `acc` holds `2 · step_rows / 8` C registers.
@@ -364,6 +486,7 @@ fn row_products<F: Float, N: Size>(
     x: &SharedMemory<Vector<F, N>>,
     strip0: u32,
     y: &SharedMemory<Vector<F, N>>,
+    y_row0: u32,
     acc: &mut Array<Vector<f32, Pair>>,
     #[comptime] g: FlashGeometry,
 ) {
@@ -382,7 +505,7 @@ fn row_products<F: Float, N: Size>(
         #[unroll]
         for n2 in 0..comptime!(g.step_rows / 16) {
             // Matrices: rows of tile 2·n2 at head columns 0-7, 8-15; then tile 2·n2 + 1.
-            let row = (2 * n2 + m / 2) * 8 + lane % 8u32;
+            let row = y_row0 + (2 * n2 + m / 2) * 8 + lane % 8u32;
             let regs = ldmatrix_x4::<F, N>(y, row, kk * 2 + m % 2, false, g);
             b0[0] = regs[0];
             b0[1] = regs[1];
@@ -395,13 +518,14 @@ fn row_products<F: Float, N: Size>(
 }
 
 /// `acc += W·Z` for this plane's 16 rows: `w` the rows' `[16, step_rows]` operand as C
-/// registers rounded to pairs (`2 · step_rows / 8`), `z` the row-major tile of
-/// `step_rows` rows: B[k, n] = Z[k, n] pairs along `k`, the transposed 8×8 blocks; one
+/// registers rounded to pairs (`2 · step_rows / 8`), `z` the `step_rows` rows `z_row0..`
+/// of a row-major tile: B[k, n] = Z[k, n] pairs along `k`, the transposed 8×8 blocks; one
 /// `ldmatrix.x4.trans` gives two C tiles' operands.
 #[cube]
 fn step_products<F: Float, N: Size>(
     w: &Array<Vector<F, Pair>>,
     z: &SharedMemory<Vector<F, N>>,
+    z_row0: u32,
     acc: &mut Array<Vector<f32, Pair>>,
     #[comptime] g: FlashGeometry,
 ) {
@@ -417,7 +541,7 @@ fn step_products<F: Float, N: Size>(
         a[2] = w[(4 * j + 2) as usize];
         a[3] = w[(4 * j + 3) as usize];
         // Matrices: rows 0-7, 8-15 of the step at head tile 2·dn2, then at 2·dn2 + 1.
-        let row = j * 16 + (m % 2) * 8 + lane % 8u32;
+        let row = z_row0 + j * 16 + (m % 2) * 8 + lane % 8u32;
         #[unroll]
         for dn2 in 0..comptime!(g.head_dim / 16) {
             let regs = ldmatrix_x4::<F, N>(z, row, 2 * dn2 + m / 2, true, g);
@@ -533,10 +657,16 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
         SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bq * g.stride()) as usize), 128usize);
     let mut do_tile =
         SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bq * g.stride()) as usize), 128usize);
-    let mut k_tile =
-        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * g.stride()) as usize), 128usize);
-    let mut v_tile =
-        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * g.stride()) as usize), 128usize);
+    // Two buffers of `bk` rows each (see the forward).
+    let mut k_tile = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!((2 * bk * g.stride()) as usize),
+        128usize,
+    );
+    let mut v_tile = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!((2 * bk * g.stride()) as usize),
+        128usize,
+    );
+    let bar = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
 
     let plane = UNIT_POS / 32u32;
     let lane = UNIT_POS_PLANE;
@@ -545,10 +675,6 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
     let row_lo = strip0 + lane / 4u32;
     let qpos_lo = q0 + row_lo;
     let qpos_hi = qpos_lo + 8u32;
-
-    // Q and dO stay in shared memory: their A operands are loaded where used.
-    load_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, bq, g);
-    load_rows::<F, N>(grad, q_base, q0, seq, &mut do_tile, bq, g);
 
     let mut lse_lo = f32::max_value();
     let mut lse_hi = f32::max_value();
@@ -581,83 +707,130 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
         doc_hi = q_ranges[at + 1];
     }
     let (kb_first, kb_end) = key_block_range(q0, seq, window, bq, bk, mask);
-    for kb in kb_first..kb_end {
-        let mut live = true;
-        if comptime!(mask.documents) {
-            live = documents_meet(
-                k_ranges,
-                ((batch * k_blocks + kb) * 2u32) as usize,
-                doc_lo,
-                doc_hi,
-            );
-        }
-        if live {
-            let k0 = kb * bk;
-            sync_cube();
-            load_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bk, g);
-            load_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bk, g);
-            sync_cube();
-
-            let mut strip_live = true;
-            if comptime!(mask.causal) {
-                strip_live = q0 + strip0 + 15u32 >= k0;
-            }
-            if strip_live {
-                row_products::<F, N>(&q_tile, strip0, &k_tile, &mut s, g);
-                row_products::<F, N>(&do_tile, strip0, &v_tile, &mut dp, g);
-                let interior = block_fully_visible(q0 + strip0, k0, seq, 16u32, bk, mask);
-                #[unroll]
-                for n in 0..key_tiles {
-                    let kpos = k0 + n * 8 + 2 * tid;
-                    let s_lo = s[(2 * n) as usize];
-                    let s_hi = s[(2 * n + 1) as usize];
-                    let dp_lo = dp[(2 * n) as usize];
-                    let dp_hi = dp[(2 * n + 1) as usize];
-                    let mut p0 = 0.0f32;
-                    let mut p1 = 0.0f32;
-                    let mut p2 = 0.0f32;
-                    let mut p3 = 0.0f32;
-                    if lse_lo < f32::max_value() {
-                        p0 = f32::exp(s_lo[0] * scale - lse_lo);
-                        p1 = f32::exp(s_lo[1] * scale - lse_lo);
-                    }
-                    if lse_hi < f32::max_value() {
-                        p2 = f32::exp(s_hi[0] * scale - lse_hi);
-                        p3 = f32::exp(s_hi[1] * scale - lse_hi);
-                    }
-                    if !interior {
-                        if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
-                            p0 = 0.0;
-                        }
-                        if !visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask) {
-                            p1 = 0.0;
-                        }
-                        if !visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask) {
-                            p2 = 0.0;
-                        }
-                        if !visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask) {
-                            p3 = 0.0;
-                        }
-                    }
-                    ds[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(
-                        p0 * (dp_lo[0] - d_lo),
-                        p1 * (dp_lo[1] - d_lo),
-                    ));
-                    ds[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(
-                        p2 * (dp_hi[0] - d_hi),
-                        p3 * (dp_hi[1] - d_hi),
-                    ));
-                }
-                // dQ += dS·K (B[key, e] = K[key, e]: a pair of Kᵀ's row).
-                step_products::<F, N>(&ds, &k_tile, &mut dq, g);
-            }
-        }
+    let k_at0 = batch * k_blocks;
+    // The forward's pipeline; Q and dO stay in shared memory (their A operands are loaded
+    // where used).
+    let mut kb = next_live_block(kb_first, kb_end, k_ranges, k_at0, doc_lo, doc_hi, mask);
+    copy_rows_async::<F, N>(q, q_base, q0, seq, &mut q_tile, 0u32, bq, g);
+    copy_rows_async::<F, N>(grad, q_base, q0, seq, &mut do_tile, 0u32, bq, g);
+    if kb < kb_end {
+        copy_rows_async::<F, N>(k, kv_base, kb * bk, seq, &mut k_tile, 0u32, bk, g);
+        copy_rows_async::<F, N>(v, kv_base, kb * bk, seq, &mut v_tile, 0u32, bk, g);
     }
+    bar.commit_copy_async();
+    let mut buf = 0u32;
+    while kb < kb_end {
+        bar.arrive_and_wait();
+        let next = next_live_block(kb + 1, kb_end, k_ranges, k_at0, doc_lo, doc_hi, mask);
+        if next < kb_end {
+            let other = (1u32 - buf) * bk;
+            copy_rows_async::<F, N>(k, kv_base, next * bk, seq, &mut k_tile, other, bk, g);
+            copy_rows_async::<F, N>(v, kv_base, next * bk, seq, &mut v_tile, other, bk, g);
+        }
+        bar.commit_copy_async();
+        let k0 = kb * bk;
 
-    sync_cube();
+        let mut strip_live = true;
+        if comptime!(mask.causal) {
+            strip_live = q0 + strip0 + 15u32 >= k0;
+        }
+        if strip_live {
+            row_products::<F, N>(&q_tile, strip0, &k_tile, buf * bk, &mut s, g);
+            row_products::<F, N>(&do_tile, strip0, &v_tile, buf * bk, &mut dp, g);
+            let interior = block_fully_visible(q0 + strip0, k0, seq, 16u32, bk, mask);
+            #[unroll]
+            for n in 0..key_tiles {
+                let kpos = k0 + n * 8 + 2 * tid;
+                let s_lo = s[(2 * n) as usize];
+                let s_hi = s[(2 * n + 1) as usize];
+                let dp_lo = dp[(2 * n) as usize];
+                let dp_hi = dp[(2 * n + 1) as usize];
+                let mut p0 = 0.0f32;
+                let mut p1 = 0.0f32;
+                let mut p2 = 0.0f32;
+                let mut p3 = 0.0f32;
+                if lse_lo < f32::max_value() {
+                    p0 = f32::exp(s_lo[0] * scale - lse_lo);
+                    p1 = f32::exp(s_lo[1] * scale - lse_lo);
+                }
+                if lse_hi < f32::max_value() {
+                    p2 = f32::exp(s_hi[0] * scale - lse_hi);
+                    p3 = f32::exp(s_hi[1] * scale - lse_hi);
+                }
+                if !interior {
+                    if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
+                        p0 = 0.0;
+                    }
+                    if !visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask) {
+                        p1 = 0.0;
+                    }
+                    if !visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask) {
+                        p2 = 0.0;
+                    }
+                    if !visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask) {
+                        p3 = 0.0;
+                    }
+                }
+                ds[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(
+                    p0 * (dp_lo[0] - d_lo),
+                    p1 * (dp_lo[1] - d_lo),
+                ));
+                ds[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(
+                    p2 * (dp_hi[0] - d_hi),
+                    p3 * (dp_hi[1] - d_hi),
+                ));
+            }
+            // dQ += dS·K (B[key, e] = K[key, e]: a pair of Kᵀ's row).
+            step_products::<F, N>(&ds, &k_tile, buf * bk, &mut dq, g);
+        }
+        kb = next;
+        buf = 1u32 - buf;
+    }
+    bar.arrive_and_wait();
+
     rows_to_tile::<F, N>(&dq, &mut q_tile, strip0, scale, scale, g);
     sync_cube();
     tile_to_rows::<F, N>(&q_tile, grad_q, q_base, q0, seq, g);
+}
+
+/// Starts the copies of one dK/dV step: rows `q0..q0 + step_rows` of query head `head`'s
+/// Q, dO, lse and D into rows `row0..` of the step's tiles (see [`copy_rows_async`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_query_step<F: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    grad: &Array<Vector<F, N>>,
+    lse: &Array<f32>,
+    dot: &Array<f32>,
+    head: u32,
+    batch: u32,
+    q_heads: u32,
+    q0: u32,
+    seq: u32,
+    q_tile: &mut SharedMemory<Vector<F, N>>,
+    do_tile: &mut SharedMemory<Vector<F, N>>,
+    lse_rows: &mut SharedMemory<f32>,
+    d_rows: &mut SharedMemory<f32>,
+    row0: u32,
+    #[comptime] g: FlashGeometry,
+) {
+    let bq = comptime!(g.step_rows);
+    let row_base = (batch * q_heads + head) as usize * seq as usize;
+    let q_base = row_base * comptime!(g.dv() as usize);
+    copy_rows_async::<F, N>(q, q_base, q0, seq, q_tile, row0, bq, g);
+    copy_rows_async::<F, N>(grad, q_base, q0, seq, do_tile, row0, bq, g);
+    copy_row_values_async(
+        lse,
+        row_base,
+        q0,
+        seq,
+        lse_rows,
+        row0,
+        f32::max_value(),
+        bq,
+        g.units,
+    );
+    copy_row_values_async(dot, row_base, q0, seq, d_rows, row0, 0.0, bq, g.units);
 }
 
 /// dK and dV of the backward (the parent module's dK/dV kernel with register-resident
@@ -714,12 +887,18 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
         SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * g.stride()) as usize), 128usize);
     let mut v_tile =
         SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * g.stride()) as usize), 128usize);
-    let mut q_tile =
-        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bq * g.stride()) as usize), 128usize);
-    let mut do_tile =
-        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bq * g.stride()) as usize), 128usize);
-    let mut lse_rows = SharedMemory::<f32>::new(comptime!(bq as usize));
-    let mut d_rows = SharedMemory::<f32>::new(comptime!(bq as usize));
+    // Two buffers of each streamed tile (see the forward).
+    let mut q_tile = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!((2 * bq * g.stride()) as usize),
+        128usize,
+    );
+    let mut do_tile = SharedMemory::<Vector<F, N>>::new_aligned(
+        comptime!((2 * bq * g.stride()) as usize),
+        128usize,
+    );
+    let mut lse_rows = SharedMemory::<f32>::new_aligned(comptime!(2 * bq as usize), 16usize);
+    let mut d_rows = SharedMemory::<f32>::new_aligned(comptime!(2 * bq as usize), 16usize);
+    let bar = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
 
     let plane = UNIT_POS / 32u32;
     let lane = UNIT_POS_PLANE;
@@ -728,9 +907,6 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
     let row_lo = strip0 + lane / 4u32;
     let kpos_lo = k0 + row_lo;
     let kpos_hi = kpos_lo + 8u32;
-
-    load_rows::<F, N>(k, kv_base, k0, seq, &mut k_tile, bk, g);
-    load_rows::<F, N>(v, kv_base, k0, seq, &mut v_tile, bk, g);
 
     let mut dk = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
     let mut dvv = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
@@ -754,114 +930,136 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
         doc_hi = k_ranges[at + 1];
     }
     let (qb_first, qb_end) = query_block_range(k0, seq, window, bk, bq, mask);
-    for h in part * heads_per_part..(part + 1) * heads_per_part {
-        let head = kv_head * group + h;
-        let q_base = (batch * q_heads + head) as usize * seq_len * dv as usize;
-        let row_base = (batch * q_heads + head) as usize * seq_len;
-        for qb in qb_first..qb_end {
-            let mut live = true;
-            if comptime!(mask.documents) {
-                live = documents_meet(
-                    q_ranges,
-                    ((batch * q_blocks + qb) * 2u32) as usize,
-                    doc_lo,
-                    doc_hi,
-                );
-            }
-            if live {
-                let q0 = qb * bq;
-                sync_cube();
-                load_rows::<F, N>(q, q_base, q0, seq, &mut q_tile, bq, g);
-                load_rows::<F, N>(grad, q_base, q0, seq, &mut do_tile, bq, g);
-                load_row_values(
-                    lse,
-                    row_base,
-                    q0,
-                    seq,
-                    &mut lse_rows,
-                    f32::max_value(),
-                    bq,
-                    comptime!(g.units),
-                );
-                load_row_values(
-                    dot,
-                    row_base,
-                    q0,
-                    seq,
-                    &mut d_rows,
-                    0.0,
-                    bq,
-                    comptime!(g.units),
-                );
-                sync_cube();
-
-                // A strip of keys after the block's last query (causal) has nothing to do.
-                let mut strip_live = true;
-                if comptime!(mask.causal) {
-                    strip_live = q0 + bq - 1 >= k0 + strip0;
-                }
-                if strip_live {
-                    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, [keys, queries].
-                    row_products::<F, N>(&k_tile, strip0, &q_tile, &mut st, g);
-                    row_products::<F, N>(&v_tile, strip0, &do_tile, &mut dpt, g);
-                    let interior = block_fully_visible(q0, k0 + strip0, seq, bq, 16u32, mask);
-                    #[unroll]
-                    for n in 0..query_tiles {
-                        // This lane's two queries (columns) of C tile n.
-                        let c = n * 8 + 2 * tid;
-                        let lse0 = lse_rows[c as usize];
-                        let lse1 = lse_rows[(c + 1) as usize];
-                        let d0 = d_rows[c as usize];
-                        let d1 = d_rows[(c + 1) as usize];
-                        let s_lo = st[(2 * n) as usize];
-                        let s_hi = st[(2 * n + 1) as usize];
-                        let dp_lo = dpt[(2 * n) as usize];
-                        let dp_hi = dpt[(2 * n + 1) as usize];
-                        let mut p0 = 0.0f32;
-                        let mut p1 = 0.0f32;
-                        let mut p2 = 0.0f32;
-                        let mut p3 = 0.0f32;
-                        if lse0 < f32::max_value() {
-                            p0 = f32::exp(s_lo[0] * scale - lse0);
-                            p2 = f32::exp(s_hi[0] * scale - lse0);
-                        }
-                        if lse1 < f32::max_value() {
-                            p1 = f32::exp(s_lo[1] * scale - lse1);
-                            p3 = f32::exp(s_hi[1] * scale - lse1);
-                        }
-                        if !interior {
-                            let qpos = q0 + c;
-                            if !visible(qpos, kpos_lo, seq, window, doc_ids, doc_base, mask) {
-                                p0 = 0.0;
-                            }
-                            if !visible(qpos + 1, kpos_lo, seq, window, doc_ids, doc_base, mask) {
-                                p1 = 0.0;
-                            }
-                            if !visible(qpos, kpos_hi, seq, window, doc_ids, doc_base, mask) {
-                                p2 = 0.0;
-                            }
-                            if !visible(qpos + 1, kpos_hi, seq, window, doc_ids, doc_base, mask) {
-                                p3 = 0.0;
-                            }
-                        }
-                        pt[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
-                        pt[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(p2, p3));
-                        dst[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(
-                            p0 * (dp_lo[0] - d0),
-                            p1 * (dp_lo[1] - d1),
-                        ));
-                        dst[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(
-                            p2 * (dp_hi[0] - d0),
-                            p3 * (dp_hi[1] - d1),
-                        ));
-                    }
-                    // dV += Pᵀ·dO and dK += dSᵀ·Q (B[query, e]: a pair of dOᵀ's / Qᵀ's row).
-                    step_products::<F, N>(&pt, &do_tile, &mut dvv, g);
-                    step_products::<F, N>(&dst, &q_tile, &mut dk, g);
-                }
-            }
-        }
+    let q_at0 = batch * q_blocks;
+    // The steps are (head, query block) pairs, the live query blocks of each of this
+    // part's heads in turn, pipelined as in the forward: a step's Q, dO, lse and D arrive
+    // in one buffer while the previous step computes on the other.
+    let h_end = (part + 1) * heads_per_part;
+    let qb_live = next_live_block(qb_first, qb_end, q_ranges, q_at0, doc_lo, doc_hi, mask);
+    let mut h = part * heads_per_part;
+    if qb_live >= qb_end {
+        h = h_end;
     }
+    let mut qb = qb_live;
+    copy_rows_async::<F, N>(k, kv_base, k0, seq, &mut k_tile, 0u32, bk, g);
+    copy_rows_async::<F, N>(v, kv_base, k0, seq, &mut v_tile, 0u32, bk, g);
+    if h < h_end {
+        copy_query_step::<F, N>(
+            q,
+            grad,
+            lse,
+            dot,
+            kv_head * group + h,
+            batch,
+            q_heads,
+            qb * bq,
+            seq,
+            &mut q_tile,
+            &mut do_tile,
+            &mut lse_rows,
+            &mut d_rows,
+            0u32,
+            g,
+        );
+    }
+    bar.commit_copy_async();
+    let mut buf = 0u32;
+    while h < h_end {
+        bar.arrive_and_wait();
+        let mut next_h = h;
+        let mut next_qb = next_live_block(qb + 1, qb_end, q_ranges, q_at0, doc_lo, doc_hi, mask);
+        if next_qb >= qb_end {
+            next_h = h + 1;
+            next_qb = qb_live;
+        }
+        if next_h < h_end {
+            copy_query_step::<F, N>(
+                q,
+                grad,
+                lse,
+                dot,
+                kv_head * group + next_h,
+                batch,
+                q_heads,
+                next_qb * bq,
+                seq,
+                &mut q_tile,
+                &mut do_tile,
+                &mut lse_rows,
+                &mut d_rows,
+                (1u32 - buf) * bq,
+                g,
+            );
+        }
+        bar.commit_copy_async();
+        let q0 = qb * bq;
+        let row0 = buf * bq;
+
+        // A strip of keys after the block's last query (causal) has nothing to do.
+        let mut strip_live = true;
+        if comptime!(mask.causal) {
+            strip_live = q0 + bq - 1 >= k0 + strip0;
+        }
+        if strip_live {
+            // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, [keys, queries].
+            row_products::<F, N>(&k_tile, strip0, &q_tile, row0, &mut st, g);
+            row_products::<F, N>(&v_tile, strip0, &do_tile, row0, &mut dpt, g);
+            let interior = block_fully_visible(q0, k0 + strip0, seq, bq, 16u32, mask);
+            #[unroll]
+            for n in 0..query_tiles {
+                // This lane's two queries (columns) of C tile n.
+                let c = n * 8 + 2 * tid;
+                let lse0 = lse_rows[(row0 + c) as usize];
+                let lse1 = lse_rows[(row0 + c + 1) as usize];
+                let d0 = d_rows[(row0 + c) as usize];
+                let d1 = d_rows[(row0 + c + 1) as usize];
+                let s_lo = st[(2 * n) as usize];
+                let s_hi = st[(2 * n + 1) as usize];
+                let dp_lo = dpt[(2 * n) as usize];
+                let dp_hi = dpt[(2 * n + 1) as usize];
+                let mut p0 = 0.0f32;
+                let mut p1 = 0.0f32;
+                let mut p2 = 0.0f32;
+                let mut p3 = 0.0f32;
+                if lse0 < f32::max_value() {
+                    p0 = f32::exp(s_lo[0] * scale - lse0);
+                    p2 = f32::exp(s_hi[0] * scale - lse0);
+                }
+                if lse1 < f32::max_value() {
+                    p1 = f32::exp(s_lo[1] * scale - lse1);
+                    p3 = f32::exp(s_hi[1] * scale - lse1);
+                }
+                if !interior {
+                    let qpos = q0 + c;
+                    if !visible(qpos, kpos_lo, seq, window, doc_ids, doc_base, mask) {
+                        p0 = 0.0;
+                    }
+                    if !visible(qpos + 1, kpos_lo, seq, window, doc_ids, doc_base, mask) {
+                        p1 = 0.0;
+                    }
+                    if !visible(qpos, kpos_hi, seq, window, doc_ids, doc_base, mask) {
+                        p2 = 0.0;
+                    }
+                    if !visible(qpos + 1, kpos_hi, seq, window, doc_ids, doc_base, mask) {
+                        p3 = 0.0;
+                    }
+                }
+                pt[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
+                pt[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(p2, p3));
+                dst[(2 * n) as usize] =
+                    Vector::<F, Pair>::cast_from(pair(p0 * (dp_lo[0] - d0), p1 * (dp_lo[1] - d1)));
+                dst[(2 * n + 1) as usize] =
+                    Vector::<F, Pair>::cast_from(pair(p2 * (dp_hi[0] - d0), p3 * (dp_hi[1] - d1)));
+            }
+            // dV += Pᵀ·dO and dK += dSᵀ·Q (B[query, e]: a pair of dOᵀ's / Qᵀ's row).
+            step_products::<F, N>(&pt, &do_tile, row0, &mut dvv, g);
+            step_products::<F, N>(&dst, &q_tile, row0, &mut dk, g);
+        }
+        h = next_h;
+        qb = next_qb;
+        buf = 1u32 - buf;
+    }
+    bar.arrive_and_wait();
 
     if comptime!(parts > 1) {
         // This part's f32 sums, straight from the C registers: `[parts, batch · kv_heads ·
@@ -884,7 +1082,6 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
             }
         }
     } else {
-        sync_cube();
         rows_to_tile::<F, N>(&dk, &mut k_tile, strip0, scale, scale, g);
         rows_to_tile::<F, N>(&dvv, &mut v_tile, strip0, 1.0, 1.0, g);
         sync_cube();

@@ -17,12 +17,15 @@
 # jsd: kernel durations of one fused linear JSD iteration (liger and the stock composition)
 # at JSD_SHAPE (default 1024x4096x128256: two chunks).
 #
+# PROFILE_BIN picks the binary (default: env.sh's $BIN).
+#
 # Writes $OUT/ncu_<step>.csv (one row per kernel and metric) and $OUT/ncu_<step>.log.
 # Summarize here with scripts/ncu_summary.py.
 set -u
 . "$(dirname "$0")/env.sh"
 NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}
-echo "ncu: $NCU"
+BIN=${PROFILE_BIN:-$BIN}
+echo "ncu: $NCU, binary: $BIN"
 status=0
 one_iteration="--warmup 1 --iters 1 --repeats 1"
 for step in ${*:-ce flce swiglu}; do
@@ -41,7 +44,8 @@ for step in ${*:-ce flce swiglu}; do
       args="--attention --attention-shape ${FLASH_SHAPE:-1x4096x32x8x64} --attention-provider flash"
       collect="--kernel-name regex:flash --launch-skip 1 --launch-count 6 --page details --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-        --section ComputeWorkloadAnalysis --section SchedulerStats --section InstructionStats" ;;
+        --section ComputeWorkloadAnalysis --section SchedulerStats --section InstructionStats \
+        --section MemoryWorkloadAnalysis_Tables --section SourceCounters" ;;
     *) echo "unknown step $step"; status=1; continue ;;
   esac
   timeout 280 "$NCU" --clock-control none --csv $collect --log-file "$OUT/ncu_$step.csv" \
