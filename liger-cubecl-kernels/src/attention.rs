@@ -156,6 +156,11 @@ impl FlashGeometry {
     pub fn o_stride(&self) -> u32 {
         self.head_dim + 4
     }
+    /// 16-row m-tiles each plane owns (register mma: the products of a step share each
+    /// B operand loaded from shared memory among them).
+    pub fn plane_tiles(&self) -> u32 {
+        self.own_rows / 16 / self.planes
+    }
     /// Query rows per score tile unit group in the softmax (`units / s_rows` units a row).
     fn units_per_row(&self) -> u32 {
         self.units / self.s_rows
@@ -1743,16 +1748,24 @@ const CMMA_PLANE: u32 = 32;
 /// | tensor cores | forward | > 64 | 64 queries | 64 keys | 128 (4 planes, 1 strip each) |
 /// | tensor cores | dK/dV | any | 64 keys | 64 queries | 128 |
 /// | tensor cores | dQ | any | 64 queries | 64 keys | 128 |
-/// | register mma | forward | ≤ 64 | 128 queries | 64 keys | 256 (8 planes) |
-/// | register mma | forward | > 64 | 64 queries | 64 keys | 128 (4 planes) |
-/// | register mma | dK/dV | any | 64 keys | 64 queries | 128 |
-/// | register mma | dQ | any | 64 queries | 64 keys | 128 |
+/// | register mma | forward | ≤ 64 | 128 queries | 64 keys | 128 (4 planes, 2 m-tiles each) |
+/// | register mma | forward | > 64 | 128 queries | 32 keys | 128 (4 planes, 2 m-tiles each) |
+/// | register mma | dK/dV | any | 64 keys | 64 queries | 128 (4 planes, 1 m-tile each) |
+/// | register mma | dQ | any | 64 queries | 64 keys | 128 (4 planes, 1 m-tile each) |
 /// | FMA | all | any | `fma_rows` | `fma_rows` | 64 |
 ///
-/// Register mma: each plane owns 16 rows; its scores (64 keys: 32 f32 registers a lane)
-/// and accumulator (head_dim / 2 a lane) stay in registers: at head_dim 64 the forward
-/// takes 128 registers a unit, two cubes an SM; at 128, 175 (measured by ptxas for
-/// sm_90). Shared memory: forward 36 KiB (64) / 52 KiB (128), dQ 36 / 69 KiB.
+/// Register mma: each plane owns 16-row m-tiles; their scores and accumulators stay in
+/// registers. Every B operand a plane loads from shared memory (`ldmatrix`) feeds one
+/// product per m-tile, so two m-tiles halve the shared-memory traffic per product: with
+/// one, a 64-key forward step at head_dim 64 reads 18 KiB of operands a plane for 64
+/// products, more than the tensor cores take to run them. The forward keeps two m-tiles
+/// (32 rows a plane, as FlashAttention-2's 128-query blocks on 4 warps); at head_dim 128
+/// its steps are 32 keys, so scores and `O` fit in 255 registers. The backward kernels
+/// hold two accumulators and two score tiles, which with two m-tiles would spill; they
+/// keep one. Registers (NVRTC 13.0 for sm_90, bf16): forward 249 (64) / 253 (128), dQ 175
+/// / 255, dK/dV 209 / 255 (spilling 36 bytes). Shared memory ([`shared_bytes`]: the
+/// streamed tiles twice): forward 54 KiB (64) / 68 KiB (128), dQ 54 / 102 KiB, dK/dV 55 /
+/// 103 KiB.
 ///
 /// Tensor cores: each plane owns 16-row strips of the cube's rows; 64-key steps keep a
 /// step's score strips at four accumulator fragments per plane, and the `O` fragments of
@@ -1773,14 +1786,11 @@ pub fn flash_geometry(
     fma_rows: u32,
 ) -> FlashGeometry {
     let (own, step, planes, tensor_cores) = match variant {
-        FlashVariant::Mma => {
-            let planes = if kernel == FlashKernel::Forward && head_dim <= 64 {
-                8
-            } else {
-                4
-            };
-            (16 * planes, 64, planes, true)
-        }
+        FlashVariant::Mma => match kernel {
+            FlashKernel::Forward if head_dim <= 64 => (128, 64, 4, true),
+            FlashKernel::Forward => (128, 32, 4, true),
+            FlashKernel::BackwardQ | FlashKernel::BackwardKv => (64, 64, 4, true),
+        },
         FlashVariant::TensorCores => {
             if kernel == FlashKernel::Forward && head_dim <= 64 {
                 (128, 64, 8, true)

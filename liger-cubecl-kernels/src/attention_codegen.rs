@@ -268,17 +268,24 @@ fn register_mma_kernels_compile_to_cuda() {
         assert!(!source.contains("wmma"), "{name}: a wmma call:\n{source}");
         assert!(source.contains("__expf("), "{name}: no __expf:\n{source}");
     };
+    // Each kernel with one and with two 16-row m-tiles a plane (the plans use both).
+    let tiled = |kernel: FlashKernel, head_dim: usize, tiles: u32| {
+        let g = geometry(kernel, v, head_dim, n);
+        assert!(g.mma);
+        FlashGeometry {
+            own_rows: 16 * g.planes * tiles,
+            ..g
+        }
+    };
     for (dtype, kind) in [(FloatKind::BF16, "bf16"), (FloatKind::F16, "f16")] {
         let elem: StorageType = ElemType::Float(dtype).into();
-        for head_dim in [64usize, 128] {
+        for (head_dim, tiles) in [64usize, 128].into_iter().flat_map(|d| [(d, 1u32), (d, 2)]) {
             for mask in MASKS {
                 let docs = mask.documents;
-                let g = geometry(FlashKernel::Forward, v, head_dim, n);
-                assert!(g.mma && g.own_rows == 16 * g.planes);
                 let source = flash_source!(
                     client,
                     flash_forward_mma_kernel::FlashForwardMmaKernel,
-                    g,
+                    tiled(FlashKernel::Forward, head_dim, tiles),
                     elem,
                     n,
                     true,
@@ -287,11 +294,14 @@ fn register_mma_kernels_compile_to_cuda() {
                     ],
                     [mask]
                 );
-                check(&format!("forward_mma_{kind}_d{head_dim}_{docs}"), &source);
+                check(
+                    &format!("forward_mma_{kind}_d{head_dim}_t{tiles}_{docs}"),
+                    &source,
+                );
                 let source = flash_source!(
                     client,
                     flash_backward_q_mma_kernel::FlashBackwardQMmaKernel,
-                    geometry(FlashKernel::BackwardQ, v, head_dim, n),
+                    tiled(FlashKernel::BackwardQ, head_dim, tiles),
                     elem,
                     n,
                     true,
@@ -301,7 +311,7 @@ fn register_mma_kernels_compile_to_cuda() {
                     [mask]
                 );
                 check(
-                    &format!("backward_q_mma_{kind}_d{head_dim}_{docs}"),
+                    &format!("backward_q_mma_{kind}_d{head_dim}_t{tiles}_{docs}"),
                     &source,
                 );
                 // Both output paths: whole dK/dV, and f32 parts of a split group.
@@ -309,7 +319,7 @@ fn register_mma_kernels_compile_to_cuda() {
                 let source = flash_source!(
                     client,
                     flash_backward_kv_mma_kernel::FlashBackwardKvMmaKernel,
-                    geometry(FlashKernel::BackwardKv, v, head_dim, n),
+                    tiled(FlashKernel::BackwardKv, head_dim, tiles),
                     elem,
                     n,
                     true,
@@ -320,7 +330,7 @@ fn register_mma_kernels_compile_to_cuda() {
                     [mask, parts]
                 );
                 check(
-                    &format!("backward_kv_mma_{kind}_d{head_dim}_{docs}_parts{parts}"),
+                    &format!("backward_kv_mma_{kind}_d{head_dim}_t{tiles}_{docs}_parts{parts}"),
                     &source,
                 );
             }

@@ -284,24 +284,29 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     let lane = UNIT_POS_PLANE;
     let gid = lane / 4u32;
     let tid = lane % 4u32;
-    // This plane's 16 rows of the block; the lane's two rows.
-    let strip0 = plane * 16u32;
-    let row_lo = strip0 + gid;
-    let qpos_lo = q0 + row_lo;
-    let qpos_hi = qpos_lo + 8u32;
+    // This plane's `16 · tiles` rows of the block (`tiles` m-tiles of 16); the lane's rows
+    // are `gid` and `gid + 8` of each m-tile.
+    let tiles = comptime!(g.plane_tiles());
+    let strip0 = plane * comptime!(16 * g.plane_tiles());
+    let qpos0 = q0 + strip0 + gid;
 
-    let mut o = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
+    // m-tile `t`'s C registers: O at `t · 2 · head_tiles`, S and P at `t · 2 · key_tiles`.
+    let mut o = Array::<Vector<f32, Pair>>::new(comptime!((tiles * 2 * head_tiles) as usize));
     #[unroll]
-    for i in 0..comptime!(2 * head_tiles) {
+    for i in 0..comptime!(tiles * 2 * head_tiles) {
         o[i as usize] = Vector::<f32, Pair>::new(0.0);
     }
-    let mut s = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
-    let mut pv = Array::<Vector<F, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
-    // Running max (lazy) and the lane's part of the running sum, per row (lo, hi).
-    let mut m_lo = f32::min_value();
-    let mut m_hi = f32::min_value();
-    let mut l_lo = 0.0f32;
-    let mut l_hi = 0.0f32;
+    let mut s = Array::<Vector<f32, Pair>>::new(comptime!((tiles * 2 * key_tiles) as usize));
+    let mut pv = Array::<Vector<F, Pair>>::new(comptime!((tiles * 2 * key_tiles) as usize));
+    // Running max (lazy) and the lane's part of the running sum of each of the lane's
+    // rows: `2t` (row `gid` of m-tile `t`) and `2t + 1` (row `gid + 8`).
+    let mut m = Array::<f32>::new(comptime!(2 * tiles as usize));
+    let mut l = Array::<f32>::new(comptime!(2 * tiles as usize));
+    #[unroll]
+    for r in 0..comptime!(2 * tiles) {
+        m[r as usize] = f32::min_value();
+        l[r as usize] = 0.0f32;
+    }
 
     let k_blocks = seq.div_ceil(bc);
     let mut doc_lo = 0i32;
@@ -339,97 +344,122 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
         // A strip entirely before the block's first key (causal) has nothing to do.
         let mut strip_live = true;
         if comptime!(mask.causal) {
-            strip_live = q0 + strip0 + 15u32 >= k0;
+            strip_live = q0 + strip0 + comptime!(16 * g.plane_tiles() - 1) >= k0;
         }
         if strip_live {
             // S = Q·Kᵀ (B[e, key] = K[key, e]: a pair of K's row is one B register).
             row_products::<F, N>(&q_tile, strip0, &k_tile, buf * bc, &mut s, g);
-
-            // Scale, mask and the rows' block max.
-            let interior = block_fully_visible(q0 + strip0, k0, seq, 16u32, bc, mask);
-            let mut max_lo = f32::min_value();
-            let mut max_hi = f32::min_value();
+            let interior = block_fully_visible(
+                q0 + strip0,
+                k0,
+                seq,
+                comptime!(16 * g.plane_tiles()),
+                bc,
+                mask,
+            );
             #[unroll]
-            for n in 0..key_tiles {
-                let kpos = k0 + n * 8 + 2 * tid;
-                let lo = s[(2 * n) as usize];
-                let hi = s[(2 * n + 1) as usize];
-                let mut x0 = lo[0] * scale;
-                let mut x1 = lo[1] * scale;
-                let mut x2 = hi[0] * scale;
-                let mut x3 = hi[1] * scale;
-                if !interior {
-                    let floor = f32::min_value();
-                    if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
-                        x0 = floor;
-                    }
-                    if !visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask) {
-                        x1 = floor;
-                    }
-                    if !visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask) {
-                        x2 = floor;
-                    }
-                    if !visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask) {
-                        x3 = floor;
-                    }
-                }
-                s[(2 * n) as usize] = pair(x0, x1);
-                s[(2 * n + 1) as usize] = pair(x2, x3);
-                max_lo = f32::max(max_lo, f32::max(x0, x1));
-                max_hi = f32::max(max_hi, f32::max(x2, x3));
-            }
-            max_lo = quad_max(max_lo);
-            max_hi = quad_max(max_hi);
+            for t in 0..tiles {
+                let qpos_lo = qpos0 + t * 16;
+                let qpos_hi = qpos_lo + 8u32;
+                let at = comptime!(t * 2 * key_tiles);
+                let lo_row = comptime!(2 * t as usize);
+                let hi_row = comptime!(2 * t as usize + 1);
 
-            // Lazy rescale: a quad's lanes agree on the max, so the branch is per quad.
-            if max_lo > m_lo + comptime!(RESCALE_THRESHOLD) {
-                let alpha = f32::exp(m_lo - max_lo);
-                m_lo = max_lo;
-                l_lo *= alpha;
+                // Scale, mask and the rows' block max.
+                let mut max_lo = f32::min_value();
+                let mut max_hi = f32::min_value();
                 #[unroll]
-                for dn in 0..head_tiles {
-                    o[(2 * dn) as usize] = o[(2 * dn) as usize] * Vector::<f32, Pair>::new(alpha);
+                for n in 0..key_tiles {
+                    let kpos = k0 + n * 8 + 2 * tid;
+                    let lo = s[(at + 2 * n) as usize];
+                    let hi = s[(at + 2 * n + 1) as usize];
+                    let mut x0 = lo[0] * scale;
+                    let mut x1 = lo[1] * scale;
+                    let mut x2 = hi[0] * scale;
+                    let mut x3 = hi[1] * scale;
+                    if !interior {
+                        let floor = f32::min_value();
+                        if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
+                            x0 = floor;
+                        }
+                        if !visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask) {
+                            x1 = floor;
+                        }
+                        if !visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask) {
+                            x2 = floor;
+                        }
+                        if !visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask) {
+                            x3 = floor;
+                        }
+                    }
+                    s[(at + 2 * n) as usize] = pair(x0, x1);
+                    s[(at + 2 * n + 1) as usize] = pair(x2, x3);
+                    max_lo = f32::max(max_lo, f32::max(x0, x1));
+                    max_hi = f32::max(max_hi, f32::max(x2, x3));
                 }
-            }
-            if max_hi > m_hi + comptime!(RESCALE_THRESHOLD) {
-                let alpha = f32::exp(m_hi - max_hi);
-                m_hi = max_hi;
-                l_hi *= alpha;
-                #[unroll]
-                for dn in 0..head_tiles {
-                    o[(2 * dn + 1) as usize] =
-                        o[(2 * dn + 1) as usize] * Vector::<f32, Pair>::new(alpha);
-                }
-            }
+                max_lo = quad_max(max_lo);
+                max_hi = quad_max(max_hi);
 
-            // P = exp(x - m) (0 where hidden; a NaN score stays NaN), rounded for P·V.
-            #[unroll]
-            for n in 0..key_tiles {
-                let lo = s[(2 * n) as usize];
-                let hi = s[(2 * n + 1) as usize];
-                let mut p0 = f32::exp(lo[0] - m_lo);
-                let mut p1 = f32::exp(lo[1] - m_lo);
-                let mut p2 = f32::exp(hi[0] - m_hi);
-                let mut p3 = f32::exp(hi[1] - m_hi);
-                if !interior {
-                    let floor = f32::min_value();
-                    if lo[0] == floor {
-                        p0 = 0.0;
-                    }
-                    if lo[1] == floor {
-                        p1 = 0.0;
-                    }
-                    if hi[0] == floor {
-                        p2 = 0.0;
-                    }
-                    if hi[1] == floor {
-                        p3 = 0.0;
+                // Lazy rescale: a quad's lanes agree on the max, so the branch is per quad.
+                let o_at = comptime!(t * 2 * head_tiles);
+                let m_lo = m[lo_row];
+                if max_lo > m_lo + comptime!(RESCALE_THRESHOLD) {
+                    let alpha = f32::exp(m_lo - max_lo);
+                    m[lo_row] = max_lo;
+                    l[lo_row] *= alpha;
+                    #[unroll]
+                    for dn in 0..head_tiles {
+                        o[(o_at + 2 * dn) as usize] =
+                            o[(o_at + 2 * dn) as usize] * Vector::<f32, Pair>::new(alpha);
                     }
                 }
-                l_lo += p0 + p1;
-                l_hi += p2 + p3;
-                pv[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
-                pv[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(p2, p3));
+                let m_hi = m[hi_row];
+                if max_hi > m_hi + comptime!(RESCALE_THRESHOLD) {
+                    let alpha = f32::exp(m_hi - max_hi);
+                    m[hi_row] = max_hi;
+                    l[hi_row] *= alpha;
+                    #[unroll]
+                    for dn in 0..head_tiles {
+                        o[(o_at + 2 * dn + 1) as usize] =
+                            o[(o_at + 2 * dn + 1) as usize] * Vector::<f32, Pair>::new(alpha);
+                    }
+                }
+
+                // P = exp(x - m) (0 where hidden; a NaN score stays NaN), rounded for P·V.
+                let m_lo = m[lo_row];
+                let m_hi = m[hi_row];
+                let mut l_lo = l[lo_row];
+                let mut l_hi = l[hi_row];
+                #[unroll]
+                for n in 0..key_tiles {
+                    let lo = s[(at + 2 * n) as usize];
+                    let hi = s[(at + 2 * n + 1) as usize];
+                    let mut p0 = f32::exp(lo[0] - m_lo);
+                    let mut p1 = f32::exp(lo[1] - m_lo);
+                    let mut p2 = f32::exp(hi[0] - m_hi);
+                    let mut p3 = f32::exp(hi[1] - m_hi);
+                    if !interior {
+                        let floor = f32::min_value();
+                        if lo[0] == floor {
+                            p0 = 0.0;
+                        }
+                        if lo[1] == floor {
+                            p1 = 0.0;
+                        }
+                        if hi[0] == floor {
+                            p2 = 0.0;
+                        }
+                        if hi[1] == floor {
+                            p3 = 0.0;
+                        }
+                    }
+                    l_lo += p0 + p1;
+                    l_hi += p2 + p3;
+                    pv[(at + 2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
+                    pv[(at + 2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(p2, p3));
+                }
+                l[lo_row] = l_lo;
+                l[hi_row] = l_hi;
             }
 
             // O += P·V: C tiles 2j, 2j+1 of P are the A operand of key step j;
@@ -442,45 +472,60 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     // Every copy has landed and every plane is done with the tiles.
     bar.arrive_and_wait();
 
-    // 1/l per row (0 for a row that saw no key), and lse.
-    let l_lo = quad_sum(l_lo);
-    let l_hi = quad_sum(l_hi);
-    let mut inv_lo = 0.0f32;
-    let mut inv_hi = 0.0f32;
-    if l_lo > 0.0 {
-        inv_lo = 1.0f32 / l_lo;
-    }
-    if l_hi > 0.0 {
-        inv_hi = 1.0f32 / l_hi;
-    }
-    if tid == 0 {
-        if qpos_lo < seq {
-            let mut value = f32::max_value();
-            if l_lo > 0.0 {
-                value = m_lo + f32::ln(l_lo);
-            }
-            lse[row_base + qpos_lo as usize] = value;
+    // Per row: 1/l (0 for a row that saw no key) and lse; then O / l through the q tile
+    // (free: the strips' Q is in registers), and whole vectors out.
+    #[unroll]
+    for t in 0..tiles {
+        let qpos_lo = qpos0 + t * 16;
+        let qpos_hi = qpos_lo + 8u32;
+        let lo_row = comptime!(2 * t as usize);
+        let hi_row = comptime!(2 * t as usize + 1);
+        let l_lo = quad_sum(l[lo_row]);
+        let l_hi = quad_sum(l[hi_row]);
+        let mut inv_lo = 0.0f32;
+        let mut inv_hi = 0.0f32;
+        if l_lo > 0.0 {
+            inv_lo = 1.0f32 / l_lo;
         }
-        if qpos_hi < seq {
-            let mut value = f32::max_value();
-            if l_hi > 0.0 {
-                value = m_hi + f32::ln(l_hi);
-            }
-            lse[row_base + qpos_hi as usize] = value;
+        if l_hi > 0.0 {
+            inv_hi = 1.0f32 / l_hi;
         }
+        if tid == 0 {
+            if qpos_lo < seq {
+                let mut value = f32::max_value();
+                if l_lo > 0.0 {
+                    value = m[lo_row] + f32::ln(l_lo);
+                }
+                lse[row_base + qpos_lo as usize] = value;
+            }
+            if qpos_hi < seq {
+                let mut value = f32::max_value();
+                if l_hi > 0.0 {
+                    value = m[hi_row] + f32::ln(l_hi);
+                }
+                lse[row_base + qpos_hi as usize] = value;
+            }
+        }
+        rows_to_tile::<F, N>(
+            &o,
+            comptime!(t * 2 * head_tiles),
+            &mut q_tile,
+            strip0 + t * 16,
+            inv_lo,
+            inv_hi,
+            g,
+        );
     }
-
-    // O / l through the q tile (free: the strips' Q is in registers), then whole vectors.
-    rows_to_tile::<F, N>(&o, &mut q_tile, strip0, inv_lo, inv_hi, g);
     sync_cube();
     tile_to_rows::<F, N>(&q_tile, out, q_base, q0, seq, g);
 }
 
-/// `acc = X·Yᵀ` for this plane's 16 rows `strip0..strip0 + 16` of the row-major tile `x`
-/// and the `step_rows` rows `y_row0..` of the row-major tile `y`: the A registers of `X` are its
-/// 8×8 blocks (one `ldmatrix.x4` a head step, loaded where used rather than kept: the
-/// registers go to the accumulators), and so are `Y`'s B registers (B[e, n] = Y[n, e]),
-/// one `ldmatrix.x4` for two C tiles. `acc` holds `2 · step_rows / 8` C registers.
+/// `acc = X·Yᵀ` for this plane's `16 · plane_tiles` rows from `strip0` of the row-major
+/// tile `x` and the `step_rows` rows `y_row0..` of the row-major tile `y`: the A
+/// registers of each m-tile of `X` are its 8×8 blocks (one `ldmatrix.x4` a head step,
+/// loaded where used rather than kept: the registers go to the accumulators), and so are
+/// `Y`'s B registers (B[e, n] = Y[n, e]), one `ldmatrix.x4` for two C tiles, shared by the
+/// m-tiles. `acc` holds `2 · step_rows / 8` C registers an m-tile, m-tile after m-tile.
 #[cube]
 fn row_products<F: Float, N: Size>(
     x: &SharedMemory<Vector<F, N>>,
@@ -490,18 +535,29 @@ fn row_products<F: Float, N: Size>(
     acc: &mut Array<Vector<f32, Pair>>,
     #[comptime] g: FlashGeometry,
 ) {
+    let tiles = comptime!(g.plane_tiles());
+    let c_tiles = comptime!(g.step_rows / 8);
     let lane = UNIT_POS_PLANE;
     let m = lane / 8u32;
     let a_row = strip0 + (m % 2) * 8 + lane % 8u32;
+    let mut a_all = Array::<Vector<F, Pair>>::new(comptime!(4 * tiles as usize));
+    let mut a = Array::<Vector<F, Pair>>::new(4usize);
     let mut b0 = Array::<Vector<F, Pair>>::new(2usize);
     let mut b1 = Array::<Vector<F, Pair>>::new(2usize);
     #[unroll]
-    for i in 0..comptime!(2 * g.step_rows / 8) {
+    for i in 0..comptime!(tiles * 2 * c_tiles) {
         acc[i as usize] = Vector::<f32, Pair>::new(0.0);
     }
     #[unroll]
     for kk in 0..comptime!(g.head_dim / 16) {
-        let a = ldmatrix_x4::<F, N>(x, a_row, kk * 2 + m / 2, false, g);
+        #[unroll]
+        for t in 0..tiles {
+            let regs = ldmatrix_x4::<F, N>(x, a_row + t * 16, kk * 2 + m / 2, false, g);
+            #[unroll]
+            for i in 0..4u32 {
+                a_all[(4 * t + i) as usize] = regs[i as usize];
+            }
+        }
         #[unroll]
         for n2 in 0..comptime!(g.step_rows / 16) {
             // Matrices: rows of tile 2·n2 at head columns 0-7, 8-15; then tile 2·n2 + 1.
@@ -511,16 +567,29 @@ fn row_products<F: Float, N: Size>(
             b0[1] = regs[1];
             b1[0] = regs[2];
             b1[1] = regs[3];
-            mma::<F>(&a, &b0, acc, comptime!(4 * n2 as usize));
-            mma::<F>(&a, &b1, acc, comptime!(4 * n2 as usize + 2));
+            #[unroll]
+            for t in 0..tiles {
+                #[unroll]
+                for i in 0..4u32 {
+                    a[i as usize] = a_all[(4 * t + i) as usize];
+                }
+                mma::<F>(&a, &b0, acc, comptime!((t * 2 * c_tiles + 4 * n2) as usize));
+                mma::<F>(
+                    &a,
+                    &b1,
+                    acc,
+                    comptime!((t * 2 * c_tiles + 4 * n2 + 2) as usize),
+                );
+            }
         }
     }
 }
 
-/// `acc += W·Z` for this plane's 16 rows: `w` the rows' `[16, step_rows]` operand as C
-/// registers rounded to pairs (`2 · step_rows / 8`), `z` the `step_rows` rows `z_row0..`
-/// of a row-major tile: B[k, n] = Z[k, n] pairs along `k`, the transposed 8×8 blocks; one
-/// `ldmatrix.x4.trans` gives two C tiles' operands.
+/// `acc += W·Z` for this plane's `16 · plane_tiles` rows: `w` the rows' `[rows,
+/// step_rows]` operand as C registers rounded to pairs (`2 · step_rows / 8` an m-tile),
+/// `z` the `step_rows` rows `z_row0..` of a row-major tile: B[k, n] = Z[k, n] pairs along
+/// `k`, the transposed 8×8 blocks; one `ldmatrix.x4.trans` gives two C tiles' operands,
+/// shared by the m-tiles. `acc` holds `2 · head_dim / 8` C registers an m-tile.
 #[cube]
 fn step_products<F: Float, N: Size>(
     w: &Array<Vector<F, Pair>>,
@@ -529,6 +598,9 @@ fn step_products<F: Float, N: Size>(
     acc: &mut Array<Vector<f32, Pair>>,
     #[comptime] g: FlashGeometry,
 ) {
+    let tiles = comptime!(g.plane_tiles());
+    let w_tiles = comptime!(g.step_rows / 8);
+    let acc_tiles = comptime!(g.head_dim / 8);
     let lane = UNIT_POS_PLANE;
     let m = lane / 8u32;
     let mut a = Array::<Vector<F, Pair>>::new(4usize);
@@ -536,10 +608,6 @@ fn step_products<F: Float, N: Size>(
     let mut b1 = Array::<Vector<F, Pair>>::new(2usize);
     #[unroll]
     for j in 0..comptime!(g.step_rows / 16) {
-        a[0] = w[(4 * j) as usize];
-        a[1] = w[(4 * j + 1) as usize];
-        a[2] = w[(4 * j + 2) as usize];
-        a[3] = w[(4 * j + 3) as usize];
         // Matrices: rows 0-7, 8-15 of the step at head tile 2·dn2, then at 2·dn2 + 1.
         let row = z_row0 + j * 16 + (m % 2) * 8 + lane % 8u32;
         #[unroll]
@@ -549,20 +617,38 @@ fn step_products<F: Float, N: Size>(
             b0[1] = regs[1];
             b1[0] = regs[2];
             b1[1] = regs[3];
-            mma::<F>(&a, &b0, acc, comptime!(4 * dn2 as usize));
-            mma::<F>(&a, &b1, acc, comptime!(4 * dn2 as usize + 2));
+            #[unroll]
+            for t in 0..tiles {
+                #[unroll]
+                for i in 0..4u32 {
+                    a[i as usize] = w[(t * 2 * w_tiles + 4 * j + i) as usize];
+                }
+                mma::<F>(
+                    &a,
+                    &b0,
+                    acc,
+                    comptime!((t * 2 * acc_tiles + 4 * dn2) as usize),
+                );
+                mma::<F>(
+                    &a,
+                    &b1,
+                    acc,
+                    comptime!((t * 2 * acc_tiles + 4 * dn2 + 2) as usize),
+                );
+            }
         }
     }
 }
 
-/// Writes this plane's 16 rows (`strip0..`) of `acc` (`2 · head_dim / 8` C registers)
-/// times `factor_lo` / `factor_hi` (the lane's rows `l / 4` and `l / 4 + 8`) into the
-/// row-major tile `tile`, in the input dtype, a pair at a time.
+/// Writes one m-tile's 16 rows (`row0..`) of `acc` (`2 · head_dim / 8` C registers from
+/// `at`) times `factor_lo` / `factor_hi` (the lane's rows `l / 4` and `l / 4 + 8`) into
+/// the row-major tile `tile`, in the input dtype, a pair at a time.
 #[cube]
 fn rows_to_tile<F: Float, N: Size>(
     acc: &Array<Vector<f32, Pair>>,
+    #[comptime] at: u32,
     tile: &mut SharedMemory<Vector<F, N>>,
-    strip0: u32,
+    row0: u32,
     factor_lo: f32,
     factor_hi: f32,
     #[comptime] g: FlashGeometry,
@@ -571,16 +657,16 @@ fn rows_to_tile<F: Float, N: Size>(
     let lane = UNIT_POS_PLANE;
     let len = tile.len();
     let mut view = tile.slice_mut(0usize, len).with_vector_size::<Pair>();
-    let lo_row = strip0 + lane / 4u32;
+    let lo_row = row0 + lane / 4u32;
     #[unroll]
     for dn in 0..comptime!(g.head_dim / 8) {
         let lo = (lo_row * pairs_per_row + dn * 4 + lane % 4u32) as usize;
         let hi = lo + (8 * pairs_per_row) as usize;
         view[lo] = Vector::<F, Pair>::cast_from(
-            acc[(2 * dn) as usize] * Vector::<f32, Pair>::new(factor_lo),
+            acc[(at + 2 * dn) as usize] * Vector::<f32, Pair>::new(factor_lo),
         );
         view[hi] = Vector::<F, Pair>::cast_from(
-            acc[(2 * dn + 1) as usize] * Vector::<f32, Pair>::new(factor_hi),
+            acc[(at + 2 * dn + 1) as usize] * Vector::<f32, Pair>::new(factor_hi),
         );
     }
 }
@@ -641,6 +727,7 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
     let bk = comptime!(g.step_rows);
     let dv = comptime!(g.dv());
     let key_tiles = comptime!(g.step_rows / 8);
+    let head_tiles = comptime!(g.head_dim / 8);
     let q_blocks = seq.div_ceil(bq);
     let qb = q_blocks - 1u32 - CUBE_POS_X;
     let head = CUBE_POS_Y;
@@ -671,32 +758,35 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
     let plane = UNIT_POS / 32u32;
     let lane = UNIT_POS_PLANE;
     let tid = lane % 4u32;
-    let strip0 = plane * 16u32;
-    let row_lo = strip0 + lane / 4u32;
-    let qpos_lo = q0 + row_lo;
-    let qpos_hi = qpos_lo + 8u32;
+    // This plane's m-tiles and the lane's rows, as in the forward.
+    let tiles = comptime!(g.plane_tiles());
+    let strip0 = plane * comptime!(16 * g.plane_tiles());
+    let qpos0 = q0 + strip0 + lane / 4u32;
 
-    let mut lse_lo = f32::max_value();
-    let mut lse_hi = f32::max_value();
-    let mut d_lo = 0.0f32;
-    let mut d_hi = 0.0f32;
-    if qpos_lo < seq {
-        lse_lo = lse[row_base + qpos_lo as usize];
-        d_lo = dot[row_base + qpos_lo as usize];
-    }
-    if qpos_hi < seq {
-        lse_hi = lse[row_base + qpos_hi as usize];
-        d_hi = dot[row_base + qpos_hi as usize];
-    }
-
-    let mut dq = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
+    // lse and D of the lane's rows: `2t` (row `gid` of m-tile `t`) and `2t + 1`.
+    let mut row_lse = Array::<f32>::new(comptime!(2 * tiles as usize));
+    let mut row_d = Array::<f32>::new(comptime!(2 * tiles as usize));
     #[unroll]
-    for i in 0..comptime!(2 * g.head_dim / 8) {
+    for r in 0..comptime!(2 * tiles) {
+        let qpos = qpos0 + (r / 2) * 16 + (r % 2) * 8;
+        let mut lse_r = f32::max_value();
+        let mut d_r = 0.0f32;
+        if qpos < seq {
+            lse_r = lse[row_base + qpos as usize];
+            d_r = dot[row_base + qpos as usize];
+        }
+        row_lse[r as usize] = lse_r;
+        row_d[r as usize] = d_r;
+    }
+
+    let mut dq = Array::<Vector<f32, Pair>>::new(comptime!((tiles * 2 * head_tiles) as usize));
+    #[unroll]
+    for i in 0..comptime!(tiles * 2 * head_tiles) {
         dq[i as usize] = Vector::<f32, Pair>::new(0.0);
     }
-    let mut s = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
-    let mut dp = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
-    let mut ds = Array::<Vector<F, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
+    let mut s = Array::<Vector<f32, Pair>>::new(comptime!((tiles * 2 * key_tiles) as usize));
+    let mut dp = Array::<Vector<f32, Pair>>::new(comptime!((tiles * 2 * key_tiles) as usize));
+    let mut ds = Array::<Vector<F, Pair>>::new(comptime!((tiles * 2 * key_tiles) as usize));
 
     let k_blocks = seq.div_ceil(bk);
     let mut doc_lo = 0i32;
@@ -732,53 +822,70 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
 
         let mut strip_live = true;
         if comptime!(mask.causal) {
-            strip_live = q0 + strip0 + 15u32 >= k0;
+            strip_live = q0 + strip0 + comptime!(16 * g.plane_tiles() - 1) >= k0;
         }
         if strip_live {
             row_products::<F, N>(&q_tile, strip0, &k_tile, buf * bk, &mut s, g);
             row_products::<F, N>(&do_tile, strip0, &v_tile, buf * bk, &mut dp, g);
-            let interior = block_fully_visible(q0 + strip0, k0, seq, 16u32, bk, mask);
+            let interior = block_fully_visible(
+                q0 + strip0,
+                k0,
+                seq,
+                comptime!(16 * g.plane_tiles()),
+                bk,
+                mask,
+            );
             #[unroll]
-            for n in 0..key_tiles {
-                let kpos = k0 + n * 8 + 2 * tid;
-                let s_lo = s[(2 * n) as usize];
-                let s_hi = s[(2 * n + 1) as usize];
-                let dp_lo = dp[(2 * n) as usize];
-                let dp_hi = dp[(2 * n + 1) as usize];
-                let mut p0 = 0.0f32;
-                let mut p1 = 0.0f32;
-                let mut p2 = 0.0f32;
-                let mut p3 = 0.0f32;
-                if lse_lo < f32::max_value() {
-                    p0 = f32::exp(s_lo[0] * scale - lse_lo);
-                    p1 = f32::exp(s_lo[1] * scale - lse_lo);
+            for t in 0..tiles {
+                let qpos_lo = qpos0 + t * 16;
+                let qpos_hi = qpos_lo + 8u32;
+                let at = comptime!(t * 2 * key_tiles);
+                let lse_lo = row_lse[comptime!(2 * t as usize)];
+                let lse_hi = row_lse[comptime!(2 * t as usize + 1)];
+                let d_lo = row_d[comptime!(2 * t as usize)];
+                let d_hi = row_d[comptime!(2 * t as usize + 1)];
+                #[unroll]
+                for n in 0..key_tiles {
+                    let kpos = k0 + n * 8 + 2 * tid;
+                    let s_lo = s[(at + 2 * n) as usize];
+                    let s_hi = s[(at + 2 * n + 1) as usize];
+                    let dp_lo = dp[(at + 2 * n) as usize];
+                    let dp_hi = dp[(at + 2 * n + 1) as usize];
+                    let mut p0 = 0.0f32;
+                    let mut p1 = 0.0f32;
+                    let mut p2 = 0.0f32;
+                    let mut p3 = 0.0f32;
+                    if lse_lo < f32::max_value() {
+                        p0 = f32::exp(s_lo[0] * scale - lse_lo);
+                        p1 = f32::exp(s_lo[1] * scale - lse_lo);
+                    }
+                    if lse_hi < f32::max_value() {
+                        p2 = f32::exp(s_hi[0] * scale - lse_hi);
+                        p3 = f32::exp(s_hi[1] * scale - lse_hi);
+                    }
+                    if !interior {
+                        if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
+                            p0 = 0.0;
+                        }
+                        if !visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask) {
+                            p1 = 0.0;
+                        }
+                        if !visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask) {
+                            p2 = 0.0;
+                        }
+                        if !visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask) {
+                            p3 = 0.0;
+                        }
+                    }
+                    ds[(at + 2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(
+                        p0 * (dp_lo[0] - d_lo),
+                        p1 * (dp_lo[1] - d_lo),
+                    ));
+                    ds[(at + 2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(
+                        p2 * (dp_hi[0] - d_hi),
+                        p3 * (dp_hi[1] - d_hi),
+                    ));
                 }
-                if lse_hi < f32::max_value() {
-                    p2 = f32::exp(s_hi[0] * scale - lse_hi);
-                    p3 = f32::exp(s_hi[1] * scale - lse_hi);
-                }
-                if !interior {
-                    if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
-                        p0 = 0.0;
-                    }
-                    if !visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask) {
-                        p1 = 0.0;
-                    }
-                    if !visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask) {
-                        p2 = 0.0;
-                    }
-                    if !visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask) {
-                        p3 = 0.0;
-                    }
-                }
-                ds[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(
-                    p0 * (dp_lo[0] - d_lo),
-                    p1 * (dp_lo[1] - d_lo),
-                ));
-                ds[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(
-                    p2 * (dp_hi[0] - d_hi),
-                    p3 * (dp_hi[1] - d_hi),
-                ));
             }
             // dQ += dS·K (B[key, e] = K[key, e]: a pair of Kᵀ's row).
             step_products::<F, N>(&ds, &k_tile, buf * bk, &mut dq, g);
@@ -788,7 +895,18 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
     }
     bar.arrive_and_wait();
 
-    rows_to_tile::<F, N>(&dq, &mut q_tile, strip0, scale, scale, g);
+    #[unroll]
+    for t in 0..tiles {
+        rows_to_tile::<F, N>(
+            &dq,
+            comptime!(t * 2 * head_tiles),
+            &mut q_tile,
+            strip0 + t * 16,
+            scale,
+            scale,
+            g,
+        );
+    }
     sync_cube();
     tile_to_rows::<F, N>(&q_tile, grad_q, q_base, q0, seq, g);
 }
@@ -903,22 +1021,23 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
     let plane = UNIT_POS / 32u32;
     let lane = UNIT_POS_PLANE;
     let tid = lane % 4u32;
-    let strip0 = plane * 16u32;
-    let row_lo = strip0 + lane / 4u32;
-    let kpos_lo = k0 + row_lo;
-    let kpos_hi = kpos_lo + 8u32;
+    // This plane's m-tiles of keys; the lane's keys are `gid` and `gid + 8` of each.
+    let tiles = comptime!(g.plane_tiles());
+    let head_tiles = comptime!(g.head_dim / 8);
+    let strip0 = plane * comptime!(16 * g.plane_tiles());
+    let kpos0 = k0 + strip0 + lane / 4u32;
 
-    let mut dk = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
-    let mut dvv = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.head_dim as usize / 8));
+    let mut dk = Array::<Vector<f32, Pair>>::new(comptime!((tiles * 2 * head_tiles) as usize));
+    let mut dvv = Array::<Vector<f32, Pair>>::new(comptime!((tiles * 2 * head_tiles) as usize));
     #[unroll]
-    for i in 0..comptime!(2 * g.head_dim / 8) {
+    for i in 0..comptime!(tiles * 2 * head_tiles) {
         dk[i as usize] = Vector::<f32, Pair>::new(0.0);
         dvv[i as usize] = Vector::<f32, Pair>::new(0.0);
     }
-    let mut st = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
-    let mut dpt = Array::<Vector<f32, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
-    let mut pt = Array::<Vector<F, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
-    let mut dst = Array::<Vector<F, Pair>>::new(comptime!(2 * g.step_rows as usize / 8));
+    let mut st = Array::<Vector<f32, Pair>>::new(comptime!((tiles * 2 * query_tiles) as usize));
+    let mut dpt = Array::<Vector<f32, Pair>>::new(comptime!((tiles * 2 * query_tiles) as usize));
+    let mut pt = Array::<Vector<F, Pair>>::new(comptime!((tiles * 2 * query_tiles) as usize));
+    let mut dst = Array::<Vector<F, Pair>>::new(comptime!((tiles * 2 * query_tiles) as usize));
 
     let k_blocks = seq.div_ceil(bk);
     let q_blocks = seq.div_ceil(bq);
@@ -1004,7 +1123,14 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
             // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, [keys, queries].
             row_products::<F, N>(&k_tile, strip0, &q_tile, row0, &mut st, g);
             row_products::<F, N>(&v_tile, strip0, &do_tile, row0, &mut dpt, g);
-            let interior = block_fully_visible(q0, k0 + strip0, seq, bq, 16u32, mask);
+            let interior = block_fully_visible(
+                q0,
+                k0 + strip0,
+                seq,
+                bq,
+                comptime!(16 * g.plane_tiles()),
+                mask,
+            );
             #[unroll]
             for n in 0..query_tiles {
                 // This lane's two queries (columns) of C tile n.
@@ -1013,43 +1139,53 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                 let lse1 = lse_rows[(row0 + c + 1) as usize];
                 let d0 = d_rows[(row0 + c) as usize];
                 let d1 = d_rows[(row0 + c + 1) as usize];
-                let s_lo = st[(2 * n) as usize];
-                let s_hi = st[(2 * n + 1) as usize];
-                let dp_lo = dpt[(2 * n) as usize];
-                let dp_hi = dpt[(2 * n + 1) as usize];
-                let mut p0 = 0.0f32;
-                let mut p1 = 0.0f32;
-                let mut p2 = 0.0f32;
-                let mut p3 = 0.0f32;
-                if lse0 < f32::max_value() {
-                    p0 = f32::exp(s_lo[0] * scale - lse0);
-                    p2 = f32::exp(s_hi[0] * scale - lse0);
+                #[unroll]
+                for t in 0..tiles {
+                    let kpos_lo = kpos0 + t * 16;
+                    let kpos_hi = kpos_lo + 8u32;
+                    let at = comptime!(t * 2 * query_tiles + 2 * n);
+                    let s_lo = st[at as usize];
+                    let s_hi = st[(at + 1) as usize];
+                    let dp_lo = dpt[at as usize];
+                    let dp_hi = dpt[(at + 1) as usize];
+                    let mut p0 = 0.0f32;
+                    let mut p1 = 0.0f32;
+                    let mut p2 = 0.0f32;
+                    let mut p3 = 0.0f32;
+                    if lse0 < f32::max_value() {
+                        p0 = f32::exp(s_lo[0] * scale - lse0);
+                        p2 = f32::exp(s_hi[0] * scale - lse0);
+                    }
+                    if lse1 < f32::max_value() {
+                        p1 = f32::exp(s_lo[1] * scale - lse1);
+                        p3 = f32::exp(s_hi[1] * scale - lse1);
+                    }
+                    if !interior {
+                        let qpos = q0 + c;
+                        if !visible(qpos, kpos_lo, seq, window, doc_ids, doc_base, mask) {
+                            p0 = 0.0;
+                        }
+                        if !visible(qpos + 1, kpos_lo, seq, window, doc_ids, doc_base, mask) {
+                            p1 = 0.0;
+                        }
+                        if !visible(qpos, kpos_hi, seq, window, doc_ids, doc_base, mask) {
+                            p2 = 0.0;
+                        }
+                        if !visible(qpos + 1, kpos_hi, seq, window, doc_ids, doc_base, mask) {
+                            p3 = 0.0;
+                        }
+                    }
+                    pt[at as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
+                    pt[(at + 1) as usize] = Vector::<F, Pair>::cast_from(pair(p2, p3));
+                    dst[at as usize] = Vector::<F, Pair>::cast_from(pair(
+                        p0 * (dp_lo[0] - d0),
+                        p1 * (dp_lo[1] - d1),
+                    ));
+                    dst[(at + 1) as usize] = Vector::<F, Pair>::cast_from(pair(
+                        p2 * (dp_hi[0] - d0),
+                        p3 * (dp_hi[1] - d1),
+                    ));
                 }
-                if lse1 < f32::max_value() {
-                    p1 = f32::exp(s_lo[1] * scale - lse1);
-                    p3 = f32::exp(s_hi[1] * scale - lse1);
-                }
-                if !interior {
-                    let qpos = q0 + c;
-                    if !visible(qpos, kpos_lo, seq, window, doc_ids, doc_base, mask) {
-                        p0 = 0.0;
-                    }
-                    if !visible(qpos + 1, kpos_lo, seq, window, doc_ids, doc_base, mask) {
-                        p1 = 0.0;
-                    }
-                    if !visible(qpos, kpos_hi, seq, window, doc_ids, doc_base, mask) {
-                        p2 = 0.0;
-                    }
-                    if !visible(qpos + 1, kpos_hi, seq, window, doc_ids, doc_base, mask) {
-                        p3 = 0.0;
-                    }
-                }
-                pt[(2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
-                pt[(2 * n + 1) as usize] = Vector::<F, Pair>::cast_from(pair(p2, p3));
-                dst[(2 * n) as usize] =
-                    Vector::<F, Pair>::cast_from(pair(p0 * (dp_lo[0] - d0), p1 * (dp_lo[1] - d1)));
-                dst[(2 * n + 1) as usize] =
-                    Vector::<F, Pair>::cast_from(pair(p2 * (dp_hi[0] - d0), p3 * (dp_hi[1] - d1)));
             }
             // dV += Pᵀ·dO and dK += dSᵀ·Q (B[query, e]: a pair of dOᵀ's / Qᵀ's row).
             step_products::<F, N>(&pt, &do_tile, row0, &mut dvv, g);
@@ -1067,23 +1203,33 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
         let row_pairs = comptime!(g.head_dim / 2);
         let rows_base = (batch * kv_heads + kv_head) * seq;
         #[unroll]
-        for dn in 0..comptime!(g.head_dim / 8) {
-            if kpos_lo < seq {
-                let at =
-                    (part * part_pairs + (rows_base + kpos_lo) * row_pairs + dn * 4 + tid) as usize;
-                partial_k[at] = dk[(2 * dn) as usize] * Vector::<f32, Pair>::new(scale);
-                partial_v[at] = dvv[(2 * dn) as usize];
-            }
-            if kpos_hi < seq {
-                let at =
-                    (part * part_pairs + (rows_base + kpos_hi) * row_pairs + dn * 4 + tid) as usize;
-                partial_k[at] = dk[(2 * dn + 1) as usize] * Vector::<f32, Pair>::new(scale);
-                partial_v[at] = dvv[(2 * dn + 1) as usize];
+        for t in 0..tiles {
+            let kpos_lo = kpos0 + t * 16;
+            let kpos_hi = kpos_lo + 8u32;
+            #[unroll]
+            for dn in 0..head_tiles {
+                let lo = comptime!((t * 2 * head_tiles + 2 * dn) as usize);
+                if kpos_lo < seq {
+                    let at = (part * part_pairs + (rows_base + kpos_lo) * row_pairs + dn * 4 + tid)
+                        as usize;
+                    partial_k[at] = dk[lo] * Vector::<f32, Pair>::new(scale);
+                    partial_v[at] = dvv[lo];
+                }
+                if kpos_hi < seq {
+                    let at = (part * part_pairs + (rows_base + kpos_hi) * row_pairs + dn * 4 + tid)
+                        as usize;
+                    partial_k[at] = dk[lo + 1] * Vector::<f32, Pair>::new(scale);
+                    partial_v[at] = dvv[lo + 1];
+                }
             }
         }
     } else {
-        rows_to_tile::<F, N>(&dk, &mut k_tile, strip0, scale, scale, g);
-        rows_to_tile::<F, N>(&dvv, &mut v_tile, strip0, 1.0, 1.0, g);
+        #[unroll]
+        for t in 0..tiles {
+            let at = comptime!(t * 2 * head_tiles);
+            rows_to_tile::<F, N>(&dk, at, &mut k_tile, strip0 + t * 16, scale, scale, g);
+            rows_to_tile::<F, N>(&dvv, at, &mut v_tile, strip0 + t * 16, 1.0, 1.0, g);
+        }
         sync_cube();
         tile_to_rows::<F, N>(&k_tile, grad_k, kv_base, k0, seq, g);
         tile_to_rows::<F, N>(&v_tile, grad_v, kv_base, k0, seq, g);
