@@ -1785,12 +1785,35 @@ pub fn flash_geometry(
     vector: usize,
     fma_rows: u32,
 ) -> FlashGeometry {
+    tiled_geometry(
+        kernel,
+        variant,
+        head_dim,
+        vector,
+        fma_rows,
+        MmaTiling::for_head_dim(head_dim),
+    )
+}
+
+/// [`flash_geometry`] with the register-mma kernels tiled by `tiling`.
+fn tiled_geometry(
+    kernel: FlashKernel,
+    variant: FlashVariant,
+    head_dim: usize,
+    vector: usize,
+    fma_rows: u32,
+    tiling: MmaTiling,
+) -> FlashGeometry {
     let (own, step, planes, tensor_cores) = match variant {
-        FlashVariant::Mma => match kernel {
-            FlashKernel::Forward if head_dim <= 64 => (128, 64, 4, true),
-            FlashKernel::Forward => (128, 32, 4, true),
-            FlashKernel::BackwardQ | FlashKernel::BackwardKv => (64, 64, 4, true),
-        },
+        FlashVariant::Mma => {
+            let t = tiling.of(kernel);
+            (
+                16 * MMA_PLANES * t.plane_tiles,
+                t.step_rows,
+                MMA_PLANES,
+                true,
+            )
+        }
         FlashVariant::TensorCores => {
             if kernel == FlashKernel::Forward && head_dim <= 64 {
                 (128, 64, 8, true)
@@ -1872,6 +1895,64 @@ pub fn register_mma_supported<R: Runtime>(client: &ComputeClient<R>, dtype: Stor
 /// Largest head dimension the kernels take (a multiple of 16).
 pub const MAX_HEAD_DIM: usize = 256;
 
+/// Planes of a register-mma cube.
+const MMA_PLANES: u32 = 4;
+
+/// How one register-mma kernel tiles its rows: each of the cube's 4 planes owns
+/// `plane_tiles` m-tiles of 16 rows (queries; keys in dK/dV) and the cube streams
+/// `step_rows` rows a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelTiling {
+    /// 16-row m-tiles a plane owns: 1 or 2.
+    pub plane_tiles: u32,
+    /// Rows streamed a step: 16, 32, 48 or 64.
+    pub step_rows: u32,
+}
+
+impl KernelTiling {
+    /// `plane_tiles` m-tiles a plane, `step_rows` rows a step.
+    pub const fn new(plane_tiles: u32, step_rows: u32) -> Self {
+        Self {
+            plane_tiles,
+            step_rows,
+        }
+    }
+}
+
+/// The tiling of the three register-mma kernels ([`FlashVariant::Mma`]); the other
+/// variants ignore it. [`MmaTiling::for_head_dim`] is the default; others are for tuning
+/// (see [`FlashPlan::with_tiling`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmaTiling {
+    /// The forward: rows are queries, steps keys.
+    pub forward: KernelTiling,
+    /// dQ: rows are queries, steps keys.
+    pub backward_q: KernelTiling,
+    /// dK/dV: rows are keys, steps queries.
+    pub backward_kv: KernelTiling,
+}
+
+impl MmaTiling {
+    /// The default tiling at `head_dim` (see [`flash_geometry`]).
+    pub fn for_head_dim(head_dim: usize) -> Self {
+        let forward_step = if head_dim <= 64 { 64 } else { 32 };
+        Self {
+            forward: KernelTiling::new(2, forward_step),
+            backward_q: KernelTiling::new(1, 64),
+            backward_kv: KernelTiling::new(1, 64),
+        }
+    }
+
+    /// The tiling of `kernel`.
+    pub fn of(&self, kernel: FlashKernel) -> KernelTiling {
+        match kernel {
+            FlashKernel::Forward => self.forward,
+            FlashKernel::BackwardQ => self.backward_q,
+            FlashKernel::BackwardKv => self.backward_kv,
+        }
+    }
+}
+
 /// How the flash kernels run attention of one head dimension and dtype on one device:
 /// the variant, the vector width and the FMA block size. From [`flash_plan`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1886,6 +1967,8 @@ pub struct FlashPlan {
     pub fma_rows: u32,
     /// See [`FlashGeometry::fast_exp`].
     pub fast_exp: bool,
+    /// The register-mma kernels' tiling.
+    pub tiling: MmaTiling,
 }
 
 impl FlashPlan {
@@ -1893,15 +1976,73 @@ impl FlashPlan {
     pub fn geometry(&self, kernel: FlashKernel) -> FlashGeometry {
         FlashGeometry {
             fast_exp: self.fast_exp,
-            ..flash_geometry(
+            ..tiled_geometry(
                 kernel,
                 self.variant,
                 self.head_dim,
                 self.vector,
                 self.fma_rows,
+                self.tiling,
             )
         }
     }
+
+    /// This plan with the register-mma kernels tiled by `tiling`, checked as
+    /// [`flash_plan`] checks its own: m-tiles 1 or 2, steps of 16 to 64 rows in 16s, and
+    /// every kernel's shared memory on this device.
+    pub fn with_tiling<R: Runtime>(
+        self,
+        client: &ComputeClient<R>,
+        dtype: StorageType,
+        tiling: MmaTiling,
+    ) -> Result<FlashPlan, KernelError> {
+        let op = "flash_attention";
+        for kernel in FLASH_KERNELS {
+            let t = tiling.of(kernel);
+            if !(1..=2).contains(&t.plane_tiles)
+                || !t.step_rows.is_multiple_of(16)
+                || !(16..=64).contains(&t.step_rows)
+            {
+                return Err(KernelError::Unsupported {
+                    op,
+                    reason: format!(
+                        "{kernel:?} tiling {t:?} (1 or 2 m-tiles a plane, steps of 16 to 64 rows in 16s)"
+                    ),
+                });
+            }
+        }
+        let plan = FlashPlan { tiling, ..self };
+        match too_big(client, &plan, dtype) {
+            None => Ok(plan),
+            Some((kernel, bytes)) => Err(KernelError::Unsupported {
+                op,
+                reason: format!(
+                    "{kernel:?} needs {bytes} bytes of shared memory with {tiling:?}; the device has {}",
+                    client.properties().hardware.max_shared_memory_size
+                ),
+            }),
+        }
+    }
+}
+
+/// The three flash kernels.
+const FLASH_KERNELS: [FlashKernel; 3] = [
+    FlashKernel::Forward,
+    FlashKernel::BackwardKv,
+    FlashKernel::BackwardQ,
+];
+
+/// The first kernel of `plan` whose shared memory exceeds the device's, with its bytes.
+fn too_big<R: Runtime>(
+    client: &ComputeClient<R>,
+    plan: &FlashPlan,
+    dtype: StorageType,
+) -> Option<(FlashKernel, usize)> {
+    let max = client.properties().hardware.max_shared_memory_size;
+    FLASH_KERNELS
+        .iter()
+        .map(|k| (*k, shared_bytes(&plan.geometry(*k), *k, dtype.size())))
+        .find(|(_, bytes)| *bytes > max)
 }
 
 /// Plans `variant` for attention of `head_dim` in `dtype` on this device, checking the
@@ -1942,18 +2083,6 @@ pub fn flash_plan<R: Runtime>(
             "vectors of {vector} {dtype:?} (the register-level kernels stage and `ldmatrix` 16-byte rows)"
         ));
     }
-    let max = props.hardware.max_shared_memory_size;
-    let kernels = [
-        FlashKernel::Forward,
-        FlashKernel::BackwardKv,
-        FlashKernel::BackwardQ,
-    ];
-    let fits = |plan: &FlashPlan| {
-        kernels
-            .iter()
-            .map(|k| (*k, shared_bytes(&plan.geometry(*k), *k, dtype.size())))
-            .find(|(_, bytes)| *bytes > max)
-    };
     let candidates: &[u32] = match variant {
         FlashVariant::TensorCores | FlashVariant::Mma => &[16],
         FlashVariant::Fma => &[16, 8, 4],
@@ -1966,6 +2095,7 @@ pub fn flash_plan<R: Runtime>(
             vector,
             fma_rows,
             fast_exp: fast_exp_supported(client),
+            tiling: MmaTiling::for_head_dim(head_dim),
         };
         let units = plan.geometry(FlashKernel::Forward).units;
         if units > props.hardware.max_units_per_cube {
@@ -1974,14 +2104,15 @@ pub fn flash_plan<R: Runtime>(
                 props.hardware.max_units_per_cube
             ));
         }
-        match fits(&plan) {
+        match too_big(client, &plan, dtype) {
             None => return Ok(plan),
             Some(too_big) => last = Some(too_big),
         }
     }
     let (kernel, bytes) = last.expect("at least one candidate");
     unsupported(format!(
-        "{kernel:?} needs {bytes} bytes of shared memory at head_dim {head_dim}; the device has {max}"
+        "{kernel:?} needs {bytes} bytes of shared memory at head_dim {head_dim}; the device has {}",
+        props.hardware.max_shared_memory_size
     ))
 }
 
@@ -2151,6 +2282,33 @@ fn ranges_for<R: Runtime>(
     }
 }
 
+/// Whether `plan` was made for `p`'s head dimension (and, for the register-mma and
+/// tensor-core variants, for a 2-byte `dtype`): a plan of another problem would index
+/// its buffers wrongly.
+fn plan_matches(
+    op: &'static str,
+    plan: &FlashPlan,
+    p: &FlashProblem,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    if plan.head_dim != p.head_dim || !p.head_dim.is_multiple_of(plan.vector) {
+        return Err(KernelError::Unsupported {
+            op,
+            reason: format!(
+                "a plan for head_dim {} used at head_dim {}",
+                plan.head_dim, p.head_dim
+            ),
+        });
+    }
+    if plan.variant != FlashVariant::Fma && dtype.size() != 2 {
+        return Err(KernelError::Unsupported {
+            op,
+            reason: format!("a {:?} plan used for {dtype:?}", plan.variant),
+        });
+    }
+    Ok(())
+}
+
 /// Flash attention forward: writes `output` and `lse` (see the module docs).
 pub fn flash_attention<R: Runtime>(
     client: &ComputeClient<R>,
@@ -2159,9 +2317,23 @@ pub fn flash_attention<R: Runtime>(
     variant: FlashVariant,
     dtype: StorageType,
 ) -> Result<(), KernelError> {
+    p.check("flash_attention")?;
+    let plan = flash_plan(client, p.head_dim, dtype, variant)?;
+    flash_attention_planned(client, args, p, &plan, dtype)
+}
+
+/// [`flash_attention`] with an explicit plan (of this device, `p.head_dim` and `dtype`:
+/// [`flash_plan`], then [`FlashPlan::with_tiling`] to tune).
+pub fn flash_attention_planned<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: FlashForwardArgs<'_>,
+    p: FlashProblem,
+    plan: &FlashPlan,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
     let op = "flash_attention";
     p.check(op)?;
-    let plan = flash_plan(client, p.head_dim, dtype, variant)?;
+    plan_matches(op, plan, &p, dtype)?;
     let n = plan.vector;
     let g = plan.geometry(FlashKernel::Forward);
     let (ids, q_ranges, k_ranges) =
@@ -2233,9 +2405,22 @@ pub fn flash_attention_backward<R: Runtime>(
     variant: FlashVariant,
     dtype: StorageType,
 ) -> Result<(), KernelError> {
+    p.check("flash_attention_backward")?;
+    let plan = flash_plan(client, p.head_dim, dtype, variant)?;
+    flash_attention_backward_planned(client, args, p, &plan, dtype)
+}
+
+/// [`flash_attention_backward`] with an explicit plan (see [`flash_attention_planned`]).
+pub fn flash_attention_backward_planned<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: FlashBackwardArgs<'_>,
+    p: FlashProblem,
+    plan: &FlashPlan,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
     let op = "flash_attention_backward";
     p.check(op)?;
-    let plan = flash_plan(client, p.head_dim, dtype, variant)?;
+    plan_matches(op, plan, &p, dtype)?;
     let n = plan.vector;
     let rows = p.batch * p.q_heads * p.seq;
     let q_len = rows * p.head_dim / n;
@@ -2266,22 +2451,19 @@ pub fn flash_attention_backward<R: Runtime>(
 
     let gkv = plan.geometry(FlashKernel::BackwardKv);
     let gq = plan.geometry(FlashKernel::BackwardQ);
-    // Both kernels use blocks of 64 (16 for FMA) queries and keys: one pair of tables.
-    debug_assert_eq!((gkv.own_rows, gkv.step_rows), (gq.step_rows, gq.own_rows));
-    let (ids, q_ranges, k_ranges) =
+    // Each kernel's document tables: of blocks of its query rows and of its key rows.
+    let (ids, kv_q_ranges, kv_k_ranges) =
+        ranges_for(client, &p, args.document_ids, gkv.step_rows, gkv.own_rows)?;
+    let (_, q_q_ranges, q_k_ranges) =
         ranges_for(client, &p, args.document_ids, gq.own_rows, gq.step_rows)?;
-    let table = |b: u32| p.batch * p.seq.div_ceil(b as usize) * 2;
+    let table = |b: u32| {
+        if p.mask.documents {
+            p.batch * p.seq.div_ceil(b as usize) * 2
+        } else {
+            1
+        }
+    };
     let ids_len = if p.mask.documents { p.batch * p.seq } else { 1 };
-    let q_table = if p.mask.documents {
-        table(gq.own_rows)
-    } else {
-        1
-    };
-    let k_table = if p.mask.documents {
-        table(gq.step_rows)
-    } else {
-        1
-    };
 
     let key_blocks = p.seq.div_ceil(gkv.own_rows as usize);
     let parts = if gkv.mma {
@@ -2316,8 +2498,8 @@ pub fn flash_attention_backward<R: Runtime>(
                 arr(args.lse, rows),
                 arr(&dot, rows),
                 arr(&ids, ids_len),
-                arr(&q_ranges, q_table),
-                arr(&k_ranges, k_table),
+                arr(&kv_q_ranges, table(gkv.step_rows)),
+                arr(&kv_k_ranges, table(gkv.own_rows)),
                 arr(args.grad_k, kv_len),
                 arr(args.grad_v, kv_len),
                 $($($outs,)*)?
@@ -2386,8 +2568,8 @@ pub fn flash_attention_backward<R: Runtime>(
                 arr(args.lse, rows),
                 arr(&dot, rows),
                 arr(&ids, ids_len),
-                arr(&q_ranges, q_table),
-                arr(&k_ranges, k_table),
+                arr(&q_q_ranges, table(gq.own_rows)),
+                arr(&q_k_ranges, table(gq.step_rows)),
                 arr(args.grad_q, q_len),
                 p.seq as u32,
                 p.q_heads as u32,

@@ -394,8 +394,8 @@ mod flash_kernel {
     use burn_cubecl::{CubeBackend, CubeRuntime};
     use liger_cubecl_kernels::attention::{
         AttentionMask, FlashBackwardArgs, FlashForwardArgs, FlashProblem, FlashVariant,
-        document_ranges, flash_attention, flash_attention_backward, flash_plan,
-        register_mma_supported, tensor_cores_supported,
+        KernelTiling, MmaTiling, document_ranges, flash_attention_backward_planned,
+        flash_attention_planned, flash_plan, register_mma_supported, tensor_cores_supported,
     };
     use liger_tests::attention::{
         Problem, compare_lse, compare_rows, random_documents, reference, row_tolerance,
@@ -482,6 +482,7 @@ mod flash_kernel {
         p: &Problem,
         dtype: DType,
         variant: FlashVariant,
+        tiling: Option<Tiling>,
         rng: &mut Rng,
         grow_keys: bool,
     ) -> Result<(), String> {
@@ -539,7 +540,13 @@ mod flash_kernel {
             window: p.window.unwrap_or(0),
         };
         let client = q.client.clone();
-        flash_attention::<R>(
+        let mut plan = flash_plan(&client, d, dtype.into(), variant).map_err(|e| e.to_string())?;
+        if let Some(tiling) = tiling {
+            plan = plan
+                .with_tiling(&client, dtype.into(), tiling(d))
+                .map_err(|e| e.to_string())?;
+        }
+        flash_attention_planned::<R>(
             &client,
             FlashForwardArgs {
                 q: &q.handle,
@@ -550,7 +557,7 @@ mod flash_kernel {
                 lse: &lse.handle,
             },
             problem,
-            variant,
+            &plan,
             dtype.into(),
         )
         .map_err(|e| e.to_string())?;
@@ -559,7 +566,7 @@ mod flash_kernel {
             nan(vec![b, hk, s, d], dtype),
             nan(vec![b, hk, s, d], dtype),
         );
-        flash_attention_backward::<R>(
+        flash_attention_backward_planned::<R>(
             &client,
             FlashBackwardArgs {
                 grad_output: &g.handle,
@@ -574,7 +581,7 @@ mod flash_kernel {
                 grad_v: &gv.handle,
             },
             problem,
-            variant,
+            &plan,
             dtype.into(),
         )
         .map_err(|e| e.to_string())?;
@@ -694,6 +701,41 @@ mod flash_kernel {
         for_each_runtime(&mut T(Rng::from_env()));
     }
 
+    /// A register-mma tiling at a head dimension.
+    type Tiling = fn(usize) -> MmaTiling;
+
+    /// Register-mma tilings besides each plan's default, each kernel with one and two
+    /// m-tiles a plane and steps of 16 to 64 rows: the kernels must be right under any
+    /// tiling a plan may pick.
+    fn other_tilings() -> Vec<(&'static str, Tiling)> {
+        fn all(t: KernelTiling) -> MmaTiling {
+            MmaTiling {
+                forward: t,
+                backward_q: t,
+                backward_kv: t,
+            }
+        }
+        vec![
+            ("one m-tile, 64-row steps", |_| {
+                all(KernelTiling::new(1, 64))
+            }),
+            ("one m-tile, 32-row steps", |_| {
+                all(KernelTiling::new(1, 32))
+            }),
+            ("two m-tiles, 32-row steps", |_| {
+                all(KernelTiling::new(2, 32))
+            }),
+            (
+                "two m-tiles forward 16-row steps, dQ one 48, dK/dV two 48",
+                |_| MmaTiling {
+                    forward: KernelTiling::new(2, 16),
+                    backward_q: KernelTiling::new(1, 48),
+                    backward_kv: KernelTiling::new(2, 48),
+                },
+            ),
+        ]
+    }
+
     /// The problems: odd lengths (1, 17, 100: partial last blocks), head_dim 64 and 128 (and
     /// 16, 32), GQA ratios 1, 2, 4, every mask kind and combination.
     fn problems(rng: &mut Rng) -> Vec<(Problem, bool)> {
@@ -800,15 +842,24 @@ mod flash_kernel {
                                 .is_err()
                         );
                     }
-                    for variant in variants {
+                    let mut runs: Vec<(FlashVariant, &str, Option<Tiling>)> =
+                        variants.iter().map(|v| (*v, "", None)).collect();
+                    if variants.contains(&FlashVariant::Mma) {
+                        runs.extend(
+                            other_tilings()
+                                .into_iter()
+                                .map(|(name, t)| (FlashVariant::Mma, name, Some(t))),
+                        );
+                    }
+                    for (variant, tiling_name, tiling) in runs {
                         for (p, grow) in problems(&mut self.rng) {
                             // Every case runs and every failure is reported: one device
                             // run then shows the whole pattern.
                             if let Err(e) =
-                                check::<R>(device, &p, dtype, variant, &mut self.rng, grow)
+                                check::<R>(device, &p, dtype, variant, tiling, &mut self.rng, grow)
                             {
                                 self.failures.push(format!(
-                                    "{label} {dtype:?} {variant:?} {}{}: {e}",
+                                    "{label} {dtype:?} {variant:?} {tiling_name} {}{}: {e}",
                                     p.describe(),
                                     if grow { " growing keys" } else { "" }
                                 ));
@@ -834,6 +885,174 @@ mod flash_kernel {
             t.ran,
             t.failures.join("\n")
         );
+    }
+
+    /// The register-mma kernels' times under candidate tilings: bf16, causal, the bench
+    /// shapes, forward and backward (dK/dV and dQ together) apart, the median of 5 runs
+    /// after 2 (each run synchronized). One `tiling,...` CSV line each on stdout; the
+    /// figures behind [`MmaTiling::for_head_dim`]. CUDA only; run with `--ignored`.
+    #[test]
+    #[ignore = "a timing run for a GPU, not a check"]
+    fn flash_tilings_timed() {
+        struct T;
+        impl RuntimeVisitor for T {
+            fn visit<R: CubeRuntime>(&mut self, label: &str, device: &R::Device) {
+                let client = R::client(device);
+                let dtype = DType::BF16;
+                if !register_mma_supported(&client, dtype.into()) {
+                    eprintln!("note: no register-level mma on {label}; nothing timed");
+                    return;
+                }
+                let k = KernelTiling::new;
+                let forward = [k(1, 64), k(1, 32), k(2, 64), k(2, 32), k(2, 16)];
+                let backward = [k(1, 64), k(1, 32), k(2, 32), k(1, 16)];
+                let mut rng = Rng::from_env();
+                println!("tiling,shape,kernel,plane_tiles,step_rows,ms");
+                for (b, s, hq, hk, d) in [
+                    (1usize, 4096usize, 32usize, 8usize, 64usize),
+                    (1, 16384, 32, 8, 64),
+                    (1, 4096, 12, 2, 128),
+                    (1, 16384, 12, 2, 128),
+                ] {
+                    let shape = format!("{b}x{s}x{hq}x{hk}x{d}");
+                    let mut random = |h: usize, lo: f64, hi: f64| {
+                        upload::<R>(
+                            rng.vec(b * h * s * d, lo, hi, 0.0),
+                            vec![b, h, s, d],
+                            dtype,
+                            device,
+                        )
+                    };
+                    let (q, kk, v, g) = (
+                        random(hq, -2.0, 2.0),
+                        random(hk, -2.0, 2.0),
+                        random(hk, -1.0, 1.0),
+                        random(hq, -1.0, 1.0),
+                    );
+                    let (out, gq) = (random(hq, 0.0, 0.0), random(hq, 0.0, 0.0));
+                    let (gk, gv) = (random(hk, 0.0, 0.0), random(hk, 0.0, 0.0));
+                    let lse =
+                        upload::<R>(vec![0.0; b * hq * s], vec![b, hq, s], DType::F32, device);
+                    let problem = FlashProblem {
+                        batch: b,
+                        q_heads: hq,
+                        kv_heads: hk,
+                        seq: s,
+                        head_dim: d,
+                        scale: (d as f64).powf(-0.5),
+                        mask: AttentionMask {
+                            causal: true,
+                            window: false,
+                            documents: false,
+                        },
+                        window: 0,
+                    };
+                    let base = flash_plan(&client, d, dtype.into(), FlashVariant::Mma)
+                        .expect("a register-mma plan");
+                    let fwd_args = FlashForwardArgs {
+                        q: &q.handle,
+                        k: &kk.handle,
+                        v: &v.handle,
+                        document_ids: None,
+                        output: &out.handle,
+                        lse: &lse.handle,
+                    };
+                    let bwd_args = FlashBackwardArgs {
+                        grad_output: &g.handle,
+                        q: &q.handle,
+                        k: &kk.handle,
+                        v: &v.handle,
+                        output: &out.handle,
+                        lse: &lse.handle,
+                        document_ids: None,
+                        grad_q: &gq.handle,
+                        grad_k: &gk.handle,
+                        grad_v: &gv.handle,
+                    };
+                    let median_ms = |run: &dyn Fn()| {
+                        let sync = || cubecl::future::block_on(client.sync()).expect("sync");
+                        let mut times: Vec<f64> = (0..7)
+                            .map(|_| {
+                                let start = std::time::Instant::now();
+                                run();
+                                sync();
+                                start.elapsed().as_secs_f64() * 1e3
+                            })
+                            .skip(2)
+                            .collect();
+                        times.sort_by(f64::total_cmp);
+                        times[times.len() / 2]
+                    };
+                    let default = MmaTiling::for_head_dim(d);
+                    let planned =
+                        |tiling: MmaTiling| base.with_tiling(&client, dtype.into(), tiling);
+                    // The forward's lse for the backward: the default tiling's.
+                    flash_attention_planned::<R>(&client, fwd_args, problem, &base, dtype.into())
+                        .expect("the forward");
+                    for t in forward {
+                        let Ok(plan) = planned(MmaTiling {
+                            forward: t,
+                            ..default
+                        }) else {
+                            continue;
+                        };
+                        let ms = median_ms(&|| {
+                            flash_attention_planned::<R>(
+                                &client,
+                                fwd_args,
+                                problem,
+                                &plan,
+                                dtype.into(),
+                            )
+                            .expect("the forward")
+                        });
+                        println!(
+                            "tiling,{shape},forward,{},{},{ms:.4}",
+                            t.plane_tiles, t.step_rows
+                        );
+                    }
+                    flash_attention_planned::<R>(&client, fwd_args, problem, &base, dtype.into())
+                        .expect("the forward");
+                    // dK/dV under each candidate with dQ at the default, then dQ likewise:
+                    // each kernel's time is the backward's less the other's, which stays.
+                    for (kernel, candidates) in
+                        [("backward_kv", backward), ("backward_q", backward)]
+                    {
+                        for t in candidates {
+                            let tiling = if kernel == "backward_kv" {
+                                MmaTiling {
+                                    backward_kv: t,
+                                    ..default
+                                }
+                            } else {
+                                MmaTiling {
+                                    backward_q: t,
+                                    ..default
+                                }
+                            };
+                            let Ok(plan) = planned(tiling) else {
+                                continue;
+                            };
+                            let ms = median_ms(&|| {
+                                flash_attention_backward_planned::<R>(
+                                    &client,
+                                    bwd_args,
+                                    problem,
+                                    &plan,
+                                    dtype.into(),
+                                )
+                                .expect("the backward")
+                            });
+                            println!(
+                                "tiling,{shape},{kernel}+other,{},{},{ms:.4}",
+                                t.plane_tiles, t.step_rows
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        for_each_runtime(&mut T);
     }
 }
 
