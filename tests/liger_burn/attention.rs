@@ -844,7 +844,9 @@ mod flash_kernel {
                     }
                     let mut runs: Vec<(FlashVariant, &str, Option<Tiling>)> =
                         variants.iter().map(|v| (*v, "", None)).collect();
-                    if variants.contains(&FlashVariant::Mma) {
+                    // The other tilings in one dtype: the tiling changes which rows a
+                    // plane holds, not the arithmetic.
+                    if variants.contains(&FlashVariant::Mma) && dtype == DType::BF16 {
                         runs.extend(
                             other_tilings()
                                 .into_iter()
