@@ -1748,24 +1748,28 @@ const CMMA_PLANE: u32 = 32;
 /// | tensor cores | forward | > 64 | 64 queries | 64 keys | 128 (4 planes, 1 strip each) |
 /// | tensor cores | dK/dV | any | 64 keys | 64 queries | 128 |
 /// | tensor cores | dQ | any | 64 queries | 64 keys | 128 |
-/// | register mma | forward | ≤ 64 | 128 queries | 64 keys | 128 (4 planes, 2 m-tiles each) |
-/// | register mma | forward | > 64 | 128 queries | 32 keys | 128 (4 planes, 2 m-tiles each) |
-/// | register mma | dK/dV | any | 64 keys | 64 queries | 128 (4 planes, 1 m-tile each) |
-/// | register mma | dQ | any | 64 queries | 64 keys | 128 (4 planes, 1 m-tile each) |
+/// | register mma | forward | any | 128 queries | 32 keys | 128 (4 planes, 2 m-tiles each) |
+/// | register mma | dK/dV | ≤ 64 | 64 keys | 64 queries | 128 (4 planes, 1 m-tile each) |
+/// | register mma | dK/dV | > 64 | 64 keys | 32 queries | 128 (4 planes, 1 m-tile each) |
+/// | register mma | dQ | ≤ 64 | 64 queries | 64 keys | 128 (4 planes, 1 m-tile each) |
+/// | register mma | dQ | > 64 | 64 queries | 32 keys | 128 (4 planes, 1 m-tile each) |
 /// | FMA | all | any | `fma_rows` | `fma_rows` | 64 |
 ///
-/// Register mma: each plane owns 16-row m-tiles; their scores and accumulators stay in
-/// registers. Every B operand a plane loads from shared memory (`ldmatrix`) feeds one
-/// product per m-tile, so two m-tiles halve the shared-memory traffic per product: with
-/// one, a 64-key forward step at head_dim 64 reads 18 KiB of operands a plane for 64
-/// products, more than the tensor cores take to run them. The forward keeps two m-tiles
-/// (32 rows a plane, as FlashAttention-2's 128-query blocks on 4 warps); at head_dim 128
-/// its steps are 32 keys, so scores and `O` fit in 255 registers. The backward kernels
-/// hold two accumulators and two score tiles, which with two m-tiles would spill; they
-/// keep one. Registers (NVRTC 13.0 for sm_90, bf16): forward 249 (64) / 253 (128), dQ 175
-/// / 255, dK/dV 209 / 255 (spilling 36 bytes). Shared memory ([`shared_bytes`]: the
-/// streamed tiles twice): forward 54 KiB (64) / 68 KiB (128), dQ 54 / 102 KiB, dK/dV 55 /
-/// 103 KiB.
+/// Register mma ([`MmaTiling`], explicit configuration with this default): each plane
+/// owns 16-row m-tiles whose scores and accumulators stay in registers. Every B operand a
+/// plane loads from shared memory (`ldmatrix`) feeds one product per m-tile, so two
+/// m-tiles halve the shared-memory traffic per product. The forward keeps two (32 rows a
+/// plane, as FlashAttention-2's 128-query blocks on 4 warps) with 32-key steps, so
+/// scores and `O` fit in 255 registers at head_dim 128. The backward kernels hold two
+/// accumulators and two score tiles, which with two m-tiles spill at head_dim 128 and
+/// measured no faster at 64; they keep one. Per kernel on an H200 (bf16, causal, 4K /
+/// 16K tokens, the `flash_tilings_timed` test, 2026-11-25, binary `8e987ba`): the
+/// forward at head_dim 64 took 0.614 / 5.475 ms with two m-tiles and 32-key steps, 0.625
+/// / 5.538 with one and 64; at 128, 0.414 / 3.885 against 0.410 / 4.043 (one m-tile,
+/// 32-key steps). The backward (dK/dV and dQ) moved by at most 11% across the tilings
+/// tried: neither is bound by its tiling. Shared memory ([`shared_bytes`]: the streamed
+/// tiles twice) at bf16: forward 36 KiB (64) / 68 KiB (128); dQ, dK/dV 54-55 KiB (64) /
+/// 68 KiB (128).
 ///
 /// Tensor cores: each plane owns 16-row strips of the cube's rows; 64-key steps keep a
 /// step's score strips at four accumulator fragments per plane, and the `O` fragments of
@@ -1933,13 +1937,16 @@ pub struct MmaTiling {
 }
 
 impl MmaTiling {
-    /// The default tiling at `head_dim` (see [`flash_geometry`]).
+    /// The default tiling at `head_dim` (see [`flash_geometry`]): the fastest of the
+    /// candidates of the `flash_tilings_timed` test on an H200 (bf16, causal, 4K and 16K
+    /// tokens, 2026-11-25), or the one that is never slower by more than 5% where they
+    /// trade places between lengths.
     pub fn for_head_dim(head_dim: usize) -> Self {
-        let forward_step = if head_dim <= 64 { 64 } else { 32 };
+        let backward_step = if head_dim <= 64 { 64 } else { 32 };
         Self {
-            forward: KernelTiling::new(2, forward_step),
-            backward_q: KernelTiling::new(1, 64),
-            backward_kv: KernelTiling::new(1, 64),
+            forward: KernelTiling::new(2, 32),
+            backward_q: KernelTiling::new(1, backward_step),
+            backward_kv: KernelTiling::new(1, backward_step),
         }
     }
 
@@ -2152,6 +2159,13 @@ impl FlashProblem {
         }
         if self.mask.window && self.window == 0 {
             return bad("a sliding window of 0 keys hides every key".into());
+        }
+        // The kernels take row maxima of the unscaled scores.
+        if !(self.scale > 0.0 && self.scale.is_finite()) {
+            return bad(format!(
+                "scale {} (the flash kernels take a positive, finite scale)",
+                self.scale
+            ));
         }
         let rows = self.batch * self.q_heads * self.seq * self.head_dim;
         if rows > u32::MAX as usize || self.seq + self.window > u32::MAX as usize {

@@ -298,8 +298,8 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     }
     let mut s = Array::<Vector<f32, Pair>>::new(comptime!((tiles * 2 * key_tiles) as usize));
     let mut pv = Array::<Vector<F, Pair>>::new(comptime!((tiles * 2 * key_tiles) as usize));
-    // Running max (lazy) and the lane's part of the running sum of each of the lane's
-    // rows: `2t` (row `gid` of m-tile `t`) and `2t + 1` (row `gid + 8`).
+    // Running max of the raw scores (lazy) and the lane's part of the running sum of
+    // each of the lane's rows: `2t` (row `gid` of m-tile `t`) and `2t + 1` (row `gid + 8`).
     let mut m = Array::<f32>::new(comptime!(2 * tiles as usize));
     let mut l = Array::<f32>::new(comptime!(2 * tiles as usize));
     #[unroll]
@@ -365,20 +365,21 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
                 let lo_row = comptime!(2 * t as usize);
                 let hi_row = comptime!(2 * t as usize + 1);
 
-                // Scale, mask and the rows' block max.
-                let mut max_lo = f32::min_value();
-                let mut max_hi = f32::min_value();
+                // Mask, and the rows' block max of the raw scores (the scale is positive:
+                // the max commutes with it, and it joins the exponent's FFMA below).
+                let floor = f32::min_value();
+                let mut max_lo = floor;
+                let mut max_hi = floor;
                 #[unroll]
                 for n in 0..key_tiles {
-                    let kpos = k0 + n * 8 + 2 * tid;
                     let lo = s[(at + 2 * n) as usize];
                     let hi = s[(at + 2 * n + 1) as usize];
-                    let mut x0 = lo[0] * scale;
-                    let mut x1 = lo[1] * scale;
-                    let mut x2 = hi[0] * scale;
-                    let mut x3 = hi[1] * scale;
+                    let mut x0 = lo[0];
+                    let mut x1 = lo[1];
+                    let mut x2 = hi[0];
+                    let mut x3 = hi[1];
                     if !interior {
-                        let floor = f32::min_value();
+                        let kpos = k0 + n * 8 + 2 * tid;
                         if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
                             x0 = floor;
                         }
@@ -391,20 +392,21 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
                         if !visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask) {
                             x3 = floor;
                         }
+                        s[(at + 2 * n) as usize] = pair(x0, x1);
+                        s[(at + 2 * n + 1) as usize] = pair(x2, x3);
                     }
-                    s[(at + 2 * n) as usize] = pair(x0, x1);
-                    s[(at + 2 * n + 1) as usize] = pair(x2, x3);
                     max_lo = f32::max(max_lo, f32::max(x0, x1));
                     max_hi = f32::max(max_hi, f32::max(x2, x3));
                 }
                 max_lo = quad_max(max_lo);
                 max_hi = quad_max(max_hi);
 
-                // Lazy rescale: a quad's lanes agree on the max, so the branch is per quad.
+                // Lazy rescale (the running max `m` is in raw score units): a quad's lanes
+                // agree on the max, so the branch is per quad.
                 let o_at = comptime!(t * 2 * head_tiles);
                 let m_lo = m[lo_row];
-                if max_lo > m_lo + comptime!(RESCALE_THRESHOLD) {
-                    let alpha = f32::exp(m_lo - max_lo);
+                if (max_lo - m_lo) * scale > comptime!(RESCALE_THRESHOLD) {
+                    let alpha = f32::exp((m_lo - max_lo) * scale);
                     m[lo_row] = max_lo;
                     l[lo_row] *= alpha;
                     #[unroll]
@@ -414,8 +416,8 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
                     }
                 }
                 let m_hi = m[hi_row];
-                if max_hi > m_hi + comptime!(RESCALE_THRESHOLD) {
-                    let alpha = f32::exp(m_hi - max_hi);
+                if (max_hi - m_hi) * scale > comptime!(RESCALE_THRESHOLD) {
+                    let alpha = f32::exp((m_hi - max_hi) * scale);
                     m[hi_row] = max_hi;
                     l[hi_row] *= alpha;
                     #[unroll]
@@ -425,34 +427,29 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
                     }
                 }
 
-                // P = exp(x - m) (0 where hidden; a NaN score stays NaN), rounded for P·V.
-                let m_lo = m[lo_row];
-                let m_hi = m[hi_row];
+                // P = exp(x·scale − m·scale), rounded for P·V. A row whose max is still the
+                // floor has seen no visible key: every x there is hidden (the floor) or NaN,
+                // and subtracting the largest float instead gives 0 for the hidden and
+                // keeps NaN (a hidden key of a row with a visible one gives exp(floor·scale
+                // − m·scale) = 0 as is).
+                let mut ms_lo = m[lo_row] * scale;
+                let mut ms_hi = m[hi_row] * scale;
+                if m[lo_row] == floor {
+                    ms_lo = f32::max_value();
+                }
+                if m[hi_row] == floor {
+                    ms_hi = f32::max_value();
+                }
                 let mut l_lo = l[lo_row];
                 let mut l_hi = l[hi_row];
                 #[unroll]
                 for n in 0..key_tiles {
                     let lo = s[(at + 2 * n) as usize];
                     let hi = s[(at + 2 * n + 1) as usize];
-                    let mut p0 = f32::exp(lo[0] - m_lo);
-                    let mut p1 = f32::exp(lo[1] - m_lo);
-                    let mut p2 = f32::exp(hi[0] - m_hi);
-                    let mut p3 = f32::exp(hi[1] - m_hi);
-                    if !interior {
-                        let floor = f32::min_value();
-                        if lo[0] == floor {
-                            p0 = 0.0;
-                        }
-                        if lo[1] == floor {
-                            p1 = 0.0;
-                        }
-                        if hi[0] == floor {
-                            p2 = 0.0;
-                        }
-                        if hi[1] == floor {
-                            p3 = 0.0;
-                        }
-                    }
+                    let p0 = f32::exp(lo[0] * scale - ms_lo);
+                    let p1 = f32::exp(lo[1] * scale - ms_lo);
+                    let p2 = f32::exp(hi[0] * scale - ms_hi);
+                    let p3 = f32::exp(hi[1] * scale - ms_hi);
                     l_lo += p0 + p1;
                     l_hi += p2 + p3;
                     pv[(at + 2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
@@ -494,14 +491,14 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
             if qpos_lo < seq {
                 let mut value = f32::max_value();
                 if l_lo > 0.0 {
-                    value = m[lo_row] + f32::ln(l_lo);
+                    value = m[lo_row] * scale + f32::ln(l_lo);
                 }
                 lse[row_base + qpos_lo as usize] = value;
             }
             if qpos_hi < seq {
                 let mut value = f32::max_value();
                 if l_hi > 0.0 {
-                    value = m[hi_row] + f32::ln(l_hi);
+                    value = m[hi_row] * scale + f32::ln(l_hi);
                 }
                 lse[row_base + qpos_hi as usize] = value;
             }

@@ -810,12 +810,35 @@ mod flash_kernel {
         ]
     }
 
-    #[test]
-    fn flash_kernels_match_the_f64_reference() {
+    /// The variants a device runs for `dtype` (FMA everywhere; tensor cores and register
+    /// mma where it has them, and plans for them refused where it has not).
+    fn variants<R: CubeRuntime>(
+        client: &cubecl::prelude::ComputeClient<R>,
+        dtype: DType,
+    ) -> Vec<FlashVariant> {
+        let mut variants = vec![FlashVariant::Fma];
+        if tensor_cores_supported(client, dtype.into()) {
+            variants.push(FlashVariant::TensorCores);
+            if register_mma_supported(client, dtype.into()) {
+                variants.push(FlashVariant::Mma);
+            } else {
+                assert!(flash_plan(client, 64, dtype.into(), FlashVariant::Mma).is_err());
+            }
+        } else {
+            assert!(flash_plan(client, 64, dtype.into(), FlashVariant::TensorCores).is_err());
+        }
+        variants
+    }
+
+    /// Runs every problem under each `(variant, tiling)` of `runs(client, dtype)` in each
+    /// dtype the device has; every case runs and every failure is reported, so one device
+    /// run shows the whole pattern.
+    fn check_all(runs: fn(bool, DType) -> Vec<(FlashVariant, &'static str, Option<Tiling>)>) {
         struct T {
             rng: Rng,
             ran: usize,
             failures: Vec<String>,
+            runs: fn(bool, DType) -> Vec<(FlashVariant, &'static str, Option<Tiling>)>,
         }
         impl RuntimeVisitor for T {
             fn visit<R: CubeRuntime>(&mut self, label: &str, device: &R::Device) {
@@ -826,37 +849,12 @@ mod flash_kernel {
                         eprintln!("note: {dtype:?} not on {label}; not tested");
                         continue;
                     }
-                    let mut variants = vec![FlashVariant::Fma];
-                    if tensor_cores_supported(&client, dtype.into()) {
-                        variants.push(FlashVariant::TensorCores);
-                        if register_mma_supported(&client, dtype.into()) {
-                            variants.push(FlashVariant::Mma);
-                        } else {
-                            assert!(
-                                flash_plan(&client, 64, dtype.into(), FlashVariant::Mma).is_err()
-                            );
+                    let mma = variants(&client, dtype).contains(&FlashVariant::Mma);
+                    for (variant, tiling_name, tiling) in (self.runs)(mma, dtype) {
+                        if !variants(&client, dtype).contains(&variant) {
+                            continue;
                         }
-                    } else {
-                        assert!(
-                            flash_plan(&client, 64, dtype.into(), FlashVariant::TensorCores)
-                                .is_err()
-                        );
-                    }
-                    let mut runs: Vec<(FlashVariant, &str, Option<Tiling>)> =
-                        variants.iter().map(|v| (*v, "", None)).collect();
-                    // The other tilings in one dtype: the tiling changes which rows a
-                    // plane holds, not the arithmetic.
-                    if variants.contains(&FlashVariant::Mma) && dtype == DType::BF16 {
-                        runs.extend(
-                            other_tilings()
-                                .into_iter()
-                                .map(|(name, t)| (FlashVariant::Mma, name, Some(t))),
-                        );
-                    }
-                    for (variant, tiling_name, tiling) in runs {
                         for (p, grow) in problems(&mut self.rng) {
-                            // Every case runs and every failure is reported: one device
-                            // run then shows the whole pattern.
                             if let Err(e) =
                                 check::<R>(device, &p, dtype, variant, tiling, &mut self.rng, grow)
                             {
@@ -876,6 +874,7 @@ mod flash_kernel {
             rng: Rng::from_env(),
             ran: 0,
             failures: Vec::new(),
+            runs,
         };
         let seed = t.rng.seed();
         for_each_runtime(&mut t);
@@ -887,6 +886,35 @@ mod flash_kernel {
             t.ran,
             t.failures.join("\n")
         );
+    }
+
+    /// Every variant the device runs, with its default plan.
+    #[test]
+    fn flash_kernels_match_the_f64_reference() {
+        check_all(|_, _| {
+            [
+                FlashVariant::Fma,
+                FlashVariant::TensorCores,
+                FlashVariant::Mma,
+            ]
+            .map(|v| (v, "", None))
+            .to_vec()
+        });
+    }
+
+    /// The register-mma kernels under the other tilings, in bf16 (a tiling moves rows
+    /// between planes, not the arithmetic); nothing where the device has no register mma.
+    #[test]
+    fn flash_tilings_match_the_f64_reference() {
+        check_all(|mma, dtype| {
+            if !mma || dtype != DType::BF16 {
+                return Vec::new();
+            }
+            other_tilings()
+                .into_iter()
+                .map(|(name, t)| (FlashVariant::Mma, name, Some(t)))
+                .collect()
+        });
     }
 
     /// The register-mma kernels' times under candidate tilings: bf16, causal, the bench

@@ -35,13 +35,20 @@ pub(crate) fn plan<R: CubeRuntime>(
     if !validate::kernel_dtype(dtype) {
         return None;
     }
+    // The flash kernels keep row maxima of the unscaled scores: a positive, finite scale.
+    let scale_ok = options.scale > 0.0 && options.scale.is_finite();
     let tensor_cores = || {
         flash_plan(client, head_dim, dtype.into(), FlashVariant::Mma)
             .or_else(|_| flash_plan(client, head_dim, dtype.into(), FlashVariant::TensorCores))
     };
     match options.kernel {
         AttentionKernel::Blockwise => None,
-        AttentionKernel::Auto => tensor_cores().ok(),
+        AttentionKernel::Auto => tensor_cores().ok().filter(|_| scale_ok),
+        AttentionKernel::Flash if !scale_ok => panic!(
+            "attention: AttentionKernel::Flash asked for with scale {}; the flash kernels take \
+             a positive, finite scale (AttentionKernel::Auto or Blockwise take any)",
+            options.scale
+        ),
         AttentionKernel::Flash => Some(
             tensor_cores()
                 .or_else(|_| flash_plan(client, head_dim, dtype.into(), FlashVariant::Fma))
