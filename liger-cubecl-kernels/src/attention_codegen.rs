@@ -41,10 +41,12 @@ fn dump(name: &str, source: &str) {
     }
 }
 
-fn settings(g: &FlashGeometry) -> KernelSettings {
+/// As a launch sets them: the register-mma kernels declare 64-bit addresses, the others
+/// take the 32-bit default.
+fn settings(g: &FlashGeometry, address: AddressType) -> KernelSettings {
     KernelSettings::default()
         .cube_dim(CubeDim::new_1d(g.units))
-        .address_type(AddressType::U32)
+        .address_type(address)
 }
 
 fn check_source(name: &str, source: &str) {
@@ -94,7 +96,7 @@ macro_rules! flash_source {
     ($client:ident, $m:ident :: $kernel:ident, $g:expr, $elem:expr, $n:expr, $mma:expr,
      [$($kind:ident),* $(,)?], [$($comptime:expr),* $(,)?]) => {{
         let g: FlashGeometry = $g;
-        let s = settings(&g);
+        let s = settings(&g, if $mma { AddressType::U64 } else { AddressType::U32 });
         let h = $client.empty(64);
         let mut launcher = KernelLauncher::<R>::new(s.clone());
         launcher.with_scope(|scope| {

@@ -21,7 +21,11 @@
 //! computes, and the barrier's phase replaces the two cube syncs of a step. Operands come from
 //! the tiles by `ldmatrix.x4`: an A operand or the B operands of two C tiles a load; the
 //! products over the head (`X·Yᵀ`) take `Y`'s 8×8 blocks as they are, the products over
-//! the step (`W·Z`) take `Z`'s transposed (`.trans`). As in the parent module: f32 scores,
+//! the step (`W·Z`) take `Z`'s transposed (`.trans`). The kernels index with 64-bit
+//! addresses: a lane's `ldmatrix` address is then its own part plus a constant per load,
+//! which the loads take as an immediate offset (with 32-bit indices the compiler cannot
+//! move the constant past the widening, and computed every address: about a quarter of
+//! the backward kernels' instructions). As in the parent module: f32 scores,
 //! the forward's lazy rescale, `P` rounded to the input dtype before `P·V`, `l` summed
 //! from the unrounded `P`, `dS` rounded once before its products.
 
@@ -203,19 +207,20 @@ fn quad_sum(x: f32) -> f32 {
 }
 
 /// Four 8×8 matrices of 16-bit elements from the row-major tile `tile` (`stride` vectors
-/// of 8 a row) by one `ldmatrix.x4` (`.trans` when `transpose`): lane `l` names row `row`,
-/// vector column `col` of matrix `l / 8`; register `m` of every lane comes from matrix
+/// of 8 a row) by one `ldmatrix.x4` (`.trans` when `transpose`): lane `l` names the row of
+/// matrix `l / 8` at vector `lane_at + offset`, the lane's part of the address once per
+/// tile and the loop's part a constant (64-bit addresses, so the loads take the constant
+/// as an immediate offset); register `m` of every lane comes from matrix
 /// `m`, holding its elements `(l / 4, 2·(l % 4) ..+2)` (transposed: `(2·(l % 4) ..+2, l / 4)`).
 #[cube]
 fn ldmatrix_x4<F: Float, N: Size>(
     tile: &SharedMemory<Vector<F, N>>,
-    row: u32,
-    col: u32,
+    lane_at: usize,
+    #[comptime] offset: usize,
     #[comptime] transpose: bool,
-    #[comptime] g: FlashGeometry,
 ) -> Array<Vector<F, Pair>> {
     let def = MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
-    let at = (row * comptime!(g.stride()) + col) as usize;
+    let at = lane_at + offset;
     def.load_matrix::<Vector<F, N>, Pair>(
         &tile.slice(at, at + 1),
         MatrixIdent::B,
@@ -226,7 +231,7 @@ fn ldmatrix_x4<F: Float, N: Size>(
 
 /// The forward (see the module docs and the parent module's); launched by
 /// `flash_attention` for [`FlashVariant::Mma`] plans.
-#[cube(launch_unchecked, fast_math = flash_math(&g))]
+#[cube(launch_unchecked, fast_math = flash_math(&g), address_type = "u64")]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     q: &Array<Vector<F, N>>,
@@ -536,7 +541,11 @@ fn row_products<F: Float, N: Size>(
     let c_tiles = comptime!(g.step_rows / 8);
     let lane = UNIT_POS_PLANE;
     let m = lane / 8u32;
-    let a_row = strip0 + (m % 2) * 8 + lane % 8u32;
+    let stride = comptime!(g.stride());
+    // The lane's rows and columns of its matrices (see `ldmatrix_x4`); the m-tile, head
+    // step and key tile add constants.
+    let a_at = ((strip0 + (m % 2) * 8 + lane % 8u32) * stride + m / 2) as usize;
+    let b_at = ((y_row0 + (m / 2) * 8 + lane % 8u32) * stride + m % 2) as usize;
     let mut a_all = Array::<Vector<F, Pair>>::new(comptime!(4 * tiles as usize));
     let mut a = Array::<Vector<F, Pair>>::new(4usize);
     let mut b0 = Array::<Vector<F, Pair>>::new(2usize);
@@ -549,7 +558,12 @@ fn row_products<F: Float, N: Size>(
     for kk in 0..comptime!(g.head_dim / 16) {
         #[unroll]
         for t in 0..tiles {
-            let regs = ldmatrix_x4::<F, N>(x, a_row + t * 16, kk * 2 + m / 2, false, g);
+            let regs = ldmatrix_x4::<F, N>(
+                x,
+                a_at,
+                comptime!((t * 16 * g.stride() + kk * 2) as usize),
+                false,
+            );
             #[unroll]
             for i in 0..4u32 {
                 a_all[(4 * t + i) as usize] = regs[i as usize];
@@ -558,8 +572,12 @@ fn row_products<F: Float, N: Size>(
         #[unroll]
         for n2 in 0..comptime!(g.step_rows / 16) {
             // Matrices: rows of tile 2·n2 at head columns 0-7, 8-15; then tile 2·n2 + 1.
-            let row = y_row0 + (2 * n2 + m / 2) * 8 + lane % 8u32;
-            let regs = ldmatrix_x4::<F, N>(y, row, kk * 2 + m % 2, false, g);
+            let regs = ldmatrix_x4::<F, N>(
+                y,
+                b_at,
+                comptime!((n2 * 16 * g.stride() + kk * 2) as usize),
+                false,
+            );
             b0[0] = regs[0];
             b0[1] = regs[1];
             b1[0] = regs[2];
@@ -600,16 +618,23 @@ fn step_products<F: Float, N: Size>(
     let acc_tiles = comptime!(g.head_dim / 8);
     let lane = UNIT_POS_PLANE;
     let m = lane / 8u32;
+    let stride = comptime!(g.stride());
+    // The lane's row and column of its matrix (see `ldmatrix_x4`).
+    let z_at = ((z_row0 + (m % 2) * 8 + lane % 8u32) * stride + m / 2) as usize;
     let mut a = Array::<Vector<F, Pair>>::new(4usize);
     let mut b0 = Array::<Vector<F, Pair>>::new(2usize);
     let mut b1 = Array::<Vector<F, Pair>>::new(2usize);
     #[unroll]
     for j in 0..comptime!(g.step_rows / 16) {
         // Matrices: rows 0-7, 8-15 of the step at head tile 2·dn2, then at 2·dn2 + 1.
-        let row = z_row0 + j * 16 + (m % 2) * 8 + lane % 8u32;
         #[unroll]
         for dn2 in 0..comptime!(g.head_dim / 16) {
-            let regs = ldmatrix_x4::<F, N>(z, row, 2 * dn2 + m / 2, true, g);
+            let regs = ldmatrix_x4::<F, N>(
+                z,
+                z_at,
+                comptime!((j * 16 * g.stride() + 2 * dn2) as usize),
+                true,
+            );
             b0[0] = regs[0];
             b0[1] = regs[1];
             b1[0] = regs[2];
@@ -698,7 +723,7 @@ fn tile_to_rows<F: Float, N: Size>(
 /// per key block `S = Q·Kᵀ` and `dP = dO·Vᵀ` from registers, `P = exp(S·scale − lse)`,
 /// `dS = P ∘ (dP − D)` rounded to the input dtype straight into the A operand of
 /// `dQ += dS·K`; `dQ · scale` stored once.
-#[cube(launch_unchecked, fast_math = flash_math(&g))]
+#[cube(launch_unchecked, fast_math = flash_math(&g), address_type = "u64")]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
     q: &Array<Vector<F, N>>,
@@ -954,7 +979,7 @@ fn copy_query_step<F: Float, N: Size>(
 /// and `dSᵀ = Pᵀ ∘ (dPᵀ − D)` rounded to the input dtype straight into the A operands of
 /// `dV += Pᵀ·dO` and `dK += dSᵀ·Q`; the group's heads summed in registers, `dK · scale`
 /// and `dV` stored once (no atomics: deterministic).
-#[cube(launch_unchecked, fast_math = flash_math(&g))]
+#[cube(launch_unchecked, fast_math = flash_math(&g), address_type = "u64")]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
     q: &Array<Vector<F, N>>,
