@@ -830,15 +830,20 @@ mod flash_kernel {
         variants
     }
 
-    /// Runs every problem under each `(variant, tiling)` of `runs(client, dtype)` in each
-    /// dtype the device has; every case runs and every failure is reported, so one device
-    /// run shows the whole pattern.
-    fn check_all(runs: fn(bool, DType) -> Vec<(FlashVariant, &'static str, Option<Tiling>)>) {
+    /// The tilings to run in a dtype, each with its name (`None`: the plan's own).
+    type Runs = fn(DType) -> Vec<(&'static str, Option<Tiling>)>;
+
+    /// Runs the problems `keep` selects under `variant` with each tiling of `runs(dtype)`,
+    /// in each dtype the device runs the variant in; every case runs and every failure is
+    /// reported, so one device run shows the whole pattern.
+    fn check_all(variant: FlashVariant, runs: Runs, keep: fn(&Problem) -> bool) {
         struct T {
             rng: Rng,
             ran: usize,
             failures: Vec<String>,
-            runs: fn(bool, DType) -> Vec<(FlashVariant, &'static str, Option<Tiling>)>,
+            variant: FlashVariant,
+            runs: Runs,
+            keep: fn(&Problem) -> bool,
         }
         impl RuntimeVisitor for T {
             fn visit<R: CubeRuntime>(&mut self, label: &str, device: &R::Device) {
@@ -849,12 +854,16 @@ mod flash_kernel {
                         eprintln!("note: {dtype:?} not on {label}; not tested");
                         continue;
                     }
-                    let mma = variants(&client, dtype).contains(&FlashVariant::Mma);
-                    for (variant, tiling_name, tiling) in (self.runs)(mma, dtype) {
-                        if !variants(&client, dtype).contains(&variant) {
-                            continue;
-                        }
+                    if !variants(&client, dtype).contains(&self.variant) {
+                        eprintln!("note: no {:?} for {dtype:?} on {label}", self.variant);
+                        continue;
+                    }
+                    let variant = self.variant;
+                    for (tiling_name, tiling) in (self.runs)(dtype) {
                         for (p, grow) in problems(&mut self.rng) {
+                            if !(self.keep)(&p) {
+                                continue;
+                            }
                             if let Err(e) =
                                 check::<R>(device, &p, dtype, variant, tiling, &mut self.rng, grow)
                             {
@@ -874,11 +883,18 @@ mod flash_kernel {
             rng: Rng::from_env(),
             ran: 0,
             failures: Vec::new(),
+            variant,
             runs,
+            keep,
         };
         let seed = t.rng.seed();
+        let start = std::time::Instant::now();
         for_each_runtime(&mut t);
-        eprintln!("flash kernel cases run: {}", t.ran);
+        eprintln!(
+            "flash kernel cases run ({variant:?}): {} in {:.0} s",
+            t.ran,
+            start.elapsed().as_secs_f64()
+        );
         assert!(
             t.failures.is_empty(),
             "{} of {} cases failed (seed {seed}, rerun with LIGER_SEED={seed}):\n{}",
@@ -888,33 +904,49 @@ mod flash_kernel {
         );
     }
 
-    /// Every variant the device runs, with its default plan.
+    /// One variant with its default plan, in every dtype the device runs it in (each
+    /// variant a test of its own: the CUDA compiles of a variant's kernels for every
+    /// problem take minutes).
+    fn default_plans(variant: FlashVariant) {
+        check_all(variant, |_| vec![("", None)], |_| true);
+    }
+
+    /// The FMA kernels (every device; lavapipe in CI).
     #[test]
-    fn flash_kernels_match_the_f64_reference() {
-        check_all(|_, _| {
-            [
-                FlashVariant::Fma,
-                FlashVariant::TensorCores,
-                FlashVariant::Mma,
-            ]
-            .map(|v| (v, "", None))
-            .to_vec()
-        });
+    fn flash_fma_kernels_match_the_f64_reference() {
+        default_plans(FlashVariant::Fma);
+    }
+
+    /// The `cmma` kernels (devices with cooperative matrices).
+    #[test]
+    fn flash_tensor_core_kernels_match_the_f64_reference() {
+        default_plans(FlashVariant::TensorCores);
+    }
+
+    /// The register-mma kernels with their default tiling (CUDA sm_80+).
+    #[test]
+    fn flash_register_mma_kernels_match_the_f64_reference() {
+        default_plans(FlashVariant::Mma);
     }
 
     /// The register-mma kernels under the other tilings, in bf16 (a tiling moves rows
-    /// between planes, not the arithmetic); nothing where the device has no register mma.
+    /// between planes, not the arithmetic), on the problems with head_dim 64 and 128
+    /// (every mask kind among them).
     #[test]
     fn flash_tilings_match_the_f64_reference() {
-        check_all(|mma, dtype| {
-            if !mma || dtype != DType::BF16 {
-                return Vec::new();
-            }
-            other_tilings()
-                .into_iter()
-                .map(|(name, t)| (FlashVariant::Mma, name, Some(t)))
-                .collect()
-        });
+        check_all(
+            FlashVariant::Mma,
+            |dtype| {
+                if dtype != DType::BF16 {
+                    return Vec::new();
+                }
+                other_tilings()
+                    .into_iter()
+                    .map(|(name, t)| (name, Some(t)))
+                    .collect()
+            },
+            |p| p.head_dim >= 64,
+        );
     }
 
     /// The register-mma kernels' times under candidate tilings: bf16, causal, the bench
