@@ -1762,12 +1762,12 @@ const CMMA_PLANE: u32 = 32;
 /// plane, as FlashAttention-2's 128-query blocks on 4 warps) with 32-key steps, so
 /// scores and `O` fit in 255 registers at head_dim 128. The backward kernels hold two
 /// accumulators and two score tiles, which with two m-tiles spill at head_dim 128 and
-/// measured no faster at 64; they keep one. Per kernel on an H200 (bf16, causal, 4K /
-/// 16K tokens, the `flash_tilings_timed` test, 2026-11-25, binary `8e987ba`): the
-/// forward at head_dim 64 took 0.614 / 5.475 ms with two m-tiles and 32-key steps, 0.625
-/// / 5.538 with one and 64; at 128, 0.414 / 3.885 against 0.410 / 4.043 (one m-tile,
-/// 32-key steps). The backward (dK/dV and dQ) moved by at most 11% across the tilings
-/// tried: neither is bound by its tiling. Shared memory ([`shared_bytes`]: the streamed
+/// measured no faster at 64; they keep one. On an H200 (bf16, causal, 4K / 16K tokens;
+/// the `flash_tilings_timed` test, `benches/logs/flash_tilings_8e987ba.log`) the forward at
+/// head_dim 64 takes 0.614 / 5.475 ms with two m-tiles and 32-key steps against 0.625 /
+/// 5.538 with one and 64-key steps; at 128, 0.414 / 3.885 against 0.410 / 4.043 with one
+/// and 32. The backward (dK/dV and dQ) moves by at most 11% across the tilings tried:
+/// neither kernel is bound by its tiling. Shared memory ([`shared_bytes`]: the streamed
 /// tiles twice) at bf16: forward 36 KiB (64) / 68 KiB (128); dQ, dK/dV 54-55 KiB (64) /
 /// 68 KiB (128).
 ///
@@ -1939,8 +1939,8 @@ pub struct MmaTiling {
 impl MmaTiling {
     /// The default tiling at `head_dim` (see [`flash_geometry`]): the fastest of the
     /// candidates of the `flash_tilings_timed` test on an H200 (bf16, causal, 4K and 16K
-    /// tokens, 2026-11-25), or the one that is never slower by more than 5% where they
-    /// trade places between lengths.
+    /// tokens), or, where they trade places between lengths, the one never more than 5%
+    /// slower.
     pub fn for_head_dim(head_dim: usize) -> Self {
         let backward_step = if head_dim <= 64 { 64 } else { 32 };
         Self {
