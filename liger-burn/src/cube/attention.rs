@@ -6,7 +6,8 @@
 //! cores (devices with 16×16×16 `cmma` of the dtype into f32: CUDA f16/bf16; the forward
 //! with register-resident `mma.sync` products where PTX's layouts hold: CUDA sm_80+) and head
 //! dimensions that are multiples of 16 up to 256; `Flash` takes them everywhere (the FMA
-//! variant without tensor cores); `Blockwise` never. A mask tensor always goes blockwise.
+//! variant without tensor cores); `Blockwise` never. A mask tensor, and a scale that is not
+//! positive and finite (the kernels keep row maxima of unscaled scores), go blockwise.
 
 use super::{empty_like, launched};
 use crate::ops::{
