@@ -23,9 +23,8 @@
 //! products over the head (`X·Yᵀ`) take `Y`'s 8×8 blocks as they are, the products over
 //! the step (`W·Z`) take `Z`'s transposed (`.trans`). The kernels index with 64-bit
 //! addresses: a lane's `ldmatrix` address is then its own part plus a constant per load,
-//! which the loads take as an immediate offset (with 32-bit indices the compiler cannot
-//! move the constant past the widening, and computed every address: about a quarter of
-//! the backward kernels' instructions). As in the parent module: f32 scores,
+//! which the loads take as an immediate offset (a 32-bit index is widened after the
+//! addition, so the compiler could not fold the constant and would compute each address). As in the parent module: f32 scores,
 //! the forward's lazy rescale, `P` rounded to the input dtype before `P·V`, `l` summed
 //! from the unrounded `P`, `dS` rounded once before its products.
 

@@ -476,6 +476,24 @@ mod flash_kernel {
         ))
     }
 
+    /// The kernels' description of `p`, scaled by `1/√head_dim`.
+    fn flash_problem(p: &Problem) -> FlashProblem {
+        FlashProblem {
+            batch: p.batch,
+            q_heads: p.q_heads,
+            kv_heads: p.kv_heads,
+            seq: p.seq,
+            head_dim: p.head_dim,
+            scale: (p.head_dim as f64).powf(-0.5),
+            mask: AttentionMask {
+                causal: p.causal,
+                window: p.window.is_some(),
+                documents: p.documents.is_some(),
+            },
+            window: p.window.unwrap_or(0),
+        }
+    }
+
     /// Runs `p` forward and backward through the kernels; the results against the reference.
     fn check<R: CubeRuntime>(
         device: &R::Device,
@@ -525,20 +543,7 @@ mod flash_kernel {
             .documents
             .as_ref()
             .map(|ids| contiguous_ids::<R>(ids, b, s, device));
-        let problem = FlashProblem {
-            batch: b,
-            q_heads: hq,
-            kv_heads: hk,
-            seq: s,
-            head_dim: d,
-            scale: (d as f64).powf(-0.5),
-            mask: AttentionMask {
-                causal: p.causal,
-                window: p.window.is_some(),
-                documents: p.documents.is_some(),
-            },
-            window: p.window.unwrap_or(0),
-        };
+        let problem = flash_problem(p);
         let client = q.client.clone();
         let mut plan = flash_plan(&client, d, dtype.into(), variant).map_err(|e| e.to_string())?;
         if let Some(tiling) = tiling {
@@ -995,20 +1000,7 @@ mod flash_kernel {
                     let (gk, gv) = (random(hk, 0.0, 0.0), random(hk, 0.0, 0.0));
                     let lse =
                         upload::<R>(vec![0.0; b * hq * s], vec![b, hq, s], DType::F32, device);
-                    let problem = FlashProblem {
-                        batch: b,
-                        q_heads: hq,
-                        kv_heads: hk,
-                        seq: s,
-                        head_dim: d,
-                        scale: (d as f64).powf(-0.5),
-                        mask: AttentionMask {
-                            causal: true,
-                            window: false,
-                            documents: false,
-                        },
-                        window: 0,
-                    };
+                    let problem = flash_problem(&Problem::causal(b, hq, hk, s, d));
                     let base = flash_plan(&client, d, dtype.into(), FlashVariant::Mma)
                         .expect("a register-mma plan");
                     let fwd_args = FlashForwardArgs {
