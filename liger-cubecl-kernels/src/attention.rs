@@ -77,6 +77,7 @@
 use crate::counters::{self, Kernel};
 use crate::launch::{KernelError, check_float_dtype};
 use cubecl::cmma;
+use cubecl::ir::features::AtomicUsage;
 use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -133,6 +134,9 @@ pub struct FlashGeometry {
     /// FlashAttention's `exp2f` under fast math) instead of the libm-accurate call; CUDA and
     /// HIP only, where the flag changes nothing else (SPIR-V would also assume no NaN).
     pub fast_exp: bool,
+    /// The register-mma dK/dV kernel also sums dQ, by f32 atomic adds (see
+    /// [`FlashPlan::atomic_dq`]); the dQ kernel is then not launched.
+    pub atomic_dq: bool,
 }
 
 impl FlashGeometry {
@@ -1844,6 +1848,7 @@ fn tiled_geometry(
         s_rows,
         s_cols,
         fast_exp: false,
+        atomic_dq: false,
     }
 }
 
@@ -1894,6 +1899,16 @@ pub fn register_mma_supported<R: Runtime>(client: &ComputeClient<R>, dtype: Stor
                 && c.cd_type == f32_type
                 && (c.m, c.n, c.k) == (16, 8, 16)
         })
+}
+
+/// Whether the device adds pairs of f32 atomically in global memory (one `red.v2.f32`;
+/// CUDA sm_90+), which [`FlashPlan::atomic_dq`] needs.
+pub fn atomic_pairs_supported<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    let pair = Type::new(StorageType::Atomic(ElemType::Float(FloatKind::F32))).with_vector_size(2);
+    client
+        .properties()
+        .atomic_type_usage(pair)
+        .contains(AtomicUsage::Add)
 }
 
 /// Largest head dimension the kernels take (a multiple of 16).
@@ -1976,21 +1991,52 @@ pub struct FlashPlan {
     pub fast_exp: bool,
     /// The register-mma kernels' tiling.
     pub tiling: MmaTiling,
+    /// The register-mma backward sums dQ inside the dK/dV kernel, as FlashAttention-2
+    /// does: each step's `dS·K` is added to an f32 buffer by atomic adds, which saves the
+    /// dQ kernel's second pass over the scores (`S = Q·Kᵀ` and `dP = dO·Vᵀ` computed once,
+    /// 5 products a step instead of 7). The order of the additions then varies from run
+    /// to run, so dQ may differ in its last bits between runs; `false` (see
+    /// [`FlashPlan::deterministic`]) runs the dQ kernel instead, whose sums have a fixed
+    /// order. Applies where the device adds f32 pairs atomically (CUDA sm_90+) and the
+    /// dK/dV step is 16, 32 or 64 rows (see [`Self::sums_dq_atomically`]).
+    pub atomic_dq: bool,
 }
 
 impl FlashPlan {
     /// The geometry of `kernel`.
     pub fn geometry(&self, kernel: FlashKernel) -> FlashGeometry {
+        let g = tiled_geometry(
+            kernel,
+            self.variant,
+            self.head_dim,
+            self.vector,
+            self.fma_rows,
+            self.tiling,
+        );
         FlashGeometry {
             fast_exp: self.fast_exp,
-            ..tiled_geometry(
-                kernel,
-                self.variant,
-                self.head_dim,
-                self.vector,
-                self.fma_rows,
-                self.tiling,
-            )
+            atomic_dq: kernel == FlashKernel::BackwardKv && self.sums_dq_atomically(),
+            ..g
+        }
+    }
+
+    /// Whether the backward sums dQ by atomic adds in the dK/dV kernel: [`Self::atomic_dq`]
+    /// where it applies (a dK/dV step whose 16-row query tiles split evenly among the
+    /// cube's planes, each plane's share of the head at least 16 columns).
+    pub fn sums_dq_atomically(&self) -> bool {
+        let step = self.tiling.backward_kv.step_rows;
+        self.atomic_dq
+            && self.variant == FlashVariant::Mma
+            && matches!(step, 16 | 32 | 64)
+            && self.head_dim >= 16 * (MMA_PLANES / (step / 16)) as usize
+    }
+
+    /// This plan with dQ from its own kernel, in a fixed order of additions: the backward's
+    /// gradients are then the same bits on every run (see [`Self::atomic_dq`]).
+    pub fn deterministic(self) -> Self {
+        Self {
+            atomic_dq: false,
+            ..self
         }
     }
 
@@ -2103,6 +2149,7 @@ pub fn flash_plan<R: Runtime>(
             fma_rows,
             fast_exp: fast_exp_supported(client),
             tiling: MmaTiling::for_head_dim(head_dim),
+            atomic_dq: variant == FlashVariant::Mma && atomic_pairs_supported(client),
         };
         let units = plan.geometry(FlashKernel::Forward).units;
         if units > props.hardware.max_units_per_cube {
@@ -2468,8 +2515,6 @@ pub fn flash_attention_backward_planned<R: Runtime>(
     // Each kernel's document tables: of blocks of its query rows and of its key rows.
     let (ids, kv_q_ranges, kv_k_ranges) =
         ranges_for(client, &p, args.document_ids, gkv.step_rows, gkv.own_rows)?;
-    let (_, q_q_ranges, q_k_ranges) =
-        ranges_for(client, &p, args.document_ids, gq.own_rows, gq.step_rows)?;
     let table = |b: u32| {
         if p.mask.documents {
             p.batch * p.seq.div_ceil(b as usize) * 2
@@ -2496,6 +2541,25 @@ pub fn flash_attention_backward_planned<R: Runtime>(
         (client.empty(8), client.empty(8))
     };
     let partial_len = if parts > 1 { parts * kv_elems / 2 } else { 1 };
+    // dQ summed by the dK/dV kernel: f32, zeroed first, then cast to the output.
+    let (dq_sum, dq_pairs) = if gkv.atomic_dq {
+        let len = rows * p.head_dim / 2;
+        let sum = client.empty(len * 8);
+        let units = 256u32;
+        // Safety: `sum` holds `len` pairs.
+        unsafe {
+            mma::zero_pairs_kernel::launch_unchecked::<R>(
+                client,
+                cube_count(client, op, len.div_ceil(units as usize), 1, 1)?,
+                CubeDim::new_1d(units),
+                arr(&sum, len),
+                len as u32,
+            );
+        }
+        (sum, len)
+    } else {
+        (client.empty(8), 1)
+    };
     // The variants share their arguments; the register-mma kernel takes its parts buffers
     // after the outputs, their stride after the scale and the part count after the mask.
     macro_rules! launch_kv {
@@ -2531,12 +2595,17 @@ pub fn flash_attention_backward_planned<R: Runtime>(
         };
     }
     // Safety: as in the forward; `dot` holds `rows` f32; the parts buffers hold `parts`
-    // f32 copies of dK and dV (written only when `parts > 1`).
+    // f32 copies of dK and dV (written only when `parts > 1`), `dq_sum` an f32 dQ (added
+    // to only when `atomic_dq`).
     unsafe {
         if gkv.mma {
             launch_kv!(
                 mma::flash_backward_kv_mma_kernel::launch_unchecked::<R>,
-                [arr(&partial_k, partial_len), arr(&partial_v, partial_len)],
+                [
+                    arr(&partial_k, partial_len),
+                    arr(&partial_v, partial_len),
+                    arr(&dq_sum, dq_pairs)
+                ],
                 [(kv_elems / 2) as u32],
                 [parts as u32]
             );
@@ -2561,6 +2630,28 @@ pub fn flash_attention_backward_planned<R: Runtime>(
             launch_kv!(flash_backward_kv_kernel::launch_unchecked::<R>);
         }
     }
+    if gkv.atomic_dq {
+        let len = q_len;
+        let units = 256u32;
+        // Safety: `dq_sum` holds `rows · head_dim` f32, `grad_q` as many elements.
+        unsafe {
+            mma::partial_sum_kernel::launch_unchecked::<R>(
+                client,
+                cube_count(client, op, len.div_ceil(units as usize), 1, 1)?,
+                CubeDim::new_1d(units),
+                n,
+                arr(&dq_sum, len),
+                arr(args.grad_q, len),
+                len as u32,
+                1,
+                dtype,
+            );
+        }
+        counters::record(Kernel::flash_attention_backward);
+        return Ok(());
+    }
+    let (_, q_q_ranges, q_k_ranges) =
+        ranges_for(client, &p, args.document_ids, gq.own_rows, gq.step_rows)?;
     let q_count = cube_count(
         client,
         op,

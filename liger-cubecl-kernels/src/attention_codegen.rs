@@ -87,6 +87,12 @@ macro_rules! flash_source {
     (@arg $launcher:ident $h:ident $m:ident pairs) => {
         <Array<Vector<f32, Const<2>>> as LaunchArg>::register(placeholder(&$h), &mut $launcher)
     };
+    (@arg $launcher:ident $h:ident $m:ident atomic_pairs) => {
+        <Array<Atomic<Vector<f32, Const<2>>>> as LaunchArg>::register(
+            placeholder(&$h),
+            &mut $launcher,
+        )
+    };
     (@arg $launcher:ident $h:ident $m:ident u32) => {
         <u32 as LaunchArg>::register(1u32, &mut $launcher)
     };
@@ -316,25 +322,51 @@ fn register_mma_kernels_compile_to_cuda() {
                     &format!("backward_q_mma_{kind}_d{head_dim}_t{tiles}_{docs}"),
                     &source,
                 );
-                // Both output paths: whole dK/dV, and f32 parts of a split group.
+                // Both output paths: whole dK/dV, and f32 parts of a split group; dQ from
+                // its own kernel, and summed atomically here.
                 let parts = if docs { 3u32 } else { 1 };
-                let source = flash_source!(
-                    client,
-                    flash_backward_kv_mma_kernel::FlashBackwardKvMmaKernel,
-                    tiled(FlashKernel::BackwardKv, head_dim, tiles),
-                    elem,
-                    n,
-                    true,
-                    [
-                        io, io, io, io, f32s, f32s, i32s, i32s, i32s, io, io, pairs, pairs, u32,
-                        u32, u32, u32, f32, u32
-                    ],
-                    [mask, parts]
-                );
-                check(
-                    &format!("backward_kv_mma_{kind}_d{head_dim}_t{tiles}_{docs}_parts{parts}"),
-                    &source,
-                );
+                for atomic_dq in [false, true] {
+                    let g = FlashGeometry {
+                        atomic_dq,
+                        ..tiled(FlashKernel::BackwardKv, head_dim, tiles)
+                    };
+                    let source = flash_source!(
+                        client,
+                        flash_backward_kv_mma_kernel::FlashBackwardKvMmaKernel,
+                        g,
+                        elem,
+                        n,
+                        true,
+                        [
+                            io,
+                            io,
+                            io,
+                            io,
+                            f32s,
+                            f32s,
+                            i32s,
+                            i32s,
+                            i32s,
+                            io,
+                            io,
+                            pairs,
+                            pairs,
+                            atomic_pairs,
+                            u32,
+                            u32,
+                            u32,
+                            u32,
+                            f32,
+                            u32
+                        ],
+                        [mask, parts]
+                    );
+                    let name = format!(
+                        "backward_kv_mma_{kind}_d{head_dim}_t{tiles}_{docs}_parts{parts}_dq{atomic_dq}"
+                    );
+                    check(&name, &source);
+                    assert_eq!(source.contains("atomicAdd"), atomic_dq, "{name}");
+                }
             }
         }
     }

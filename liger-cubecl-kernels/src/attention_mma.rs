@@ -56,9 +56,22 @@ pub(super) fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) 
             FlashKernel::Forward => own + 4 * step,
             // q (then dQ), dO, k and v twice.
             FlashKernel::BackwardQ => 2 * own + 4 * step,
-            // k, v (then dK, dV); q, dO, lse and D of the step twice.
-            FlashKernel::BackwardKv => 2 * own + 4 * step + 4 * g.step_rows as usize * 4,
+            // k, v (then dK, dV); q, dO, lse and D of the step twice; dSᵀ of a step.
+            FlashKernel::BackwardKv => {
+                let ds = if g.atomic_dq {
+                    (g.own_rows * ds_stride(g) * g.vector) as usize * elem
+                } else {
+                    0
+                };
+                2 * own + 4 * step + 4 * g.step_rows as usize * 4 + ds
+            }
         }
+}
+
+/// Row stride, in vectors, of the dK/dV kernel's `[keys, queries]` tile of a step's `dSᵀ`
+/// (16 bytes of padding, as the other tiles).
+pub(super) fn ds_stride(g: &FlashGeometry) -> u32 {
+    g.step_rows / g.vector + 1
 }
 
 /// Starts the asynchronous copies (`cp.async`, one vector of 16 bytes a copy) of rows
@@ -661,6 +674,95 @@ fn step_products<F: Float, N: Size>(
     }
 }
 
+/// One dK/dV step's `dQ = dS·K` for this plane's share of the step's queries, added to
+/// `grad_q_sum` (f32 pairs of `[rows, head_dim]`, query row `q_row0` first) times `scale`
+/// by atomic adds. The cube's `[keys, queries]` tile `ds` holds `dSᵀ` (every plane's
+/// keys: the caller syncs the cube first); the A operands `dS[query, key]` are its 8×8
+/// blocks transposed (`ldmatrix.trans`), the B operands `K[key, e]` those of `k_tile`.
+/// The step's 16-row query tiles split evenly among the planes, and the head's columns
+/// among the planes of a tile. Under a causal mask, 16-key chunks after the step's last
+/// query (`q_last`) hold only zeros and are skipped.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn dq_products<F: Float, N: Size>(
+    ds: &SharedMemory<Vector<F, N>>,
+    k_tile: &SharedMemory<Vector<F, N>>,
+    grad_q_sum: &mut Array<Atomic<Vector<f32, Pair>>>,
+    q_row0: usize,
+    q0: u32,
+    q_last: u32,
+    k0: u32,
+    seq: u32,
+    scale: f32,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+) {
+    let query_mtiles = comptime!(g.step_rows / 16);
+    let col_parts = comptime!(g.planes / (g.step_rows / 16));
+    let cols = comptime!(g.head_dim / col_parts);
+    let acc_regs = comptime!(cols / 4);
+    let stride = comptime!(g.stride());
+    let ds_rows = comptime!(ds_stride(&g));
+    let plane = UNIT_POS / 32u32;
+    let lane = UNIT_POS_PLANE;
+    let m = lane / 8u32;
+    let qm = plane % query_mtiles;
+    let col0 = (plane / query_mtiles) * cols;
+    // The lane's rows and columns of its matrices (see `ldmatrix_x4`): of dSᵀ, keys
+    // `(m / 2) · 8..` at queries `(m % 2) · 8..` of the plane's query tile (registers
+    // a0..a3 after the transpose); of K as in `step_products`.
+    let ds_at = (((m / 2) * 8 + lane % 8u32) * ds_rows + qm * 2 + m % 2) as usize;
+    let k_at = (((m % 2) * 8 + lane % 8u32) * stride + col0 / 8 + m / 2) as usize;
+    let mut acc = Array::<Vector<f32, Pair>>::new(comptime!(acc_regs as usize));
+    #[unroll]
+    for i in 0..acc_regs {
+        acc[i as usize] = Vector::<f32, Pair>::new(0.0);
+    }
+    let mut b0 = Array::<Vector<F, Pair>>::new(2usize);
+    let mut b1 = Array::<Vector<F, Pair>>::new(2usize);
+    #[unroll]
+    for kk in 0..comptime!(g.own_rows / 16) {
+        let mut live = true;
+        if comptime!(mask.causal) {
+            live = q_last >= k0 + kk * 16;
+        }
+        if live {
+            let a = ldmatrix_x4::<F, N>(ds, ds_at, comptime!((kk * 16 * ds_rows) as usize), true);
+            #[unroll]
+            for dn2 in 0..comptime!(cols / 16) {
+                let regs = ldmatrix_x4::<F, N>(
+                    k_tile,
+                    k_at,
+                    comptime!((kk * 16 * g.stride() + 2 * dn2) as usize),
+                    true,
+                );
+                b0[0] = regs[0];
+                b0[1] = regs[1];
+                b1[0] = regs[2];
+                b1[1] = regs[3];
+                mma::<F>(&a, &b0, &mut acc, comptime!((4 * dn2) as usize));
+                mma::<F>(&a, &b1, &mut acc, comptime!((4 * dn2 + 2) as usize));
+            }
+        }
+    }
+    let row_pairs = comptime!(g.head_dim / 2);
+    let lo = q0 + qm * 16 + lane / 4u32;
+    let hi = lo + 8u32;
+    let col_pair = col0 / 2 + lane % 4u32;
+    let factor = Vector::<f32, Pair>::new(scale);
+    #[unroll]
+    for dn in 0..comptime!(cols / 8) {
+        if lo < seq {
+            let at = (q_row0 + lo as usize) * row_pairs as usize + (col_pair + dn * 4) as usize;
+            grad_q_sum[at].fetch_add(acc[(2 * dn) as usize] * factor);
+        }
+        if hi < seq {
+            let at = (q_row0 + hi as usize) * row_pairs as usize + (col_pair + dn * 4) as usize;
+            grad_q_sum[at].fetch_add(acc[(2 * dn + 1) as usize] * factor);
+        }
+    }
+}
+
 /// Writes one m-tile's 16 rows (`row0..`) of `acc` (`2 · head_dim / 8` C registers from
 /// `at`) times `factor_lo` / `factor_hi` (the lane's rows `l / 4` and `l / 4 + 8`) into
 /// the row-major tile `tile`, in the input dtype, a pair at a time.
@@ -977,7 +1079,9 @@ fn copy_query_step<F: Float, N: Size>(
 /// `dPᵀ = V·dOᵀ` ([keys, queries], rows of this plane's 16 keys), `Pᵀ = exp(Sᵀ·scale − lse)`
 /// and `dSᵀ = Pᵀ ∘ (dPᵀ − D)` rounded to the input dtype straight into the A operands of
 /// `dV += Pᵀ·dO` and `dK += dSᵀ·Q`; the group's heads summed in registers, `dK · scale`
-/// and `dV` stored once (no atomics: deterministic).
+/// and `dV` stored once (dK and dV without atomics: deterministic). With [`FlashGeometry::atomic_dq`]
+/// each step's `dSᵀ` also goes through shared memory into `dQ += dS·K`, added to
+/// `grad_q_sum` by atomic adds (see `dq_products`).
 #[cube(launch_unchecked, fast_math = flash_math(&g), address_type = "u64")]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
@@ -994,6 +1098,7 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
     grad_v: &mut Array<Vector<F, N>>,
     partial_k: &mut Array<Vector<f32, Pair>>,
     partial_v: &mut Array<Vector<f32, Pair>>,
+    grad_q_sum: &mut Array<Atomic<Vector<f32, Pair>>>,
     seq: u32,
     q_heads: u32,
     kv_heads: u32,
@@ -1035,6 +1140,13 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
         comptime!((2 * bq * g.stride()) as usize),
         128usize,
     );
+    // dSᵀ of a step, `[keys, queries]`, for dQ (see `dq_products`).
+    let ds_len = comptime!(if g.atomic_dq {
+        (bk * ds_stride(&g)) as usize
+    } else {
+        1usize
+    });
+    let mut ds_tile = SharedMemory::<Vector<F, N>>::new_aligned(ds_len, 128usize);
     let mut lse_rows = SharedMemory::<f32>::new_aligned(comptime!(2 * bq as usize), 16usize);
     let mut d_rows = SharedMemory::<f32>::new_aligned(comptime!(2 * bq as usize), 16usize);
     let bar = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
@@ -1208,9 +1320,44 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                     ));
                 }
             }
+            if comptime!(g.atomic_dq) {
+                // This plane's keys of dSᵀ into the cube's tile, a pair a register.
+                let ds_pairs = comptime!(ds_stride(&g) * g.vector / 2);
+                let mut view = ds_tile.slice_mut(0usize, ds_len).with_vector_size::<Pair>();
+                #[unroll]
+                for n in 0..query_tiles {
+                    #[unroll]
+                    for t in 0..tiles {
+                        let at = comptime!(t * 2 * query_tiles + 2 * n);
+                        let lo =
+                            ((strip0 + t * 16 + lane / 4u32) * ds_pairs + n * 4 + tid) as usize;
+                        view[lo] = dst[at as usize];
+                        view[lo + comptime!(8 * ds_pairs) as usize] = dst[(at + 1) as usize];
+                    }
+                }
+            }
             // dV += Pᵀ·dO and dK += dSᵀ·Q (B[query, e]: a pair of dOᵀ's / Qᵀ's row).
             step_products::<F, N>(&pt, &do_tile, row0, &mut dvv, g);
             step_products::<F, N>(&dst, &q_tile, row0, &mut dk, g);
+        }
+        if comptime!(g.atomic_dq) {
+            // Every plane's dSᵀ is in the tile; the next step's barrier says every plane
+            // is done reading it before it is written again.
+            sync_cube();
+            let q_row0 = (batch * q_heads + kv_head * group + h) as usize * seq_len;
+            dq_products::<F, N>(
+                &ds_tile,
+                &k_tile,
+                grad_q_sum,
+                q_row0,
+                q0,
+                q0 + bq - 1,
+                k0,
+                seq,
+                scale,
+                g,
+                mask,
+            );
         }
         h = next_h;
         qb = next_qb;
@@ -1254,6 +1401,15 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
         sync_cube();
         tile_to_rows::<F, N>(&k_tile, grad_k, kv_base, k0, seq, g);
         tile_to_rows::<F, N>(&v_tile, grad_v, kv_base, k0, seq, g);
+    }
+}
+
+/// `out[i] = 0` for the `len` pairs of `out`.
+#[cube(launch_unchecked)]
+pub(super) fn zero_pairs_kernel(out: &mut Array<Vector<f32, Pair>>, len: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < len {
+        out[i as usize] = Vector::<f32, Pair>::new(0.0);
     }
 }
 

@@ -261,6 +261,7 @@ fn attention_matches_the_f64_reference_and_stock_eager_attention() {
                         causal: !c.bidirectional,
                         window: c.window,
                         kernel: AttentionKernel::Blockwise,
+                        deterministic: false,
                     };
                     // The mask given as a tensor, and (causal cases) built from positions.
                     let given = run::<B>([&q, &k, &v], &mask, &g, |q, k, v, m| {
@@ -495,15 +496,16 @@ mod flash_kernel {
     }
 
     /// Runs `p` forward and backward through the kernels; the results against the reference.
+    /// `Ok` says whether the plan summed dQ atomically.
     fn check<R: CubeRuntime>(
         device: &R::Device,
         p: &Problem,
         dtype: DType,
         variant: FlashVariant,
-        tiling: Option<Tiling>,
+        run: PlanRun,
         rng: &mut Rng,
         grow_keys: bool,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let (b, hq, hk, s, d) = (p.batch, p.q_heads, p.kv_heads, p.seq, p.head_dim);
         let mut k_values = rng.vec(p.kv_len(), -2.0, 2.0, 0.0);
         if grow_keys {
@@ -546,10 +548,13 @@ mod flash_kernel {
         let problem = flash_problem(p);
         let client = q.client.clone();
         let mut plan = flash_plan(&client, d, dtype.into(), variant).map_err(|e| e.to_string())?;
-        if let Some(tiling) = tiling {
+        if let Some(tiling) = run.tiling {
             plan = plan
                 .with_tiling(&client, dtype.into(), tiling(d))
                 .map_err(|e| e.to_string())?;
+        }
+        if run.deterministic {
+            plan = plan.deterministic();
         }
         flash_attention_planned::<R>(
             &client,
@@ -608,7 +613,7 @@ mod flash_kernel {
         compare_rows("grad_q", &read(&gq), &expected.grad_q, &bounds(1))?;
         compare_rows("grad_k", &read(&gk), &expected.grad_k, &bounds(2))?;
         compare_rows("grad_v", &read(&gv), &expected.grad_v, &bounds(3))?;
-        Ok(())
+        Ok(plan.sums_dq_atomically())
     }
 
     /// Which batch rows of a wrong document-masked output are wrong, and whether they match
@@ -708,6 +713,22 @@ mod flash_kernel {
 
     /// A register-mma tiling at a head dimension.
     type Tiling = fn(usize) -> MmaTiling;
+
+    /// How a run plans the kernels: the plan's own tiling or another, and dQ as the plan
+    /// sums it (atomically in the dK/dV kernel where the device can) or from its own
+    /// kernel ([`FlashPlan::deterministic`]).
+    #[derive(Clone, Copy)]
+    struct PlanRun {
+        tiling: Option<Tiling>,
+        deterministic: bool,
+    }
+
+    impl PlanRun {
+        const DEFAULT: PlanRun = PlanRun {
+            tiling: None,
+            deterministic: false,
+        };
+    }
 
     /// Register-mma tilings besides each plan's default, each kernel with one and two
     /// m-tiles a plane and steps of 16 to 64 rows: the kernels must be right under any
@@ -835,8 +856,8 @@ mod flash_kernel {
         variants
     }
 
-    /// The tilings to run in a dtype, each with its name (`None`: the plan's own).
-    type Runs = fn(DType) -> Vec<(&'static str, Option<Tiling>)>;
+    /// The plans to run in a dtype, each with its name.
+    type Runs = fn(DType) -> Vec<(&'static str, PlanRun)>;
 
     /// Runs the problems `keep` selects under `variant` with each tiling of `runs(dtype)`,
     /// in each dtype the device runs the variant in; every case runs and every failure is
@@ -845,6 +866,7 @@ mod flash_kernel {
         struct T {
             rng: Rng,
             ran: usize,
+            atomic_dq: usize,
             failures: Vec<String>,
             variant: FlashVariant,
             runs: Runs,
@@ -864,19 +886,18 @@ mod flash_kernel {
                         continue;
                     }
                     let variant = self.variant;
-                    for (tiling_name, tiling) in (self.runs)(dtype) {
+                    for (run_name, run) in (self.runs)(dtype) {
                         for (p, grow) in problems(&mut self.rng) {
                             if !(self.keep)(&p) {
                                 continue;
                             }
-                            if let Err(e) =
-                                check::<R>(device, &p, dtype, variant, tiling, &mut self.rng, grow)
-                            {
-                                self.failures.push(format!(
-                                    "{label} {dtype:?} {variant:?} {tiling_name} {}{}: {e}",
+                            match check::<R>(device, &p, dtype, variant, run, &mut self.rng, grow) {
+                                Ok(atomic_dq) => self.atomic_dq += usize::from(atomic_dq),
+                                Err(e) => self.failures.push(format!(
+                                    "{label} {dtype:?} {variant:?} {run_name} {}{}: {e}",
                                     p.describe(),
                                     if grow { " growing keys" } else { "" }
-                                ));
+                                )),
                             }
                             self.ran += 1;
                         }
@@ -887,6 +908,7 @@ mod flash_kernel {
         let mut t = T {
             rng: Rng::from_env(),
             ran: 0,
+            atomic_dq: 0,
             failures: Vec::new(),
             variant,
             runs,
@@ -896,9 +918,10 @@ mod flash_kernel {
         let start = std::time::Instant::now();
         for_each_runtime(&mut t);
         eprintln!(
-            "flash kernel cases run ({variant:?}): {} in {:.0} s",
+            "flash kernel cases run ({variant:?}): {} in {:.0} s, {} with dQ summed atomically",
             t.ran,
-            start.elapsed().as_secs_f64()
+            start.elapsed().as_secs_f64(),
+            t.atomic_dq
         );
         assert!(
             t.failures.is_empty(),
@@ -913,7 +936,7 @@ mod flash_kernel {
     /// variant a test of its own: the CUDA compiles of a variant's kernels for every
     /// problem take minutes).
     fn default_plans(variant: FlashVariant) {
-        check_all(variant, |_| vec![("", None)], |_| true);
+        check_all(variant, |_| vec![("", PlanRun::DEFAULT)], |_| true);
     }
 
     /// The FMA kernels (every device; lavapipe in CI).
@@ -934,9 +957,10 @@ mod flash_kernel {
         default_plans(FlashVariant::Mma);
     }
 
-    /// The register-mma kernels under the other tilings, in bf16 (a tiling moves rows
-    /// between planes, not the arithmetic), on the problems with head_dim 64 and 128
-    /// (every mask kind among them).
+    /// The register-mma kernels under the other tilings, and with dQ from its own kernel
+    /// where the default sums it atomically, in bf16 (a tiling moves rows between planes,
+    /// not the arithmetic), on the problems with head_dim 64 and 128 (every mask kind
+    /// among them).
     #[test]
     fn flash_tilings_match_the_f64_reference() {
         check_all(
@@ -945,9 +969,20 @@ mod flash_kernel {
                 if dtype != DType::BF16 {
                     return Vec::new();
                 }
+                let deterministic = PlanRun {
+                    deterministic: true,
+                    ..PlanRun::DEFAULT
+                };
                 other_tilings()
                     .into_iter()
-                    .map(|(name, t)| (name, Some(t)))
+                    .map(|(name, t)| {
+                        let run = PlanRun {
+                            tiling: Some(t),
+                            ..PlanRun::DEFAULT
+                        };
+                        (name, run)
+                    })
+                    .chain([("default tiling, dQ kernel", deterministic)])
                     .collect()
             },
             |p| p.head_dim >= 64,
@@ -1182,6 +1217,7 @@ mod paths {
             causal: p.causal,
             window: p.window,
             kernel,
+            deterministic: false,
         };
         let out = match &p.documents {
             Some(ids) => {

@@ -100,6 +100,7 @@ pub(crate) fn attention<B: FusedOps>(
         causal: options.is_causal,
         window: None,
         kernel: crate::ops::AttentionKernel::Auto,
+        deterministic: false,
     };
     B::fused_attention(query, key, value, None, None, fused).output
 }

@@ -8,6 +8,7 @@
 //! dimensions that are multiples of 16 up to 256; `Flash` takes them everywhere (the FMA
 //! variant without tensor cores); `Blockwise` never. A mask tensor, and a scale that is not
 //! positive and finite (the kernels keep row maxima of unscaled scores), go blockwise.
+//! [`AttentionOptions::deterministic`] takes the plan's dQ kernel over its atomic sums.
 
 use super::{empty_like, launched};
 use crate::ops::{
@@ -42,7 +43,7 @@ pub(crate) fn plan<R: CubeRuntime>(
         flash_plan(client, head_dim, dtype.into(), FlashVariant::Mma)
             .or_else(|_| flash_plan(client, head_dim, dtype.into(), FlashVariant::TensorCores))
     };
-    match options.kernel {
+    let plan = match options.kernel {
         AttentionKernel::Blockwise => None,
         AttentionKernel::Auto => tensor_cores().ok().filter(|_| scale_ok),
         AttentionKernel::Flash if !scale_ok => panic!(
@@ -55,7 +56,14 @@ pub(crate) fn plan<R: CubeRuntime>(
                 .or_else(|_| flash_plan(client, head_dim, dtype.into(), FlashVariant::Fma))
                 .unwrap_or_else(|e| panic!("attention: AttentionKernel::Flash asked for: {e}")),
         ),
-    }
+    };
+    plan.map(|p| {
+        if options.deterministic {
+            p.deterministic()
+        } else {
+            p
+        }
+    })
 }
 
 /// Which flash kernels run these inputs (no mask tensor) on `device`, if any.

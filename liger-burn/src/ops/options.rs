@@ -310,6 +310,12 @@ pub struct AttentionOptions {
     /// Which implementation runs (see [`AttentionKernel`]).
     #[serde(default)]
     pub kernel: AttentionKernel,
+    /// Gradients that are the same bits on every run. The flash backward on CUDA sm_90+
+    /// otherwise sums the query gradient by atomic adds, as FlashAttention-2 and PyTorch's
+    /// SDPA do, whose order varies between runs; deterministic runs a second kernel for it
+    /// instead (slower). Nothing else changes.
+    #[serde(default)]
+    pub deterministic: bool,
 }
 
 /// Which implementation of [`FusedOps::fused_attention`](crate::ops::FusedOps::fused_attention)
@@ -340,6 +346,15 @@ impl AttentionOptions {
             causal: true,
             window: None,
             kernel: AttentionKernel::Auto,
+            deterministic: false,
+        }
+    }
+
+    /// With bitwise-reproducible gradients or not (see [`Self::deterministic`]).
+    pub fn with_deterministic(self, deterministic: bool) -> Self {
+        Self {
+            deterministic,
+            ..self
         }
     }
 
