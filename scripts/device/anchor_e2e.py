@@ -19,7 +19,7 @@ Protocol (the same as examples/src/bench/e2e_case.rs):
     that case's status (`oom`, `error`, `timeout`) and the run goes on; once a provider
     fails at a length its longer lengths are `skipped`;
   - weights and activations in --dtype (bf16), attention `sdpa`, AdamW with Burn's
-    AdamWConfig defaults (lr 1e-5, betas 0.9/0.999, eps 1e-5, decoupled weight decay 1e-4),
+    AdamWConfig defaults (lr --lr, default 1e-5, betas 0.9/0.999, eps 1e-5, decoupled weight decay 1e-4),
     batch --batch of --seq tokens, token ids uniform over the vocabulary (seeded), labels =
     inputs (every next token scored: the mean over batch x (seq - 1) tokens);
   - a step = forward + loss + backward + optimizer step + zero_grad(set_to_none), then a
@@ -78,7 +78,14 @@ MIN_CASE_SECONDS = 30
 MIB = float(1 << 20)
 
 # Burn's AdamWConfig defaults, which `liger bench --e2e` trains with (lr from e2e_case.rs).
-ADAMW = dict(lr=1e-5, betas=(0.9, 0.999), eps=1e-5, weight_decay=1e-4)
+ADAMW = dict(betas=(0.9, 0.999), eps=1e-5, weight_decay=1e-4)
+DEFAULT_LR = 1e-5
+
+
+def sci(x):
+    """`x` as Rust's `{:e}` writes it (1e-5, 2.5e-4): the CSV's optimizer names match."""
+    mantissa, exponent = f"{x:.15e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 # transformers 5 configs. `arch` picks the config class; the rest are its fields.
 MODELS = {
@@ -198,6 +205,14 @@ def parse_args(argv=None):
                    metavar="LIST",
                    help="with --lora-rank: adapted modules, comma list (q, k, v, o, gate, up, "
                         "down, lm_head, all-linear; default all-linear)")
+    p.add_argument("--lr", type=float, default=DEFAULT_LR, metavar="LR",
+                   help=f"AdamW's learning rate (default {DEFAULT_LR:g}, as --e2e-lr)")
+    p.add_argument("--start", default=None, metavar="DIR",
+                   help="train from the starting points `liger bench --e2e --e2e-save-start "
+                        "DIR` wrote: each case's model, LoRA adapter (with --lora-rank) and "
+                        "token ids from DIR/MODEL_BATCHxSEQ instead of a seeded random start, "
+                        "so the per-step losses compare with the Rust run's "
+                        "(scripts/compare_losses.py)")
     p.add_argument("--device", default="cuda",
                    help="torch device (default cuda; cpu for --tiny checks: no memory metrics)")
     p.add_argument("--seed", type=int, default=0xE2E,
@@ -253,6 +268,17 @@ def is_oom(text):
                                 "cublas_status_alloc_failed", "failed to allocate"))
 
 
+def start_dir(args, model, batch, seq):
+    """The case's folder under --start (as `liger bench --e2e-save-start` names it), or None."""
+    if args.start is None:
+        return None
+    path = os.path.join(args.start, f"{model}_{batch}x{seq}")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"--start: no {path}; run liger bench --e2e with "
+                                f"--e2e-save-start {args.start} on this case first")
+    return path
+
+
 def build_config(name, layers):
     spec = dict(MODELS[name])
     arch = spec.pop("arch")
@@ -304,17 +330,31 @@ def run_case(args, model_name, seq, batch, provider):
         out["device_name"] = torch.cuda.get_device_name(device) if cuda else args.device
         out["versions"] = bench_csv.versions()
         config, arch = build_config(model_name, args.layers)
+        start = start_dir(args, model_name, batch, seq)
         if provider == "torch+liger-kernel":
             apply_liger(arch)
         from transformers import AutoModelForCausalLM
         torch.manual_seed(args.seed)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype,
-                                                     attn_implementation=args.attn)
+        if start is not None:
+            # The Rust run's starting point: its model, adapter and tokens.
+            model = AutoModelForCausalLM.from_pretrained(
+                start, dtype=dtype, attn_implementation=args.attn).to(device)
+            if model.config.vocab_size != config.vocab_size:
+                raise ValueError(f"--start {start}: vocabulary {model.config.vocab_size}, "
+                                 f"not {model_name}'s {config.vocab_size}")
+        else:
+            with torch.device(device):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                         attn_implementation=args.attn)
         out["params"] = sum(p.numel() for p in model.parameters())
         out["attn"] = getattr(model.config, "_attn_implementation", args.attn)
         out["liger_patched"] = liger_patched(model, arch)
-        if args.lora_rank is not None:
+        if args.lora_rank is not None and start is not None:
+            from peft import PeftModel
+            model = PeftModel.from_pretrained(model, os.path.join(start, "adapter"),
+                                              is_trainable=True)
+            out["params"] = sum(p.numel() for p in model.parameters())
+        elif args.lora_rank is not None:
             from peft import LoraConfig, get_peft_model
             model = get_peft_model(model, LoraConfig(
                 r=args.lora_rank, lora_alpha=2 * args.lora_rank, lora_dropout=0.0,
@@ -324,10 +364,18 @@ def run_case(args, model_name, seq, batch, provider):
         out["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True},
                 "for-loop": {"foreach": False}}[args.adamw_impl]
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **ADAMW,
-                                **impl)
-        gen = torch.Generator().manual_seed(args.seed)
-        ids = torch.randint(0, config.vocab_size, (batch, seq), generator=gen).to(device)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                lr=args.lr, **ADAMW, **impl)
+        if start is not None:
+            with open(os.path.join(start, "tokens.json")) as f:
+                ids = torch.tensor(json.load(f)["input_ids"], dtype=torch.long)
+            if tuple(ids.shape) != (batch, seq):
+                raise ValueError(f"--start {start}: tokens of shape {tuple(ids.shape)}, "
+                                 f"not [{batch}, {seq}]")
+            ids = ids.to(device)
+        else:
+            gen = torch.Generator().manual_seed(args.seed)
+            ids = torch.randint(0, config.vocab_size, (batch, seq), generator=gen).to(device)
         labels = ids
 
         def sync():
@@ -414,7 +462,9 @@ def child_argv(args, case):
     a = [sys.executable, os.path.abspath(__file__), "--case", case,
          "--warmup", str(args.warmup), "--steps", str(args.steps), "--dtype", args.dtype,
          "--attn", args.attn, "--adamw-impl", args.adamw_impl, "--device", args.device,
-         "--seed", str(args.seed)]
+         "--seed", str(args.seed), "--lr", repr(args.lr)]
+    if args.start is not None:
+        a += ["--start", args.start]
     if args.layers is not None:
         a += ["--layers", str(args.layers)]
     if args.lora_rank is not None:
@@ -461,7 +511,7 @@ def run_child(args, model, seq, provider, timeout):
 def config_text(args, provider, r):
     parts = [f"status={r['status']}", f"batch={args.batch}", f"dtype={args.dtype}",
              f"warmup={args.warmup}", f"steps={args.steps}",
-             "optimizer=adamw:lr=1e-5:betas=0.9/0.999:eps=1e-5:wd=1e-4",
+             f"optimizer=adamw:lr={sci(args.lr)}:betas=0.9/0.999:eps=1e-5:wd=1e-4",
              f"adamw_impl={args.adamw_impl}", f"attention={r.get('attn', args.attn)}"]
     if args.layers is not None:
         parts.append(f"layers={args.layers}")

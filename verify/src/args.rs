@@ -208,6 +208,18 @@ pub struct BenchArgs {
     /// step after them reads the memory.
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub e2e_steps: usize,
+    /// --e2e: AdamW's learning rate (the PyTorch anchor's --lr). The default is small so a
+    /// random model stays finite over a timing run; a loss comparison (--e2e-save-start)
+    /// wants one at which the steps visibly learn, e.g. 1e-4 for LoRA.
+    #[arg(long, default_value_t = bench::e2e_case::DEFAULT_LR, value_name = "LR")]
+    pub e2e_lr: f64,
+    /// --e2e: write each case's starting point under DIR/MODEL_BATCHxSEQ: the random model
+    /// as a Hugging Face checkpoint, its LoRA adapter as PEFT's files (adapter/), and the
+    /// token ids every step trains on (tokens.json). The PyTorch anchor's --start DIR then
+    /// trains from the same point, so the two runs' per-step losses (the CSV's losses=)
+    /// can be compared step by step (scripts/compare_losses.py).
+    #[arg(long, value_name = "DIR")]
+    pub e2e_save_start: Option<std::path::PathBuf>,
     /// --e2e: seconds a case may take, model building and warmup included, before its
     /// process is killed and the case recorded as `timeout`.
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]

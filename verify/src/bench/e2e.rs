@@ -304,7 +304,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     println!(
         "optimizer: AdamW lr {:e}, Burn's AdamWConfig defaults; on = liger-burn's fused AdamW \
          (one kernel per parameter), {}; off = Burn's AdamW, moments in {}",
-        e2e_case::LR,
+        args.e2e_lr,
         if args.e2e_master_weights.on() {
             "f32 master weights and moments".to_string()
         } else {
@@ -470,7 +470,12 @@ fn child_args(args: &BenchArgs, case: E2eCase) -> Vec<String> {
         args.e2e_warmup.to_string(),
         "--e2e-steps".into(),
         args.e2e_steps.to_string(),
+        "--e2e-lr".into(),
+        args.e2e_lr.to_string(),
     ];
+    if let Some(dir) = &args.e2e_save_start {
+        a.extend(["--e2e-save-start".into(), dir.display().to_string()]);
+    }
     if let Some(v) = args.reduction.to_possible_value() {
         a.extend(["--reduction".into(), v.get_name().into()]);
     }
@@ -695,7 +700,7 @@ fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
         args.dtype,
         args.e2e_warmup,
         args.e2e_steps,
-        e2e_case::OPTIMIZER,
+        e2e_case::optimizer(args.e2e_lr),
         e2e_case::optimizer_impl(r.case.liger),
         e2e_case::optimizer_state(args, r.case.liger),
         attention_name(args, r.case.liger),
@@ -1042,10 +1047,10 @@ mod tests {
         let c = serde_json::to_value(burn::optim::AdamWConfig::new()).unwrap();
         let f = |k: &str| c[k].as_f64().unwrap() as f32;
         assert_eq!(
-            e2e_case::OPTIMIZER,
+            e2e_case::optimizer(e2e_case::DEFAULT_LR),
             format!(
                 "adamw:lr={:e}:betas={}/{}:eps={:e}:wd={:e}",
-                e2e_case::LR,
+                e2e_case::DEFAULT_LR,
                 f("beta_1"),
                 f("beta_2"),
                 f("epsilon"),

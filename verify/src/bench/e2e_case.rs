@@ -51,14 +51,16 @@ use std::time::Instant;
 /// The prefix of the result line on stdout.
 pub const RESULT_PREFIX: &str = "E2E_RESULT ";
 
-/// AdamW learning rate of the benchmark steps (irrelevant to the timing; small so the
-/// random model stays finite).
-pub(super) const LR: f64 = 1e-5;
+/// The default AdamW learning rate of the benchmark steps (`--e2e-lr`; irrelevant to the
+/// timing; small so the random model stays finite).
+pub const DEFAULT_LR: f64 = 1e-5;
 
 /// The optimizer of the steps as the CSV's config names it: `AdamWConfig::new()`'s
-/// defaults (Burn's and liger-burn's are the same; tested in `super::e2e`) and [`LR`].
-/// The PyTorch anchor trains with the same.
-pub const OPTIMIZER: &str = "adamw:lr=1e-5:betas=0.9/0.999:eps=1e-5:wd=1e-4";
+/// defaults (Burn's and liger-burn's are the same; tested in `super::e2e`) and learning
+/// rate `lr`. The PyTorch anchor trains with the same.
+pub fn optimizer(lr: f64) -> String {
+    format!("adamw:lr={lr:e}:betas=0.9/0.999:eps=1e-5:wd=1e-4")
+}
 
 /// Which AdamW a mode runs, as the CSV's `optimizer_impl` names it: liger-burn's fused
 /// step (`liger-fused`) with liger on, Burn's (`burn`) with liger off.
@@ -95,6 +97,19 @@ pub fn lora_config(args: &BenchArgs) -> Option<liger_models::LoraConfig> {
     lora.validate()
         .unwrap_or_else(|e| panic!("--e2e-lora-rank: {e}"));
     Some(lora)
+}
+
+/// The adapter's folder in a `--e2e-save-start` case folder (PEFT's files).
+pub const START_ADAPTER: &str = "adapter";
+/// The token ids' file in a `--e2e-save-start` case folder: `{"input_ids": [[...], ...]}`,
+/// `[batch, seq]`; the labels are the ids.
+pub const START_TOKENS: &str = "tokens.json";
+
+/// The folder of `case` under `--e2e-save-start` (`MODEL_BATCHxSEQ`, the name the anchor's
+/// `--start` looks for): the model as a Hugging Face checkpoint, its LoRA adapter, and the
+/// tokens every step trains on.
+pub fn start_dir_name(case: &E2eCase) -> String {
+    format!("{}_{}x{}", case.model.name(), case.batch, case.seq)
 }
 
 /// What a case process reports.
@@ -278,10 +293,23 @@ where
     // on and off can then be compared (see `super::e2e::summary`).
     A::seed(device, 0xE2E);
     let mut model = CausalLm::<A>::init(&config, liger, args.dtype.dtype(), device);
+    let start = args
+        .e2e_save_start
+        .as_ref()
+        .map(|root| root.join(start_dir_name(case)));
+    let saved = |what: &str, r: Result<(), liger_models::ModelError>| {
+        r.unwrap_or_else(|e| panic!("--e2e-save-start: writing the {what}: {e}"))
+    };
+    if let Some(dir) = &start {
+        saved("model", model.save(dir));
+    }
     if let Some(lora) = lora_config(args) {
         model = model
             .with_lora(&lora)
             .unwrap_or_else(|e| panic!("--e2e-lora-rank: {e}"));
+        if let Some(dir) = &start {
+            saved("adapter", model.save_adapter(dir.join(START_ADAPTER), None));
+        }
     }
     let params = config.num_params();
     // Random token ids (uniform over the vocabulary), labels = ids: every position
@@ -291,6 +319,13 @@ where
     let ids: Vec<i64> = (0..n)
         .map(|_| rng.below(config.vocab_size as u64) as i64)
         .collect();
+    if let Some(dir) = &start {
+        let rows: Vec<&[i64]> = ids.chunks(case.seq).collect();
+        let text = serde_json::json!({ "input_ids": rows }).to_string();
+        let path = dir.join(START_TOKENS);
+        std::fs::write(&path, text + "\n")
+            .unwrap_or_else(|e| panic!("--e2e-save-start: writing {}: {e}", path.display()));
+    }
     let ids: Tensor<A, 2, Int> =
         Tensor::from_data(TensorData::new(ids, [case.batch, case.seq]), device);
     let labels = ids.clone();
@@ -300,7 +335,7 @@ where
         sample();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         sample();
-        let model = optim.step(LR, model, grads);
+        let model = optim.step(args.e2e_lr, model, grads);
         (model, loss)
     };
 

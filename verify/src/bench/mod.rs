@@ -27,7 +27,7 @@
 
 pub mod attention;
 pub mod e2e;
-mod e2e_case;
+pub(crate) mod e2e_case;
 mod matmul;
 mod ops;
 mod optimizer;
