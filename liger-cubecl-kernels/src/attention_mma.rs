@@ -56,10 +56,10 @@ pub(super) fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) 
             FlashKernel::Forward => own + 4 * step,
             // q (then dQ), dO, k and v twice.
             FlashKernel::BackwardQ => 2 * own + 4 * step,
-            // k, v (then dK, dV); q, dO, lse and D of the step twice; dSᵀ of a step.
+            // k, v (then dK, dV); q, dO, lse and D of the step twice; dSᵀ of a step twice.
             FlashKernel::BackwardKv => {
                 let ds = if g.atomic_dq {
-                    (g.own_rows * ds_stride(g) * g.vector) as usize * elem
+                    2 * (g.own_rows * ds_stride(g) * g.vector) as usize * elem
                 } else {
                     0
                 };
@@ -676,9 +676,10 @@ fn step_products<F: Float, N: Size>(
 
 /// One dK/dV step's `dQ = dS·K` for this plane's share of the step's queries, added to
 /// `grad_q_sum` (f32 pairs of `[rows, head_dim]`, query row `q_row0` first) times `scale`
-/// by atomic adds. The cube's `[keys, queries]` tile `ds` holds `dSᵀ` (every plane's
-/// keys: the caller syncs the cube first); the A operands `dS[query, key]` are its 8×8
-/// blocks transposed (`ldmatrix.trans`), the B operands `K[key, e]` those of `k_tile`.
+/// by atomic adds. Rows `ds_row0..` of the cube's `[keys, queries]` tile `ds` hold `dSᵀ`
+/// (every plane's keys: the caller makes sure they are all written); the A operands
+/// `dS[query, key]` are its 8×8 blocks transposed (`ldmatrix.trans`), the B operands
+/// `K[key, e]` those of `k_tile`.
 /// The step's 16-row query tiles split evenly among the planes, and the head's columns
 /// among the planes of a tile. Under a causal mask, 16-key chunks after the step's last
 /// query (`q_last`) hold only zeros and are skipped.
@@ -686,6 +687,7 @@ fn step_products<F: Float, N: Size>(
 #[allow(clippy::too_many_arguments)]
 fn dq_products<F: Float, N: Size>(
     ds: &SharedMemory<Vector<F, N>>,
+    ds_row0: u32,
     k_tile: &SharedMemory<Vector<F, N>>,
     grad_q_sum: &mut Array<Atomic<Vector<f32, Pair>>>,
     q_row0: usize,
@@ -711,7 +713,7 @@ fn dq_products<F: Float, N: Size>(
     // The lane's rows and columns of its matrices (see `ldmatrix_x4`): of dSᵀ, keys
     // `(m / 2) · 8..` at queries `(m % 2) · 8..` of the plane's query tile (registers
     // a0..a3 after the transpose); of K as in `step_products`.
-    let ds_at = (((m / 2) * 8 + lane % 8u32) * ds_rows + qm * 2 + m % 2) as usize;
+    let ds_at = ((ds_row0 + (m / 2) * 8 + lane % 8u32) * ds_rows + qm * 2 + m % 2) as usize;
     let k_at = (((m % 2) * 8 + lane % 8u32) * stride + col0 / 8 + m / 2) as usize;
     let mut acc = Array::<Vector<f32, Pair>>::new(comptime!(acc_regs as usize));
     #[unroll]
@@ -1140,9 +1142,11 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
         comptime!((2 * bq * g.stride()) as usize),
         128usize,
     );
-    // dSᵀ of a step, `[keys, queries]`, for dQ (see `dq_products`).
+    // dSᵀ of a step, `[keys, queries]`, for dQ (see `dq_products`), twice: a step writes
+    // one buffer while its dQ waits for the next step, which reads it after the barrier
+    // that says every plane wrote it (no sync of its own).
     let ds_len = comptime!(if g.atomic_dq {
-        (bk * ds_stride(&g)) as usize
+        (2 * bk * ds_stride(&g)) as usize
     } else {
         1usize
     });
@@ -1216,6 +1220,10 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
     }
     bar.commit_copy_async();
     let mut buf = 0u32;
+    // The step whose dQ is still to be summed (atomic dQ): its head and first query.
+    let mut pending = false;
+    let mut pending_h = 0u32;
+    let mut pending_q0 = 0u32;
     while h < h_end {
         bar.arrive_and_wait();
         let mut next_h = h;
@@ -1244,6 +1252,25 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
             );
         }
         bar.commit_copy_async();
+        if comptime!(g.atomic_dq) {
+            if pending {
+                let q_row0 = (batch * q_heads + kv_head * group + pending_h) as usize * seq_len;
+                dq_products::<F, N>(
+                    &ds_tile,
+                    (1u32 - buf) * bk,
+                    &k_tile,
+                    grad_q_sum,
+                    q_row0,
+                    pending_q0,
+                    pending_q0 + bq - 1,
+                    k0,
+                    seq,
+                    scale,
+                    g,
+                    mask,
+                );
+            }
+        }
         let q0 = qb * bq;
         let row0 = buf * bq;
 
@@ -1329,8 +1356,9 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                     #[unroll]
                     for t in 0..tiles {
                         let at = comptime!(t * 2 * query_tiles + 2 * n);
-                        let lo =
-                            ((strip0 + t * 16 + lane / 4u32) * ds_pairs + n * 4 + tid) as usize;
+                        let lo = ((buf * bk + strip0 + t * 16 + lane / 4u32) * ds_pairs
+                            + n * 4
+                            + tid) as usize;
                         view[lo] = dst[at as usize];
                         view[lo + comptime!(8 * ds_pairs) as usize] = dst[(at + 1) as usize];
                     }
@@ -1340,18 +1368,25 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
             step_products::<F, N>(&pt, &do_tile, row0, &mut dvv, g);
             step_products::<F, N>(&dst, &q_tile, row0, &mut dk, g);
         }
-        if comptime!(g.atomic_dq) {
-            // Every plane's dSᵀ is in the tile; the next step's barrier says every plane
-            // is done reading it before it is written again.
-            sync_cube();
-            let q_row0 = (batch * q_heads + kv_head * group + h) as usize * seq_len;
+        pending = true;
+        pending_h = h;
+        pending_q0 = q0;
+        h = next_h;
+        qb = next_qb;
+        buf = 1u32 - buf;
+    }
+    bar.arrive_and_wait();
+    if comptime!(g.atomic_dq) {
+        if pending {
+            let q_row0 = (batch * q_heads + kv_head * group + pending_h) as usize * seq_len;
             dq_products::<F, N>(
                 &ds_tile,
+                (1u32 - buf) * bk,
                 &k_tile,
                 grad_q_sum,
                 q_row0,
-                q0,
-                q0 + bq - 1,
+                pending_q0,
+                pending_q0 + bq - 1,
                 k0,
                 seq,
                 scale,
@@ -1359,11 +1394,9 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                 mask,
             );
         }
-        h = next_h;
-        qb = next_qb;
-        buf = 1u32 - buf;
+        // The K tile is read above and written with dK below.
+        sync_cube();
     }
-    bar.arrive_and_wait();
 
     if comptime!(parts > 1) {
         // This part's f32 sums, straight from the C registers: `[parts, batch · kv_heads ·
