@@ -71,7 +71,8 @@ def runs(paths, provider, required):
                        fields.get("optimizer", ""), fields.get("dtype", ""))
                 found[key] = {"losses": parse_losses(fields["losses"]),
                               "resolution": resolution(fields["losses"]),
-                              "commit": row.get("commit", ""), "date": row.get("date", "")}
+                              "gpu": row.get("gpu", ""), "commit": row.get("commit", ""),
+                              "date": row.get("date", "")}
     return found
 
 
@@ -109,7 +110,8 @@ def main(argv):
     p.add_argument("--config", action="append", default=[], metavar="TEXT",
                    help="keep only rows whose config contains TEXT (repeatable), e.g. lora=r64")
     p.add_argument("--steps-csv", metavar="PATH",
-                   help="write model,seq,step,loss_a,loss_b,relative rows here")
+                   help="write model,seq,step,loss_a,loss_b,relative,gpu,commit_a,commit_b,date "
+                        "rows here")
     p.add_argument("--plot", metavar="PNG", help="draw both providers' loss curves (matplotlib)")
     p.add_argument("--self-test", action="store_true",
                    help="check that the comparison rejects wrong series, then exit")
@@ -139,12 +141,15 @@ def main(argv):
         failed += bool(problems)
         print(f"{model:<14} {seq:>6} {len(a):>5} {a[0]:>10.4f} / {a[-1]:<9.4f} "
               f"{b[0]:>18.4f} / {b[-1]:<9.4f} {worst:>9.2e}  {verdict}")
+        run_a, run_b = a_runs[key], b_runs[key]
         for i, (x, y) in enumerate(zip(a, b)):
-            steps_rows.append([model, seq, i, f"{x:.6f}", f"{y:.6f}", f"{abs(x - y) / abs(y):.3e}"])
+            steps_rows.append([model, seq, i, f"{x:.6f}", f"{y:.6f}", f"{abs(x - y) / abs(y):.3e}",
+                               run_a["gpu"], run_a["commit"], run_b["commit"], run_a["date"]])
     if args.steps_csv:
         with open(args.steps_csv, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["model", "seq", "step", f"loss_{args.a}", f"loss_{args.b}", "relative"])
+            w.writerow(["model", "seq", "step", f"loss_{args.a}", f"loss_{args.b}", "relative",
+                        "gpu", f"commit_{args.a}", f"commit_{args.b}", "date"])
             w.writerows(steps_rows)
     if args.plot:
         plot(args, pairs, a_runs, b_runs)
