@@ -137,6 +137,10 @@ pub struct FlashGeometry {
     /// The register-mma dK/dV kernel also sums dQ, by f32 atomic adds (see
     /// [`FlashPlan::atomic_dq`]); the dQ kernel is then not launched.
     pub atomic_dq: bool,
+    /// With `atomic_dq`: a step's `dQ` waits for the next step's barrier, from a second
+    /// `dSᵀ` buffer, instead of following a cube sync of its own (see
+    /// [`MmaTiling::deferred_dq`]).
+    pub deferred_dq: bool,
 }
 
 impl FlashGeometry {
@@ -1849,6 +1853,7 @@ fn tiled_geometry(
         s_cols,
         fast_exp: false,
         atomic_dq: false,
+        deferred_dq: false,
     }
 }
 
@@ -1949,19 +1954,27 @@ pub struct MmaTiling {
     pub backward_q: KernelTiling,
     /// dK/dV: rows are keys, steps queries.
     pub backward_kv: KernelTiling,
+    /// Where dQ is summed atomically in the dK/dV kernel ([`FlashPlan::atomic_dq`]): each
+    /// step's `dQ = dS·K` runs after the next step's barrier, reading a second `dSᵀ`
+    /// buffer (one cube sync a step fewer, 12 KiB more shared memory at head_dim 64),
+    /// rather than after a cube sync of its own in the same step.
+    pub deferred_dq: bool,
 }
 
 impl MmaTiling {
     /// The default tiling at `head_dim` (see [`flash_geometry`]): the fastest of the
     /// candidates of the `flash_tilings_timed` test on an H200 (bf16, causal, 4K and 16K
     /// tokens), or, where they trade places between lengths, the one never more than 5%
-    /// slower.
+    /// slower. dQ is deferred above head_dim 64: on the H200 that made the backward 7-8%
+    /// faster at head_dim 128 and 5-19% slower at 64 (the attention bench, `833d5fe`
+    /// against `92da03e`).
     pub fn for_head_dim(head_dim: usize) -> Self {
         let backward_step = if head_dim <= 64 { 64 } else { 32 };
         Self {
             forward: KernelTiling::new(2, 32),
             backward_q: KernelTiling::new(1, backward_step),
             backward_kv: KernelTiling::new(1, backward_step),
+            deferred_dq: head_dim > 64,
         }
     }
 
@@ -2016,6 +2029,9 @@ impl FlashPlan {
         FlashGeometry {
             fast_exp: self.fast_exp,
             atomic_dq: kernel == FlashKernel::BackwardKv && self.sums_dq_atomically(),
+            deferred_dq: kernel == FlashKernel::BackwardKv
+                && self.sums_dq_atomically()
+                && self.tiling.deferred_dq,
             ..g
         }
     }

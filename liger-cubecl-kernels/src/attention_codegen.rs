@@ -325,9 +325,10 @@ fn register_mma_kernels_compile_to_cuda() {
                 // Both output paths: whole dK/dV, and f32 parts of a split group; dQ from
                 // its own kernel, and summed atomically here.
                 let parts = if docs { 3u32 } else { 1 };
-                for atomic_dq in [false, true] {
+                for (atomic_dq, deferred_dq) in [(false, false), (true, false), (true, true)] {
                     let g = FlashGeometry {
                         atomic_dq,
+                        deferred_dq,
                         ..tiled(FlashKernel::BackwardKv, head_dim, tiles)
                     };
                     let source = flash_source!(
@@ -362,7 +363,7 @@ fn register_mma_kernels_compile_to_cuda() {
                         [mask, parts]
                     );
                     let name = format!(
-                        "backward_kv_mma_{kind}_d{head_dim}_t{tiles}_{docs}_parts{parts}_dq{atomic_dq}"
+                        "backward_kv_mma_{kind}_d{head_dim}_t{tiles}_{docs}_parts{parts}_dq{atomic_dq}_deferred{deferred_dq}"
                     );
                     check(&name, &source);
                     assert_eq!(source.contains("atomicAdd"), atomic_dq, "{name}");

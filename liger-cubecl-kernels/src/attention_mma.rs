@@ -56,10 +56,12 @@ pub(super) fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) 
             FlashKernel::Forward => own + 4 * step,
             // q (then dQ), dO, k and v twice.
             FlashKernel::BackwardQ => 2 * own + 4 * step,
-            // k, v (then dK, dV); q, dO, lse and D of the step twice; dSᵀ of a step twice.
+            // k, v (then dK, dV); q, dO, lse and D of the step twice; dSᵀ of a step (twice
+            // when deferred).
             FlashKernel::BackwardKv => {
                 let ds = if g.atomic_dq {
-                    2 * (g.own_rows * ds_stride(g) * g.vector) as usize * elem
+                    let buffers = if g.deferred_dq { 2 } else { 1 };
+                    buffers * (g.own_rows * ds_stride(g) * g.vector) as usize * elem
                 } else {
                     0
                 };
@@ -1142,11 +1144,12 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
         comptime!((2 * bq * g.stride()) as usize),
         128usize,
     );
-    // dSᵀ of a step, `[keys, queries]`, for dQ (see `dq_products`), twice: a step writes
-    // one buffer while its dQ waits for the next step, which reads it after the barrier
-    // that says every plane wrote it (no sync of its own).
+    // dSᵀ of a step, `[keys, queries]`, for dQ (see `dq_products`). Deferred: twice, a
+    // step writing one buffer while the previous step's dQ reads the other after the
+    // barrier that says every plane wrote it (no sync of its own).
+    let ds_buffers = comptime!(if g.deferred_dq { 2u32 } else { 1u32 });
     let ds_len = comptime!(if g.atomic_dq {
-        (2 * bk * ds_stride(&g)) as usize
+        (ds_buffers * bk * ds_stride(&g)) as usize
     } else {
         1usize
     });
@@ -1252,7 +1255,7 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
             );
         }
         bar.commit_copy_async();
-        if comptime!(g.atomic_dq) {
+        if comptime!(g.deferred_dq) {
             if pending {
                 let q_row0 = (batch * q_heads + kv_head * group + pending_h) as usize * seq_len;
                 dq_products::<F, N>(
@@ -1350,13 +1353,14 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
             if comptime!(g.atomic_dq) {
                 // This plane's keys of dSᵀ into the cube's tile, a pair a register.
                 let ds_pairs = comptime!(ds_stride(&g) * g.vector / 2);
+                let ds_row0 = (buf % ds_buffers) * bk;
                 let mut view = ds_tile.slice_mut(0usize, ds_len).with_vector_size::<Pair>();
                 #[unroll]
                 for n in 0..query_tiles {
                     #[unroll]
                     for t in 0..tiles {
                         let at = comptime!(t * 2 * query_tiles + 2 * n);
-                        let lo = ((buf * bk + strip0 + t * 16 + lane / 4u32) * ds_pairs
+                        let lo = ((ds_row0 + strip0 + t * 16 + lane / 4u32) * ds_pairs
                             + n * 4
                             + tid) as usize;
                         view[lo] = dst[at as usize];
@@ -1368,6 +1372,26 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
             step_products::<F, N>(&pt, &do_tile, row0, &mut dvv, g);
             step_products::<F, N>(&dst, &q_tile, row0, &mut dk, g);
         }
+        if comptime!(g.atomic_dq && !g.deferred_dq) {
+            // Every plane's dSᵀ is in the tile; the next step's barrier says every plane
+            // is done reading it before it is written again.
+            sync_cube();
+            let q_row0 = (batch * q_heads + kv_head * group + h) as usize * seq_len;
+            dq_products::<F, N>(
+                &ds_tile,
+                0u32,
+                &k_tile,
+                grad_q_sum,
+                q_row0,
+                q0,
+                q0 + bq - 1,
+                k0,
+                seq,
+                scale,
+                g,
+                mask,
+            );
+        }
         pending = true;
         pending_h = h;
         pending_q0 = q0;
@@ -1376,7 +1400,7 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
         buf = 1u32 - buf;
     }
     bar.arrive_and_wait();
-    if comptime!(g.atomic_dq) {
+    if comptime!(g.deferred_dq) {
         if pending {
             let q_row0 = (batch * q_heads + kv_head * group + pending_h) as usize * seq_len;
             dq_products::<F, N>(

@@ -734,22 +734,23 @@ mod flash_kernel {
     /// m-tiles a plane and steps of 16 to 64 rows: the kernels must be right under any
     /// tiling a plan may pick.
     fn other_tilings() -> Vec<(&'static str, Tiling)> {
-        fn all(t: KernelTiling) -> MmaTiling {
+        fn all(t: KernelTiling, deferred_dq: bool) -> MmaTiling {
             MmaTiling {
                 forward: t,
                 backward_q: t,
                 backward_kv: t,
+                deferred_dq,
             }
         }
         vec![
-            ("one m-tile, 64-row steps", |_| {
-                all(KernelTiling::new(1, 64))
+            ("one m-tile, 64-row steps, dQ deferred", |_| {
+                all(KernelTiling::new(1, 64), true)
             }),
-            ("one m-tile, 32-row steps", |_| {
-                all(KernelTiling::new(1, 32))
+            ("one m-tile, 32-row steps, dQ in its step", |_| {
+                all(KernelTiling::new(1, 32), false)
             }),
-            ("two m-tiles, 32-row steps", |_| {
-                all(KernelTiling::new(2, 32))
+            ("two m-tiles, 32-row steps, dQ deferred", |_| {
+                all(KernelTiling::new(2, 32), true)
             }),
             (
                 "two m-tiles forward 16-row steps, dQ one 48, dK/dV two 48",
@@ -757,6 +758,7 @@ mod flash_kernel {
                     forward: KernelTiling::new(2, 16),
                     backward_q: KernelTiling::new(1, 48),
                     backward_kv: KernelTiling::new(2, 48),
+                    deferred_dq: false,
                 },
             ),
         ]
