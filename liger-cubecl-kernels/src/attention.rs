@@ -2287,6 +2287,17 @@ fn arr<R: Runtime>(handle: &Handle, len: usize) -> ArrayArg<R> {
     unsafe { ArrayArg::from_raw_parts(handle.clone(), len.max(1)) }
 }
 
+/// The grid of a one-dimensional kernel over `len` items, one a unit, 256 units a cube.
+fn elementwise_grid<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    len: usize,
+) -> Result<(CubeCount, CubeDim), KernelError> {
+    const UNITS: u32 = 256;
+    let count = cube_count(client, op, len.div_ceil(UNITS as usize), 1, 1)?;
+    Ok((count, CubeDim::new_1d(UNITS)))
+}
+
 fn cube_count<R: Runtime>(
     client: &ComputeClient<R>,
     op: &'static str,
@@ -2561,13 +2572,13 @@ pub fn flash_attention_backward_planned<R: Runtime>(
     let (dq_sum, dq_pairs) = if gkv.atomic_dq {
         let len = rows * p.head_dim / 2;
         let sum = client.empty(len * 8);
-        let units = 256u32;
+        let (count, dim) = elementwise_grid(client, op, len)?;
         // Safety: `sum` holds `len` pairs.
         unsafe {
             mma::zero_pairs_kernel::launch_unchecked::<R>(
                 client,
-                cube_count(client, op, len.div_ceil(units as usize), 1, 1)?,
-                CubeDim::new_1d(units),
+                count,
+                dim,
                 arr(&sum, len),
                 len as u32,
             );
@@ -2627,12 +2638,12 @@ pub fn flash_attention_backward_planned<R: Runtime>(
             );
             if parts > 1 {
                 let len = kv_elems / n;
-                let units = 256u32;
+                let (count, dim) = elementwise_grid(client, op, len)?;
                 for (partial, out) in [(&partial_k, args.grad_k), (&partial_v, args.grad_v)] {
                     mma::partial_sum_kernel::launch_unchecked::<R>(
                         client,
-                        CubeCount::Static((len as u32).div_ceil(units), 1, 1),
-                        CubeDim::new_1d(units),
+                        count.clone(),
+                        dim,
                         n,
                         arr(partial, parts * len),
                         arr(out, len),
@@ -2647,18 +2658,17 @@ pub fn flash_attention_backward_planned<R: Runtime>(
         }
     }
     if gkv.atomic_dq {
-        let len = q_len;
-        let units = 256u32;
+        let (count, dim) = elementwise_grid(client, op, q_len)?;
         // Safety: `dq_sum` holds `rows · head_dim` f32, `grad_q` as many elements.
         unsafe {
             mma::partial_sum_kernel::launch_unchecked::<R>(
                 client,
-                cube_count(client, op, len.div_ceil(units as usize), 1, 1)?,
-                CubeDim::new_1d(units),
+                count,
+                dim,
                 n,
-                arr(&dq_sum, len),
-                arr(args.grad_q, len),
-                len as u32,
+                arr(&dq_sum, q_len),
+                arr(args.grad_q, q_len),
+                q_len as u32,
                 1,
                 dtype,
             );
