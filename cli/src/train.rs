@@ -260,6 +260,13 @@ pub struct TrainArgs {
     /// (default: as --liger).
     #[arg(long, value_enum, value_name = "on|off")]
     pub attention: Option<OnOff>,
+    /// Gradients that are the same bits on every run of the same build and device, so a
+    /// resumed run repeats the uninterrupted one exactly. On CUDA the flash attention
+    /// backward otherwise sums the query gradient by atomic adds (as FlashAttention-2 and
+    /// PyTorch's SDPA do), whose order varies; this runs a second kernel for it instead
+    /// (slower at long sequences).
+    #[arg(long)]
+    pub deterministic: bool,
     /// Longest example in tokens (bos + prompt + response + eos); with --packing, the
     /// length of every packed row. [default: 256]
     #[arg(long, value_name = "TOKENS")]
@@ -875,6 +882,7 @@ fn liger_config(args: &TrainArgs) -> Result<LigerConfig> {
     set(args.rms_norm, &mut c.rms_norm);
     set(args.swiglu, &mut c.swiglu);
     set(args.attention, &mut c.attention);
+    c.deterministic = args.deterministic;
     set(
         args.fused_linear_cross_entropy,
         &mut c.fused_linear_cross_entropy,
@@ -905,7 +913,7 @@ fn kernels_text(args: &TrainArgs, c: &LigerConfig) -> String {
     .filter_map(|(b, n)| b.then_some(n))
     .collect();
     format!(
-        "{} backend; fused: {}",
+        "{} backend; fused: {}{}",
         match args.liger {
             OnOff::On => "Liger<Autodiff<B>>",
             OnOff::Off => "Autodiff<B>",
@@ -914,6 +922,11 @@ fn kernels_text(args: &TrainArgs, c: &LigerConfig) -> String {
             "none (stock Burn)".to_string()
         } else {
             on.join(", ")
+        },
+        if c.deterministic {
+            "; deterministic gradients"
+        } else {
+            ""
         }
     )
 }

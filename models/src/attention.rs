@@ -134,6 +134,7 @@ impl<B: FusedOps> Attention<B> {
             inputs.window,
             dtype,
             liger.attention,
+            liger.deterministic,
         );
         let out = out.swap_dims(1, 2).reshape([b, s, hq * d]);
         self.o_proj.forward(out, lora)

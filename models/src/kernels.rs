@@ -80,7 +80,8 @@ pub fn rope<B: FusedOps>(
 /// computes it (scores in the activation dtype, masked softmax in f32, probabilities cast
 /// back). `on`: liger-burn's [`attention`](liger_burn::functional::attention), which keeps
 /// nothing `[seq, seq]`-sized for the backward; `off`: eager attention, which keeps the
-/// probabilities of every layer.
+/// probabilities of every layer. `deterministic`: liger-burn's backward gives the same bits
+/// on every run (see `AttentionOptions::deterministic`).
 ///
 /// - `q`: `[batch, q_heads, seq, head_dim]`, `k`, `v`: `[batch, kv_heads, seq, head_dim]`
 /// - `mask`: `[1 or batch, seq, seq]`, `true` where query `i` must not see key `j` (hides
@@ -102,10 +103,13 @@ pub fn attention<B: FusedOps>(
     window: Option<usize>,
     dtype: DType,
     on: bool,
+    deterministic: bool,
 ) -> Tensor<B, 4> {
     if on {
         let head_dim = q.dims()[3];
-        let options = liger_burn::ops::AttentionOptions::causal(head_dim).with_window(window);
+        let options = liger_burn::ops::AttentionOptions::causal(head_dim)
+            .with_window(window)
+            .with_deterministic(deterministic);
         match (document_ids, mask) {
             (Some(ids), _) => {
                 liger_burn::functional::attention_with_documents(q, k, v, ids, options)

@@ -31,6 +31,11 @@ pub struct LigerConfig {
     /// of the stock composition (PEFT's forward in Burn ops: autodiff keeps the widened f32
     /// input of every adapter). No effect on a model without adapters.
     pub lora: bool,
+    /// Gradients that are the same bits on every run (like PyTorch's
+    /// `torch.use_deterministic_algorithms`): the flash attention backward then computes dQ
+    /// with its own kernel instead of summing it by atomic adds on CUDA (slower; see
+    /// `liger_burn::ops::AttentionOptions::deterministic`).
+    pub deterministic: bool,
 }
 
 impl Default for LigerConfig {
@@ -52,6 +57,7 @@ impl LigerConfig {
             fused_linear_cross_entropy: true,
             attention: true,
             lora: true,
+            deterministic: false,
         }
     }
 
@@ -65,6 +71,7 @@ impl LigerConfig {
             fused_linear_cross_entropy: false,
             attention: false,
             lora: false,
+            deterministic: false,
         }
     }
 

@@ -992,9 +992,10 @@ mod flash_kernel {
     }
 
     /// The register-mma kernels' times under candidate tilings: bf16, causal, the bench
-    /// shapes, forward and backward (dK/dV and dQ together) apart, the median of 5 runs
-    /// after 2 (each run synchronized). One `tiling,...` CSV line each on stdout; the
-    /// figures behind [`MmaTiling::for_head_dim`]. CUDA only; run with `--ignored`.
+    /// shapes; the forward, and the whole backward with dQ from its own kernel or summed
+    /// atomically in dK/dV (in its step or deferred); the median of 5 runs after 2 (each
+    /// run synchronized). One `tiling,...` CSV line each on stdout; the figures behind
+    /// [`MmaTiling::for_head_dim`]. CUDA only; run with `--ignored`.
     #[test]
     #[ignore = "a timing run for a GPU, not a check"]
     fn flash_tilings_timed() {
@@ -1104,15 +1105,26 @@ mod flash_kernel {
                     }
                     flash_attention_planned::<R>(&client, fwd_args, problem, &base, dtype.into())
                         .expect("the forward");
-                    // dK/dV under each candidate with dQ at the default, then dQ likewise:
-                    // each kernel's time is the backward's less the other's, which stays.
-                    for (kernel, candidates) in
-                        [("backward_kv", backward), ("backward_q", backward)]
-                    {
-                        for t in candidates {
-                            let tiling = if kernel == "backward_kv" {
+                    // The backward's whole time under each candidate: with the dQ kernel
+                    // (deterministic), dK/dV under each candidate with dQ at the default,
+                    // then dQ likewise (each kernel's time is the backward's less the
+                    // other's, which stays); with dQ summed atomically in dK/dV, after a
+                    // sync in its step and deferred to the next step's barrier.
+                    let runs: [(&str, bool, bool, bool); 4] = [
+                        ("backward_kv+dq_kernel", true, true, false),
+                        ("backward_q+kv_kernel", true, false, false),
+                        ("backward_kv_atomic_dq", false, true, false),
+                        ("backward_kv_atomic_dq_deferred", false, true, true),
+                    ];
+                    for (kernel, deterministic, vary_kv, deferred_dq) in runs {
+                        if !deterministic && !base.atomic_dq {
+                            continue;
+                        }
+                        for t in backward {
+                            let tiling = if vary_kv {
                                 MmaTiling {
                                     backward_kv: t,
+                                    deferred_dq,
                                     ..default
                                 }
                             } else {
@@ -1121,9 +1133,12 @@ mod flash_kernel {
                                     ..default
                                 }
                             };
-                            let Ok(plan) = planned(tiling) else {
+                            let Ok(mut plan) = planned(tiling) else {
                                 continue;
                             };
+                            if deterministic {
+                                plan = plan.deterministic();
+                            }
                             let ms = median_ms(&|| {
                                 flash_attention_backward_planned::<R>(
                                     &client,
@@ -1135,7 +1150,7 @@ mod flash_kernel {
                                 .expect("the backward")
                             });
                             println!(
-                                "tiling,{shape},{kernel}+other,{},{},{ms:.4}",
+                                "tiling,{shape},{kernel},{},{},{ms:.4}",
                                 t.plane_tiles, t.step_rows
                             );
                         }
