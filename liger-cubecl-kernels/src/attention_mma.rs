@@ -1223,7 +1223,7 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
     }
     bar.commit_copy_async();
     let mut buf = 0u32;
-    // The step whose dQ is still to be summed (atomic dQ): its head and first query.
+    // The step whose dQ is still to be summed (deferred dQ): its head and first query.
     let mut pending = false;
     let mut pending_h = 0u32;
     let mut pending_q0 = 0u32;
