@@ -1965,9 +1965,8 @@ impl MmaTiling {
     /// The default tiling at `head_dim` (see [`flash_geometry`]): the fastest of the
     /// candidates of the `flash_tilings_timed` test on an H200 (bf16, causal, 4K and 16K
     /// tokens), or, where they trade places between lengths, the one never more than 5%
-    /// slower. dQ is deferred above head_dim 64: on the H200 that made the backward 7-8%
-    /// faster at head_dim 128 and 5-19% slower at 64 (the attention bench, `833d5fe`
-    /// against `92da03e`).
+    /// slower. dQ is deferred above head_dim 64: on the H200 deferring makes the backward
+    /// 7-8% faster at head_dim 128 and 5-19% slower at 64 (`benches/attention.md`).
     pub fn for_head_dim(head_dim: usize) -> Self {
         let backward_step = if head_dim <= 64 { 64 } else { 32 };
         Self {
