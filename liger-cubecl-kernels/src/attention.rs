@@ -169,6 +169,27 @@ impl FlashGeometry {
     pub fn plane_tiles(&self) -> u32 {
         self.own_rows / 16 / self.planes
     }
+    /// How the dK/dV kernel's planes share a step's `dQ = dS·K` (register mma, with
+    /// [`Self::atomic_dq`]): `(column parts, key parts)`. The step's 16-row query tiles go
+    /// to the planes in turn; the planes of one query tile split the head's 16-column
+    /// tiles into as many parts as divide evenly, then the cube's keys (each part's sum
+    /// added on its own). `None` where the planes do not split evenly.
+    pub fn dq_split(&self) -> Option<(u32, u32)> {
+        let query_tiles = self.step_rows / 16;
+        if query_tiles == 0 || !self.planes.is_multiple_of(query_tiles) {
+            return None;
+        }
+        let per_tile = self.planes / query_tiles;
+        let head_tiles = self.head_dim / 16;
+        let cols = (1..=per_tile)
+            .rev()
+            .find(|c| per_tile.is_multiple_of(*c) && head_tiles.is_multiple_of(*c))?;
+        let keys = per_tile / cols;
+        (self.own_rows / 16)
+            .is_multiple_of(keys)
+            .then_some((cols, keys))
+    }
+
     /// Query rows per score tile unit group in the softmax (`units / s_rows` units a row).
     fn units_per_row(&self) -> u32 {
         self.units / self.s_rows
@@ -1819,12 +1840,7 @@ fn tiled_geometry(
     let (own, step, planes, tensor_cores) = match variant {
         FlashVariant::Mma => {
             let t = tiling.of(kernel);
-            (
-                16 * MMA_PLANES * t.plane_tiles,
-                t.step_rows,
-                MMA_PLANES,
-                true,
-            )
+            (16 * t.planes * t.plane_tiles, t.step_rows, t.planes, true)
         }
         FlashVariant::TensorCores => {
             if kernel == FlashKernel::Forward && head_dim <= 64 {
@@ -1919,10 +1935,10 @@ pub fn atomic_pairs_supported<R: Runtime>(client: &ComputeClient<R>) -> bool {
 /// Largest head dimension the kernels take (a multiple of 16).
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// Planes of a register-mma cube.
+/// Planes of a register-mma cube unless its [`KernelTiling`] says otherwise.
 const MMA_PLANES: u32 = 4;
 
-/// How one register-mma kernel tiles its rows: each of the cube's 4 planes owns
+/// How one register-mma kernel tiles its rows: each of the cube's `planes` planes owns
 /// `plane_tiles` m-tiles of 16 rows (queries; keys in dK/dV) and the cube streams
 /// `step_rows` rows a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -1931,15 +1947,26 @@ pub struct KernelTiling {
     pub plane_tiles: u32,
     /// Rows streamed a step: 16, 32, 48 or 64.
     pub step_rows: u32,
+    /// Planes of a cube: 4; the dK/dV kernel also takes 8 or 12. CUDA compiles a kernel
+    /// for the cube's size only (`__launch_bounds__(units)`), so more planes a cube is
+    /// how a kernel is held to fewer registers a unit: 12 planes leave 168 registers to
+    /// each of 384 units, where 4 planes may take 255 and fit two cubes (8 planes) an SM.
+    pub planes: u32,
 }
 
 impl KernelTiling {
-    /// `plane_tiles` m-tiles a plane, `step_rows` rows a step.
+    /// `plane_tiles` m-tiles a plane, `step_rows` rows a step, 4 planes.
     pub const fn new(plane_tiles: u32, step_rows: u32) -> Self {
         Self {
             plane_tiles,
             step_rows,
+            planes: MMA_PLANES,
         }
+    }
+
+    /// This tiling with `planes` planes a cube.
+    pub const fn with_planes(self, planes: u32) -> Self {
+        Self { planes, ..self }
     }
 }
 
@@ -1969,10 +1996,11 @@ impl MmaTiling {
     /// 7-8% faster at head_dim 128 and 5-19% slower at 64 (`benches/attention.md`).
     pub fn for_head_dim(head_dim: usize) -> Self {
         let backward_step = if head_dim <= 64 { 64 } else { 32 };
+        let kv_planes = if head_dim <= 64 { 12 } else { MMA_PLANES };
         Self {
             forward: KernelTiling::new(2, 32),
             backward_q: KernelTiling::new(1, backward_step),
-            backward_kv: KernelTiling::new(1, backward_step),
+            backward_kv: KernelTiling::new(1, backward_step).with_planes(kv_planes),
             deferred_dq: head_dim > 64,
         }
     }
@@ -2036,14 +2064,22 @@ impl FlashPlan {
     }
 
     /// Whether the backward sums dQ by atomic adds in the dK/dV kernel: [`Self::atomic_dq`]
-    /// where it applies (a dK/dV step whose 16-row query tiles split evenly among the
-    /// cube's planes, each plane's share of the head at least 16 columns).
+    /// where it applies (a dK/dV step of 16, 32 or 64 rows whose products split evenly
+    /// among the cube's planes, see [`FlashGeometry::dq_split`]).
     pub fn sums_dq_atomically(&self) -> bool {
         let step = self.tiling.backward_kv.step_rows;
+        let kv = tiled_geometry(
+            FlashKernel::BackwardKv,
+            self.variant,
+            self.head_dim,
+            self.vector,
+            self.fma_rows,
+            self.tiling,
+        );
         self.atomic_dq
             && self.variant == FlashVariant::Mma
             && matches!(step, 16 | 32 | 64)
-            && self.head_dim >= 16 * (MMA_PLANES / (step / 16)) as usize
+            && kv.dq_split().is_some()
     }
 
     /// This plan with dQ from its own kernel, in a fixed order of additions: the backward's
@@ -2056,8 +2092,9 @@ impl FlashPlan {
     }
 
     /// This plan with the register-mma kernels tiled by `tiling`, checked as
-    /// [`flash_plan`] checks its own: m-tiles 1 or 2, steps of 16 to 64 rows in 16s, and
-    /// every kernel's shared memory on this device.
+    /// [`flash_plan`] checks its own: m-tiles 1 or 2, steps of 16 to 64 rows in 16s, 4
+    /// planes a cube (8 or 12 also for dK/dV), and every kernel's units and shared memory
+    /// on this device.
     pub fn with_tiling<R: Runtime>(
         self,
         client: &ComputeClient<R>,
@@ -2067,14 +2104,29 @@ impl FlashPlan {
         let op = "flash_attention";
         for kernel in FLASH_KERNELS {
             let t = tiling.of(kernel);
+            let planes_ok = match kernel {
+                FlashKernel::BackwardKv => matches!(t.planes, 4 | 8 | 12),
+                FlashKernel::Forward | FlashKernel::BackwardQ => t.planes == MMA_PLANES,
+            };
             if !(1..=2).contains(&t.plane_tiles)
                 || !t.step_rows.is_multiple_of(16)
                 || !(16..=64).contains(&t.step_rows)
+                || !planes_ok
             {
                 return Err(KernelError::Unsupported {
                     op,
                     reason: format!(
-                        "{kernel:?} tiling {t:?} (1 or 2 m-tiles a plane, steps of 16 to 64 rows in 16s)"
+                        "{kernel:?} tiling {t:?} (1 or 2 m-tiles a plane, steps of 16 to 64 rows in 16s, 4 planes; dK/dV also 8 or 12)"
+                    ),
+                });
+            }
+            let units = t.planes * CMMA_PLANE;
+            let max_units = client.properties().hardware.max_units_per_cube;
+            if units > max_units {
+                return Err(KernelError::Unsupported {
+                    op,
+                    reason: format!(
+                        "{kernel:?} tiling {t:?} needs {units} units a cube; the device has {max_units}"
                     ),
                 });
             }
@@ -2552,7 +2604,11 @@ pub fn flash_attention_backward_planned<R: Runtime>(
 
     let key_blocks = p.seq.div_ceil(gkv.own_rows as usize);
     let parts = if gkv.mma {
-        mma::flash_backward_kv_parts(key_blocks * p.kv_heads * p.batch, p.q_heads / p.kv_heads)
+        mma::flash_backward_kv_parts(
+            key_blocks * p.kv_heads * p.batch,
+            gkv.planes as usize,
+            p.q_heads / p.kv_heads,
+        )
     } else {
         1
     };

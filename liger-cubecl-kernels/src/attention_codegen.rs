@@ -324,13 +324,23 @@ fn register_mma_kernels_compile_to_cuda() {
                 );
                 // Both output paths: whole dK/dV, and f32 parts of a split group; dQ from
                 // its own kernel, and summed atomically here.
+                // 4 planes a cube and 12 (CUDA's register bound follows the cube's size).
                 let parts = if docs { 3u32 } else { 1 };
-                for (atomic_dq, deferred_dq) in [(false, false), (true, false), (true, true)] {
+                let dq_placements = [(false, false), (true, false), (true, true)];
+                for ((atomic_dq, deferred_dq), planes) in dq_placements
+                    .into_iter()
+                    .flat_map(|dq| [(dq, 4u32), (dq, 12)])
+                {
+                    let base = tiled(FlashKernel::BackwardKv, head_dim, tiles);
                     let g = FlashGeometry {
                         atomic_dq,
                         deferred_dq,
-                        ..tiled(FlashKernel::BackwardKv, head_dim, tiles)
+                        planes,
+                        units: planes * 32,
+                        own_rows: 16 * planes * tiles,
+                        ..base
                     };
+                    assert!(g.dq_split().is_some(), "{g:?}");
                     let source = flash_source!(
                         client,
                         flash_backward_kv_mma_kernel::FlashBackwardKvMmaKernel,
@@ -363,10 +373,14 @@ fn register_mma_kernels_compile_to_cuda() {
                         [mask, parts]
                     );
                     let name = format!(
-                        "backward_kv_mma_{kind}_d{head_dim}_t{tiles}_{docs}_parts{parts}_dq{atomic_dq}_deferred{deferred_dq}"
+                        "backward_kv_mma_{kind}_d{head_dim}_t{tiles}_p{planes}_{docs}_parts{parts}_dq{atomic_dq}_deferred{deferred_dq}"
                     );
                     check(&name, &source);
                     assert_eq!(source.contains("atomicAdd"), atomic_dq, "{name}");
+                    assert!(
+                        source.contains(&format!("__launch_bounds__({})", planes * 32)),
+                        "{name}: not bound to {planes} planes"
+                    );
                 }
             }
         }

@@ -682,9 +682,10 @@ fn step_products<F: Float, N: Size>(
 /// (every plane's keys: the caller makes sure they are all written); the A operands
 /// `dS[query, key]` are its 8×8 blocks transposed (`ldmatrix.trans`), the B operands
 /// `K[key, e]` those of `k_tile`.
-/// The step's 16-row query tiles split evenly among the planes, and the head's columns
-/// among the planes of a tile. Under a causal mask, 16-key chunks after the step's last
-/// query (`q_last`) hold only zeros and are skipped.
+/// The planes share the products as [`FlashGeometry::dq_split`] says: the step's 16-row
+/// query tiles in turn, then the head's columns, then the cube's keys. Under a causal
+/// mask, 16-key chunks after the step's last query (`q_last`) hold only zeros and are
+/// skipped.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn dq_products<F: Float, N: Size>(
@@ -702,8 +703,9 @@ fn dq_products<F: Float, N: Size>(
     #[comptime] mask: AttentionMask,
 ) {
     let query_mtiles = comptime!(g.step_rows / 16);
-    let col_parts = comptime!(g.planes / (g.step_rows / 16));
+    let (col_parts, key_parts) = comptime!(g.dq_split().unwrap());
     let cols = comptime!(g.head_dim / col_parts);
+    let key_chunks = comptime!(g.own_rows / 16 / key_parts);
     let acc_regs = comptime!(cols / 4);
     let stride = comptime!(g.stride());
     let ds_rows = comptime!(ds_stride(&g));
@@ -711,12 +713,16 @@ fn dq_products<F: Float, N: Size>(
     let lane = UNIT_POS_PLANE;
     let m = lane / 8u32;
     let qm = plane % query_mtiles;
-    let col0 = (plane / query_mtiles) * cols;
+    let share = plane / query_mtiles;
+    let col0 = (share % col_parts) * cols;
+    // This plane's keys: 16-key chunks `chunk0..chunk0 + key_chunks` of the cube's.
+    let chunk0 = (share / col_parts) * key_chunks;
     // The lane's rows and columns of its matrices (see `ldmatrix_x4`): of dSᵀ, keys
     // `(m / 2) · 8..` at queries `(m % 2) · 8..` of the plane's query tile (registers
     // a0..a3 after the transpose); of K as in `step_products`.
-    let ds_at = ((ds_row0 + (m / 2) * 8 + lane % 8u32) * ds_rows + qm * 2 + m % 2) as usize;
-    let k_at = (((m % 2) * 8 + lane % 8u32) * stride + col0 / 8 + m / 2) as usize;
+    let ds_at =
+        ((ds_row0 + chunk0 * 16 + (m / 2) * 8 + lane % 8u32) * ds_rows + qm * 2 + m % 2) as usize;
+    let k_at = ((chunk0 * 16 + (m % 2) * 8 + lane % 8u32) * stride + col0 / 8 + m / 2) as usize;
     let mut acc = Array::<Vector<f32, Pair>>::new(comptime!(acc_regs as usize));
     #[unroll]
     for i in 0..acc_regs {
@@ -725,10 +731,10 @@ fn dq_products<F: Float, N: Size>(
     let mut b0 = Array::<Vector<F, Pair>>::new(2usize);
     let mut b1 = Array::<Vector<F, Pair>>::new(2usize);
     #[unroll]
-    for kk in 0..comptime!(g.own_rows / 16) {
+    for kk in 0..key_chunks {
         let mut live = true;
         if comptime!(mask.causal) {
-            live = q_last >= k0 + kk * 16;
+            live = q_last >= k0 + (chunk0 + kk) * 16;
         }
         if live {
             let a = ldmatrix_x4::<F, N>(ds, ds_at, comptime!((kk * 16 * ds_rows) as usize), true);
@@ -1492,13 +1498,14 @@ pub(super) fn partial_sum_kernel<F: Float, N: Size>(
 }
 
 /// How many parts the dK/dV kernel splits each group's query heads into: the fewest that
-/// give at least `TARGET_CUBES` cubes (the grid is otherwise `key blocks × kv_heads ×
-/// batch`, a few cubes an SM when there are few kv heads: 128 at 4K tokens and 2 kv heads),
-/// a divisor of `group`. Parts cost an f32 buffer of `parts` times dK and dV.
-pub(super) fn flash_backward_kv_parts(cubes: usize, group: usize) -> usize {
-    const TARGET_CUBES: usize = 1024;
+/// give at least `TARGET_PLANES` planes over the grid of `cubes` cubes of `planes` planes
+/// (the grid is otherwise `key blocks × kv_heads × batch`, a few cubes an SM when there
+/// are few kv heads: 128 cubes of 4 planes at 4K tokens and 2 kv heads), a divisor of
+/// `group`. Parts cost an f32 buffer of `parts` times dK and dV.
+pub(super) fn flash_backward_kv_parts(cubes: usize, planes: usize, group: usize) -> usize {
+    const TARGET_PLANES: usize = 4096;
     (1..=group)
         .filter(|p| group.is_multiple_of(*p))
-        .find(|p| cubes * p >= TARGET_CUBES)
+        .find(|p| cubes * planes * p >= TARGET_PLANES)
         .unwrap_or(group)
 }

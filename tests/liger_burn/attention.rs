@@ -731,8 +731,8 @@ mod flash_kernel {
     }
 
     /// Register-mma tilings besides each plan's default, each kernel with one and two
-    /// m-tiles a plane and steps of 16 to 64 rows: the kernels must be right under any
-    /// tiling a plan may pick.
+    /// m-tiles a plane and steps of 16 to 64 rows, dK/dV on 4, 8 and 12 planes: the
+    /// kernels must be right under any tiling a plan may pick.
     fn other_tilings() -> Vec<(&'static str, Tiling)> {
         fn all(t: KernelTiling, deferred_dq: bool) -> MmaTiling {
             MmaTiling {
@@ -761,6 +761,27 @@ mod flash_kernel {
                     deferred_dq: false,
                 },
             ),
+            ("dK/dV on 4 planes, 64-row steps, dQ in its step", |d| {
+                MmaTiling {
+                    backward_kv: KernelTiling::new(1, 64),
+                    deferred_dq: false,
+                    ..MmaTiling::for_head_dim(d)
+                }
+            }),
+            ("dK/dV on 12 planes, 32-row steps, dQ deferred", |d| {
+                MmaTiling {
+                    backward_kv: KernelTiling::new(1, 32).with_planes(12),
+                    deferred_dq: true,
+                    ..MmaTiling::for_head_dim(d)
+                }
+            }),
+            ("dK/dV on 8 planes, 16-row steps, dQ in its step", |d| {
+                MmaTiling {
+                    backward_kv: KernelTiling::new(1, 16).with_planes(8),
+                    deferred_dq: false,
+                    ..MmaTiling::for_head_dim(d)
+                }
+            }),
         ]
     }
 
@@ -1010,9 +1031,19 @@ mod flash_kernel {
                 }
                 let k = KernelTiling::new;
                 let forward = [k(1, 64), k(1, 32), k(2, 64), k(2, 32), k(2, 16)];
-                let backward = [k(1, 64), k(1, 32), k(2, 32), k(1, 16)];
+                // Planes other than 4 are for dK/dV only (the dQ rows skip them).
+                let backward = [
+                    k(1, 64),
+                    k(1, 32),
+                    k(2, 32),
+                    k(1, 16),
+                    k(1, 64).with_planes(12),
+                    k(1, 32).with_planes(12),
+                    k(1, 64).with_planes(8),
+                    k(1, 32).with_planes(8),
+                ];
                 let mut rng = Rng::from_env();
-                println!("tiling,shape,kernel,plane_tiles,step_rows,ms");
+                println!("tiling,shape,kernel,plane_tiles,step_rows,planes,ms");
                 for (b, s, hq, hk, d) in [
                     (1usize, 4096usize, 32usize, 8usize, 64usize),
                     (1, 16384, 32, 8, 64),
@@ -1099,8 +1130,8 @@ mod flash_kernel {
                             .expect("the forward")
                         });
                         println!(
-                            "tiling,{shape},forward,{},{},{ms:.4}",
-                            t.plane_tiles, t.step_rows
+                            "tiling,{shape},forward,{},{},{},{ms:.4}",
+                            t.plane_tiles, t.step_rows, t.planes
                         );
                     }
                     flash_attention_planned::<R>(&client, fwd_args, problem, &base, dtype.into())
@@ -1150,8 +1181,8 @@ mod flash_kernel {
                                 .expect("the backward")
                             });
                             println!(
-                                "tiling,{shape},{kernel},{},{},{ms:.4}",
-                                t.plane_tiles, t.step_rows
+                                "tiling,{shape},{kernel},{},{},{},{ms:.4}",
+                                t.plane_tiles, t.step_rows, t.planes
                             );
                         }
                     }
