@@ -1947,7 +1947,7 @@ pub struct KernelTiling {
     pub plane_tiles: u32,
     /// Rows streamed a step: 16, 32, 48 or 64.
     pub step_rows: u32,
-    /// Planes of a cube: 4; the dK/dV kernel also takes 8 or 12. CUDA compiles a kernel
+    /// Planes of a cube: 4; the forward and dK/dV kernels also take 8 or 12. CUDA compiles a kernel
     /// for the cube's size only (`__launch_bounds__(units)`), so more planes a cube is
     /// how a kernel is held to fewer registers a unit: 12 planes leave 168 registers to
     /// each of 384 units, where 4 planes may take 255 and fit two cubes (8 planes) an SM.
@@ -2093,8 +2093,8 @@ impl FlashPlan {
 
     /// This plan with the register-mma kernels tiled by `tiling`, checked as
     /// [`flash_plan`] checks its own: m-tiles 1 or 2, steps of 16 to 64 rows in 16s, 4
-    /// planes a cube (8 or 12 also for dK/dV), and every kernel's units and shared memory
-    /// on this device.
+    /// planes a cube (8 or 12 also for the forward and dK/dV), and every kernel's units and
+    /// shared memory on this device.
     pub fn with_tiling<R: Runtime>(
         self,
         client: &ComputeClient<R>,
@@ -2105,8 +2105,8 @@ impl FlashPlan {
         for kernel in FLASH_KERNELS {
             let t = tiling.of(kernel);
             let planes_ok = match kernel {
-                FlashKernel::BackwardKv => matches!(t.planes, 4 | 8 | 12),
-                FlashKernel::Forward | FlashKernel::BackwardQ => t.planes == MMA_PLANES,
+                FlashKernel::Forward | FlashKernel::BackwardKv => matches!(t.planes, 4 | 8 | 12),
+                FlashKernel::BackwardQ => t.planes == MMA_PLANES,
             };
             if !(1..=2).contains(&t.plane_tiles)
                 || !t.step_rows.is_multiple_of(16)
@@ -2116,7 +2116,7 @@ impl FlashPlan {
                 return Err(KernelError::Unsupported {
                     op,
                     reason: format!(
-                        "{kernel:?} tiling {t:?} (1 or 2 m-tiles a plane, steps of 16 to 64 rows in 16s, 4 planes; dK/dV also 8 or 12)"
+                        "{kernel:?} tiling {t:?} (1 or 2 m-tiles a plane, steps of 16 to 64 rows in 16s, 4 planes; the forward and dK/dV also 8 or 12)"
                     ),
                 });
             }

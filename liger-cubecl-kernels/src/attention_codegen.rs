@@ -306,6 +306,29 @@ fn register_mma_kernels_compile_to_cuda() {
                     &format!("forward_mma_{kind}_d{head_dim}_t{tiles}_{docs}"),
                     &source,
                 );
+                let g = tiled(FlashKernel::Forward, head_dim, tiles);
+                let source = flash_source!(
+                    client,
+                    flash_forward_mma_kernel::FlashForwardMmaKernel,
+                    FlashGeometry {
+                        planes: 12,
+                        units: 12 * 32,
+                        own_rows: 16 * 12 * tiles,
+                        ..g
+                    },
+                    elem,
+                    n,
+                    true,
+                    [
+                        io, io, io, i32s, i32s, i32s, io, f32s, u32, u32, u32, u32, f32
+                    ],
+                    [mask]
+                );
+                check(
+                    &format!("forward_mma_{kind}_d{head_dim}_t{tiles}_p12_{docs}"),
+                    &source,
+                );
+                assert!(source.contains("__launch_bounds__(384)"));
                 let source = flash_source!(
                     client,
                     flash_backward_q_mma_kernel::FlashBackwardQMmaKernel,

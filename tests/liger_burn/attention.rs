@@ -731,8 +731,8 @@ mod flash_kernel {
     }
 
     /// Register-mma tilings besides each plan's default, each kernel with one and two
-    /// m-tiles a plane and steps of 16 to 64 rows, dK/dV on 4, 8 and 12 planes: the
-    /// kernels must be right under any tiling a plan may pick.
+    /// m-tiles a plane and steps of 16 to 64 rows, the forward and dK/dV on 4, 8 and 12
+    /// planes: the kernels must be right under any tiling a plan may pick.
     fn other_tilings() -> Vec<(&'static str, Tiling)> {
         fn all(t: KernelTiling, deferred_dq: bool) -> MmaTiling {
             MmaTiling {
@@ -768,20 +768,24 @@ mod flash_kernel {
                     ..MmaTiling::for_head_dim(d)
                 }
             }),
-            ("dK/dV on 12 planes, 32-row steps, dQ deferred", |d| {
-                MmaTiling {
+            (
+                "forward on 12 planes, dK/dV on 12 planes, 32-row steps, dQ deferred",
+                |d| MmaTiling {
+                    forward: KernelTiling::new(2, 32).with_planes(12),
                     backward_kv: KernelTiling::new(1, 32).with_planes(12),
                     deferred_dq: true,
                     ..MmaTiling::for_head_dim(d)
-                }
-            }),
-            ("dK/dV on 8 planes, 16-row steps, dQ in its step", |d| {
-                MmaTiling {
+                },
+            ),
+            (
+                "forward on 8 planes, dK/dV on 8 planes, 16-row steps, dQ in its step",
+                |d| MmaTiling {
+                    forward: KernelTiling::new(1, 64).with_planes(8),
                     backward_kv: KernelTiling::new(1, 16).with_planes(8),
                     deferred_dq: false,
                     ..MmaTiling::for_head_dim(d)
-                }
-            }),
+                },
+            ),
         ]
     }
 
@@ -1030,8 +1034,17 @@ mod flash_kernel {
                     return;
                 }
                 let k = KernelTiling::new;
-                let forward = [k(1, 64), k(1, 32), k(2, 64), k(2, 32), k(2, 16)];
-                // Planes other than 4 are for dK/dV only (the dQ rows skip them).
+                let forward = [
+                    k(1, 64),
+                    k(1, 32),
+                    k(2, 64),
+                    k(2, 32),
+                    k(2, 16),
+                    k(2, 32).with_planes(8),
+                    k(2, 32).with_planes(12),
+                    k(1, 64).with_planes(12),
+                ];
+                // Planes other than 4 are for the forward and dK/dV (the dQ rows skip them).
                 let backward = [
                     k(1, 64),
                     k(1, 32),
