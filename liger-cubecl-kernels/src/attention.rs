@@ -1777,8 +1777,9 @@ const CMMA_PLANE: u32 = 32;
 /// | tensor cores | forward | > 64 | 64 queries | 64 keys | 128 (4 planes, 1 strip each) |
 /// | tensor cores | dK/dV | any | 64 keys | 64 queries | 128 |
 /// | tensor cores | dQ | any | 64 queries | 64 keys | 128 |
-/// | register mma | forward | any | 128 queries | 32 keys | 128 (4 planes, 2 m-tiles each) |
-/// | register mma | dK/dV | ≤ 64 | 64 keys | 64 queries | 128 (4 planes, 1 m-tile each) |
+/// | register mma | forward | ≤ 64 | 64 queries | 64 keys | 128 (4 planes, 1 m-tile each) |
+/// | register mma | forward | > 64 | 128 queries | 32 keys | 128 (4 planes, 2 m-tiles each) |
+/// | register mma | dK/dV | ≤ 64 | 128 keys | 64 queries | 256 (8 planes, 1 m-tile each) |
 /// | register mma | dK/dV | > 64 | 64 keys | 32 queries | 128 (4 planes, 1 m-tile each) |
 /// | register mma | dQ | ≤ 64 | 64 queries | 64 keys | 128 (4 planes, 1 m-tile each) |
 /// | register mma | dQ | > 64 | 64 queries | 32 keys | 128 (4 planes, 1 m-tile each) |
@@ -1787,18 +1788,19 @@ const CMMA_PLANE: u32 = 32;
 /// Register mma ([`MmaTiling`], explicit configuration with this default): each plane
 /// owns 16-row m-tiles whose scores and accumulators stay in registers. Every B operand a
 /// plane loads from shared memory (`ldmatrix`) feeds one product per m-tile, so two
-/// m-tiles halve the shared-memory traffic per product. The forward keeps two (32 rows a
-/// plane, as FlashAttention-2's 128-query blocks on 4 warps) with 32-key steps, so
-/// scores and `O` fit in 255 registers at head_dim 128. The backward kernels hold two
-/// accumulators and two score tiles, which with two m-tiles spill at head_dim 128 and
-/// measured no faster at 64; they keep one. On an H200 (bf16, causal, 4K / 16K tokens;
-/// the `flash_tilings_timed` test, `benches/logs/flash_tilings_8e987ba.log`) the forward at
-/// head_dim 64 takes 0.614 / 5.475 ms with two m-tiles and 32-key steps against 0.625 /
-/// 5.538 with one and 64-key steps; at 128, 0.414 / 3.885 against 0.410 / 4.043 with one
-/// and 32. The backward (dK/dV and dQ) moves by at most 11% across the tilings tried:
-/// neither kernel is bound by its tiling. Shared memory ([`shared_bytes`]: the streamed
-/// tiles twice) at bf16: forward 36 KiB (64) / 68 KiB (128); dQ, dK/dV 54-55 KiB (64) /
-/// 68 KiB (128).
+/// m-tiles halve the shared-memory traffic per product. At head_dim 128 the forward keeps
+/// two (32 rows a plane, as FlashAttention-2's 128-query blocks on 4 warps) with 32-key
+/// steps, so scores and `O` fit in 255 registers; at 64 it keeps one with 64-key steps.
+/// The backward kernels hold two accumulators and two score tiles, which with two m-tiles
+/// spill at head_dim 128; they keep one. More planes a cube share each streamed tile among
+/// more rows, and CUDA bounds a kernel's registers by its cube's size
+/// (`__launch_bounds__(units)`): the dK/dV kernel at head_dim 64 takes 231 registers on 4
+/// planes (two cubes an SM) and runs on 8 (one cube, the same 8 warps, half the query
+/// tiles streamed per key); on 12 it is held to 168 registers (12 warps an SM) but spills
+/// and measured slower. The measurements behind each choice are in
+/// `benches/attention.md`. Shared memory ([`shared_bytes`]: the streamed tiles twice) at
+/// bf16 and the defaults: forward 45 KiB (64) / 68 KiB (128); dQ 54 / 68 KiB; dK/dV with
+/// dQ summed atomically 91 / 79 KiB.
 ///
 /// Tensor cores: each plane owns 16-row strips of the cube's rows; 64-key steps keep a
 /// step's score strips at four accumulator fragments per plane, and the `O` fragments of
@@ -1990,18 +1992,27 @@ pub struct MmaTiling {
 
 impl MmaTiling {
     /// The default tiling at `head_dim` (see [`flash_geometry`]): the fastest of the
-    /// candidates of the `flash_tilings_timed` test on an H200 (bf16, causal, 4K and 16K
-    /// tokens), or, where they trade places between lengths, the one never more than 5%
-    /// slower. dQ is deferred above head_dim 64: on the H200 deferring makes the backward
-    /// 7-8% faster at head_dim 128 and 5-19% slower at 64 (`benches/attention.md`).
+    /// candidates of the `flash_tilings_timed` test (bf16, causal, 4K and 16K tokens), or,
+    /// where they trade places between lengths, the one never more than 5% slower. dQ is
+    /// deferred above head_dim 64: on the H200 deferring makes the backward 7-8% faster at
+    /// head_dim 128 and 5-19% slower at 64. At head_dim 64 the dK/dV kernel runs on 8
+    /// planes (one cube of 8 warps an SM, sharing each streamed query tile among 128
+    /// keys), the forward on 4 with one m-tile and 64-key steps (`benches/attention.md`).
     pub fn for_head_dim(head_dim: usize) -> Self {
-        let backward_step = if head_dim <= 64 { 64 } else { 32 };
-        let kv_planes = if head_dim <= 64 { 12 } else { MMA_PLANES };
-        Self {
-            forward: KernelTiling::new(2, 32),
-            backward_q: KernelTiling::new(1, backward_step),
-            backward_kv: KernelTiling::new(1, backward_step).with_planes(kv_planes),
-            deferred_dq: head_dim > 64,
+        if head_dim <= 64 {
+            Self {
+                forward: KernelTiling::new(1, 64),
+                backward_q: KernelTiling::new(1, 64),
+                backward_kv: KernelTiling::new(1, 64).with_planes(8),
+                deferred_dq: false,
+            }
+        } else {
+            Self {
+                forward: KernelTiling::new(2, 32),
+                backward_q: KernelTiling::new(1, 32),
+                backward_kv: KernelTiling::new(1, 32),
+                deferred_dq: true,
+            }
         }
     }
 
