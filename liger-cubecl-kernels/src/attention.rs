@@ -1777,30 +1777,27 @@ const CMMA_PLANE: u32 = 32;
 /// | tensor cores | forward | > 64 | 64 queries | 64 keys | 128 (4 planes, 1 strip each) |
 /// | tensor cores | dK/dV | any | 64 keys | 64 queries | 128 |
 /// | tensor cores | dQ | any | 64 queries | 64 keys | 128 |
-/// | register mma | forward | ≤ 64 | 64 queries | 64 keys | 128 (4 planes, 1 m-tile each) |
-/// | register mma | forward | > 64 | 128 queries | 32 keys | 128 (4 planes, 2 m-tiles each) |
-/// | register mma | dK/dV | ≤ 64 | 128 keys | 64 queries | 256 (8 planes, 1 m-tile each) |
-/// | register mma | dK/dV | > 64 | 64 keys | 32 queries | 128 (4 planes, 1 m-tile each) |
-/// | register mma | dQ | ≤ 64 | 64 queries | 64 keys | 128 (4 planes, 1 m-tile each) |
-/// | register mma | dQ | > 64 | 64 queries | 32 keys | 128 (4 planes, 1 m-tile each) |
+/// | register mma | forward | ≤ 64 | 128 queries | 64 keys | 256 (8 planes, 1 m-tile each) |
+/// | register mma | forward | > 64 | 128 queries | 64 keys | 128 (4 planes, 2 m-tiles each) |
+/// | register mma | dK/dV | ≤ 64 | 64 keys | 32 queries | 128 (4 planes, 1 m-tile each) |
+/// | register mma | dK/dV | > 64 | 128 keys | 64 queries | 256 (8 planes, 1 m-tile each) |
+/// | register mma | dQ | any | 64 queries | 32 keys | 128 (4 planes, 1 m-tile each) |
 /// | FMA | all | any | `fma_rows` | `fma_rows` | 64 |
 ///
 /// Register mma ([`MmaTiling`], explicit configuration with this default): each plane
 /// owns 16-row m-tiles whose scores and accumulators stay in registers. Every B operand a
 /// plane loads from shared memory (`ldmatrix`) feeds one product per m-tile, so two
-/// m-tiles halve the shared-memory traffic per product. At head_dim 128 the forward keeps
-/// two (32 rows a plane, as FlashAttention-2's 128-query blocks on 4 warps) with 32-key
-/// steps, so scores and `O` fit in 255 registers; at 64 it keeps one with 64-key steps.
-/// The backward kernels hold two accumulators and two score tiles, which with two m-tiles
-/// spill at head_dim 128; they keep one. More planes a cube share each streamed tile among
-/// more rows, and CUDA bounds a kernel's registers by its cube's size
-/// (`__launch_bounds__(units)`): the dK/dV kernel at head_dim 64 takes 231 registers on 4
-/// planes (two cubes an SM) and runs on 8 (one cube, the same 8 warps, half the query
-/// tiles streamed per key); on 12 it is held to 168 registers (12 warps an SM) but spills
-/// and measured slower. The measurements behind each choice are in
-/// `benches/attention.md`. Shared memory ([`shared_bytes`]: the streamed tiles twice) at
-/// bf16 and the defaults: forward 45 KiB (64) / 68 KiB (128); dQ 54 / 68 KiB; dK/dV with
-/// dQ summed atomically 91 / 79 KiB.
+/// m-tiles halve the shared-memory traffic per product; the backward kernels hold two
+/// accumulators and two score tiles, which with two m-tiles spill at head_dim 128, and
+/// keep one. More planes a cube share each streamed tile among more rows; CUDA bounds a
+/// kernel's registers by its cube's size only (`__launch_bounds__(units)`), so 8 planes
+/// (256 units, up to 255 registers) run as one cube of 8 warps an SM where 4-plane cubes
+/// of 181-255 registers run two, and 12 planes hold a kernel to 168 registers (12 warps
+/// an SM), which the dK/dV kernel at head_dim 64 spills and measured slower. The
+/// measurements behind each default are in `benches/attention.md`. Shared memory
+/// ([`shared_bytes`]: the streamed tiles twice) at bf16 and the defaults: forward 54 KiB
+/// (head_dim 64) / 102 KiB (128); dK/dV with dQ summed atomically 42 / 155 KiB; dQ 36 /
+/// 68 KiB.
 ///
 /// Tensor cores: each plane owns 16-row strips of the cube's rows; 64-key steps keep a
 /// step's score strips at four accumulator fragments per plane, and the `O` fragments of
@@ -1992,26 +1989,23 @@ pub struct MmaTiling {
 
 impl MmaTiling {
     /// The default tiling at `head_dim` (see [`flash_geometry`]): the fastest of the
-    /// candidates of the `flash_tilings_timed` test (bf16, causal, 4K and 16K tokens), or,
-    /// where they trade places between lengths, the one never more than 5% slower. dQ is
-    /// deferred above head_dim 64: on the H200 deferring makes the backward 7-8% faster at
-    /// head_dim 128 and 5-19% slower at 64. At head_dim 64 the dK/dV kernel runs on 8
-    /// planes (one cube of 8 warps an SM, sharing each streamed query tile among 128
-    /// keys), the forward on 4 with one m-tile and 64-key steps (`benches/attention.md`).
+    /// candidates of the `flash_tilings_timed` test on an H200 (bf16, causal, 4K and 16K
+    /// tokens), or, where they trade places between lengths, the one never more than 5%
+    /// slower (`benches/logs/flash_tilings_c7c92c0.log`, `benches/attention.md`).
     pub fn for_head_dim(head_dim: usize) -> Self {
         if head_dim <= 64 {
             Self {
-                forward: KernelTiling::new(1, 64),
-                backward_q: KernelTiling::new(1, 64),
-                backward_kv: KernelTiling::new(1, 64).with_planes(8),
+                forward: KernelTiling::new(1, 64).with_planes(8),
+                backward_q: KernelTiling::new(1, 32),
+                backward_kv: KernelTiling::new(1, 32),
                 deferred_dq: false,
             }
         } else {
             Self {
-                forward: KernelTiling::new(2, 32),
+                forward: KernelTiling::new(2, 64),
                 backward_q: KernelTiling::new(1, 32),
-                backward_kv: KernelTiling::new(1, 32),
-                deferred_dq: true,
+                backward_kv: KernelTiling::new(1, 64).with_planes(8),
+                deferred_dq: false,
             }
         }
     }

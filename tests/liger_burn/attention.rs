@@ -1069,8 +1069,8 @@ mod flash_kernel {
                     return;
                 }
                 let k = KernelTiling::new;
-                // The candidates that came within about 10% of the fastest on an H100
-                // (more with 8 and 12 planes, 16-row steps and two m-tiles were slower).
+                // The candidates that came within about 10% of the fastest on an H100 (12
+                // planes, 16-row steps and more with two m-tiles were slower there).
                 let forward = [k(1, 64), k(2, 32), k(2, 64), k(1, 64).with_planes(8)];
                 // Planes other than 4 are for the forward and dK/dV (the dQ rows skip them).
                 let backward = [
