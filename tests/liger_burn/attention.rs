@@ -767,33 +767,29 @@ mod flash_kernel {
     /// Register-mma tilings with other plane counts than the defaults': the forward and
     /// dK/dV on 4, 8 and 12 planes.
     fn other_plane_counts() -> Vec<(&'static str, Tiling)> {
+        fn with(d: usize, forward: KernelTiling, kv: KernelTiling, deferred: bool) -> MmaTiling {
+            MmaTiling {
+                forward,
+                backward_kv: kv,
+                deferred_dq: deferred,
+                ..MmaTiling::for_head_dim(d)
+            }
+        }
+        fn k(plane_tiles: u32, step_rows: u32) -> KernelTiling {
+            KernelTiling::new(plane_tiles, step_rows)
+        }
         vec![
             (
                 "forward and dK/dV on 4 planes, 64-row steps, dQ in its step",
-                |d| MmaTiling {
-                    forward: KernelTiling::new(1, 64),
-                    backward_kv: KernelTiling::new(1, 64),
-                    deferred_dq: false,
-                    ..MmaTiling::for_head_dim(d)
-                },
+                |d| with(d, k(1, 64), k(1, 64), false),
             ),
             (
                 "forward on 12 planes, dK/dV on 12 planes, 32-row steps, dQ deferred",
-                |d| MmaTiling {
-                    forward: KernelTiling::new(2, 32).with_planes(12),
-                    backward_kv: KernelTiling::new(1, 32).with_planes(12),
-                    deferred_dq: true,
-                    ..MmaTiling::for_head_dim(d)
-                },
+                |d| with(d, k(2, 32).with_planes(12), k(1, 32).with_planes(12), true),
             ),
             (
                 "forward on 8 planes, dK/dV on 8 planes, 16-row steps, dQ in its step",
-                |d| MmaTiling {
-                    forward: KernelTiling::new(1, 64).with_planes(8),
-                    backward_kv: KernelTiling::new(1, 16).with_planes(8),
-                    deferred_dq: false,
-                    ..MmaTiling::for_head_dim(d)
-                },
+                |d| with(d, k(1, 64).with_planes(8), k(1, 16).with_planes(8), false),
             ),
         ]
     }
@@ -993,6 +989,19 @@ mod flash_kernel {
         default_plans(FlashVariant::Mma);
     }
 
+    /// `tilings` as runs of their plans.
+    fn tiling_runs(
+        tilings: Vec<(&'static str, Tiling)>,
+    ) -> impl Iterator<Item = (&'static str, PlanRun)> {
+        tilings.into_iter().map(|(name, t)| {
+            let run = PlanRun {
+                tiling: Some(t),
+                ..PlanRun::DEFAULT
+            };
+            (name, run)
+        })
+    }
+
     /// The register-mma kernels on other plane counts, in bf16, on the problems with
     /// head_dim 64 and 128 (a test of its own so that a GPU run can take it in parallel
     /// with the other tilings).
@@ -1004,16 +1013,7 @@ mod flash_kernel {
                 if dtype != DType::BF16 {
                     return Vec::new();
                 }
-                other_plane_counts()
-                    .into_iter()
-                    .map(|(name, t)| {
-                        let run = PlanRun {
-                            tiling: Some(t),
-                            ..PlanRun::DEFAULT
-                        };
-                        (name, run)
-                    })
-                    .collect()
+                tiling_runs(other_plane_counts()).collect()
             },
             |p| p.head_dim >= 64,
         );
@@ -1035,15 +1035,7 @@ mod flash_kernel {
                     deterministic: true,
                     ..PlanRun::DEFAULT
                 };
-                other_tilings()
-                    .into_iter()
-                    .map(|(name, t)| {
-                        let run = PlanRun {
-                            tiling: Some(t),
-                            ..PlanRun::DEFAULT
-                        };
-                        (name, run)
-                    })
+                tiling_runs(other_tilings())
                     .chain([("default tiling, dQ kernel", deterministic)])
                     .collect()
             },
