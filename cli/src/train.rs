@@ -209,7 +209,10 @@ pub struct TrainArgs {
     /// CubeCL's device memory pool: `default` = CubeCL's own pools; `exact` = every
     /// allocation exactly sized and reused by the same size only, meant for steps of one
     /// shape (use with --packing; with per-batch padding each new shape adds buffers that
-    /// are never reused). See examples/src/pool.rs.
+    /// are never reused); `release` = `exact`, with the free buffers handed back to the
+    /// device at each decoder layer of the backward and after each optimizer step, so the
+    /// memory one size frees serves another (on CUDA through its stream-ordered pool).
+    /// See verify/src/pool.rs.
     #[arg(long, value_enum, default_value_t = liger_verify::pool::MemoryPool::Default, value_name = "POOL")]
     pub memory_pool: liger_verify::pool::MemoryPool,
     /// Dtype of the weights, activations and gradients (losses in f32). f16 and bf16 train
@@ -1071,6 +1074,7 @@ impl TrainJob {
             }
         };
         let frozen = self.frozen_model::<B>(&model, ctx_device)?;
+        let model = model.with_memory_release_per_layer(self.args.memory_pool.releases_in_step());
         let mc = &model.config;
         if self.tokenizer.vocab_size() > mc.vocab_size {
             bail!(
@@ -1299,10 +1303,20 @@ impl OnDevice for TrainJob {
                  kernels compile once; padded batches of new lengths compile new ones"
             );
         }
-        let memory: Option<Box<dyn Fn() -> u64 + '_>> = ctx
-            .cube
-            .as_ref()
-            .map(|c| Box::new(move || c.usage().reserved) as Box<dyn Fn() -> u64>);
+        // Read after each step's synchronization. Under `--memory-pool release` the step's
+        // free buffers go back to the device first (the optimizer step's release); the
+        // figure is the device memory held (CUDA's pool high-water mark) where the runtime
+        // has such a pool, else CubeCL's pool's reservation.
+        let release = self.args.memory_pool.releases_in_step();
+        let memory: Option<Box<dyn Fn() -> u64 + '_>> = ctx.cube.as_ref().map(|c| {
+            Box::new(move || {
+                if release {
+                    c.cleanup();
+                }
+                let u = c.usage();
+                u.device.map_or(u.reserved, |d| d.reserved_high)
+            }) as Box<dyn Fn() -> u64>
+        });
         type Checkpointed<B> = Autodiff<B, BalancedCheckpointing>;
         match (self.args.liger, self.args.gradient_checkpointing) {
             (OnOff::On, false) => self.train::<Liger<Autodiff<B>>>(&ctx.device, memory),

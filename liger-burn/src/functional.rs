@@ -49,6 +49,17 @@ fn check_norm<B: FusedOps, const D: usize>(
     }));
 }
 
+/// Identity that marks a point of the backward pass where the memory kept for it can go
+/// back to the device (see [`FusedOps::memory_release_point`]): once the gradient reaches
+/// `x`, the device pool's free buffers are released, then the gradient flows on. Put it on
+/// the input of each repeated block (a decoder layer) when the pool reuses buffers by size
+/// only. No effect without autodiff.
+///
+/// - `x`: any shape; returned as is.
+pub fn memory_release_point<B: FusedOps, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    wrap(B::memory_release_point(prim(x)))
+}
+
 /// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * (offset + weight)`.
 ///
 /// - `x`: `[..., d_model]`

@@ -4,7 +4,8 @@
 //! - the kernels' launch geometry: every op on both reduction paths, the elementwise
 //!   kernel's grid-striding and multi-launch paths;
 //! - the blockwise attention's block size: several blocks and a partial last one;
-//! - the fused linear cross entropy's chunk rows: several chunks and a partial last one.
+//! - the fused linear cross entropy's chunk rows: several chunks and a partial last one;
+//! - a count of the memory releases the backward made (`memory_release_point`).
 //!
 //! Each override belongs to the calling thread (Burn's fusion and CubeCL backends launch
 //! on the calling thread) and lasts as long as its guard, so concurrent tests do not see
@@ -18,6 +19,16 @@ std::thread_local! {
     static LAUNCH_CONFIG: Cell<Option<LaunchConfig>> = const { Cell::new(None) };
     static ATTENTION_BLOCK: Cell<Option<usize>> = const { Cell::new(None) };
     static CHUNK_ROWS: Cell<Option<usize>> = const { Cell::new(None) };
+    static MEMORY_RELEASES: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many memory releases (`memory_release_point` backwards) this thread has made.
+pub fn memory_releases() -> u64 {
+    MEMORY_RELEASES.with(|c| c.get())
+}
+
+pub(crate) fn count_memory_release() {
+    MEMORY_RELEASES.with(|c| c.set(c.get() + 1));
 }
 
 /// Restores a thread-local override's previous value when dropped.

@@ -56,6 +56,11 @@ pub struct CausalLm<B: FusedOps> {
     pub lora: Option<LoraConfig>,
     #[module(skip)]
     rope: RotaryEmbedding,
+    /// Whether each decoder layer's input is a memory release point of the backward
+    /// (`liger_burn::functional::memory_release_point`): see
+    /// [`with_memory_release_per_layer`](Self::with_memory_release_per_layer).
+    #[module(skip)]
+    memory_release_per_layer: bool,
 }
 
 impl<B: FusedOps> CausalLm<B> {
@@ -111,7 +116,18 @@ impl<B: FusedOps> CausalLm<B> {
             config,
             liger,
             lora: None,
+            memory_release_per_layer: false,
         })
+    }
+
+    /// The same model with (or without) a memory release point on each decoder layer's
+    /// input: in the backward, once a layer's gradients are done, the device pool's free
+    /// buffers go back to the device, so what the layer kept serves the next layer's
+    /// gradients whatever their sizes. For a pool that reuses buffers by size only
+    /// (`--memory-pool release`); the losses and gradients are unchanged. Off by default.
+    pub fn with_memory_release_per_layer(mut self, on: bool) -> Self {
+        self.memory_release_per_layer = on;
+        self
     }
 
     /// The same model with other kernel switches, set in every layer. Panics if `liger`
@@ -233,6 +249,9 @@ impl<B: FusedOps> CausalLm<B> {
             }
         };
         for layer in &self.model.layers {
+            if self.memory_release_per_layer {
+                x = liger_burn::functional::memory_release_point(x);
+            }
             x = layer.forward(x, &inputs);
         }
         let norm = &self.model.norm;

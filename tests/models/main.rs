@@ -4,4 +4,5 @@ mod attention;
 mod hf_parity;
 mod loading;
 mod lora;
+mod memory_release;
 mod packing;

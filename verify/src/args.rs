@@ -273,7 +273,10 @@ pub struct BenchArgs {
     /// CubeCL's device memory pool in this process (and, with --e2e, in every case's):
     /// `default` = CubeCL's own pools (on CUDA, slices of pages of device memory / 4^k,
     /// kept until a cleanup); `exact` = every allocation exactly sized and reused by the
-    /// same size only (CubeCL's persistent pool, enforced), meant for fixed shapes. Set
+    /// same size only (CubeCL's persistent pool, enforced), meant for fixed shapes;
+    /// `release` = `exact`, the free buffers handed back to the device at each decoder
+    /// layer of the backward and after each optimizer step (--e2e), so memory one size
+    /// frees serves another (on CUDA through its stream-ordered pool, set to keep it). Set
     /// through CubeCL's runtime configuration before the device is created (other
     /// cubecl.toml settings are kept).
     #[arg(long, value_enum, default_value_t = crate::pool::MemoryPool::Default, value_name = "POOL")]

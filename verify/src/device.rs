@@ -114,6 +114,25 @@ pub struct PoolUsage {
     pub reserved: u64,
     /// Bytes in live allocations.
     pub in_use: u64,
+    /// The device allocator's own counters, where the runtime's pool takes its buffers
+    /// from one (CUDA's stream-ordered pool): the device memory actually held.
+    pub device: Option<DevicePoolUsage>,
+}
+
+/// High-water marks of the device allocator beneath CubeCL's pool (CUDA's stream-ordered
+/// pool), bytes, since the last [`CubeInfo::trim_device_pool`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DevicePoolUsage {
+    /// The most device memory it held.
+    pub reserved_high: u64,
+    /// The most its allocations (CubeCL's buffers, free or not) took at once.
+    pub used_high: u64,
+}
+
+/// Hooks on the device allocator beneath CubeCL's pool.
+struct DevicePool {
+    usage: Box<dyn Fn() -> DevicePoolUsage>,
+    trim: Box<dyn Fn()>,
 }
 
 /// What the CubeCL client of a device tells, and the memory hooks it offers.
@@ -130,6 +149,7 @@ pub struct CubeInfo {
     pub max_alloc: u64,
     usage: Box<dyn Fn() -> PoolUsage>,
     cleanup: Box<dyn Fn()>,
+    device_pool: Option<DevicePool>,
 }
 
 impl CubeInfo {
@@ -164,15 +184,55 @@ impl CubeInfo {
                 PoolUsage {
                     reserved: u.bytes_reserved,
                     in_use: u.bytes_in_use,
+                    device: None,
                 }
             }),
             cleanup: Box::new(move || cleanup_client.memory_cleanup()),
+            device_pool: None,
         }
+    }
+
+    /// Adds the counters of CUDA device `ordinal`'s stream-ordered pool, from which
+    /// cubecl-cuda allocates; under `--memory-pool release` the pool is also set to keep
+    /// what CubeCL gives back ([`liger_burn::cube::cuda_pool::keep_freed_memory`]).
+    #[cfg(feature = "cuda")]
+    fn with_cuda_pool(mut self, ordinal: usize) -> Result<Self> {
+        use liger_burn::cube::cuda_pool;
+        if crate::pool::configured() == crate::pool::MemoryPool::Release {
+            cuda_pool::keep_freed_memory(ordinal).map_err(anyhow::Error::msg)?;
+        }
+        cuda_pool::usage(ordinal).map_err(anyhow::Error::msg)?;
+        self.device_pool = Some(DevicePool {
+            usage: Box::new(move || {
+                let u = cuda_pool::usage(ordinal)
+                    .expect("reading the counters of the CUDA memory pool");
+                DevicePoolUsage {
+                    reserved_high: u.reserved_high,
+                    used_high: u.used_high,
+                }
+            }),
+            trim: Box::new(move || {
+                cuda_pool::trim(ordinal).expect("trimming the CUDA memory pool");
+            }),
+        });
+        Ok(self)
     }
 
     /// Current pool usage (call after a sync so queued work is accounted).
     pub fn usage(&self) -> PoolUsage {
-        (self.usage)()
+        PoolUsage {
+            device: self.device_pool.as_ref().map(|p| (p.usage)()),
+            ..(self.usage)()
+        }
+    }
+
+    /// Returns the memory the device allocator beneath CubeCL's pool holds unused and
+    /// restarts its high-water marks (after a [`cleanup`](Self::cleanup) and a sync: the
+    /// marks then start from what is live). Nothing where there is no such allocator.
+    pub fn trim_device_pool(&self) {
+        if let Some(p) = &self.device_pool {
+            (p.trim)()
+        }
     }
 
     /// Releases the pool pages that hold no live allocation.
@@ -302,7 +362,7 @@ pub fn dispatch(kind: DeviceKind, cmd: impl OnDevice) -> Result<ExitCode> {
             probe::<Cuda>(kind, &device)?;
             cmd.run(Ctx::<Cuda> {
                 kind,
-                cube: Some(CubeInfo::of::<CudaRuntime>(&device)),
+                cube: Some(CubeInfo::of::<CudaRuntime>(&device).with_cuda_pool(device.index)?),
                 copy: copy_fn::<Plain>(device.clone()),
                 device,
             })

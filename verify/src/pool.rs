@@ -29,6 +29,18 @@
 //! at different times (e.g. activation sizes free during the backward while the gradients,
 //! of other sizes, are allocated).
 //!
+//! `release` is `exact` plus a release of the pool's free buffers back to the device at
+//! points where much has just been freed: each decoder layer of the backward (once the
+//! gradient reaches the layer's input, its activations are dropped;
+//! `liger_burn::functional::memory_release_point`) and after each optimizer step. On CUDA,
+//! cubecl-cuda allocates and frees with `cuMemAllocAsync`/`cuMemFreeAsync` on its stream,
+//! so what goes back lands in CUDA's stream-ordered pool, set here to keep it
+//! (`liger_burn::cube::cuda_pool::keep_freed_memory`): the weight gradients the backward
+//! allocates next, of sizes no activation had, reuse the activations' memory without a new
+//! mapping and without a synchronization. The device memory then held is that pool's,
+//! which the benchmarks read from CUDA's counters. On other runtimes the buffers go back to
+//! the driver's allocator as it is.
+//!
 //! **When not to use it.** Shapes that change from step to step (padding each batch to
 //! its own longest row) add new sizes every step and nothing is reused across sizes: the
 //! pool grows until an explicit `memory_cleanup` (which frees every unused buffer). Use it
@@ -41,6 +53,7 @@ use anyhow::{Result, bail};
 use clap::ValueEnum;
 use cubecl::config::memory::PersistentMemory;
 use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+use std::sync::OnceLock;
 
 /// A `--memory-pool` value.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -52,14 +65,34 @@ pub enum MemoryPool {
     /// Every allocation exactly sized and reused only for the same size (CubeCL's
     /// persistent pool, enforced): no page tails; for steps of fixed shapes.
     Exact,
+    /// `exact`, with the free buffers handed back to the device at each decoder layer of
+    /// the backward and after each optimizer step, so memory freed by one size serves
+    /// another (on CUDA through its stream-ordered pool, which keeps it); for steps of
+    /// fixed shapes.
+    Release,
+}
+
+/// The pool [`configure`] set in this process (`default` before it runs).
+static CONFIGURED: OnceLock<MemoryPool> = OnceLock::new();
+
+/// The pool this process's CubeCL devices were given ([`configure`]).
+pub fn configured() -> MemoryPool {
+    CONFIGURED.get().copied().unwrap_or_default()
 }
 
 impl MemoryPool {
+    /// Whether training with this pool marks each decoder layer's input as a
+    /// `memory_release_point` and releases the free buffers after each optimizer step.
+    pub fn releases_in_step(self) -> bool {
+        self == MemoryPool::Release
+    }
+
     /// The name on the command line and in the CSV.
     pub fn name(self) -> &'static str {
         match self {
             MemoryPool::Default => "default",
             MemoryPool::Exact => "exact",
+            MemoryPool::Release => "release",
         }
     }
 
@@ -74,6 +107,11 @@ impl MemoryPool {
                 "exact (CubeCL persistent pool enforced: one buffer per allocation of exactly \
                  its size, reused by the same size only)"
             }
+            MemoryPool::Release => {
+                "release (exact-size buffers, the free ones handed back to the device at each \
+                 decoder layer of the backward and after each optimizer step; on CUDA into its \
+                 stream-ordered pool, which keeps them for any size)"
+            }
         }
     }
 }
@@ -84,7 +122,7 @@ impl MemoryPool {
 pub fn configure(pool: MemoryPool) -> Result<()> {
     let enforced = match pool {
         MemoryPool::Default => return Ok(()),
-        MemoryPool::Exact => PersistentMemory::Enforced,
+        MemoryPool::Exact | MemoryPool::Release => PersistentMemory::Enforced,
     };
     if CubeClRuntimeConfig::storage().lock().is_some() {
         bail!(
@@ -96,5 +134,6 @@ pub fn configure(pool: MemoryPool) -> Result<()> {
     let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
     config.memory.persistent_memory = enforced;
     CubeClRuntimeConfig::set(config);
+    let _ = CONFIGURED.set(pool);
     Ok(())
 }

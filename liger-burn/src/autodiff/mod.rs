@@ -16,6 +16,7 @@ mod layer_norm;
 mod linear_cross_entropy;
 mod lora;
 mod matmul;
+mod memory_release;
 mod rms_norm;
 mod rope;
 mod softmax;
@@ -419,6 +420,10 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         options: crate::ops::AttentionOptions,
     ) -> crate::ops::AttentionGrads<Self> {
         attention::backward::<B, C>(grad_output, q, k, v, mask, document_ids, forward, options)
+    }
+
+    fn memory_release_point(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        memory_release::release_point::<B, C>(x)
     }
 
     fn flash_attention_variant(

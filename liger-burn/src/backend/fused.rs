@@ -465,6 +465,10 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         B::fused_adamw_step(param, grad, moments.map(|m| m.map(|t| t)), options).map(|t| t)
     }
 
+    fn memory_release_point(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        B::memory_release_point(x)
+    }
+
     fn flash_attention_variant(
         device: &Self::Device,
         dtype: burn::tensor::DType,

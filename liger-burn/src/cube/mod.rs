@@ -12,6 +12,8 @@ mod attention;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 pub mod cublaslt;
+#[cfg(feature = "cuda")]
+pub mod cuda_pool;
 mod glu;
 mod layer_norm;
 mod matmul;

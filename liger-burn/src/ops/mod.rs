@@ -755,6 +755,18 @@ pub trait FusedOps: Backend {
         None
     }
 
+    /// Identity on `x: [...]`. In a backward pass, once the gradient reaches `x` (every op
+    /// that read `x` has run its backward, so the activations they kept are dropped), the
+    /// device pool's free buffers go back to the device ([`Backend::memory_cleanup`])
+    /// before the gradient flows on. A pool that reuses a buffer only for a request of the
+    /// same size (CubeCL's persistent pool) would otherwise keep the freed activations
+    /// while the weight gradients that follow, of other sizes, take new memory; given back,
+    /// the device's allocator (CUDA's stream-ordered pool) serves them from it. Without
+    /// autodiff it returns `x` and does nothing.
+    fn memory_release_point(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        x
+    }
+
     /// One AdamW step of one parameter: Burn 0.21's `AdamW` update (decoupled weight
     /// decay, bias-corrected moments, ε added to the root; see [`compose::adamw`]) in f32,
     /// every buffer read and written once. Not differentiable: call it on the inner

@@ -11,11 +11,14 @@
 //! memory and time, not less). Lengths run in ascending order, off then on at each.
 //!
 //! - tokens/s = batch × seq / (p50 of the timed steps' wall times).
-//! - peak reserved = the CubeCL pool's bytes reserved at their largest over the timed
-//!   steps and one more synchronized step, the pool emptied before the last warm-up step
-//!   (what the steps held from the device, CUDA context excluded); peak in use = the
-//!   largest bytes in live allocations read after each timed step and after each phase of
-//!   the last step (see [`super::e2e_case`]).
+//! - peak reserved = the device memory the steps held, CUDA context excluded, over the
+//!   timed steps and one more synchronized step, the pool emptied before the last warm-up
+//!   step: on CUDA the high-water mark of its stream-ordered pool, from which cubecl-cuda
+//!   allocates (`peak_device_reserved_MiB`; every `--memory-pool` measured alike, like
+//!   PyTorch's `max_memory_reserved`); elsewhere the CubeCL pool's bytes reserved at their
+//!   largest (`peak_reserved_MiB`, also written on CUDA). Peak in use = the largest bytes
+//!   in live allocations read after each timed step and after each phase of the last step
+//!   (see [`super::e2e_case`]).
 //! - `--memory-pool` picks the pool ([`crate::pool`]); every case's process gets it.
 //!
 //! Attention: the off mode's is eager (as transformers' `eager`; Burn 0.21's autodiff
@@ -31,7 +34,8 @@
 //! the bench layout of [`crate::csv`], one row per metric: kernel = model, provider =
 //! `liger-burn` (liger on) or `burn` (liger off), mode = `train_step`, x = seq, metric =
 //! `tokens/s` (p20/p80 from the step-time quantiles), `step_ms`, `peak_reserved_MiB`,
-//! `peak_in_use_MiB`, `loss` (the last step's); config starts with `status=...`, and a case
+//! `peak_in_use_MiB`, `peak_device_reserved_MiB` and `peak_device_used_MiB` (CUDA), `loss`
+//! (the last step's); config starts with `status=...`, and a case
 //! that did not finish has one `tokens/s` row with empty numbers and its reason. The
 //! PyTorch anchor (scripts/device/anchor_e2e.py; providers `torch`, `torch+liger-kernel`)
 //! writes the same rows with the same meaning, so scripts/plot_e2e.py draws them together.
@@ -237,8 +241,11 @@ impl CaseResult {
         Some(self.output.as_ref()?.tokens as f64 / (self.step_ms()? / 1e3))
     }
 
+    /// Peak memory held: the device allocator's counter where it has one (CUDA), else
+    /// CubeCL's pool's reserved bytes.
     fn peak_mib(&self) -> Option<f64> {
-        Some(self.output.as_ref()?.peak_reserved? as f64 / MIB)
+        let o = self.output.as_ref()?;
+        Some(o.peak_device_reserved.or(o.peak_reserved)? as f64 / MIB)
     }
 
     fn in_use_mib(&self) -> Option<f64> {
@@ -328,9 +335,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         );
     }
     println!(
-        "memory:    pool {}; peak reserved = largest CubeCL pool bytes reserved over the timed \
-         steps and one more step (pool emptied before the last warm-up step); in use read \
-         after each timed step and after forward+loss, backward and optimizer of the last",
+        "memory:    pool {}; peak reserved = device memory held over the timed steps and one \
+         more step (pool emptied before the last warm-up step): CUDA's pool high-water mark on \
+         CUDA, else the CubeCL pool's bytes reserved; in use read after each timed step and \
+         after forward+loss, backward and optimizer of the last",
         args.memory_pool.describe()
     );
     println!(
@@ -783,6 +791,12 @@ fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
     }
     if let Some(b) = o.peak_in_use {
         rows.push(row("peak_in_use_MiB", [b as f64 / MIB; 3]));
+    }
+    if let Some(b) = o.peak_device_reserved {
+        rows.push(row("peak_device_reserved_MiB", [b as f64 / MIB; 3]));
+    }
+    if let Some(b) = o.peak_device_used {
+        rows.push(row("peak_device_used_MiB", [b as f64 / MIB; 3]));
     }
     if let Some(l) = o.loss {
         rows.push(row("loss", [l; 3]));

@@ -31,7 +31,7 @@
 use super::e2e::{E2eCase, LigerMode};
 use crate::args::BenchArgs;
 use crate::convergence::SplitMix64;
-use crate::device::{self, Ctx, OnDevice, PoolUsage, payload_text};
+use crate::device::{self, Ctx, DevicePoolUsage, OnDevice, PoolUsage, payload_text};
 use anyhow::Result;
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
@@ -129,6 +129,13 @@ pub struct CaseOutput {
     pub peak_reserved: Option<u64>,
     /// Peak pool bytes in use over the memory step.
     pub peak_in_use: Option<u64>,
+    /// Peak device memory held by the allocator beneath CubeCL's pool (CUDA's
+    /// stream-ordered pool) over the timed steps and the memory step; None elsewhere.
+    #[serde(default)]
+    pub peak_device_reserved: Option<u64>,
+    /// Peak of that allocator's allocations (CubeCL's buffers, free or not), same span.
+    #[serde(default)]
+    pub peak_device_used: Option<u64>,
     /// Loss of the memory step (a finite number shows the step computed something).
     pub loss: Option<f64>,
     /// Loss of every step: warm-up, timed, memory step (None where it could not be read;
@@ -263,12 +270,17 @@ impl OnDevice for CaseRun {
 struct Peak {
     reserved: u64,
     in_use: u64,
+    device: Option<DevicePoolUsage>,
 }
 
 impl Peak {
     fn add(&mut self, u: PoolUsage) {
         self.reserved = self.reserved.max(u.reserved);
         self.in_use = self.in_use.max(u.in_use);
+        // The device counters are high-water marks already: the last read is the peak.
+        if u.device.is_some() {
+            self.device = u.device;
+        }
     }
 }
 
@@ -292,7 +304,9 @@ where
     // The same weights in both modes (and every run): the memory step's losses of liger
     // on and off can then be compared (see `super::e2e::summary`).
     A::seed(device, 0xE2E);
-    let mut model = CausalLm::<A>::init(&config, liger, args.dtype.dtype(), device);
+    let release = args.memory_pool.releases_in_step();
+    let mut model = CausalLm::<A>::init(&config, liger, args.dtype.dtype(), device)
+        .with_memory_release_per_layer(release);
     let start = args
         .e2e_save_start
         .as_ref()
@@ -336,15 +350,22 @@ where
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         sample();
         let model = optim.step(args.e2e_lr, model, grads);
+        if release {
+            // The gradients and the replaced parameters are free now: back to the device,
+            // for the next forward's activations.
+            A::memory_cleanup(device);
+        }
         (model, loss)
     };
 
-    // Gives the pool's free pages back to the device (after queued work is done).
+    // Gives the pool's free pages back to the device (after queued work is done), and what
+    // the device allocator beneath keeps unused; its high-water marks restart there.
     let empty_pool = || {
         ctx.sync();
         if let Some(cube) = &ctx.cube {
             cube.cleanup();
             ctx.sync();
+            cube.trim_device_pool();
         }
     };
     let mut losses = Vec::new();
@@ -414,6 +435,8 @@ where
         step_ms,
         peak_reserved: has_pool.then_some(peak.reserved),
         peak_in_use: has_pool.then_some(peak.in_use),
+        peak_device_reserved: peak.device.map(|d| d.reserved_high),
+        peak_device_used: peak.device.map(|d| d.used_high),
         loss,
         losses,
         phase_ms,
