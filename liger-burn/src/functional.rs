@@ -207,6 +207,76 @@ pub fn swiglu<B: FusedOps, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>)
     glu(gate, up, crate::ops::GluActivation::Silu)
 }
 
+fn glu_linear<B: FusedOps, const D: usize>(
+    gate: Tensor<B, D>,
+    up: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+    activation: crate::ops::GluActivation,
+) -> Tensor<B, D> {
+    let op = match activation {
+        crate::ops::GluActivation::Silu => "swiglu_linear",
+        crate::ops::GluActivation::GeluTanh => "geglu_linear",
+    };
+    validate::check(validate::elementwise(
+        op,
+        &[
+            ("gate", &gate.shape(), gate.dtype()),
+            ("up", &up.shape(), up.dtype()),
+        ],
+        kernel_dtypes::<B>(gate.dtype()),
+    ));
+    validate::check(validate::glu_linear_weight(
+        op,
+        (&gate.shape(), gate.dtype()),
+        (&weight.shape(), weight.dtype()),
+    ));
+    wrap(B::fused_glu_linear(
+        prim(gate),
+        prim(up),
+        prim(weight),
+        activation,
+    ))
+}
+
+/// A gated MLP's down projection on its SwiGLU unit, `(silu(gate) * up) · weight`, whose
+/// backward recomputes `silu(gate) * up` instead of keeping it (the `[..., d_ff]` tensor a
+/// `Linear` after [`swiglu`] keeps for its weight's gradient): Llama's
+/// `down_proj(act_fn(gate_proj(x)) * up_proj(x))` with one activation-sized tensor less
+/// per layer, for one more elementwise pass in the backward. Add the bias, if any, to the
+/// result.
+///
+/// - `gate`, `up`: `[..., d_ff]`, same shape and dtype
+/// - `weight`: `[d_ff, d_out]` (Burn's `Linear` layout), same dtype
+/// - returns `[..., d_out]`
+///
+/// NaN/Inf: as [`swiglu`] followed by the product.
+///
+/// # Panics
+/// On mismatched shapes or dtypes.
+pub fn swiglu_linear<B: FusedOps, const D: usize>(
+    gate: Tensor<B, D>,
+    up: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+) -> Tensor<B, D> {
+    glu_linear(gate, up, weight, crate::ops::GluActivation::Silu)
+}
+
+/// [`swiglu_linear`] with GeGLU's `gelu_tanh(gate) * up` (Gemma's MLP).
+///
+/// - `gate`, `up`: `[..., d_ff]`, same shape and dtype
+/// - `weight`: `[d_ff, d_out]`, same dtype
+/// - returns `[..., d_out]`
+///
+/// # Panics
+/// On mismatched shapes or dtypes.
+pub fn geglu_linear<B: FusedOps, const D: usize>(
+    gate: Tensor<B, D>,
+    up: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+) -> Tensor<B, D> {
+    glu_linear(gate, up, weight, crate::ops::GluActivation::GeluTanh)
+}
+
 /// GeGLU, the gated unit of the Gemma MLP: `gelu_tanh(gate) * up` with PyTorch's
 /// `gelu(approximate="tanh")`, in one pass (forward and backward).
 ///

@@ -46,11 +46,24 @@ impl<B: FusedOps> Mlp<B> {
     }
 
     /// `x: [batch, seq, hidden]` → `[batch, seq, hidden]`.
+    ///
+    /// With the fused SwiGLU on and no adapter on `down_proj`, the down projection and the
+    /// gated unit are one op (`liger_burn::functional::swiglu_linear`) whose backward
+    /// recomputes `silu(gate) * up` rather than keeping it: one `[batch, seq,
+    /// intermediate]` tensor less per layer for the backward.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let lora = self.kernels.lora;
         let gate = self.gate_proj.forward(x.clone(), lora);
         let up = self.up_proj.forward(x, lora);
-        self.down_proj
-            .forward(kernels::swiglu(gate, up, self.kernels.swiglu), lora)
+        let down = &self.down_proj;
+        if self.kernels.swiglu && down.lora.is_none() {
+            let y = liger_burn::functional::swiglu_linear(gate, up, down.weight.val());
+            match &down.bias {
+                Some(b) => y + b.val().unsqueeze(),
+                None => y,
+            }
+        } else {
+            down.forward(kernels::swiglu(gate, up, self.kernels.swiglu), lora)
+        }
     }
 }

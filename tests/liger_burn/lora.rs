@@ -15,66 +15,21 @@
 
 use burn::backend::Autodiff;
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::functional::{self, LoraHeadAdapter};
 use liger_burn::ops::compose::linear_cross_entropy::automatic_chunk_rows;
 use liger_burn::ops::{AdapterPrecision, CrossEntropyOptions, FusedOps, LoraOptions, Reduction};
 use liger_burn::test_hooks::override_chunk_rows;
 use liger_tests::BackendVisitor;
-use liger_tests::bounded::{Bounded, U32, round, unit, wrong_outputs};
+use liger_tests::bounded::{
+    Bounded, U32, check_with_rejection, host, round, rounded, tensor, unit,
+};
 use liger_tests::errors::{assert_mentions, panic_message};
 use liger_verify::conformance::Rng;
 use liger_verify::conformance::compare_normwise;
 use liger_verify::conformance::linear_cross_entropy::TF32_NORMWISE;
 
 type AD<B> = Autodiff<B>;
-
-/// Values as f64 (through f32: exact for every dtype here).
-fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
-    t.cast(DType::F32)
-        .into_data()
-        .to_vec::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(f64::from)
-        .collect()
-}
-
-/// A tensor of `shape` from f64 values, stored in `dtype`.
-fn tensor<B: Backend, const D: usize>(
-    v: &[f64],
-    shape: [usize; D],
-    dtype: DType,
-    device: &B::Device,
-) -> Tensor<B, D> {
-    let f: Vec<f32> = v.iter().map(|x| *x as f32).collect();
-    Tensor::<B, D>::from_data(TensorData::new(f, shape), (device, dtype))
-}
-
-fn rounded(v: &[f32], dtype: DType) -> Vec<f64> {
-    v.iter().map(|x| round(dtype, *x as f64)).collect()
-}
-
-/// Checks `actual` against `reference`; then that every wrong version of it is refused.
-fn check_with_rejection(
-    failures: &mut Vec<String>,
-    what: &str,
-    reference: &Bounded,
-    actual: &[f64],
-) {
-    if let Err(e) = reference.check(what, actual, 1.0) {
-        failures.push(e);
-        return;
-    }
-    for (how, wrong) in wrong_outputs(actual, reference.rows, reference.cols) {
-        if wrong == actual {
-            continue; // e.g. a last row that is zero anyway (an ignored target)
-        }
-        if reference.check(what, &wrong, 1.0).is_ok() {
-            failures.push(format!("{what}: the wrong output `{how}` passes the bound"));
-        }
-    }
-}
 
 /// [`check_with_rejection`], or, for a stock composition with f32 products (f32 inputs, or
 /// f32 adapter products) on a device whose f32 matmul runs on TF32 tensor cores (Burn's

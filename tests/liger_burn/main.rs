@@ -28,4 +28,5 @@ mod sigmoid;
 mod softmax;
 mod special_values;
 mod swiglu;
+mod swiglu_linear;
 mod validation;

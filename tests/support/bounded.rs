@@ -8,15 +8,16 @@
 //! - a product `A·B` over `k` terms accumulated in f32, in any order, errs by at most
 //!   `γ_k·|A|·|B|` with `γ_k = k·u₃₂` (the deterministic bound of recursive summation,
 //!   first order); the inputs' errors add `|A|·e_B + e_A·|B|`;
-//! - a store to a dtype rounds to nearest: `u_dtype·|v|` more ([`Bounded::store`]);
+//! - a store to a dtype rounds to nearest: `u_dtype·|v|` more, or the subnormal spacing
+//!   below the dtype's smallest normal ([`Bounded::store`]);
 //! - sums and scalings propagate linearly.
 //!
 //! The suites compare every device result with the reference under these bounds, and
 //! check that wrong outputs (zeros, doubled, transposed, a dropped row) exceed them.
 
-use burn::tensor::DType;
+use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 pub use liger_verify::conformance::bounds::U32;
-use liger_verify::conformance::bounds::{round_to, unit_roundoff};
+use liger_verify::conformance::bounds::{flush, round_to, unit_roundoff};
 
 /// Unit roundoff of `dtype` (the conformance suite's, `liger_verify`'s bounds module).
 pub fn unit(dtype: DType) -> f64 {
@@ -140,8 +141,9 @@ impl Bounded {
         self.add(&r, dtype)
     }
 
-    /// Stored to `dtype`: one more rounding (nothing for f32 results of f32 ops, whose
-    /// rounding the op already counted).
+    /// Stored to `dtype`: one more rounding, and below the dtype's smallest normal the
+    /// subnormal spacing or a flush to zero (`conformance::bounds::flush`); nothing for f32
+    /// results of f32 ops, whose rounding the op already counted.
     pub fn store(&self, dtype: DType) -> Self {
         if matches!(dtype, DType::F32 | DType::F64) {
             return self.clone();
@@ -154,7 +156,7 @@ impl Bounded {
                 .e
                 .iter()
                 .zip(&self.v)
-                .map(|(e, v)| e + unit(dtype) * v.abs())
+                .map(|(e, v)| e + unit(dtype) * v.abs() + flush(dtype, *v))
                 .collect(),
         }
     }
@@ -232,4 +234,61 @@ pub fn wrong_outputs(v: &[f64], rows: usize, cols: usize) -> Vec<(&'static str, 
         out.push(("transposed buffer", t));
     }
     out
+}
+
+/// Checks `actual` against `reference` within its bounds, then that every wrong version of
+/// it ([`wrong_outputs`]) is refused; failures are appended to `failures`, naming `what`.
+pub fn check_with_rejection(
+    failures: &mut Vec<String>,
+    what: &str,
+    reference: &Bounded,
+    actual: &[f64],
+) {
+    if let Err(e) = reference.check(what, actual, 1.0) {
+        failures.push(e);
+        return;
+    }
+    for (how, wrong) in wrong_outputs(actual, reference.rows, reference.cols) {
+        // A wrong version that changes only elements the bounds cannot tell from zero
+        // (e.g. the last row of a one-row product whose factor is tiny, or a row zero
+        // anyway) is not a wrong output for these bounds.
+        let distinguishable = wrong
+            .iter()
+            .zip(actual)
+            .zip(reference.v.iter().zip(&reference.e))
+            .any(|((w, a), (v, e))| w != a && v.abs() > 2.0 * e);
+        if !distinguishable {
+            continue;
+        }
+        if reference.check(what, &wrong, 1.0).is_ok() {
+            failures.push(format!("{what}: the wrong output `{how}` passes the bound"));
+        }
+    }
+}
+
+/// Values as f64 (through f32: exact for every dtype here).
+pub fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
+    t.cast(DType::F32)
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f64::from)
+        .collect()
+}
+
+/// A tensor of `shape` from f64 values, stored in `dtype`.
+pub fn tensor<B: Backend, const D: usize>(
+    v: &[f64],
+    shape: [usize; D],
+    dtype: DType,
+    device: &B::Device,
+) -> Tensor<B, D> {
+    let f: Vec<f32> = v.iter().map(|x| *x as f32).collect();
+    Tensor::<B, D>::from_data(TensorData::new(f, shape), (device, dtype))
+}
+
+/// `v` as the device holds it in `dtype`, as f64.
+pub fn rounded(v: &[f32], dtype: DType) -> Vec<f64> {
+    v.iter().map(|x| round(dtype, *x as f64)).collect()
 }

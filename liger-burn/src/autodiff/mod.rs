@@ -422,6 +422,15 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         attention::backward::<B, C>(grad_output, q, k, v, mask, document_ids, forward, options)
     }
 
+    fn fused_glu_linear(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        activation: crate::ops::GluActivation,
+    ) -> FloatTensor<Self> {
+        glu::glu_linear::<B, C>(gate, up, weight, activation)
+    }
+
     fn memory_release_point(x: FloatTensor<Self>) -> FloatTensor<Self> {
         memory_release::release_point::<B, C>(x)
     }

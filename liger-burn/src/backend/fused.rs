@@ -465,6 +465,15 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         B::fused_adamw_step(param, grad, moments.map(|m| m.map(|t| t)), options).map(|t| t)
     }
 
+    fn fused_glu_linear(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        activation: GluActivation,
+    ) -> FloatTensor<Self> {
+        B::fused_glu_linear(gate, up, weight, activation)
+    }
+
     fn memory_release_point(x: FloatTensor<Self>) -> FloatTensor<Self> {
         B::memory_release_point(x)
     }

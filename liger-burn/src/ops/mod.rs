@@ -265,6 +265,24 @@ pub trait FusedOps: Backend {
         compose::glu::backward::<Self>(grad_output, gate, up, activation)
     }
 
+    /// The gated MLP's down projection on its gated unit: `(act(gate) * up) · weight`, the
+    /// gated unit as [`fused_glu`](FusedOps::fused_glu) computes it (rounded once to the
+    /// input dtype), the product as [`fused_matmul`](FusedOps::fused_matmul).
+    ///
+    /// `gate, up: [..., d_ff]`, same shape and dtype; `weight: [d_ff, d_out]` (Burn's
+    /// `Linear` layout, any strides) of that dtype; returns `[..., d_out]`. On
+    /// `Autodiff<B>` the node keeps `gate`, `up` and `weight` and recomputes the gated unit
+    /// in the backward for the weight's gradient, instead of keeping the `[..., d_ff]`
+    /// product that a `Linear` after [`fused_glu`](FusedOps::fused_glu) keeps.
+    fn fused_glu_linear(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        activation: GluActivation,
+    ) -> FloatTensor<Self> {
+        compose::glu::linear::<Self>(gate, up, weight, activation)
+    }
+
     /// Exact GELU, `x * Φ(x) = 0.5 x (1 + erf(x / sqrt(2)))` (Burn's `gelu`). `x`: any shape.
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
         compose::activation::gelu::<Self>(x)

@@ -172,6 +172,30 @@ pub fn elementwise(
     rows(op, (shape, dtype), kernel_dtypes)
 }
 
+/// The weight of a GLU-linear op (`swiglu_linear`): `[d_ff, d_out]` with `d_ff` the
+/// gate's last dimension, `d_out ≥ 1`, the gate's dtype.
+pub fn glu_linear_weight(
+    op: &str,
+    gate: (&Shape, DType),
+    weight: (&Shape, DType),
+) -> Result<(), LigerError> {
+    let d_ff = gate.0.as_slice().last().copied().unwrap_or(0);
+    let dims = weight.0.as_slice();
+    if dims.len() != 2 || dims[0] != d_ff || dims[1] == 0 || weight.1 != gate.1 {
+        return fail(format!(
+            "{op}: weight has shape {:?} and dtype {:?}; with gate {:?} ({:?}) it must be \
+             [{d_ff}, d_out] (d_out ≥ 1, Burn's Linear layout: the gate's last dimension \
+             first) in {:?}",
+            dims,
+            weight.1,
+            gate.0.as_slice(),
+            gate.1,
+            gate.1
+        ));
+    }
+    Ok(())
+}
+
 mod adamw;
 mod attention;
 mod lora;

@@ -121,11 +121,15 @@ type A<B> = Autodiff<B>;
 
 /// An activation's value and derivative at `x`, with the error bounds of evaluating each
 /// in f32, and the extra error of stock Burn's formula where it differs.
-struct Activation {
-    value: f64,
-    derivative: f64,
-    value_error: f64,
-    derivative_error: f64,
+pub struct Activation {
+    /// `act(x)`.
+    pub value: f64,
+    /// `act'(x)`.
+    pub derivative: f64,
+    /// Largest error of `act(x)` evaluated in f32 (absolute).
+    pub value_error: f64,
+    /// Largest error of `act'(x)` evaluated in f32 (absolute).
+    pub derivative_error: f64,
     /// Added for the comparison against stock Burn's f32 composition.
     stock_value_error: f64,
     stock_derivative_error: f64,
@@ -154,7 +158,7 @@ const STOCK_ERF_ERROR: f64 = 1.5e-7;
 /// - exact GELU `xΦ(x)`: `E(x²/2) + 6u₃₂` relative (`Φ` from an `erfc` within 2 ulp), and
 ///   `u₃₂|x|` for `1 + erf` by cancellation; its derivative `Φ + xφ` likewise. Stock
 ///   Burn's `erf` adds [`STOCK_ERF_ERROR`].
-fn activation(op: Op, x: f64) -> Activation {
+pub fn activation(op: Op, x: f64) -> Activation {
     use reference::*;
     let s = sigmoid(x);
     match op {

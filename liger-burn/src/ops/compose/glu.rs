@@ -3,8 +3,8 @@
 
 use super::activation::sigmoid_f32;
 use super::{to_dtype, to_f32};
-use crate::ops::{GluActivation, GluGrads};
-use burn::tensor::{TensorMetadata, backend::Backend, ops::FloatTensor};
+use crate::ops::{FusedOps, GluActivation, GluGrads};
+use burn::tensor::{Shape, TensorMetadata, backend::Backend, ops::FloatTensor};
 
 /// `√(2/π)`.
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -73,4 +73,26 @@ pub fn backward<B: Backend>(
         grad_gate: to_dtype::<B>(grad_gate, dtype),
         grad_up: to_dtype::<B>(grad_up, dtype),
     }
+}
+
+/// `x: [..., k]` times `weight: [k, n]` → `[..., n]`: one product over all rows
+/// ([`FusedOps::fused_matmul`]).
+pub fn rows_times<B: FusedOps>(x: FloatTensor<B>, weight: FloatTensor<B>) -> FloatTensor<B> {
+    let mut dims = x.shape().as_slice().to_vec();
+    let k = *dims.last().expect("rank ≥ 1");
+    let rows = dims.iter().product::<usize>() / k.max(1);
+    let n = weight.shape()[1];
+    let y = B::fused_matmul(B::float_reshape(x, Shape::new([rows, k])), weight);
+    *dims.last_mut().expect("rank ≥ 1") = n;
+    B::float_reshape(y, Shape::from(dims))
+}
+
+/// `act(gate) * up` times `weight`: the gated unit, then [`rows_times`].
+pub fn linear<B: FusedOps>(
+    gate: FloatTensor<B>,
+    up: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    activation: GluActivation,
+) -> FloatTensor<B> {
+    rows_times::<B>(B::fused_glu(gate, up, activation), weight)
 }
