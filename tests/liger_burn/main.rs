@@ -20,6 +20,7 @@ mod liger_chunked_fixture;
 mod log_softmax;
 mod lora;
 mod matmul;
+mod matmul_add;
 mod optim;
 mod records;
 mod rms_norm;

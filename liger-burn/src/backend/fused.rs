@@ -474,6 +474,14 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         B::fused_glu_linear(gate, up, weight, activation)
     }
 
+    fn fused_matmul_add(
+        acc: FloatTensor<Self>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        B::fused_matmul_add(acc, lhs, rhs)
+    }
+
     fn memory_release_point(x: FloatTensor<Self>) -> FloatTensor<Self> {
         B::memory_release_point(x)
     }

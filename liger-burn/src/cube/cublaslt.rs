@@ -140,8 +140,19 @@ pub struct DeviceSupport {
 pub(crate) struct Product<'a> {
     pub lhs: &'a CubeTensor<CudaRuntime>,
     pub rhs: &'a CubeTensor<CudaRuntime>,
+    /// Written in its own dtype: the inputs' (`accumulate` false) or f32.
     pub out: &'a CubeTensor<CudaRuntime>,
     pub layout: &'a GemmLayout,
+    /// `out += lhs · rhs` (BLAS `beta = 1`, `out` read as `C`) instead of `out = lhs · rhs`.
+    pub accumulate: bool,
+}
+
+impl Product<'_> {
+    /// Bytes per element of BLAS `A` (rhs), `B` (lhs) and the output.
+    fn element_sizes(&self) -> [u64; 3] {
+        let input = self.lhs.dtype.size() as u64;
+        [input, input, self.out.dtype.size() as u64]
+    }
 }
 
 /// The CUDA data type of a dtype cuBLASLt is used for.
@@ -415,8 +426,9 @@ impl Engine {
         ];
         let dtype = product.lhs.dtype;
         let layout = product.layout;
-        let element = dtype.size() as u64;
+        let elements = product.element_sizes();
         let aligns = [0, 1, 2].map(|x| {
+            let element = elements[x];
             let steps = layout
                 .calls
                 .iter()
@@ -426,6 +438,8 @@ impl Engine {
         });
         let key = PlanKey {
             dtype: data_type(dtype).map_err(Failure::Unavailable)?,
+            out_dtype: data_type(product.out.dtype).map_err(Failure::Unavailable)?,
+            accumulate: product.accumulate,
             m: layout.m,
             n: layout.n,
             k: layout.k,
@@ -454,9 +468,9 @@ impl Engine {
         key: &PlanKey,
     ) -> Result<(), String> {
         let plan = &self.plans[key];
-        let element = product.lhs.dtype.size() as u64;
+        let elements = product.element_sizes();
         for call in &product.layout.calls {
-            let at = |x: usize| addresses[x] + call[x] * element;
+            let at = |x: usize| addresses[x] + call[x] * elements[x];
             plan.launch(
                 self.handle.0,
                 [at(0), at(1), at(2)],
@@ -794,7 +808,12 @@ impl Drop for DeviceMemory {
 /// What selects a cached plan: the problem, the layouts and the operands' alignments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct PlanKey {
+    /// Of both inputs.
     dtype: lt_sys::cudaDataType,
+    /// Of the output (and of `C` when accumulating).
+    out_dtype: lt_sys::cudaDataType,
+    /// `beta = 1`: the output is read as `C` and the product added to it.
+    accumulate: bool,
     m: u64,
     n: u64,
     k: u64,
@@ -810,9 +829,11 @@ struct PlanKey {
 /// The cuBLASLt descriptors and the algorithm of one [`PlanKey`].
 struct Plan {
     desc: lt_sys::cublasLtMatmulDesc_t,
-    /// Layouts of BLAS `A`, `B` and the output (also used as `C`, with `beta = 0`).
+    /// Layouts of BLAS `A`, `B` and the output (also used as `C`, with `beta = 0`, or 1
+    /// when accumulating).
     layouts: [lt_sys::cublasLtMatrixLayout_t; 3],
     algo: lt_sys::cublasLtMatmulAlgo_t,
+    beta: f32,
 }
 
 impl Plan {
@@ -829,6 +850,7 @@ impl Plan {
             desc,
             layouts: [std::ptr::null_mut(); 3],
             algo: lt_sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+            beta: if key.accumulate { 1.0 } else { 0.0 },
         };
         // cublasOperation_t: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
         for (attr, matrix) in [
@@ -851,7 +873,8 @@ impl Plan {
             (key.m, key.n, key.ld_out),
         ];
         for (x, (rows, cols, ld)) in stored.into_iter().enumerate() {
-            let layout = lt::create_matrix_layout(key.dtype, rows, cols, ld)
+            let dtype = if x == 2 { key.out_dtype } else { key.dtype };
+            let layout = lt::create_matrix_layout(dtype, rows, cols, ld)
                 .map_err(|e| failed("cublasLtMatrixLayoutCreate", e))?;
             plan.layouts[x] = layout;
             if key.batch > 1 {
@@ -888,7 +911,7 @@ impl Plan {
         let reduction = lt_sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
             as u32
             | lt_sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32;
-        let sixteen_bit = key.dtype != lt_sys::cudaDataType::CUDA_R_32F;
+        let sixteen_bit = key.out_dtype != lt_sys::cudaDataType::CUDA_R_32F;
         let [align_a, align_b, align_out] = key.aligns;
         let mut prefs: Vec<(Pref, *const c_void, usize)> = vec![
             (
@@ -945,7 +968,7 @@ impl Plan {
         workspace: &DeviceMemory,
         stream: lt_sys::cudaStream_t,
     ) -> Result<(), String> {
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, self.beta);
         let [la, lb, lo] = self.layouts;
         let [a, b, out] = addresses.map(|p| p as *mut c_void);
         // Safety: the descriptors describe the tensors behind the addresses (laid out by

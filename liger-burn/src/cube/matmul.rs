@@ -59,6 +59,80 @@ where
     CubeBackend::<R, F, I, BT>::float_matmul(lhs, rhs)
 }
 
+/// `acc + lhs · rhs` for `acc: [m, n]` f32, `lhs: [m, k]`, `rhs: [k, n]` (see
+/// [`FusedOps::fused_matmul_add`](crate::ops::FusedOps::fused_matmul_add)): on cuBLASLt
+/// into `acc`'s own buffer (BLAS `beta = 1`, the product accumulated and added in f32)
+/// when nothing else holds it and it is contiguous; otherwise the default composition
+/// (the product rounded to the inputs' dtype, cast and added).
+pub(crate) fn matmul_add<R, F, I, BT>(
+    acc: CubeTensor<R>,
+    lhs: CubeTensor<R>,
+    rhs: CubeTensor<R>,
+) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let (acc, lhs, rhs) = match vendor_add::<R>(acc, lhs, rhs) {
+        Ok(out) => {
+            counters::record(Kernel::matmul_vendor);
+            return out;
+        }
+        Err(inputs) => inputs,
+    };
+    crate::ops::compose::matmul_add::<CubeBackend<R, F, I, BT>>(acc, lhs, rhs)
+}
+
+/// [`matmul_add`] on cuBLASLt in place, or the operands back.
+#[allow(clippy::result_large_err, clippy::type_complexity)]
+fn vendor_add<R: CubeRuntime>(
+    acc: CubeTensor<R>,
+    lhs: CubeTensor<R>,
+    rhs: CubeTensor<R>,
+) -> Result<CubeTensor<R>, (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>)> {
+    #[cfg(feature = "cuda")]
+    {
+        use cubecl::cuda::CudaRuntime;
+        type CudaTriple = (
+            CubeTensor<CudaRuntime>,
+            CubeTensor<CudaRuntime>,
+            CubeTensor<CudaRuntime>,
+        );
+        let writable = acc.can_mut()
+            && acc.dtype == DType::F32
+            && acc.meta.strides().to_vec() == contiguous_strides(acc.meta.shape());
+        let operands: Box<dyn Any> = Box::new((acc, lhs, rhs));
+        let operands = match operands.downcast::<CudaTriple>() {
+            Ok(cuda) if writable => {
+                let (acc, lhs, rhs) = *cuda;
+                let out_shape = acc.shape();
+                match cuda_product(lhs, rhs, out_shape, None, Some(acc)) {
+                    Ok(out) => {
+                        let out: Box<dyn Any> = Box::new(out);
+                        return Ok(*out.downcast::<CubeTensor<R>>().expect("R is CUDA"));
+                    }
+                    Err((why, lhs, rhs, acc)) => {
+                        log::debug!("liger matmul_add: Burn's matmul on CUDA: {why}");
+                        let acc = acc.expect("the accumulator comes back with a declined product");
+                        Box::new((acc, lhs, rhs)) as Box<dyn Any>
+                    }
+                }
+            }
+            Ok(cuda) => cuda as Box<dyn Any>,
+            Err(other) => other,
+        };
+        Err(*operands
+            .downcast::<(CubeTensor<R>, CubeTensor<R>, CubeTensor<R>)>()
+            .expect("the operands as they were boxed"))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err((acc, lhs, rhs))
+    }
+}
+
 /// Whether [`matmul`] runs `dtype` products on a vendor library on `device`.
 pub(crate) fn uses_vendor_library<R: CubeRuntime>(device: &R::Device, dtype: DType) -> bool {
     #[cfg(feature = "cuda")]
@@ -87,12 +161,12 @@ fn vendor<R: CubeRuntime>(
         let inputs = match inputs.downcast::<CudaPair>() {
             Ok(cuda) => {
                 let (lhs, rhs) = *cuda;
-                match cuda_product(lhs, rhs, out_shape, None) {
+                match cuda_product(lhs, rhs, out_shape, None, None) {
                     Ok(out) => {
                         let out: Box<dyn Any> = Box::new(out);
                         return Ok(*out.downcast::<CubeTensor<R>>().expect("R is CUDA"));
                     }
-                    Err((why, lhs, rhs)) => {
+                    Err((why, lhs, rhs, _)) => {
                         // A library that failed to load is logged once, as a warning, when
                         // the device's engine is set up; per-product reasons at debug level.
                         log::debug!("liger matmul: Burn's matmul on CUDA: {why}");
@@ -113,33 +187,43 @@ fn vendor<R: CubeRuntime>(
     }
 }
 
-/// Why a CUDA product went back to Burn's matmul, with its inputs.
+/// Why a CUDA product went back to Burn's matmul, with its inputs (and the accumulator).
 #[cfg(feature = "cuda")]
 type Declined = (
     super::cublaslt::Unavailable,
     CubeTensor<cubecl::cuda::CudaRuntime>,
     CubeTensor<cubecl::cuda::CudaRuntime>,
+    Option<CubeTensor<cubecl::cuda::CudaRuntime>>,
 );
 
-/// The product on cuBLASLt with `ordering` (`None`: the device's default).
+/// The product on cuBLASLt with `ordering` (`None`: the device's default): into a new
+/// tensor, or added to `acc` in place (`acc`: contiguous, f32, `out_shape`, nothing else
+/// holding its buffer).
 #[cfg(feature = "cuda")]
 #[allow(clippy::result_large_err)]
 fn cuda_product(
-    mut lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
-    mut rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
     out_shape: Shape,
     ordering: Option<super::cublaslt::MatmulOrdering>,
+    acc: Option<CubeTensor<cubecl::cuda::CudaRuntime>>,
 ) -> Result<CubeTensor<cubecl::cuda::CudaRuntime>, Declined> {
-    use super::cublaslt::{self, Product};
+    use super::cublaslt;
     let dtype = lhs.dtype;
     if let Err(why) = cublaslt::data_type(dtype) {
-        return Err((why, lhs, rhs));
+        return Err((why, lhs, rhs, acc));
     }
     let device = lhs.device.clone();
     if let Err(why) = cublaslt::device_support(&device) {
-        return Err((why, lhs, rhs));
+        return Err((why, lhs, rhs, acc));
     }
     let out_dims = out_shape.to_vec();
+    if let Some(acc) = acc {
+        if out_shape.num_elements() == 0 || lhs.meta.shape()[out_dims.len() - 1] == 0 {
+            return Ok(acc); // Nothing to add.
+        }
+        return product_into(lhs, rhs, &out_dims, ordering, acc, true);
+    }
     if out_shape.num_elements() == 0 || lhs.meta.shape()[out_dims.len() - 1] == 0 {
         // Nothing to multiply: an empty product, or zeros (k = 0).
         return Ok(burn_cubecl::ops::numeric::zeros_client(
@@ -149,10 +233,27 @@ fn cuda_product(
             dtype,
         ));
     }
+    let out = super::empty_like(&lhs, out_shape, dtype);
+    product_into(lhs, rhs, &out_dims, ordering, out, false)
+}
+
+/// [`cuda_product`]'s launch: `out = lhs · rhs`, or `out += lhs · rhs` when `accumulate`.
+#[cfg(feature = "cuda")]
+#[allow(clippy::result_large_err)]
+fn product_into(
+    mut lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    mut rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    out_dims: &[usize],
+    ordering: Option<super::cublaslt::MatmulOrdering>,
+    out: CubeTensor<cubecl::cuda::CudaRuntime>,
+    accumulate: bool,
+) -> Result<CubeTensor<cubecl::cuda::CudaRuntime>, Declined> {
+    use super::cublaslt::{self, Product};
+    let device = lhs.device.clone();
     let layout = loop {
         let l = (lhs.meta.shape().to_vec(), lhs.meta.strides().to_vec());
         let r = (rhs.meta.shape().to_vec(), rhs.meta.strides().to_vec());
-        match gemm_layout((&l.0, &l.1), (&r.0, &r.1), &out_dims) {
+        match gemm_layout((&l.0, &l.1), (&r.0, &r.1), out_dims) {
             Ok(layout) => break layout,
             Err(NeedsContiguous {
                 lhs: fix_l,
@@ -175,16 +276,16 @@ fn cuda_product(
             }
         }
     };
-    let out = super::empty_like(&lhs, out_shape, dtype);
     let product = Product {
         lhs: &lhs,
         rhs: &rhs,
         out: &out,
         layout: &layout,
+        accumulate,
     };
     match cublaslt::run(&device, product, ordering) {
         Ok(_) => Ok(out),
-        Err(why) => Err((why, lhs, rhs)),
+        Err(why) => Err((why, lhs, rhs, accumulate.then_some(out))),
     }
 }
 
@@ -202,7 +303,7 @@ pub fn cublaslt_matmul(
         Ok(shape) => shape,
         Err(e) => panic!("{e}"),
     };
-    let out = cuda_product(lhs, rhs, out_shape, ordering).map_err(|(why, _, _)| why)?;
+    let out = cuda_product(lhs, rhs, out_shape, ordering, None).map_err(|(why, ..)| why)?;
     counters::record(Kernel::matmul_vendor);
     Ok(out)
 }
@@ -236,6 +337,7 @@ pub fn cublaslt_repeated_products(
         rhs: &rhs,
         out: &out,
         layout: &layout,
+        accumulate: false,
     };
     cublaslt::run_repeated(&lhs.device, product, repeats)
 }

@@ -213,6 +213,14 @@ where
         matmul::uses_vendor_library::<R>(device, dtype)
     }
 
+    fn fused_matmul_add(
+        acc: CubeTensor<R>,
+        lhs: CubeTensor<R>,
+        rhs: CubeTensor<R>,
+    ) -> CubeTensor<R> {
+        matmul::matmul_add::<R, F, I, BT>(acc, lhs, rhs)
+    }
+
     fn fused_adamw_step(
         param: CubeTensor<R>,
         grad: CubeTensor<R>,

@@ -2,7 +2,9 @@
 //! library (cuBLASLt on CUDA), it is one custom operation (`CustomOpIr`) that runs the
 //! inner `fused_matmul` when the stream reaches it; everywhere else it is Burn's own
 //! matmul operation, which the fusion optimizer may fuse with neighbouring elementwise
-//! work.
+//! work. `fused_matmul_add` likewise: one custom operation on the vendor library (the
+//! accumulator, at its last use, is updated in its own buffer), else the default
+//! composition of stock operations.
 
 use super::custom_op::{self, CustomKernel, Handles, float_inputs};
 use crate::ops::{FusedOps, matmul_shape};
@@ -43,4 +45,31 @@ pub(crate) fn matmul<B: FusionBackend + FusedOps>(
         Matmul,
     )
     .remove(0)
+}
+
+/// The custom operation: `B::fused_matmul_add` on its three inputs.
+#[derive(Clone, Copy, Debug)]
+struct MatmulAdd;
+
+impl<B: FusionBackend + FusedOps> CustomKernel<B> for MatmulAdd {
+    fn run(&self, inputs: &[TensorIr], handles: &mut Handles<B>) -> Vec<B::FloatTensorPrimitive> {
+        let mut inputs = float_inputs::<B>(inputs, handles);
+        let mut next = || inputs.next().expect("custom op declared acc, lhs, rhs");
+        let (acc, lhs, rhs) = (next(), next(), next());
+        vec![B::fused_matmul_add(acc, lhs, rhs)]
+    }
+}
+
+/// `acc + lhs · rhs` (see [`FusedOps::fused_matmul_add`]).
+pub(crate) fn matmul_add<B: FusionBackend + FusedOps>(
+    acc: FusionTensor<B::FusionRuntime>,
+    lhs: FusionTensor<B::FusionRuntime>,
+    rhs: FusionTensor<B::FusionRuntime>,
+) -> FusionTensor<B::FusionRuntime> {
+    if !B::fused_matmul_uses_vendor_library(lhs.client.device(), lhs.dtype()) {
+        return crate::ops::compose::matmul_add::<Fusion<B>>(acc, lhs, rhs);
+    }
+    let out = (acc.shape(), acc.dtype());
+    custom_op::register::<B, _>("liger_matmul_add", vec![acc, lhs, rhs], &[out], MatmulAdd)
+        .remove(0)
 }

@@ -194,6 +194,14 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         B::fused_matmul_uses_vendor_library(device, dtype)
     }
 
+    fn fused_matmul_add(
+        acc: FusionTensor<B::FusionRuntime>,
+        lhs: FusionTensor<B::FusionRuntime>,
+        rhs: FusionTensor<B::FusionRuntime>,
+    ) -> FusionTensor<B::FusionRuntime> {
+        matmul::matmul_add::<B>(acc, lhs, rhs)
+    }
+
     fn fused_adamw_step(
         param: FusionTensor<B::FusionRuntime>,
         grad: FusionTensor<B::FusionRuntime>,

@@ -690,6 +690,20 @@ pub trait FusedOps: Backend {
         Self::float_matmul(lhs, rhs)
     }
 
+    /// `acc + lhs · rhs`: `acc: [m, n]` f32, `lhs: [m, k]` and `rhs: [k, n]` of one float
+    /// dtype (any strides); returns `[m, n]` f32. For gradients summed over chunks (the
+    /// chunked losses' weight gradients): the default rounds the product to the inputs'
+    /// dtype, casts and adds; `CubeBackend` on CUDA runs one cuBLASLt call that adds the
+    /// f32-accumulated product to `acc` in f32 inside `acc`'s buffer (`beta = 1`) when
+    /// nothing else holds it, so no product-sized temporary exists.
+    fn fused_matmul_add(
+        acc: FloatTensor<Self>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        compose::matmul_add::<Self>(acc, lhs, rhs)
+    }
+
     /// Whether [`fused_matmul`](FusedOps::fused_matmul) of `dtype` tensors on `device`
     /// runs a vendor BLAS library (cuBLASLt) instead of the backend's own matmul. The
     /// fusion backend asks, so that everywhere else it keeps Burn's own matmul operation,

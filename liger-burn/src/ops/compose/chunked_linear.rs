@@ -1,8 +1,10 @@
 //! What the chunked fused-linear losses share: a chunk's logits `x_c Wᵀ (+ b)` through
 //! [`FusedOps::fused_matmul`], and the gradients of the linear layer from a chunk's logits
-//! gradient `g_c`: `grad_x_c = g_c W`, `grad_W += f32(g_cᵀ x_c)`, `grad_b += Σ_rows f32(g_c)`,
-//! the weight and bias gradients accumulated in f32 over the chunks and cast once at the
-//! end (see [`super::linear_cross_entropy`] for what that accumulator costs).
+//! gradient `g_c`: `grad_x_c = g_c W`, `grad_W += g_cᵀ x_c` ([`FusedOps::fused_matmul_add`]:
+//! on CUDA one cuBLASLt call adding the f32-accumulated product inside the accumulator's
+//! buffer), `grad_b += Σ_rows f32(g_c)`, the weight and bias gradients accumulated in f32
+//! over the chunks and cast once at the end (see [`super::linear_cross_entropy`] for what
+//! that accumulator costs).
 
 use super::{to_dtype, to_f32};
 use crate::ops::FusedOps;
@@ -79,11 +81,13 @@ impl<B: FusedOps> LinearGrads<B> {
     /// gradient `g: [m, V]` and input `x_c: [m, H]`, without the input gradient.
     pub(crate) fn accumulate(&mut self, g: Tensor<B, 2>, x_c: Tensor<B, 2>) {
         if self.want_weight {
-            let gw = float::<B, 2>(to_f32::<B>(prim(matmul::<B>(g.clone().transpose(), x_c))));
-            self.weight = Some(match self.weight.take() {
-                Some(acc) => acc + gw,
-                None => gw,
+            let g_t = g.clone().transpose();
+            let acc = self.weight.take().unwrap_or_else(|| {
+                // Every chunk, the first included, goes through the same f32 addition.
+                let shape = [g_t.dims()[0], x_c.dims()[1]];
+                Tensor::zeros(shape, (&g.device(), DType::F32))
             });
+            self.weight = Some(float(B::fused_matmul_add(prim(acc), prim(g_t), prim(x_c))));
         }
         if self.has_bias {
             let gb = float::<B, 2>(to_f32::<B>(prim(g))).sum_dim(0);

@@ -6,7 +6,7 @@
 //!
 //! Per chunk of rows `c`: `logits_c = x_c Wᵀ (+ b)`, the fused cross entropy writes the
 //! loss rows and the logits gradient `g_c` (over `logits_c` itself on the CubeCL
-//! backends), then `grad_x_c = g_c W`, `grad_W += f32(g_cᵀ x_c)`, `grad_b += Σ_rows f32(g_c)`.
+//! backends), then `grad_x_c = g_c W`, `grad_W += g_cᵀ x_c` (in f32), `grad_b += Σ_rows f32(g_c)`.
 //! Only the gradients asked for are computed: a frozen LM head
 //! ([`LinearCrossEntropyGradsWanted::weight`] false) costs no weight gradient at all.
 //!
@@ -24,16 +24,17 @@
 //!
 //! # Chunk size and memory
 //!
-//! Each chunk's weight-gradient product `g_cᵀ x_c` is a `[V, H]` matrix in the input
-//! dtype, cast to f32 and added to an f32 accumulator: the accumulator costs `V·H·4`
-//! bytes for the whole call (plus one `[V, H]` product in the input dtype per chunk,
-//! released before the next), and every chunk reads and writes it once (about
-//! `10·V·H` bytes for bf16 inputs). That traffic outweighs the chunk's three matmuls
-//! (`6·m·V·H` FLOPs) when a chunk has fewer than a few thousand rows `m` on current GPUs,
-//! so chunks are not made smaller than `min(H, N)` rows: their logits (`m·V` elements)
-//! then take about as much memory as the `[V, H]` product the accumulation allocates
-//! anyway. Above that, chunks follow Liger-Kernel's rule (`≈ N·H/V` rows: a chunk's
-//! logits about the size of `x`). The rows are split into equal chunks.
+//! Each chunk's weight-gradient product `g_cᵀ x_c` is added to an f32 `[V, H]`
+//! accumulator (`V·H·4` bytes for the whole call) by
+//! [`FusedOps::fused_matmul_add`]: on CUDA one cuBLASLt call that adds the product,
+//! accumulated in f32, inside the accumulator's buffer (no product-sized temporary;
+//! reading and writing the accumulator is `8·V·H` bytes a chunk); elsewhere the product
+//! in the input dtype, cast and added (one `[V, H]` temporary, `10·V·H` bytes for bf16).
+//! That traffic outweighs the chunk's three matmuls (`6·m·V·H` FLOPs) when a chunk has
+//! fewer than a few thousand rows `m` on current GPUs, so chunks are not made smaller
+//! than `min(H, N)` rows: their logits (`m·V` elements) then take about as much memory as
+//! half the accumulator. Above that, chunks follow Liger-Kernel's rule (`≈ N·H/V` rows: a
+//! chunk's logits about the size of `x`). The rows are split into equal chunks.
 
 use super::chunked_linear::{LinearGrads, float, logits as chunk_logits, matmul, prim};
 use super::lora::{add_adapter, cast};
