@@ -21,10 +21,9 @@ use liger_burn::ops::compose::linear_cross_entropy::automatic_chunk_rows;
 use liger_burn::ops::{AdapterPrecision, CrossEntropyOptions, FusedOps, LoraOptions, Reduction};
 use liger_burn::test_hooks::override_chunk_rows;
 use liger_tests::BackendVisitor;
-use liger_tests::bounded::{
-    Bounded, U32, check_with_rejection, host, round, rounded, tensor, unit,
-};
+use liger_tests::bounded::{Bounded, U32, check_with_rejection, round, rounded, tensor, unit};
 use liger_tests::errors::{assert_mentions, panic_message};
+use liger_tests::tensors::values as host;
 use liger_verify::conformance::Rng;
 use liger_verify::conformance::compare_normwise;
 use liger_verify::conformance::linear_cross_entropy::TF32_NORMWISE;

@@ -13,7 +13,8 @@
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 use liger_burn::ops::FusedOps;
 use liger_tests::BackendVisitor;
-use liger_tests::bounded::{Bounded, check_with_rejection, host, rounded, tensor};
+use liger_tests::bounded::{Bounded, check_with_rejection, rounded, tensor};
+use liger_tests::tensors::values as host;
 use liger_verify::conformance::Rng;
 
 fn prim<B: FusedOps, const D: usize>(t: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {

@@ -15,8 +15,9 @@ use burn::tensor::{DType, Tensor};
 use liger_burn::functional;
 use liger_burn::ops::FusedOps;
 use liger_tests::BackendVisitor;
-use liger_tests::bounded::{Bounded, U32, check_with_rejection, host, rounded, tensor};
+use liger_tests::bounded::{Bounded, U32, check_with_rejection, rounded, tensor};
 use liger_tests::errors::{assert_mentions, panic_message};
+use liger_tests::tensors::values as host;
 use liger_verify::conformance::glu::activation;
 use liger_verify::conformance::{Op, Rng};
 

@@ -266,17 +266,6 @@ pub fn check_with_rejection(
     }
 }
 
-/// Values as f64 (through f32: exact for every dtype here).
-pub fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
-    t.cast(DType::F32)
-        .into_data()
-        .to_vec::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(f64::from)
-        .collect()
-}
-
 /// A tensor of `shape` from f64 values, stored in `dtype`.
 pub fn tensor<B: Backend, const D: usize>(
     v: &[f64],

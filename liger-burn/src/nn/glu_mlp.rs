@@ -1,7 +1,9 @@
 //! Gated MLPs (`down_proj(act(gate_proj(x)) * up_proj(x))`) with the fused gated unit:
 //! [`SwiGluMlp`] (Llama, Qwen, Mistral) and [`GeGluMlp`] (Gemma). The projections stay
 //! matmuls (burn `Linear`); the activation and the product are one kernel, forward and
-//! backward, and the `[..., d_ff]` activation is never materialised on its own.
+//! backward, and the `[..., d_ff]` activation is never materialised on its own. The down
+//! projection and the gated unit are one op ([`functional::swiglu_linear`]): its backward
+//! recomputes the `[..., d_ff]` unit instead of keeping it.
 //!
 //! Records have the Hugging Face layout, `gate_proj.weight`, `up_proj.weight`,
 //! `down_proj.weight` (plus `.bias` when configured), so a record of any struct with those
@@ -16,7 +18,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::Tensor;
 
 macro_rules! glu_mlp {
-    ($module:ident, $config:ident, $op:ident, $what:literal) => {
+    ($module:ident, $config:ident, $op:ident, $op_linear:ident, $what:literal) => {
         #[doc = concat!("Configuration of [`", stringify!($module), "`].")]
         #[derive(Config, Debug)]
         pub struct $config {
@@ -53,8 +55,8 @@ macro_rules! glu_mlp {
 
         #[doc = concat!(
             "Gated MLP with ", $what, ": `down_proj(", stringify!($op),
-            "(gate_proj(x), up_proj(x)))`, the gated unit fused \
-             ([`functional::", stringify!($op), "`]).\n\n\
+            "(gate_proj(x), up_proj(x)))`, the gated unit fused and the down projection \
+             taken with it ([`functional::", stringify!($op_linear), "`]).\n\n\
              Record layout: `gate_proj`, `up_proj`, `down_proj` (burn `Linear`s)."
         )]
         #[derive(Module, Debug)]
@@ -70,11 +72,15 @@ macro_rules! glu_mlp {
         impl<B: FusedOps> $module<B> {
             /// `x: [..., d_model]` (e.g. `[batch, seq, d_model]`) → `[..., d_model]`.
             pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-                let hidden = functional::$op(
+                let y = functional::$op_linear(
                     self.gate_proj.forward(x.clone()),
                     self.up_proj.forward(x),
+                    self.down_proj.weight.val(),
                 );
-                self.down_proj.forward(hidden)
+                match &self.down_proj.bias {
+                    Some(b) => y + b.val().unsqueeze(),
+                    None => y,
+                }
             }
         }
     };
@@ -84,11 +90,13 @@ glu_mlp!(
     SwiGluMlp,
     SwiGluMlpConfig,
     swiglu,
+    swiglu_linear,
     "SwiGLU (`silu(gate) * up`)"
 );
 glu_mlp!(
     GeGluMlp,
     GeGluMlpConfig,
     geglu,
+    geglu_linear,
     "GeGLU (`gelu_tanh(gate) * up`)"
 );
