@@ -11,7 +11,8 @@ A run with another memory pool (`--memory-pool exact`) or AdamW implementation
 (`--adamw-impl`) is its own line, e.g. "liger-burn (memory pool exact)".
 
 Memory: peak reserved (solid: what the allocator held from the device, PyTorch's
-max_memory_reserved / CubeCL's pool bytes_reserved) and peak in use (dashed: live bytes,
+max_memory_reserved / on CUDA the high-water mark of CUDA's pool beneath CubeCL's
+(`peak_device_reserved_MiB`), elsewhere CubeCL's pool bytes_reserved) and peak in use (dashed: live bytes,
 read after each timed step and after each phase of the last one, by both). Lengths where a
 provider did not run (oom, timeout, error, invalid) have no point; its first failure is an
 x on the axis, named in the legend. When the CSVs hold several runs of a model and
@@ -113,9 +114,15 @@ def load(path):
             tokens_per_s=None, reserved=None, in_use=None, config=r["config"], gpu=r["gpu"],
             commit=r["commit"], date=r["date"]))
         field = {"tokens/s": "tokens_per_s", "peak_reserved_MiB": "reserved",
+                 "peak_device_reserved_MiB": "device_reserved",
                  "peak_in_use_MiB": "in_use"}.get(r["metric"])
         if field:
             rec[field] = number(r["p50"])
+    for rec in records.values():
+        # On CUDA the device memory CubeCL's allocations held (CUDA's pool counter).
+        device = rec.pop("device_reserved", None)
+        if device is not None:
+            rec["reserved"] = device
     return list(records.values())
 
 
