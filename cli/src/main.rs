@@ -31,6 +31,7 @@
 )]
 
 mod eval;
+mod logger;
 mod merge;
 mod train;
 
@@ -47,6 +48,11 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// More of what liger-burn, CubeCL and Burn report on stderr: -v their informational
+    /// messages, -vv their debug messages (e.g. the device features CubeCL found). Without
+    /// it, their warnings only (e.g. cuBLASLt missing, so products run on Burn's matmul).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
 }
 
 #[derive(Subcommand, Debug)]
@@ -179,6 +185,7 @@ pub struct EvalArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    logger::install(cli.verbose);
     let result = match cli.command {
         Command::Check(args) => check::run(args),
         Command::Bench(args) => bench::run(args),
@@ -193,5 +200,24 @@ fn main() -> ExitCode {
             eprintln!("error: {err:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn flags_are_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn verbose_counts_after_any_subcommand() {
+        let cli = Cli::try_parse_from(["liger", "train", "-vv"]).expect("parses");
+        assert_eq!(cli.verbose, 2);
+        let cli = Cli::try_parse_from(["liger", "-v", "check"]).expect("parses");
+        assert_eq!(cli.verbose, 1);
     }
 }
