@@ -93,10 +93,11 @@ fn memory_release_points_leave_loss_and_gradients_unchanged() {
                 deterministic: true,
                 ..LigerConfig::all()
             };
+            // One model for both runs: the backends' generators are shared by the tests
+            // running beside this one, so a second initialization could differ.
+            let base = trainer::random_model::<Ad<B>>(&config, liger, DType::F32, device, seed);
             let run = |release: bool| {
-                let model =
-                    trainer::random_model::<Ad<B>>(&config, liger, DType::F32, device, seed)
-                        .with_memory_release_per_layer(release);
+                let model = base.clone().with_memory_release_per_layer(release);
                 let tokens = || -> Tensor<Ad<B>, 2, Int> {
                     Tensor::from_data(TensorData::new(ids.clone(), [batch, seq]), device)
                 };

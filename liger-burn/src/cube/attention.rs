@@ -40,8 +40,12 @@ pub(crate) fn plan<R: CubeRuntime>(
     // The flash kernels keep row maxima of the unscaled scores: a positive, finite scale.
     let scale_ok = options.scale > 0.0 && options.scale.is_finite();
     let tensor_cores = || {
-        flash_plan(client, head_dim, dtype.into(), FlashVariant::Mma)
-            .or_else(|_| flash_plan(client, head_dim, dtype.into(), FlashVariant::TensorCores))
+        let plan = flash_plan(client, head_dim, dtype.into(), FlashVariant::Mma)
+            .or_else(|_| flash_plan(client, head_dim, dtype.into(), FlashVariant::TensorCores));
+        if let Err(why) = &plan {
+            log_without_tensor_cores(why);
+        }
+        plan
     };
     let plan = match options.kernel {
         AttentionKernel::Blockwise => None,
@@ -64,6 +68,16 @@ pub(crate) fn plan<R: CubeRuntime>(
             p
         }
     })
+}
+
+/// Says once per process why the tensor-core flash kernels do not run (e.g. Vulkan through
+/// wgpu: cooperative matrices, but less shared memory a cube than the kernels take), so a
+/// user comparing vendors sees which kernels ran (`liger -v`).
+fn log_without_tensor_cores(why: &liger_cubecl_kernels::KernelError) {
+    static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::info!("attention: the tensor-core flash kernels do not run on this device: {why}");
+    }
 }
 
 /// Which flash kernels run these inputs (no mask tensor) on `device`, if any.
