@@ -211,9 +211,9 @@ pub struct TrainArgs {
     /// shape (use with --packing; with per-batch padding each new shape adds buffers that
     /// are never reused); `release` = `exact`, with the free buffers handed back to the
     /// device at each decoder layer of the backward and after each optimizer step, so the
-    /// memory one size frees serves another (on CUDA through its stream-ordered pool).
-    /// See verify/src/pool.rs.
-    #[arg(long, value_enum, default_value_t = liger_verify::pool::MemoryPool::Default, value_name = "POOL")]
+    /// memory one size frees serves another (on CUDA through its stream-ordered pool);
+    /// `auto` = `release` on CUDA, `default` elsewhere. See verify/src/pool.rs.
+    #[arg(long, value_enum, default_value_t = liger_verify::pool::MemoryPool::Auto, value_name = "POOL")]
     pub memory_pool: liger_verify::pool::MemoryPool,
     /// Dtype of the weights, activations and gradients (losses in f32). f16 and bf16 train
     /// in mixed precision: forward and backward in that dtype, AdamW updating f32 master
@@ -369,6 +369,8 @@ pub struct TrainArgs {
 
 /// Runs `liger train`.
 pub fn run(args: TrainArgs) -> Result<ExitCode> {
+    let mut args = args;
+    args.memory_pool = args.memory_pool.resolve(args.device);
     liger_verify::pool::configure(args.memory_pool)?;
     let saved = match &args.resume {
         Some(dir) => Some(checkpoint::read_state(dir)?),
@@ -1284,6 +1286,9 @@ impl OnDevice for TrainJob {
                 "off"
             }
         );
+        if ctx.cube.is_some() {
+            println!("pool:      {}", self.args.memory_pool.describe());
+        }
         if let Some(code) = device::require_dtype::<B>(
             &ctx.device,
             self.args.dtype.dtype(),

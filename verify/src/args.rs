@@ -276,7 +276,8 @@ pub struct BenchArgs {
     /// same size only (CubeCL's persistent pool, enforced), meant for fixed shapes;
     /// `release` = `exact`, the free buffers handed back to the device at each decoder
     /// layer of the backward and after each optimizer step (--e2e), so memory one size
-    /// frees serves another (on CUDA through its stream-ordered pool, set to keep it). Set
+    /// frees serves another (on CUDA through its stream-ordered pool, set to keep it);
+    /// `auto` = `release` on CUDA, `default` elsewhere (what `liger train` uses). Set
     /// through CubeCL's runtime configuration before the device is created (other
     /// cubecl.toml settings are kept).
     #[arg(long, value_enum, default_value_t = crate::pool::MemoryPool::Default, value_name = "POOL")]

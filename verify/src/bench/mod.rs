@@ -59,7 +59,9 @@ const ROTATION_BYTES: usize = 256 << 20;
 const MAX_SETS: usize = 16;
 
 /// Runs `liger bench`.
-pub fn run(args: BenchArgs) -> Result<ExitCode> {
+pub fn run(mut args: BenchArgs) -> Result<ExitCode> {
+    // A concrete pool, which the rows name and the e2e cases' processes are given.
+    args.memory_pool = args.memory_pool.resolve(args.device);
     crate::pool::configure(args.memory_pool)?;
     if args.optimizer_step {
         return optimizer::run(args);
