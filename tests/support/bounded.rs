@@ -237,7 +237,8 @@ pub fn wrong_outputs(v: &[f64], rows: usize, cols: usize) -> Vec<(&'static str, 
 }
 
 /// Checks `actual` against `reference` within its bounds, then that every wrong version of
-/// it ([`wrong_outputs`]) is refused; failures are appended to `failures`, naming `what`.
+/// it ([`wrong_outputs`]) that the bounds can tell apart is refused, and that there is at
+/// least one; failures are appended to `failures`, naming `what`.
 pub fn check_with_rejection(
     failures: &mut Vec<String>,
     what: &str,
@@ -248,6 +249,7 @@ pub fn check_with_rejection(
         failures.push(e);
         return;
     }
+    let mut tested = 0;
     for (how, wrong) in wrong_outputs(actual, reference.rows, reference.cols) {
         // A wrong version that changes only elements the bounds cannot tell from zero
         // (e.g. the last row of a one-row product whose factor is tiny, or a row zero
@@ -260,9 +262,18 @@ pub fn check_with_rejection(
         if !distinguishable {
             continue;
         }
+        tested += 1;
         if reference.check(what, &wrong, 1.0).is_ok() {
             failures.push(format!("{what}: the wrong output `{how}` passes the bound"));
         }
+    }
+    // Every element within its bound of zero: the comparison could not fail, so the case
+    // proves nothing.
+    if tested == 0 {
+        failures.push(format!(
+            "{what}: no wrong output differs from the result beyond the bounds (a reference \
+             indistinguishable from zero)"
+        ));
     }
 }
 

@@ -58,9 +58,10 @@ use std::sync::OnceLock;
 /// A `--memory-pool` value.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum MemoryPool {
-    /// `release` on CUDA (`--device cuda`, or `auto` in a build with CUDA), where it was
-    /// measured at the speed of `default` with 0.4-0.7x its memory, fixed and changing
-    /// shapes alike; `default` on every other device ([`MemoryPool::resolve`]).
+    /// `release` on CUDA (`--device cuda`, or `auto` in a build with CUDA), whose
+    /// stream-ordered pool serves any size from what is released, so a step holds about
+    /// what it uses whether its shapes are fixed or not; `default` on every other device,
+    /// whose allocators that has not been measured on ([`MemoryPool::resolve`]).
     Auto,
     /// CubeCL's default pools (`SubSlices` on CUDA/HIP: slices of large pages; freed
     /// pages are kept until an explicit cleanup).

@@ -10,10 +10,12 @@
 //! elementwise pass over `[rows, d_ff]`) for the weight's gradient, which saves the
 //! `[rows, d_ff]` tensor per layer that a linear node after the GLU node would keep.
 
+use super::matmul::transposed;
+use crate::ops::compose::glu::as_rows;
 use crate::ops::{FusedOps, GluActivation, GluGrads};
+use burn::tensor::Shape;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Shape, TensorMetadata};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -87,19 +89,6 @@ pub(crate) fn glu_backward<B: FusedOps, C: CheckpointStrategy>(
 #[derive(Debug)]
 struct GluLinearBackward {
     activation: GluActivation,
-}
-
-/// `[..., k]` → `[rows, k]`, and the leading dimensions.
-fn as_rows<B: FusedOps>(x: FloatTensor<B>) -> (FloatTensor<B>, Vec<usize>) {
-    let dims = x.shape().as_slice().to_vec();
-    let k = *dims.last().expect("rank ≥ 1");
-    let rows = dims.iter().product::<usize>() / k.max(1);
-    (B::float_reshape(x, Shape::new([rows, k])), dims)
-}
-
-/// `[a, b]` → `[b, a]`, a view (the matmul reads it through its transpose flags).
-fn transposed<B: FusedOps>(x: FloatTensor<B>) -> FloatTensor<B> {
-    B::float_swap_dims(x, 0, 1)
 }
 
 impl<B: FusedOps> Backward<B, 3> for GluLinearBackward {

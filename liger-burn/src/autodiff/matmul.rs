@@ -18,7 +18,7 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind, broadcast_shape};
 struct MatmulBackward;
 
 /// `[..., a, b]` → `[..., b, a]`, a view.
-fn transposed<B: FusedOps>(x: FloatTensor<B>) -> FloatTensor<B> {
+pub(crate) fn transposed<B: FusedOps>(x: FloatTensor<B>) -> FloatTensor<B> {
     let rank = x.shape().num_dims();
     B::float_swap_dims(x, rank - 2, rank - 1)
 }

@@ -75,16 +75,20 @@ pub fn backward<B: Backend>(
     }
 }
 
+/// `x: [..., k]` as `[rows, k]` (a view of a contiguous tensor), and its dimensions.
+pub(crate) fn as_rows<B: Backend>(x: FloatTensor<B>) -> (FloatTensor<B>, Vec<usize>) {
+    let dims = x.shape().as_slice().to_vec();
+    let k = *dims.last().expect("rank ≥ 1");
+    let rows = dims.iter().product::<usize>() / k.max(1);
+    (B::float_reshape(x, Shape::new([rows, k])), dims)
+}
+
 /// `x: [..., k]` times `weight: [k, n]` → `[..., n]`: one product over all rows
 /// ([`FusedOps::fused_matmul`]).
 pub fn rows_times<B: FusedOps>(x: FloatTensor<B>, weight: FloatTensor<B>) -> FloatTensor<B> {
-    let mut dims = x.shape().as_slice().to_vec();
-    let k = *dims.last().expect("rank ≥ 1");
-    let rows = dims.iter().product::<usize>() / k.max(1);
-    let n = weight.shape()[1];
-    let y = B::fused_matmul(B::float_reshape(x, Shape::new([rows, k])), weight);
-    *dims.last_mut().expect("rank ≥ 1") = n;
-    B::float_reshape(y, Shape::from(dims))
+    let (x, mut dims) = as_rows::<B>(x);
+    *dims.last_mut().expect("rank ≥ 1") = weight.shape()[1];
+    B::float_reshape(B::fused_matmul(x, weight), Shape::from(dims))
 }
 
 /// `act(gate) * up` times `weight`: the gated unit, then [`rows_times`].
