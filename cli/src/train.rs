@@ -26,7 +26,7 @@ use liger_train::schedule::LrSchedule;
 use liger_train::tokenizer::{SpecialIds, TextTokenizer};
 use liger_train::trainer::{self, Resume, Run, TrainBackend, TrainConfig};
 use liger_train::{TrainError, bundled};
-use liger_verify::args::OnOff;
+use liger_verify::args::{HeadGradArg, OnOff};
 use liger_verify::device::{self, Ctx, DeviceKind, OnDevice};
 use liger_verify::dtype::DtypeArg;
 use std::path::{Path, PathBuf};
@@ -270,6 +270,12 @@ pub struct TrainArgs {
     /// (slower at long sequences).
     #[arg(long)]
     pub deterministic: bool,
+    /// The dtype the fused linear cross entropy sums the LM head's weight gradient in over
+    /// its chunks of tokens: `weight-dtype`, as Liger-Kernel (one rounding per chunk, no
+    /// f32 [vocab, hidden] accumulator: 1 GiB less for Llama-3.2-1B's head), or `f32` (one
+    /// rounding in all). Same result for f32 weights. [default: weight-dtype]
+    #[arg(long, value_enum, value_name = "weight-dtype|f32")]
+    pub head_grad: Option<HeadGradArg>,
     /// Longest example in tokens (bos + prompt + response + eos); with --packing, the
     /// length of every packed row. [default: 256]
     #[arg(long, value_name = "TOKENS")]
@@ -888,6 +894,9 @@ fn liger_config(args: &TrainArgs) -> Result<LigerConfig> {
     set(args.swiglu, &mut c.swiglu);
     set(args.attention, &mut c.attention);
     c.deterministic = args.deterministic;
+    if let Some(head_grad) = args.head_grad {
+        c.head_grad_accumulation = head_grad.accumulation();
+    }
     set(
         args.fused_linear_cross_entropy,
         &mut c.fused_linear_cross_entropy,
@@ -933,7 +942,13 @@ fn kernels_text(args: &TrainArgs, c: &LigerConfig) -> String {
         } else {
             ""
         }
-    )
+    ) + if c.fused_linear_cross_entropy
+        && c.head_grad_accumulation == liger_burn::ops::WeightGradAccumulation::F32
+    {
+        "; LM head gradient summed in f32"
+    } else {
+        ""
+    }
 }
 
 /// The optimizer and its precision, in words.

@@ -10,7 +10,7 @@
 use burn::tensor::activation::{log_softmax, silu};
 use burn::tensor::{DType, Int, Tensor};
 use liger_burn::nn::LoraAdapter;
-use liger_burn::ops::{FusedOps, RmsNormOptions};
+use liger_burn::ops::{FusedOps, RmsNormOptions, WeightGradAccumulation};
 
 /// Label of a position that takes no part in the loss (PyTorch's and Liger's default).
 pub const IGNORE_INDEX: i64 = -100;
@@ -214,6 +214,8 @@ pub fn lora_linear<B: FusedOps, const D: usize>(
 /// - `targets`: `[n]`, in `0..vocab` or [`IGNORE_INDEX`]
 /// - `lora_on`: with `on` off, whether the materialized logits' adapter path is
 ///   liger-burn's LoRA op (else the stock composition)
+/// - `accumulation`: with `on`, the dtype the head's weight gradient is summed in over
+///   the chunks
 /// - returns f32 `[1]` (mean, sum) or `[n]` ([`Reduction::None`])
 #[allow(clippy::too_many_arguments)]
 pub fn fused_linear_cross_entropy<B: FusedOps>(
@@ -224,6 +226,7 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
     reduction: Reduction,
     on: bool,
     lora_on: bool,
+    accumulation: WeightGradAccumulation,
 ) -> Tensor<B, 1> {
     let [n, h] = hidden.dims();
     let [_, hw] = lm_head_weight.dims();
@@ -246,7 +249,7 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
                 None,
                 targets,
                 None,
-                loss_options(reduction),
+                loss_options(reduction).with_weight_grad_accumulation(accumulation),
             )
             .loss
         }
@@ -259,7 +262,7 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
                 Some(head),
                 targets,
                 None,
-                loss_options(reduction),
+                loss_options(reduction).with_weight_grad_accumulation(accumulation),
             )
             .loss
         }

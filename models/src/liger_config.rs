@@ -2,6 +2,8 @@
 //! `apply_liger_kernel_to_llama(rope=..., rms_norm=..., swiglu=..., cross_entropy=...,
 //! fused_linear_cross_entropy=...)`.
 
+use liger_burn::ops::WeightGradAccumulation;
+
 /// Kernel switches of a model. Every switch off is the stock Burn computation.
 ///
 /// `cross_entropy` and `fused_linear_cross_entropy` are exclusive (the fused linear cross
@@ -36,6 +38,11 @@ pub struct LigerConfig {
     /// with its own kernel instead of summing it by atomic adds on CUDA (slower; see
     /// `liger_burn::ops::AttentionOptions::deterministic`).
     pub deterministic: bool,
+    /// The dtype the fused linear cross entropy sums the LM head's weight gradient in over
+    /// its chunks of tokens: `WeightDtype` (the default, Liger-Kernel's: no f32 `[vocab,
+    /// hidden]` accumulator, 1 GiB less at Llama-3.2-1B's head, one rounding per chunk) or
+    /// `F32` (one rounding in all). See `liger_burn::ops::WeightGradAccumulation`.
+    pub head_grad_accumulation: WeightGradAccumulation,
 }
 
 impl Default for LigerConfig {
@@ -58,6 +65,7 @@ impl LigerConfig {
             attention: true,
             lora: true,
             deterministic: false,
+            head_grad_accumulation: WeightGradAccumulation::WeightDtype,
         }
     }
 
@@ -72,6 +80,7 @@ impl LigerConfig {
             attention: false,
             lora: false,
             deterministic: false,
+            head_grad_accumulation: WeightGradAccumulation::F32,
         }
     }
 

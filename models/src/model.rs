@@ -360,6 +360,7 @@ impl<B: FusedOps> CausalLm<B> {
                 reduction,
                 true,
                 self.liger.lora,
+                self.liger.head_grad_accumulation,
             )
         } else {
             kernels::cross_entropy(

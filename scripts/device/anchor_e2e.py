@@ -193,6 +193,10 @@ def parse_args(argv=None):
     p.add_argument("--attn", choices=("sdpa", "eager"), default="sdpa",
                    help="transformers' attn_implementation (default sdpa: flash / "
                         "memory-efficient kernels, memory linear in the sequence)")
+    p.add_argument("--sdpa-backend", choices=("default", "flash", "cudnn", "efficient"),
+                   default="default",
+                   help="with --attn sdpa: the only kernel torch may use (default: torch's own "
+                        "choice, as transformers leaves it). Recorded in the config column.")
     p.add_argument("--adamw-impl", choices=("default", "foreach", "fused", "for-loop"),
                    default="default",
                    help="torch.optim.AdamW implementation: default (torch's choice: foreach "
@@ -348,6 +352,9 @@ def run_case(args, model_name, seq, batch, provider):
                                                          attn_implementation=args.attn)
         out["params"] = sum(p.numel() for p in model.parameters())
         out["attn"] = getattr(model.config, "_attn_implementation", args.attn)
+        if out["attn"] == "sdpa" and cuda:
+            restrict_sdpa(args.sdpa_backend)
+            out["attn"] += ":" + sdpa_choice(model.config, batch, seq, dtype, device)
         out["liger_patched"] = liger_patched(model, arch)
         if args.lora_rank is not None and start is not None:
             from peft import PeftModel
@@ -461,7 +468,8 @@ def run_case(args, model_name, seq, batch, provider):
 def child_argv(args, case):
     a = [sys.executable, os.path.abspath(__file__), "--case", case,
          "--warmup", str(args.warmup), "--steps", str(args.steps), "--dtype", args.dtype,
-         "--attn", args.attn, "--adamw-impl", args.adamw_impl, "--device", args.device,
+         "--attn", args.attn, "--sdpa-backend", args.sdpa_backend,
+         "--adamw-impl", args.adamw_impl, "--device", args.device,
          "--seed", str(args.seed), "--lr", repr(args.lr)]
     if args.start is not None:
         a += ["--start", args.start]
@@ -508,6 +516,35 @@ def run_child(args, model, seq, provider, timeout):
     return result
 
 
+def restrict_sdpa(backend):
+    """Leaves torch only `backend` for scaled_dot_product_attention (`default`: all)."""
+    import torch
+    if backend == "default":
+        return
+    torch.backends.cuda.enable_flash_sdp(backend == "flash")
+    torch.backends.cuda.enable_cudnn_sdp(backend == "cudnn")
+    torch.backends.cuda.enable_mem_efficient_sdp(backend == "efficient")
+    torch.backends.cuda.enable_math_sdp(False)
+
+
+def sdpa_choice(config, batch, seq, dtype, device):
+    """The kernel torch's scaled_dot_product_attention picks by itself for this model's
+    causal training attention (transformers passes no backend), e.g. flash_attention or
+    cudnn_attention."""
+    import torch
+    from torch.nn.attention import SDPBackend
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    q, k, v = (torch.empty(batch, h, seq, head_dim, dtype=dtype, device=device,
+                           requires_grad=True) for h in (heads, kv_heads, kv_heads))
+    try:
+        choice = int(torch._fused_sdp_choice(q, k, v, is_causal=True, enable_gqa=True))
+    except (AttributeError, RuntimeError, TypeError):
+        return "unknown"
+    names = {int(m.value): n.lower() for n, m in SDPBackend.__members__.items()}
+    return names.get(choice, str(choice))
+
+
 def config_text(args, provider, r):
     parts = [f"status={r['status']}", f"batch={args.batch}", f"dtype={args.dtype}",
              f"warmup={args.warmup}", f"steps={args.steps}",
@@ -544,7 +581,9 @@ def config_text(args, provider, r):
 
 def case_rows(args, model, seq, provider, r):
     cfg = config_text(args, provider, r)
-    key = dict(kernel=model, provider=provider, mode="train_step", x=seq)
+    # A forced SDPA kernel is another provider, so rows of torch's own choice stay apart.
+    label = provider if args.sdpa_backend == "default" else f"{provider} (sdpa {args.sdpa_backend})"
+    key = dict(kernel=model, provider=label, mode="train_step", x=seq)
     nan = float("nan")
     if r["status"] != "ok":
         return [bench_csv.row(metric="tokens/s", values=[nan] * 3, config=cfg, **key)]

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Times torch's scaled_dot_product_attention (flash backend, causal, enable_gqa, bf16) on the
-shapes of `liger bench --attention` and prints rows in its CSV schema:
+"""Times torch's scaled_dot_product_attention (causal, enable_gqa, bf16) on the shapes of
+`liger bench --attention` with the backends asked for (--backends: flash, the issue's anchor;
+cudnn; efficient; default, the one torch picks by itself, as transformers' sdpa attention
+calls it) and prints rows in its CSV schema:
 kernel,provider,mode,metric,x,p50,p20,p80,config,gpu,commit,date
 
 Each shape is BATCHxSEQxQ_HEADSxKV_HEADSxHEAD_DIM (q: [batch, q_heads, seq, head_dim], k and v
@@ -14,6 +16,10 @@ causal; backward 2.5x forward; full 3.5x. MB: peak allocated growth over one ite
 Usage (GPU machine with torch):
     python3 scripts/device/sdpa_anchor.py > sdpa.csv
     python3 scripts/device/sdpa_anchor.py --shape 1x4096x32x8x64,1x16384x12x2x128 --header
+    python3 scripts/device/sdpa_anchor.py --backends flash,cudnn,default
+
+Providers: torch-sdpa (flash), torch-sdpa-cudnn, torch-sdpa-efficient, torch-sdpa-default; the
+default rows' config names the backend torch chose (torch._fused_sdp_choice).
 """
 
 import argparse
@@ -22,8 +28,17 @@ import subprocess
 import sys
 
 import torch
+import contextlib
+
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {
+    "flash": ("torch-sdpa", SDPBackend.FLASH_ATTENTION),
+    "cudnn": ("torch-sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+    "efficient": ("torch-sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION),
+    "default": ("torch-sdpa-default", None),
+}
 
 HEADER = "kernel,provider,mode,metric,x,p50,p20,p80,config,gpu,commit,date"
 
@@ -98,6 +113,8 @@ def main():
     ap.add_argument("--gpu", default=None)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--header", action="store_true", help="print the CSV header first")
+    ap.add_argument("--backends", default="flash",
+                    help="comma-separated: flash, cudnn, efficient, default (torch's own choice)")
     args = ap.parse_args()
 
     dev = torch.device("cuda")
@@ -111,7 +128,12 @@ def main():
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     if args.header:
         print(HEADER)
-    for b, s, hq, hk, d in args.shape or default_shapes():
+    backends = [name.strip() for name in args.backends.split(",") if name.strip()]
+    for name in backends:
+        if name not in BACKENDS:
+            ap.error(f"--backends: unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    for (b, s, hq, hk, d), name in [(shape, n) for shape in (args.shape or default_shapes()) for n in backends]:
+        provider, backend = BACKENDS[name]
         x = f"{b}x{s}x{hq}x{hk}x{d}"
         dtype = torch.bfloat16
         nbytes = b * (hq + 2 * hk) * s * d * 2
@@ -122,18 +144,35 @@ def main():
         ]
         grad = torch.ones(b, hq, s, d, device=dev, dtype=dtype)
 
+        def chosen():
+            return sdpa_kernel(backend) if backend is not None else contextlib.nullcontext()
+
         def forward(i):
             q, k, v = inputs[i % sets]
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            with chosen():
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
         def full(i):
             q, k, v = (t.detach().requires_grad_() for t in inputs[i % sets])
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            with chosen():
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             out.backward(grad)
             return out, q.grad, k.grad, v.grad
 
+        label = name
+        if backend is None:
+            q, k, v = (t.detach().requires_grad_() for t in inputs[0])
+            try:
+                choice = int(torch._fused_sdp_choice(q, k, v, is_causal=True, enable_gqa=True))
+                names = {int(m.value): n.lower() for n, m in SDPBackend.__members__.items()}
+                label = f"default({names.get(choice, choice)})"
+            except (AttributeError, RuntimeError, TypeError) as err:
+                label = f"default(unknown: {err})".replace(",", ";")
+        try:
+            forward(0)
+        except RuntimeError as err:
+            print(f"# {x} {name}: {str(err).splitlines()[0]}", file=sys.stderr)
+            continue
         results = {}
         for mode, step in (("forward", forward), ("full", full)):
             for i in range(args.warmup):
@@ -157,7 +196,7 @@ def main():
             t = [quantile(samples, q) for q in (0.5, 0.2, 0.8)]
             flops = flops_fwd * {"forward": 1.0, "backward": 2.5, "full": 3.5}[mode]
             config = (
-                f"dtype=bf16 causal=1 enable_gqa=1 backend=flash torch={torch.__version__} "
+                f"dtype=bf16 causal=1 enable_gqa=1 backend={label} torch={torch.__version__} "
                 f"iters={iters} repeats={args.repeats} warmup={args.warmup} timer=cuda.Event "
                 f"grad={'none' if mode == 'forward' else 'ones'}"
             )
@@ -170,7 +209,7 @@ def main():
                 rows.append(("MB", [mem] * 3, f"{config} MB=MiB peak allocated growth over one iteration"))
             for metric, v, cfg in rows:
                 print(",".join([
-                    "attention", "torch-sdpa", mode, metric, x,
+                    "attention", provider, mode, metric, x,
                     number(v[0]), number(v[1]), number(v[2]),
                     field(cfg), field(gpu), commit, date,
                 ]))

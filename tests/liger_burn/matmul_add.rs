@@ -1,11 +1,12 @@
 //! `FusedOps::fused_matmul_add`, the chunked losses' weight-gradient accumulation:
-//! `acc + lhs · rhs` with an f32 `acc`, on every backend of the test device and every dtype
-//! it has, with `lhs` a transposed view (as the losses pass `g_cᵀ`), at odd shapes.
+//! `acc + lhs · rhs` with an f32 `acc` and with one of the inputs' dtype (the weight-dtype
+//! accumulation), on every backend of the test device and every dtype it has, with `lhs`
+//! a transposed view (as the losses pass `g_cᵀ`), at odd shapes.
 //!
 //! Compared with an f64 reference that carries the rounding bound of the default
-//! composition (the product accumulated in f32, rounded to the dtype, added in f32;
-//! `liger_tests::bounded`), which also covers CUDA's single cuBLASLt call (the product
-//! added in f32 without the rounding to the dtype). Wrong results (zeros, doubled, a
+//! composition (the product accumulated in f32, rounded to the dtype, added and rounded in
+//! `acc`'s dtype; `liger_tests::bounded`), which also covers CUDA's single cuBLASLt call
+//! (the product added in f32 without the rounding to the dtype). Wrong results (zeros, doubled, a
 //! dropped row, shifted rows, a transposed buffer) must exceed the bounds, and an
 //! accumulator another handle still holds must come out unchanged (the update happens in
 //! its buffer only when nothing else holds it).
@@ -34,33 +35,39 @@ impl BackendVisitor for Run {
     fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
         let mut failures = Vec::new();
         for (m, k, n) in [(37, 45, 29), (1, 7, 3), (64, 130, 48)] {
-            for dtype in liger_tests::dtypes::<B>(device) {
+            // An f32 accumulator, and one in the inputs' dtype when that is not f32.
+            let pairs = liger_tests::dtypes::<B>(device)
+                .into_iter()
+                .flat_map(|d| [(d, DType::F32), (d, d)])
+                .filter(|(d, a)| *a == DType::F32 || *d != DType::F32);
+            for (dtype, acc_dtype) in pairs {
                 let acc = self.rng.vec(m * n, -2.0, 2.0, 0.0);
                 // `lhs` is the transposed view of a `[k, m]` tensor.
                 let lhs_t = self.rng.vec(k * m, -1.0, 1.0, 0.0);
                 let rhs = self.rng.vec(k * n, -1.0, 1.0, 0.0);
                 let f = |v: &[f32]| v.iter().map(|x| *x as f64).collect::<Vec<_>>();
 
-                let acc_ref = Bounded::exact(m, n, rounded(&acc, DType::F32));
+                let acc_ref = Bounded::exact(m, n, rounded(&acc, acc_dtype));
                 let lhs_ref = Bounded::exact(k, m, rounded(&lhs_t, dtype)).t();
                 let rhs_ref = Bounded::exact(k, n, rounded(&rhs, dtype));
                 let product = lhs_ref.mm(&rhs_ref).store(dtype);
-                // One f32 rounding of the sum.
-                let expected = acc_ref.add(&product, DType::F32);
+                // One rounding of the sum to the accumulator's dtype.
+                let expected = acc_ref.add(&product, acc_dtype);
 
                 for aliased in [false, true] {
-                    let acc_t = tensor::<B, 2>(&f(&acc), [m, n], DType::F32, device);
+                    let acc_t = tensor::<B, 2>(&f(&acc), [m, n], acc_dtype, device);
                     let keep = aliased.then(|| acc_t.clone());
                     let lhs = tensor::<B, 2>(&f(&lhs_t), [k, m], dtype, device).transpose();
                     let rhs_t = tensor::<B, 2>(&f(&rhs), [k, n], dtype, device);
                     let out: Tensor<B, 2> =
                         wrap(B::fused_matmul_add(prim(acc_t), prim(lhs), prim(rhs_t)));
-                    let name =
-                        format!("{label} {dtype:?} [{m}, {k}] x [{k}, {n}] aliased {aliased}");
-                    assert_eq!(out.dtype(), DType::F32, "{name}: the result's dtype");
+                    let name = format!(
+                        "{label} {dtype:?} into {acc_dtype:?} [{m}, {k}] x [{k}, {n}] aliased {aliased}"
+                    );
+                    assert_eq!(out.dtype(), acc_dtype, "{name}: the result's dtype");
                     check_with_rejection(&mut failures, &name, &expected, &host(out));
                     if let Some(kept) = keep {
-                        if host(kept) != f(&acc) {
+                        if host(kept) != rounded(&acc, acc_dtype) {
                             failures.push(format!(
                                 "{name}: the accumulator another handle holds changed"
                             ));

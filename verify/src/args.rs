@@ -23,6 +23,35 @@ impl OnOff {
     }
 }
 
+/// The dtype the fused linear cross entropy sums the LM head's weight gradient in over its
+/// chunks (`liger_burn::ops::WeightGradAccumulation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum HeadGradArg {
+    /// The weight's dtype, as Liger-Kernel: no f32 `[vocab, hidden]` accumulator, one
+    /// rounding per chunk of tokens.
+    WeightDtype,
+    /// An f32 accumulator (`4·vocab·hidden` bytes more), rounded once at the end.
+    F32,
+}
+
+impl HeadGradArg {
+    /// The library's option.
+    pub fn accumulation(self) -> liger_burn::ops::WeightGradAccumulation {
+        match self {
+            HeadGradArg::WeightDtype => liger_burn::ops::WeightGradAccumulation::WeightDtype,
+            HeadGradArg::F32 => liger_burn::ops::WeightGradAccumulation::F32,
+        }
+    }
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeadGradArg::WeightDtype => "weight-dtype",
+            HeadGradArg::F32 => "f32",
+        }
+    }
+}
+
 /// Which cross-unit reduction the kernels use (CubeCL devices only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ReductionArg {
@@ -245,6 +274,17 @@ pub struct BenchArgs {
     /// --dtype, the state of the off mode's Burn AdamW and of PyTorch's. No effect in f32.
     #[arg(long, value_enum, default_value = "off", value_name = "on|off")]
     pub e2e_master_weights: OnOff,
+    /// --e2e: the dtype the liger-on mode's fused linear cross entropy sums the LM head's
+    /// weight gradient in over its chunks of tokens: `weight-dtype` (Liger-Kernel's: no
+    /// f32 `[vocab, hidden]` accumulator, one rounding per chunk) or `f32` (one rounding in
+    /// all, `4·vocab·hidden` bytes more at the loss).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "weight-dtype",
+        value_name = "weight-dtype|f32"
+    )]
+    pub e2e_head_grad: HeadGradArg,
     /// --e2e: both modes with Burn's balanced gradient checkpointing
     /// (`Autodiff<B, BalancedCheckpointing>`: memory-bound ops recomputed in the backward).
     #[arg(long, value_enum, default_value = "off", value_name = "on|off")]

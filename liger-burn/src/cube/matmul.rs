@@ -59,11 +59,13 @@ where
     CubeBackend::<R, F, I, BT>::float_matmul(lhs, rhs)
 }
 
-/// `acc + lhs · rhs` for `acc: [m, n]` f32, `lhs: [m, k]`, `rhs: [k, n]` (see
+/// `acc + lhs · rhs` for `acc: [m, n]` (f32 or the inputs' dtype), `lhs: [m, k]`,
+/// `rhs: [k, n]` (see
 /// [`FusedOps::fused_matmul_add`](crate::ops::FusedOps::fused_matmul_add)): on cuBLASLt
-/// into `acc`'s own buffer (BLAS `beta = 1`, the product accumulated and added in f32)
-/// when nothing else holds it and it is contiguous; otherwise the default composition
-/// (the product rounded to the inputs' dtype, cast and added).
+/// into `acc`'s own buffer (BLAS `beta = 1`, the product accumulated and added in f32,
+/// rounded once to `acc`'s dtype) when nothing else holds it and it is contiguous;
+/// otherwise the default composition (the product rounded to the inputs' dtype, cast and
+/// added).
 pub(crate) fn matmul_add<R, F, I, BT>(
     acc: CubeTensor<R>,
     lhs: CubeTensor<R>,
@@ -101,7 +103,7 @@ fn vendor_add<R: CubeRuntime>(
             CubeTensor<CudaRuntime>,
         );
         let writable = acc.can_mut()
-            && acc.dtype == DType::F32
+            && (acc.dtype == DType::F32 || acc.dtype == lhs.dtype)
             && acc.meta.strides().to_vec() == contiguous_strides(acc.meta.shape());
         let operands: Box<dyn Any> = Box::new((acc, lhs, rhs));
         let operands = match operands.downcast::<CudaTriple>() {
@@ -197,8 +199,8 @@ type Declined = (
 );
 
 /// The product on cuBLASLt with `ordering` (`None`: the device's default): into a new
-/// tensor, or added to `acc` in place (`acc`: contiguous, f32, `out_shape`, nothing else
-/// holding its buffer).
+/// tensor, or added to `acc` in place (`acc`: contiguous, f32 or the inputs' dtype,
+/// `out_shape`, nothing else holding its buffer).
 #[cfg(feature = "cuda")]
 #[allow(clippy::result_large_err)]
 fn cuda_product(

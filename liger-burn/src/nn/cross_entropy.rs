@@ -143,6 +143,7 @@ impl<B: FusedOps> CrossEntropyLoss<B> {
             softcap: self.softcap,
             reduction: self.reduction,
             check_targets: self.check_targets,
+            ..Default::default()
         }
     }
 

@@ -2,7 +2,7 @@
 //! in one chunked op, so the `[N, V]` logits never exist.
 
 use crate::functional::{self, CrossEntropyOutput};
-use crate::ops::{CrossEntropyOptions, FusedOps, Reduction};
+use crate::ops::{CrossEntropyOptions, FusedOps, Reduction, WeightGradAccumulation};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::Linear;
@@ -31,6 +31,10 @@ pub struct LinearCrossEntropyLossConfig {
     /// Check eagerly that targets are in range (one small host read per call).
     #[config(default = true)]
     pub check_targets: bool,
+    /// The dtype the head's weight gradient is summed in over the chunks (f32 by
+    /// default; `WeightDtype` is Liger-Kernel's, without the f32 `[V, H]` accumulator).
+    #[config(default = "WeightGradAccumulation::F32")]
+    pub weight_grad_accumulation: WeightGradAccumulation,
 }
 
 impl LinearCrossEntropyLossConfig {
@@ -49,6 +53,7 @@ impl LinearCrossEntropyLossConfig {
                 softcap: self.softcap,
                 reduction: self.reduction,
                 check_targets: self.check_targets,
+                weight_grad_accumulation: self.weight_grad_accumulation,
             },
         }
     }

@@ -690,12 +690,13 @@ pub trait FusedOps: Backend {
         Self::float_matmul(lhs, rhs)
     }
 
-    /// `acc + lhs · rhs`: `acc: [m, n]` f32, `lhs: [m, k]` and `rhs: [k, n]` of one float
-    /// dtype (any strides); returns `[m, n]` f32. For gradients summed over chunks (the
-    /// chunked losses' weight gradients): the default rounds the product to the inputs'
-    /// dtype, casts and adds; `CubeBackend` on CUDA runs one cuBLASLt call that adds the
-    /// f32-accumulated product to `acc` in f32 inside `acc`'s buffer (`beta = 1`) when
-    /// nothing else holds it, so no product-sized temporary exists.
+    /// `acc + lhs · rhs`: `acc: [m, n]` f32 or of the inputs' dtype, `lhs: [m, k]` and
+    /// `rhs: [k, n]` of one float dtype (any strides); returns `[m, n]` in `acc`'s dtype.
+    /// For gradients summed over chunks (the chunked losses' weight gradients): the
+    /// default rounds the product to the inputs' dtype, casts and adds; `CubeBackend` on
+    /// CUDA runs one cuBLASLt call that adds the f32-accumulated product to `acc` in f32
+    /// inside `acc`'s buffer (`beta = 1`, one rounding to `acc`'s dtype) when nothing else
+    /// holds it, so no product-sized temporary exists.
     fn fused_matmul_add(
         acc: FloatTensor<Self>,
         lhs: FloatTensor<Self>,

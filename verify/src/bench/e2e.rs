@@ -301,7 +301,11 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     );
     println!(
         "modes:     liger on = Liger<Autodiff<B>> + LigerConfig::all() (fused RMSNorm, RoPE, \
-         SwiGLU, softmax, fused linear cross entropy{}); off = Autodiff<B> + LigerConfig::none()",
+         SwiGLU, softmax, fused linear cross entropy with the head's weight gradient summed          in {}{}); off = Autodiff<B> + LigerConfig::none()",
+        match args.e2e_head_grad {
+            crate::args::HeadGradArg::WeightDtype => "the weight dtype",
+            crate::args::HeadGradArg::F32 => "f32",
+        },
         if args.e2e_liger_attention.on() {
             ", attention"
         } else {
@@ -702,7 +706,7 @@ fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
     let nan = f64::NAN;
     let mut config = format!(
         "status={} batch={} dtype={} warmup={} steps={} optimizer={} optimizer_impl={} \
-         optimizer_state={} attention={} autotune={} memory_pool={}",
+         optimizer_state={} attention={} autotune={} memory_pool={}{}",
         r.status.name(),
         r.case.batch,
         args.dtype,
@@ -717,7 +721,12 @@ fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
         } else {
             "off"
         },
-        args.memory_pool.name()
+        args.memory_pool.name(),
+        if r.case.liger == LigerMode::On {
+            format!(" head_grad={}", args.e2e_head_grad.name())
+        } else {
+            String::new()
+        }
     );
     if let Some(n) = args.e2e_layers {
         config.push_str(&format!(" layers={n}"));

@@ -203,6 +203,7 @@ impl OnDevice for CaseRun {
                 LigerMode::On if checkpointing => {
                     let liger = LigerConfig {
                         attention: args.e2e_liger_attention.on(),
+                        head_grad_accumulation: args.e2e_head_grad.accumulation(),
                         ..LigerConfig::all()
                     };
                     let optim = liger_burn::optim::AdamWConfig::new()
@@ -228,6 +229,7 @@ impl OnDevice for CaseRun {
                 LigerMode::On => {
                     let liger = LigerConfig {
                         attention: args.e2e_liger_attention.on(),
+                        head_grad_accumulation: args.e2e_head_grad.accumulation(),
                         ..LigerConfig::all()
                     };
                     let optim = liger_burn::optim::AdamWConfig::new()

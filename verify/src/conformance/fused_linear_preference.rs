@@ -500,6 +500,7 @@ pub fn expected(
         &RowLayout {
             chunk_of: &chunk_of,
             group_of: &group_of,
+            weight_grad_in_dtype: false,
         },
         &[n],
         2.0,

@@ -166,6 +166,7 @@ pub fn kto_expected(
         &RowLayout {
             chunk_of: &chunk_of,
             group_of: &group_of,
+            weight_grad_in_dtype: false,
         },
         &[n],
         2.0,
@@ -364,6 +365,7 @@ pub fn grpo_expected(
         &RowLayout {
             chunk_of: &chunk_of,
             group_of: &group_of,
+            weight_grad_in_dtype: false,
         },
         &[n],
         2.0,

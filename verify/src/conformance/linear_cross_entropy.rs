@@ -13,7 +13,8 @@
 //! - per chunk of rows, the cross entropy's logits gradient `G` stored in the dtype, then
 //!   `grad_x = G·W` and the chunk's `Gᵀ·x` (each an f32-accumulated matmul stored in the
 //!   dtype), the chunk products added into an f32 accumulator stored in the dtype at the
-//!   end, and `grad_b = Σ_rows G` in f32;
+//!   end (or, with `WeightGradAccumulation::WeightDtype`, added to the dtype's running
+//!   sum, each sum rounded), and `grad_b = Σ_rows G` in f32;
 //! - under a mean or sum, the backward multiplies the stored gradients by the upstream
 //!   gradient (one more store); under none it recomputes them with per-row factors.
 //!
@@ -45,7 +46,7 @@ use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::functional;
 use liger_burn::ops::compose::linear_cross_entropy::automatic_chunk_rows;
-use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction};
+use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction, WeightGradAccumulation};
 use liger_burn::test_hooks::{OverrideGuard, override_chunk_rows};
 
 pub use super::bounds::round_to;
@@ -114,6 +115,10 @@ pub(crate) struct GradElement {
 pub(crate) struct RowLayout<'a> {
     pub chunk_of: &'a [usize],
     pub group_of: &'a [usize],
+    /// The weight gradient summed over the chunks in the dtype
+    /// ([`WeightGradAccumulation::WeightDtype`]): every running sum but the last (the
+    /// result's own store) is rounded too.
+    pub weight_grad_in_dtype: bool,
 }
 
 /// The gradients of a linear layer `logits = x Wᵀ (+ b)` under a chunked loss whose logits
@@ -145,6 +150,7 @@ pub(crate) fn linear_gradients(
         terms: Terms,
         errors: Terms,
         chunks: Terms,
+        running: f64,
     }
     impl Sums {
         fn new() -> Self {
@@ -153,6 +159,7 @@ pub(crate) fn linear_gradients(
                 terms: Terms::default(),
                 errors: Terms::default(),
                 chunks: Terms::default(),
+                running: 0.0,
             }
         }
     }
@@ -225,11 +232,20 @@ pub(crate) fn linear_gradients(
                         let sk = sums[k];
                         s.chunks.push(u * sk.abs() + flush(dtype, sk));
                     }
+                    if layout.weight_grad_in_dtype {
+                        // Sequential roundings of the running sums: summed linearly.
+                        let mut sum = 0.0;
+                        for sums in chunk_sum[l].iter().take(chunks.saturating_sub(1)) {
+                            sum += sums[k];
+                            s.running += u * sum.abs() + flush(dtype, sum);
+                        }
+                    }
                 }
                 for s in &gw[l] {
                     let bound = store(s.value)
                         + s.errors.independent()
                         + s.chunks.independent()
+                        + s.running
                         + s.terms.accumulation();
                     out[l].0.push([s.value, bound]);
                 }
@@ -347,6 +363,8 @@ pub fn expected(
         &RowLayout {
             chunk_of: &chunk_of,
             group_of: &group_of,
+            weight_grad_in_dtype: options.weight_grad_accumulation
+                == WeightGradAccumulation::WeightDtype,
         },
         lives,
         stores,
@@ -428,9 +446,12 @@ struct Variant {
 fn variant(op: Op, v: usize) -> Variant {
     let base = CrossEntropyOptions::default();
     match op {
-        // Several chunks of 8 rows, the last one partial.
+        // Several chunks of 8 rows, the last one partial; the weight gradient summed in
+        // the dtype (the other variants sum it in f32).
         Op::FusedLinearCrossEntropy => Variant {
-            options: base.with_label_smoothing(0.1),
+            options: base
+                .with_label_smoothing(0.1)
+                .with_weight_grad_accumulation(WeightGradAccumulation::WeightDtype),
             bias: true,
             weighted: false,
             chunk: Some(8),

@@ -4,10 +4,11 @@
 //! on CUDA one cuBLASLt call adding the f32-accumulated product inside the accumulator's
 //! buffer), `grad_b += Σ_rows f32(g_c)`, the weight and bias gradients accumulated in f32
 //! over the chunks and cast once at the end (see [`super::linear_cross_entropy`] for what
-//! that accumulator costs).
+//! that accumulator costs), or the weight gradient summed in its own dtype
+//! ([`WeightGradAccumulation::WeightDtype`]).
 
 use super::{to_dtype, to_f32};
-use crate::ops::FusedOps;
+use crate::ops::{FusedOps, WeightGradAccumulation};
 use burn::tensor::{DType, Tensor, TensorPrimitive, ops::FloatTensor};
 
 pub(crate) fn float<B: FusedOps, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
@@ -38,12 +39,14 @@ pub(crate) fn logits<B: FusedOps>(
     }
 }
 
-/// The f32 accumulators of the weight and bias gradients over the chunks.
+/// The accumulators of the weight and bias gradients over the chunks: the bias's in f32,
+/// the weight's in f32 or in the chunks' dtype (`accumulation`).
 pub(crate) struct LinearGrads<B: FusedOps> {
     weight: Option<Tensor<B, 2>>,
     bias: Option<Tensor<B, 2>>,
     want_weight: bool,
     has_bias: bool,
+    accumulation: WeightGradAccumulation,
 }
 
 impl<B: FusedOps> LinearGrads<B> {
@@ -60,7 +63,14 @@ impl<B: FusedOps> LinearGrads<B> {
             bias: None,
             want_weight: weight,
             has_bias: bias,
+            accumulation: WeightGradAccumulation::F32,
         }
+    }
+
+    /// The same, the weight gradient summed as `accumulation` says.
+    pub(crate) fn with_accumulation(mut self, accumulation: WeightGradAccumulation) -> Self {
+        self.accumulation = accumulation;
+        self
     }
 
     /// Accumulates the chunk's weight and bias gradients from its logits gradient
@@ -82,12 +92,19 @@ impl<B: FusedOps> LinearGrads<B> {
     pub(crate) fn accumulate(&mut self, g: Tensor<B, 2>, x_c: Tensor<B, 2>) {
         if self.want_weight {
             let g_t = g.clone().transpose();
-            let acc = self.weight.take().unwrap_or_else(|| {
-                // Every chunk, the first included, goes through the same f32 addition.
-                let shape = [g_t.dims()[0], x_c.dims()[1]];
-                Tensor::zeros(shape, (&g.device(), DType::F32))
+            self.weight = Some(match (self.accumulation, self.weight.take()) {
+                // The first chunk's product is the sum so far, rounded once to the dtype.
+                (WeightGradAccumulation::WeightDtype, None) => matmul::<B>(g_t, x_c.clone()),
+                (_, Some(acc)) => {
+                    float(B::fused_matmul_add(prim(acc), prim(g_t), prim(x_c.clone())))
+                }
+                (WeightGradAccumulation::F32, None) => {
+                    // Every chunk, the first included, goes through the same f32 addition.
+                    let shape = [g_t.dims()[0], x_c.dims()[1]];
+                    let acc = Tensor::<B, 2>::zeros(shape, (&g.device(), DType::F32));
+                    float(B::fused_matmul_add(prim(acc), prim(g_t), prim(x_c.clone())))
+                }
             });
-            self.weight = Some(float(B::fused_matmul_add(prim(acc), prim(g_t), prim(x_c))));
         }
         if self.has_bias {
             let gb = float::<B, 2>(to_f32::<B>(prim(g))).sum_dim(0);

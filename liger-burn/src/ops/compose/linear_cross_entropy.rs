@@ -229,7 +229,8 @@ pub(crate) fn chunked<B: FusedOps>(
     let mut z_losses = Vec::new();
     let mut grad_x = Vec::new();
     let mut grad_xa = Vec::new();
-    let mut grads = LinearGrads::<B>::wanted(want_w, want_b);
+    let mut grads = LinearGrads::<B>::wanted(want_w, want_b)
+        .with_accumulation(options.weight_grad_accumulation);
     let mut grad_la: Option<Tensor<B, 2>> = None;
     let mut grad_lb: Option<Tensor<B, 2>> = None;
     let mut r0 = 0;

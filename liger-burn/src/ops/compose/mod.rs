@@ -32,15 +32,16 @@ pub(crate) fn to_f32<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
     }
 }
 
-/// `acc + f32(lhs · rhs)`: the default body of
+/// `acc + lhs · rhs`: the default body of
 /// [`FusedOps::fused_matmul_add`](crate::ops::FusedOps::fused_matmul_add) (the product
-/// rounded to the inputs' dtype, then added in f32).
+/// rounded to the inputs' dtype, then added in `acc`'s dtype).
 pub fn matmul_add<B: crate::ops::FusedOps>(
     acc: FloatTensor<B>,
     lhs: FloatTensor<B>,
     rhs: FloatTensor<B>,
 ) -> FloatTensor<B> {
-    B::float_add(acc, to_f32::<B>(B::fused_matmul(lhs, rhs)))
+    let dtype = acc.dtype();
+    B::float_add(acc, to_dtype::<B>(B::fused_matmul(lhs, rhs), dtype))
 }
 
 pub(crate) fn to_dtype<B: Backend>(x: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
