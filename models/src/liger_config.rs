@@ -39,9 +39,10 @@ pub struct LigerConfig {
     /// `liger_burn::ops::AttentionOptions::deterministic`).
     pub deterministic: bool,
     /// The dtype the fused linear cross entropy sums the LM head's weight gradient in over
-    /// its chunks of tokens: `WeightDtype` (the default, Liger-Kernel's: no f32 `[vocab,
-    /// hidden]` accumulator, 1 GiB less at Llama-3.2-1B's head, one rounding per chunk) or
-    /// `F32` (one rounding in all). See `liger_burn::ops::WeightGradAccumulation`.
+    /// its chunks of tokens: `F32` (the default: one rounding in all) or `WeightDtype`
+    /// (Liger-Kernel's: one rounding per chunk, no f32 `[vocab, hidden]` accumulator while
+    /// the loss runs, 1 GiB less there at Llama-3.2-1B's head). See
+    /// `liger_burn::ops::WeightGradAccumulation`.
     pub head_grad_accumulation: WeightGradAccumulation,
 }
 
@@ -65,7 +66,7 @@ impl LigerConfig {
             attention: true,
             lora: true,
             deterministic: false,
-            head_grad_accumulation: WeightGradAccumulation::WeightDtype,
+            head_grad_accumulation: WeightGradAccumulation::F32,
         }
     }
 

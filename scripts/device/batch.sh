@@ -18,7 +18,8 @@
 # and tensor-core variants in f32/f16/bf16, the Burn glue) from .gpu/liger_burn_tests.
 # attention / sdpa: `liger bench --attention` and torch SDPA's anchor rows (same CSV schema);
 # ATTN_SHAPES (comma list BATCHxSEQxQ_HEADSxKV_HEADSxHEAD_DIM) and ATTN_PROVIDERS
-# (flash,blockwise) narrow them to fit one device call.
+# (flash,blockwise) narrow them to fit one device call; SDPA_BACKENDS (default flash) picks
+# torch's kernels (flash, cudnn, efficient, default = torch's own choice: cuDNN on the H200).
 #
 # elementwise: after a change to the shared elementwise kernel, the quick CUDA checks of its
 # ops (f32, bf16), the gated units' bench at the default --hold-gib and at 24, and ncu's
@@ -31,7 +32,7 @@
 # eager attention (the fused kernels alone); E2E_MEMORY_POOL=exact runs every case with
 # `--memory-pool exact` (verify/src/pool.rs). e2e and train use $TRAIN_BIN (env.sh).
 # E2E_MASTER_WEIGHTS=on gives the liger-on mode's fused AdamW f32 master weights;
-# E2E_HEAD_GRAD=f32 sums the LM head's weight gradient in f32 (default weight-dtype).
+# E2E_HEAD_GRAD=weight-dtype sums the LM head's weight gradient in its dtype (default f32).
 # E2E_MODES (default off,on) picks the modes (on alone against the PyTorch anchor);
 # E2E_CHECKPOINTING=on runs both with Burn's balanced gradient checkpointing.
 #
@@ -71,7 +72,7 @@ for step in $steps; do
       # Parts go to a folder of their own: two check-full steps may run at once.
       parts=$(mktemp -d "$OUT/parts.XXXXXX")
       for dtype in ${DTYPES:-f32 bf16}; do
-        for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd}; do
+        for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd matmul_add}; do
           echo "$dtype $op"
         done
       done | CHECK_OUT="$parts" CHECK_BIN="${CHECK_BIN:-$BIN}" CHECK_TIMEOUT="${CHECK_TIMEOUT:-200}" \
@@ -85,7 +86,7 @@ for step in $steps; do
         echo "$0 $1: $(tail -n 3 "$log" | head -2 | tr "\n" " ")"
       ' || status=1
       for dtype in ${DTYPES:-f32 bf16}; do
-        for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd}; do
+        for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd matmul_add}; do
           cat "$parts/check_full_${dtype}_$op.log" >>"$OUT/check_full_${dtype}.log" 2>/dev/null
         done
       done
@@ -201,13 +202,13 @@ for step in $steps; do
       lora=${E2E_LORA_RANK:+--e2e-lora-rank $E2E_LORA_RANK}
       attention=${E2E_LIGER_ATTENTION:-on}
       pool=${E2E_MEMORY_POOL:-default}
-      log="$OUT/bench_e2e_$model${E2E_LORA_RANK:+_lora$E2E_LORA_RANK}$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool")$([ "${E2E_CHECKPOINTING:-off}" = off ] || echo _ckpt)$([ "${E2E_HEAD_GRAD:-weight-dtype}" = weight-dtype ] || echo "_head_$E2E_HEAD_GRAD").log"
+      log="$OUT/bench_e2e_$model${E2E_LORA_RANK:+_lora$E2E_LORA_RANK}$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool")$([ "${E2E_CHECKPOINTING:-off}" = off ] || echo _ckpt)$([ "${E2E_HEAD_GRAD:-f32}" = f32 ] || echo "_head_$E2E_HEAD_GRAD").log"
       timeout "${E2E_WALL:-585}" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 --e2e-models "$model" \
         --e2e-seq "${E2E_SEQ:-1024,2048,4096,8192,16384,32768}" --e2e-batch "${E2E_BATCH:-1}" \
         --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget "${E2E_BUDGET:-550}" $layers $lora \
         --e2e-liger-attention "$attention" --memory-pool "$pool" \
         --e2e-master-weights "${E2E_MASTER_WEIGHTS:-off}" --e2e-modes "${E2E_MODES:-off,on}" \
-        --e2e-head-grad "${E2E_HEAD_GRAD:-weight-dtype}" \
+        --e2e-head-grad "${E2E_HEAD_GRAD:-f32}" \
         --e2e-gradient-checkpointing "${E2E_CHECKPOINTING:-off}" --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
       tail -n 30 "$log"
       ;;
@@ -245,6 +246,7 @@ for step in $steps; do
       ;;
     sdpa)
       timeout 560 python3 scripts/device/sdpa_anchor.py --header ${ATTN_SHAPES:+--shape "$ATTN_SHAPES"} \
+        --backends "${SDPA_BACKENDS:-flash}" \
         >"$OUT/sdpa_anchor.csv" 2>"$OUT/sdpa_anchor.log" || status=1
       grep -E ",(ms|TFLOP/s)," "$OUT/sdpa_anchor.csv" | cut -d, -f2-7 | head -n 60
       ;;

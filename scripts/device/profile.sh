@@ -5,6 +5,15 @@
 # bench's own wall time of the same step (the difference is host-side or launch gaps).
 #
 #   usage: scripts/device/profile.sh [ce] [flce] [jsd] [swiglu] [swiglu-detail] [flash-detail]
+#                                    [e2e-step]
+#
+# e2e-step: every kernel's duration over `liger bench --e2e` of E2E_MODEL (default
+# llama3.2-1b) at E2E_SEQ tokens (default 4096), liger on, --memory-pool release, the
+# model's initialization and two steps (the timed one, and the one that reads the memory;
+# ncu follows the case's child process). The kernels summed (scripts/ncu_summary.py
+# --total), less the initialization's, halved, and set
+# against the same case's step time measured without ncu: the difference is the time the
+# GPU waits on the host inside a step.
 #
 # swiglu-detail: ncu's speed-of-light, occupancy, launch, warp-state and memory sections
 # for every kernel of one SwiGLU bench iteration (the copy and x+y ceilings included), to
@@ -46,6 +55,15 @@ for step in ${*:-ce flce swiglu}; do
         --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
         --section ComputeWorkloadAnalysis --section SchedulerStats --section InstructionStats \
         --section MemoryWorkloadAnalysis_Tables --section SourceCounters" ;;
+    e2e-step)
+      timeout "${PROFILE_TIMEOUT:-400}" "$NCU" --clock-control none --cache-control none \
+        --target-processes all --csv --metrics gpu__time_duration.sum \
+        --log-file "$OUT/ncu_$step.csv" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 \
+        --e2e-models "${E2E_MODEL:-llama3.2-1b}" --e2e-seq "${E2E_SEQ:-4096}" --e2e-modes on \
+        --e2e-warmup 0 --e2e-steps 1 --e2e-timeout 390 --memory-pool release \
+        >"$OUT/ncu_$step.log" 2>&1 || status=1
+      echo "$step: $(wc -l <"$OUT/ncu_$step.csv") rows"; tail -n 3 "$OUT/ncu_$step.log"
+      continue ;;
     *) echo "unknown step $step"; status=1; continue ;;
   esac
   timeout 280 "$NCU" --clock-control none --csv $collect --log-file "$OUT/ncu_$step.csv" \

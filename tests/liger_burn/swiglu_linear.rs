@@ -4,7 +4,7 @@
 //! is not 1 and every subset of tracked inputs.
 //!
 //! The output and every gradient (`gate`, `up`, `weight`) are compared with an f64
-//! reference that carries the rounding bound of its formula (`liger_tests::bounded`): the
+//! reference that carries the rounding bound of its formula (the conformance suite's, `liger_verify::conformance::glu_linear`): the
 //! unit `act(gate)·up` within its activation's f32 bound and stored to the dtype, the
 //! products accumulated in f32 and stored. Wrong outputs (zeros, doubled, a dropped row,
 //! shifted rows, a transposed buffer) must exceed the same bounds. Untracked inputs get no
@@ -15,10 +15,10 @@ use burn::tensor::{DType, Tensor};
 use liger_burn::functional;
 use liger_burn::ops::FusedOps;
 use liger_tests::BackendVisitor;
-use liger_tests::bounded::{Bounded, U32, check_with_rejection, rounded, tensor};
+use liger_tests::bounded::{check_with_rejection, rounded, tensor};
 use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::tensors::values as host;
-use liger_verify::conformance::glu::activation;
+use liger_verify::conformance::glu_linear::{self, Reference};
 use liger_verify::conformance::{Op, Rng};
 
 type AD<B> = Autodiff<B>;
@@ -52,60 +52,21 @@ impl Data {
     }
 }
 
-/// Output and gradients of `gate`, `up` and the weight, with their bounds.
-struct Reference {
-    y: Bounded,
-    g_gate: Bounded,
-    g_up: Bounded,
-    g_w: Bounded,
-}
-
-/// An elementwise result `v` whose f32 evaluation errs by `e`, stored to `dtype`.
-fn elementwise(rows: usize, cols: usize, v: Vec<f64>, e: Vec<f64>, dtype: DType) -> Bounded {
-    Bounded { rows, cols, v, e }.store(dtype)
-}
-
+/// Output and gradients of `gate`, `up` and the weight, with their bounds: the conformance
+/// suite's reference (`liger check --op swiglu_linear`).
 fn reference(d: &Data, op: Op, dt: DType) -> Reference {
-    let rows = d.rows();
-    let gate = rounded(&d.gate, dt);
-    let up = rounded(&d.up, dt);
-    let w = Bounded::exact(D_FF, D_OUT, rounded(&d.w, dt));
-    let g = Bounded::exact(rows, D_OUT, rounded(&d.g, dt));
-    let acts: Vec<_> = gate.iter().map(|&x| activation(op, x)).collect();
-    // The unit, as the forward and the backward's recomputation store it.
-    let (v, e): (Vec<f64>, Vec<f64>) = acts
-        .iter()
-        .zip(&up)
-        .map(|(a, u)| {
-            let v = a.value * u;
-            (v, u.abs() * a.value_error + U32 * v.abs())
-        })
-        .unzip();
-    let unit = elementwise(rows, D_FF, v, e, dt);
-    let y = unit.mm(&w).store(dt);
-    let g_w = unit.t().mm(&g).store(dt);
-    // The unit's gradient, stored before the gated unit's backward reads it.
-    let gu = g.mm(&w.t()).store(dt);
-    let (mut vg, mut eg, mut vu, mut eu) = (vec![], vec![], vec![], vec![]);
-    for i in 0..rows * D_FF {
-        let (a, u, x, ex) = (&acts[i], up[i], gu.v[i], gu.e[i]);
-        let v = x * u * a.derivative;
-        vg.push(v);
-        eg.push(
-            ex * (u * a.derivative).abs()
-                + (x * u).abs() * a.derivative_error
-                + 2.0 * U32 * v.abs(),
-        );
-        let v = x * a.value;
-        vu.push(v);
-        eu.push(ex * a.value.abs() + x.abs() * a.value_error + U32 * v.abs());
-    }
-    Reference {
-        y,
-        g_gate: elementwise(rows, D_FF, vg, eg, dt),
-        g_up: elementwise(rows, D_FF, vu, eu, dt),
-        g_w,
-    }
+    let linear = match op {
+        Op::SwiGlu => Op::SwiGluLinear,
+        Op::GeGlu => Op::GeGluLinear,
+        other => unreachable!("{other:?}"),
+    };
+    let (gate, up, w, g) = (
+        rounded(&d.gate, dt),
+        rounded(&d.up, dt),
+        rounded(&d.w, dt),
+        rounded(&d.g, dt),
+    );
+    glu_linear::reference(linear, dt, (d.rows(), D_FF, D_OUT), [&gate, &up, &w, &g])
 }
 
 /// Which inputs need a gradient.

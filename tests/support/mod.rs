@@ -90,7 +90,7 @@ pub fn check_op(op: Op) {
 }
 
 pub mod attention;
-pub mod bounded;
+pub use liger_verify::conformance::bounded;
 pub mod errors;
 pub mod glu;
 pub mod tensors;

@@ -240,8 +240,9 @@ pub enum WeightGradAccumulation {
     /// dtype, as Liger-Kernel's `addmm` into a bf16 `grad_weight` does. One rounding per
     /// chunk instead of one in all (never more than Liger-Kernel's, whose chunks are
     /// smaller: see `compose::linear_cross_entropy::chunk_rows`), and no f32 accumulator
-    /// (1 GiB less at Llama-3.2-1B's `128256 × 2048` head in bf16). The same as
-    /// [`F32`](Self::F32) for f32 weights.
+    /// while the loss runs (1 GiB less then at Llama-3.2-1B's `128256 × 2048` head in
+    /// bf16; a training step's peak may lie elsewhere). The same as [`F32`](Self::F32)
+    /// for f32 weights.
     WeightDtype,
 }
 

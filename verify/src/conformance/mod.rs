@@ -17,6 +17,7 @@
 //! zeros, doubled values, missing rows, transposed and shifted results at the widest and
 //! tallest shapes of the full sweep, in every dtype.
 
+pub mod bounded;
 pub mod bounds;
 pub mod cross_entropy;
 pub mod divergence;
@@ -24,7 +25,9 @@ pub mod fused_linear_distill;
 pub mod fused_linear_preference;
 pub mod fused_linear_rl;
 pub mod glu;
+pub mod glu_linear;
 pub mod linear_cross_entropy;
+pub mod matmul_add;
 pub mod reference;
 mod rng;
 pub mod rope;
@@ -128,11 +131,20 @@ pub enum Op {
     FusedLinearDapo,
     /// Fused linear GRPO, loss type dr_grpo, no KL term.
     FusedLinearDrGrpo,
+    /// The MLP's down projection on its SwiGLU unit, the unit recomputed in the backward
+    /// (`swiglu_linear`); rows = tokens, width = d_ff.
+    SwiGluLinear,
+    /// The same with GeGLU (`geglu_linear`).
+    GeGluLinear,
+    /// `acc + lhs·rhs` into an f32 accumulator (`fused_matmul_add`); rows = m, width = n.
+    MatmulAdd,
+    /// `acc + lhs·rhs` into an accumulator of the inputs' dtype.
+    MatmulAddInDtype,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 39] = [
+    pub const ALL: [Op; 43] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -172,6 +184,10 @@ impl Op {
         Op::FusedLinearGrpo,
         Op::FusedLinearDapo,
         Op::FusedLinearDrGrpo,
+        Op::SwiGluLinear,
+        Op::GeGluLinear,
+        Op::MatmulAdd,
+        Op::MatmulAddInDtype,
     ];
 
     /// Name used in reports and filters.
@@ -216,11 +232,23 @@ impl Op {
             Op::FusedLinearGrpo => "fused_linear_grpo",
             Op::FusedLinearDapo => "fused_linear_dapo",
             Op::FusedLinearDrGrpo => "fused_linear_dr_grpo",
+            Op::SwiGluLinear => "swiglu_linear",
+            Op::GeGluLinear => "geglu_linear",
+            Op::MatmulAdd => "matmul_add",
+            Op::MatmulAddInDtype => "matmul_add_in_dtype",
         }
     }
 
     fn is_softmax(self) -> bool {
         matches!(self, Op::Softmax | Op::LogSoftmax)
+    }
+
+    fn is_glu_linear(self) -> bool {
+        matches!(self, Op::SwiGluLinear | Op::GeGluLinear)
+    }
+
+    fn is_matmul_add(self) -> bool {
+        matches!(self, Op::MatmulAdd | Op::MatmulAddInDtype)
     }
 
     fn is_elementwise(self) -> bool {
@@ -391,6 +419,12 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
     }
     if op.is_rl() {
         return fused_linear_rl::shapes(op, quick);
+    }
+    if op.is_glu_linear() {
+        return glu_linear::shapes(quick);
+    }
+    if op.is_matmul_add() {
+        return matmul_add::shapes(quick);
     }
     shapes
 }
@@ -593,6 +627,12 @@ pub fn host_case(op: Op, rows: usize, width: usize, dtype: DType, rng: &mut Rng)
     if op.is_rl() {
         return fused_linear_rl::host_case(op, rows, width, dtype, rng);
     }
+    if op.is_glu_linear() {
+        return glu_linear::host_case(op, rows, width, dtype, rng, live);
+    }
+    if op.is_matmul_add() {
+        return matmul_add::host_case(op, rows, width, dtype, rng);
+    }
     let inputs = draw_row_inputs(op, rows, width, rng);
     let r = |v: &Vec<f32>| host_input(v, dtype);
     let (x, g, w, b, res, g2) = (
@@ -650,6 +690,8 @@ pub fn run_case<B: FusedOps>(
         _ if op.is_distill() => fused_linear_distill::run::<B>(op, rows, width, dtype, device, rng),
         _ if op.is_divergence() => divergence::run::<B>(op, rows, width, dtype, device, rng),
         _ if op.is_rl() => fused_linear_rl::run::<B>(op, rows, width, dtype, device, rng),
+        _ if op.is_glu_linear() => glu_linear::run::<B>(op, rows, width, dtype, device, rng),
+        _ if op.is_matmul_add() => matmul_add::run::<B>(op, rows, width, dtype, device, rng),
         _ => run_row_case::<B>(op, rows, width, dtype, device, rng),
     };
     CaseResult {

@@ -320,3 +320,24 @@ fn fused_linear_kto_and_grpo_reject_wrong_outputs_quick_shapes() {
 fn fused_linear_kto_and_grpo_reject_wrong_outputs_full_shapes() {
     check_ops(&RL, extreme_shapes);
 }
+
+const GLU_LINEAR_AND_MATMUL_ADD: [Op; 4] = [
+    Op::SwiGluLinear,
+    Op::GeGluLinear,
+    Op::MatmulAdd,
+    Op::MatmulAddInDtype,
+];
+
+/// The GLU-linear ops and the matmul-add at the quick sweep's shapes.
+#[test]
+fn glu_linear_and_matmul_add_reject_wrong_outputs_quick_shapes() {
+    check_ops(&GLU_LINEAR_AND_MATMUL_ADD, |op| shapes(op, true));
+}
+
+/// The GLU-linear ops and the matmul-add at the full sweep's widest and tallest shapes:
+/// minutes in a debug build.
+#[test]
+#[ignore = "minutes in a debug build: run with --release -- --ignored"]
+fn glu_linear_and_matmul_add_reject_wrong_outputs_full_shapes() {
+    check_ops(&GLU_LINEAR_AND_MATMUL_ADD, extreme_shapes);
+}

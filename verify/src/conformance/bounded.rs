@@ -15,11 +15,11 @@
 //! The suites compare every device result with the reference under these bounds, and
 //! check that wrong outputs (zeros, doubled, transposed, a dropped row) exceed them.
 
+pub use super::bounds::U32;
+use super::bounds::{flush, par_ranges, round_to, unit_roundoff};
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
-pub use liger_verify::conformance::bounds::U32;
-use liger_verify::conformance::bounds::{flush, round_to, unit_roundoff};
 
-/// Unit roundoff of `dtype` (the conformance suite's, `liger_verify`'s bounds module).
+/// Unit roundoff of `dtype` (the conformance suite's, [`super::bounds`]).
 pub fn unit(dtype: DType) -> f64 {
     unit_roundoff(dtype)
 }
@@ -72,23 +72,33 @@ impl Bounded {
         }
     }
 
-    /// `self · other`, accumulated in f32.
+    /// `self · other`, accumulated in f32 (rows computed in parallel).
     pub fn mm(&self, other: &Bounded) -> Self {
         assert_eq!(self.cols, other.rows, "inner dimensions");
         let (m, k, n) = (self.rows, self.cols, other.cols);
-        let mut v = vec![0.0; m * n];
-        let mut e = vec![0.0; m * n];
         let gamma = k as f64 * U32;
-        for i in 0..m {
-            for l in 0..k {
-                let (a, ea) = (self.v[i * k + l], self.e[i * k + l]);
-                for j in 0..n {
-                    let (b, eb) = (other.v[l * n + j], other.e[l * n + j]);
-                    v[i * n + j] += a * b;
-                    e[i * n + j] += a.abs() * eb + ea * b.abs() + gamma * (a * b).abs();
+        let parts = par_ranges(m, |rows| {
+            let mut v = vec![0.0; rows.len() * n];
+            let mut e = vec![0.0; rows.len() * n];
+            for (r, i) in rows.enumerate() {
+                for l in 0..k {
+                    let (a, ea) = (self.v[i * k + l], self.e[i * k + l]);
+                    for j in 0..n {
+                        let (b, eb) = (other.v[l * n + j], other.e[l * n + j]);
+                        v[r * n + j] += a * b;
+                        e[r * n + j] += a.abs() * eb + ea * b.abs() + gamma * (a * b).abs();
+                    }
                 }
             }
-        }
+            (v, e)
+        });
+        let (v, e) = parts
+            .into_iter()
+            .fold((vec![], vec![]), |(mut v, mut e), p| {
+                v.extend(p.0);
+                e.extend(p.1);
+                (v, e)
+            });
         Bounded {
             rows: m,
             cols: n,
@@ -159,6 +169,12 @@ impl Bounded {
                 .map(|(e, v)| e + unit(dtype) * v.abs() + flush(dtype, *v))
                 .collect(),
         }
+    }
+
+    /// The conformance suite's form of this reference: tensor `tensor`, viewed as `[rows,
+    /// cols]`.
+    pub fn expected(&self, tensor: &'static str) -> super::Expected {
+        super::Expected::new(tensor, self.v.clone(), self.e.clone(), self.rows)
     }
 
     /// Rows `r0..r1`.
