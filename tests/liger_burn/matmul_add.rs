@@ -16,7 +16,7 @@ use liger_burn::ops::FusedOps;
 use liger_tests::BackendVisitor;
 use liger_tests::bounded::{Bounded, check_with_rejection, rounded, tensor};
 use liger_tests::tensors::values as host;
-use liger_verify::conformance::Rng;
+use liger_verify::conformance::{Op, Rng};
 
 fn prim<B: FusedOps, const D: usize>(t: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
     t.into_primitive().tensor()
@@ -90,4 +90,19 @@ fn matmul_add_matches_reference() {
     };
     liger_tests::for_each_backend(&mut run);
     assert!(run.cases > 0, "no backend ran");
+}
+
+/// The conformance suite's quick sweep, both accumulator dtypes (`liger check --op
+/// matmul_add --quick`).
+#[test]
+fn matmul_add_conformance() {
+    liger_tests::check_op(Op::MatmulAdd);
+    liger_tests::check_op(Op::MatmulAddInDtype);
+}
+
+/// The full sweep: too large for a software rasterizer.
+#[test]
+#[ignore = "the full sweep: run on a GPU (LIGER_TEST_DEVICE=cuda)"]
+fn matmul_add_conformance_full() {
+    liger_tests::check_ops_full(Op::is_matmul_add);
 }

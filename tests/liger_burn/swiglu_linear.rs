@@ -219,3 +219,22 @@ fn glu_linear_bad_inputs_are_rejected() {
     }
     liger_tests::for_each_backend(&mut Bad);
 }
+
+/// The conformance suite's quick sweep (`liger check --op swiglu_linear --quick`).
+#[test]
+fn swiglu_linear_conformance() {
+    liger_tests::check_op(Op::SwiGluLinear);
+}
+
+/// The same for GeGLU.
+#[test]
+fn geglu_linear_conformance() {
+    liger_tests::check_op(Op::GeGluLinear);
+}
+
+/// The full sweep (Llama's and Qwen's `d_ff`): too large for a software rasterizer.
+#[test]
+#[ignore = "the full sweep: run on a GPU (LIGER_TEST_DEVICE=cuda)"]
+fn glu_linear_conformance_full() {
+    liger_tests::check_ops_full(Op::is_glu_linear);
+}

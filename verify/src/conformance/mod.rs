@@ -243,11 +243,13 @@ impl Op {
         matches!(self, Op::Softmax | Op::LogSoftmax)
     }
 
-    fn is_glu_linear(self) -> bool {
+    /// The GLU-linear ops.
+    pub fn is_glu_linear(self) -> bool {
         matches!(self, Op::SwiGluLinear | Op::GeGluLinear)
     }
 
-    fn is_matmul_add(self) -> bool {
+    /// The matmul-add ops.
+    pub fn is_matmul_add(self) -> bool {
         matches!(self, Op::MatmulAdd | Op::MatmulAddInDtype)
     }
 
