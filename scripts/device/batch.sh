@@ -246,7 +246,7 @@ for step in $steps; do
       ;;
     sdpa)
       timeout 560 python3 scripts/device/sdpa_anchor.py --header ${ATTN_SHAPES:+--shape "$ATTN_SHAPES"} \
-        --backends "${SDPA_BACKENDS:-flash}" \
+        --backends "${SDPA_BACKENDS:-flash}" --commit "$LIGER_COMMIT" \
         >"$OUT/sdpa_anchor.csv" 2>"$OUT/sdpa_anchor.log" || status=1
       grep -E ",(ms|TFLOP/s)," "$OUT/sdpa_anchor.csv" | cut -d, -f2-7 | head -n 60
       ;;
