@@ -16,7 +16,8 @@ max_memory_reserved / on CUDA the high-water mark of CUDA's pool beneath CubeCL'
 read after each timed step and after each phase of the last one, by both). Lengths where a
 provider did not run (oom, timeout, error, invalid) have no point; its first failure is an
 x on the axis, named in the legend. When the CSVs hold several runs of a model and
-provider, the latest is drawn (latest date; on one date, the run appended last).
+provider at a length, the latest is drawn (latest date; on one date, the run appended
+last).
 
 Reads the bench layout (kernel,provider,mode,metric,x,p50,p20,p80,config,gpu,commit,date;
 rows of mode train_step) and the older `liger bench --e2e` layout
@@ -144,16 +145,17 @@ def main(paths, out, gpu=None, providers=None, keep_unindexable=False):
         recs = [r for r in recs if indexable(r)]
     if not recs:
         sys.exit("no training-step rows to plot (check --gpu / --providers)")
-    # The latest run of each model and provider: the latest date, and on one date the run
-    # appended last (the CSVs only grow; commit hashes have no order).
+    # The latest run of each model, provider and length: the latest date, and on one date
+    # the run appended last (the CSVs only grow; commit hashes have no order).
     latest = {}
     for i, r in enumerate(recs):
-        k = (r["model"], r["provider"])
+        k = (r["model"], r["provider"], r["seq"])
         latest[k] = max(latest.get(k, ("", -1, "")), (r["date"], i, r["commit"]))
     recs = [
         r
         for r in recs
-        if (r["date"], r["commit"]) == (latest[(r["model"], r["provider"])][0], latest[(r["model"], r["provider"])][2])
+        if (r["date"], r["commit"])
+        == (latest[(r["model"], r["provider"], r["seq"])][0], latest[(r["model"], r["provider"], r["seq"])][2])
     ]
     models = list(dict.fromkeys(r["model"] for r in recs))
     order = providers or [p for p in PROVIDERS if any(r["provider"] == p for r in recs)]

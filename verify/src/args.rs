@@ -53,6 +53,21 @@ impl HeadGradArg {
     }
 }
 
+/// How cuBLASLt's products are ordered against CubeCL's stream on CUDA
+/// (`liger_burn::cube::cublaslt::MatmulOrdering`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MatmulOrderingArg {
+    /// The device's default (device-side waits where the driver allows them).
+    Auto,
+    /// The host synchronizes the two streams around each product (slower; what a profiler
+    /// that serializes launches, such as Nsight Compute, needs).
+    HostSynchronization,
+    /// Liger's flag kernels spin on the device.
+    FlagKernels,
+    /// The driver's stream memory operations wait on the device.
+    StreamMemoryOperations,
+}
+
 /// Which cross-unit reduction the kernels use (CubeCL devices only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ReductionArg {
@@ -286,6 +301,11 @@ pub struct BenchArgs {
         value_name = "f32|weight-dtype"
     )]
     pub e2e_head_grad: HeadGradArg,
+    /// --e2e on CUDA: how cuBLASLt's products are ordered against CubeCL's stream; `auto`
+    /// is the device's default, `host-synchronization` what Nsight Compute needs (its
+    /// serialized launches never release a device-side wait).
+    #[arg(long, value_enum, default_value = "auto", value_name = "ORDERING")]
+    pub e2e_matmul_ordering: MatmulOrderingArg,
     /// --e2e: both modes with Burn's balanced gradient checkpointing
     /// (`Autodiff<B, BalancedCheckpointing>`: memory-bound ops recomputed in the backward).
     #[arg(long, value_enum, default_value = "off", value_name = "on|off")]

@@ -178,6 +178,34 @@ pub fn device_support(device: &CudaDevice) -> Result<DeviceSupport, Unavailable>
     })
 }
 
+/// Makes `ordering` the one `fused_matmul` uses on `device` from now on (`None`: the
+/// device's own default again). For tools that cannot run device-side waits: Nsight
+/// Compute serializes launches, so a kernel waiting for a flag that a later launch sets
+/// never returns; [`MatmulOrdering::HostSynchronization`] runs under it. `Err` when the
+/// device cannot do the ordering asked for.
+pub fn set_ordering(
+    device: &CudaDevice,
+    ordering: Option<MatmulOrdering>,
+) -> Result<(), Unavailable> {
+    let engine = engine(device)?;
+    let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+    match ordering {
+        Some(MatmulOrdering::StreamMemoryOperations) => {
+            if let Err(why) = &engine.stream_memory_operations {
+                return Err(Unavailable::NoStreamMemoryOperations(why.clone()));
+            }
+        }
+        Some(MatmulOrdering::FlagKernels) => {
+            if let Err(why) = &engine.flag_kernels {
+                return Err(Unavailable::NoFlagKernels(why.clone()));
+            }
+        }
+        Some(MatmulOrdering::HostSynchronization) | None => {}
+    }
+    engine.chosen = ordering;
+    Ok(())
+}
+
 /// Runs `product` with `ordering` (`None`: the device's default). `Err` means nothing
 /// was launched; a launch failure after the ordering started panics with the error (the
 /// flags are written first, so no kernel waits forever).
@@ -300,6 +328,8 @@ struct Engine {
     stream_memory_operations: Result<(), String>,
     /// The flag kernels, or why they could not be loaded and run.
     flag_kernels: Result<FlagKernels, String>,
+    /// The ordering asked for by [`set_ordering`], in place of the device's default.
+    chosen: Option<MatmulOrdering>,
     plans: HashMap<PlanKey, Plan>,
 }
 
@@ -377,6 +407,7 @@ impl Engine {
             sequence: 0,
             stream_memory_operations,
             flag_kernels,
+            chosen: None,
             plans: HashMap::new(),
         };
         log::info!(
@@ -393,6 +424,9 @@ impl Engine {
     }
 
     fn default_ordering(&self) -> MatmulOrdering {
+        if let Some(chosen) = self.chosen {
+            return chosen;
+        }
         match (&self.stream_memory_operations, &self.flag_kernels) {
             (Ok(()), _) => MatmulOrdering::StreamMemoryOperations,
             (Err(_), Ok(_)) => MatmulOrdering::FlagKernels,

@@ -511,6 +511,10 @@ fn child_args(args: &BenchArgs, case: E2eCase) -> Vec<String> {
             args.e2e_lora_targets.clone(),
         ]);
     }
+    a.extend(["--e2e-head-grad".into(), args.e2e_head_grad.name().into()]);
+    if let Some(v) = args.e2e_matmul_ordering.to_possible_value() {
+        a.extend(["--e2e-matmul-ordering".into(), v.get_name().into()]);
+    }
     a.extend(["--memory-pool".into(), args.memory_pool.name().into()]);
     a
 }

@@ -186,6 +186,7 @@ impl OnDevice for CaseRun {
         let _geometry = liger_burn::test_hooks::override_launch_config(
             liger_cubecl_kernels::LaunchConfig::default().with_reduction(path),
         );
+        set_matmul_ordering::<B>(&ctx.device, args.e2e_matmul_ordering)?;
         let mut out = CaseOutput {
             backend: B::name(&ctx.device),
             tokens: self.case.batch * self.case.seq,
@@ -443,5 +444,40 @@ where
         losses,
         phase_ms,
         ..Default::default()
+    }
+}
+
+/// Applies `--e2e-matmul-ordering` on a CUDA device (nothing elsewhere, or for `auto`).
+fn set_matmul_ordering<B: FusedOps>(
+    device: &B::Device,
+    ordering: crate::args::MatmulOrderingArg,
+) -> Result<()> {
+    use crate::args::MatmulOrderingArg as Arg;
+    #[cfg(feature = "cuda")]
+    {
+        use liger_burn::cube::cublaslt::{MatmulOrdering, set_ordering};
+        let chosen = match ordering {
+            Arg::Auto => return Ok(()),
+            Arg::HostSynchronization => MatmulOrdering::HostSynchronization,
+            Arg::FlagKernels => MatmulOrdering::FlagKernels,
+            Arg::StreamMemoryOperations => MatmulOrdering::StreamMemoryOperations,
+        };
+        if let Some(cuda) =
+            (device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>()
+        {
+            set_ordering(cuda, Some(chosen))
+                .map_err(|why| anyhow::anyhow!("--e2e-matmul-ordering {}: {why}", chosen.name()))?;
+        }
+        Ok(())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = device;
+        match ordering {
+            Arg::Auto => Ok(()),
+            other => {
+                anyhow::bail!("--e2e-matmul-ordering {other:?}: CUDA only (this build has no CUDA)")
+            }
+        }
     }
 }
