@@ -39,7 +39,9 @@ def rows(path):
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         lines = f.read().split("\n")
-    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        sys.exit(f"{path}: no kernel rows (ncu profiled nothing; see its log)")
     return csv.DictReader(io.StringIO("\n".join(lines[start:])))
 
 

@@ -271,11 +271,10 @@ pub struct TrainArgs {
     #[arg(long)]
     pub deterministic: bool,
     /// The dtype the fused linear cross entropy sums the LM head's weight gradient in over
-    /// its chunks of tokens: `f32` (one rounding in all) or `weight-dtype`, as Liger-Kernel
-    /// (one rounding per chunk, no f32 [vocab, hidden] accumulator while the loss runs:
-    /// 1 GiB less there for Llama-3.2-1B's head; the step's peak is elsewhere at 4K tokens).
-    /// Same result for f32 weights. [default: f32]
-    #[arg(long, value_enum, value_name = "f32|weight-dtype")]
+    /// its chunks of tokens: `weight-dtype`, as Liger-Kernel (one rounding per chunk, no f32
+    /// [vocab, hidden] accumulator: a Llama-3.2-1B step at 4K tokens peaks 0.5 GiB lower),
+    /// or `f32` (one rounding in all). Same result for f32 weights. [default: weight-dtype]
+    #[arg(long, value_enum, value_name = "weight-dtype|f32")]
     pub head_grad: Option<HeadGradArg>,
     /// Longest example in tokens (bos + prompt + response + eos); with --packing, the
     /// length of every packed row. [default: 256]
@@ -944,9 +943,9 @@ fn kernels_text(args: &TrainArgs, c: &LigerConfig) -> String {
             ""
         }
     ) + if c.fused_linear_cross_entropy
-        && c.head_grad_accumulation == liger_burn::ops::WeightGradAccumulation::WeightDtype
+        && c.head_grad_accumulation == liger_burn::ops::WeightGradAccumulation::F32
     {
-        "; LM head gradient summed in the weight dtype"
+        "; LM head gradient summed in f32"
     } else {
         ""
     }

@@ -32,7 +32,7 @@
 # eager attention (the fused kernels alone); E2E_MEMORY_POOL=exact runs every case with
 # `--memory-pool exact` (verify/src/pool.rs). e2e and train use $TRAIN_BIN (env.sh).
 # E2E_MASTER_WEIGHTS=on gives the liger-on mode's fused AdamW f32 master weights;
-# E2E_HEAD_GRAD=weight-dtype sums the LM head's weight gradient in its dtype (default f32).
+# E2E_HEAD_GRAD=f32 sums the LM head's weight gradient in f32 (default weight-dtype).
 # E2E_MODES (default off,on) picks the modes (on alone against the PyTorch anchor);
 # E2E_CHECKPOINTING=on runs both with Burn's balanced gradient checkpointing.
 #
@@ -202,13 +202,13 @@ for step in $steps; do
       lora=${E2E_LORA_RANK:+--e2e-lora-rank $E2E_LORA_RANK}
       attention=${E2E_LIGER_ATTENTION:-on}
       pool=${E2E_MEMORY_POOL:-default}
-      log="$OUT/bench_e2e_$model${E2E_LORA_RANK:+_lora$E2E_LORA_RANK}$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool")$([ "${E2E_CHECKPOINTING:-off}" = off ] || echo _ckpt)$([ "${E2E_HEAD_GRAD:-f32}" = f32 ] || echo "_head_$E2E_HEAD_GRAD").log"
+      log="$OUT/bench_e2e_$model${E2E_LORA_RANK:+_lora$E2E_LORA_RANK}$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool")$([ "${E2E_CHECKPOINTING:-off}" = off ] || echo _ckpt)$([ "${E2E_HEAD_GRAD:-weight-dtype}" = weight-dtype ] || echo "_head_$E2E_HEAD_GRAD").log"
       timeout "${E2E_WALL:-585}" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 --e2e-models "$model" \
         --e2e-seq "${E2E_SEQ:-1024,2048,4096,8192,16384,32768}" --e2e-batch "${E2E_BATCH:-1}" \
         --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget "${E2E_BUDGET:-550}" $layers $lora \
         --e2e-liger-attention "$attention" --memory-pool "$pool" \
         --e2e-master-weights "${E2E_MASTER_WEIGHTS:-off}" --e2e-modes "${E2E_MODES:-off,on}" \
-        --e2e-head-grad "${E2E_HEAD_GRAD:-f32}" \
+        --e2e-head-grad "${E2E_HEAD_GRAD:-weight-dtype}" \
         --e2e-gradient-checkpointing "${E2E_CHECKPOINTING:-off}" --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
       tail -n 30 "$log"
       ;;

@@ -10,7 +10,8 @@
 # e2e-step: every kernel's duration over `liger bench --e2e` of E2E_MODEL (default
 # llama3.2-1b) at E2E_SEQ tokens (default 4096), liger on, --memory-pool release, the
 # model's initialization and two steps (the timed one, and the one that reads the memory;
-# ncu follows the case's child process). The kernels summed (scripts/ncu_summary.py
+# ncu follows the case's child process), cuBLASLt ordered by host synchronization (ncu's
+# serialized launches never release the default's device-side waits). The kernels summed (scripts/ncu_summary.py
 # --total), less the initialization's, halved, and set
 # against the same case's step time measured without ncu: the difference is the time the
 # GPU waits on the host inside a step.
@@ -28,7 +29,8 @@
 #
 # PROFILE_BIN picks the binary (default: env.sh's $BIN).
 #
-# Writes $OUT/ncu_<step>.csv (one row per kernel and metric) and $OUT/ncu_<step>.log.
+# Writes $OUT/ncu_<step>.csv (one row per kernel and metric; e2e-step: one per process,
+# ncu_e2e-step_<pid>.csv) and $OUT/ncu_<step>.log.
 # Summarize here with scripts/ncu_summary.py.
 set -u
 . "$(dirname "$0")/env.sh"
@@ -58,11 +60,12 @@ for step in ${*:-ce flce swiglu}; do
     e2e-step)
       timeout "${PROFILE_TIMEOUT:-400}" "$NCU" --clock-control none --cache-control none \
         --target-processes all --csv --metrics gpu__time_duration.sum \
-        --log-file "$OUT/ncu_$step.csv" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 \
+        --log-file "$OUT/ncu_${step}_%p.csv" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 \
         --e2e-models "${E2E_MODEL:-llama3.2-1b}" --e2e-seq "${E2E_SEQ:-4096}" --e2e-modes on \
         --e2e-warmup 0 --e2e-steps 1 --e2e-timeout 390 --memory-pool release \
+        --e2e-matmul-ordering host-synchronization \
         >"$OUT/ncu_$step.log" 2>&1 || status=1
-      echo "$step: $(wc -l <"$OUT/ncu_$step.csv") rows"; tail -n 3 "$OUT/ncu_$step.log"
+      echo "$step: $(cat "$OUT"/ncu_"$step"_*.csv | wc -l) rows"; tail -n 3 "$OUT/ncu_$step.log"
       continue ;;
     *) echo "unknown step $step"; status=1; continue ;;
   esac

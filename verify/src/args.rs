@@ -27,12 +27,12 @@ impl OnOff {
 /// chunks (`liger_burn::ops::WeightGradAccumulation`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum HeadGradArg {
-    /// An f32 accumulator (`4·vocab·hidden` bytes while the loss runs), rounded once at the
-    /// end.
-    F32,
     /// The weight's dtype, as Liger-Kernel: no f32 `[vocab, hidden]` accumulator, one
     /// rounding per chunk of tokens.
     WeightDtype,
+    /// An f32 accumulator (`4·vocab·hidden` bytes while the loss runs), rounded once at the
+    /// end.
+    F32,
 }
 
 impl HeadGradArg {
@@ -291,14 +291,14 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value = "off", value_name = "on|off")]
     pub e2e_master_weights: OnOff,
     /// --e2e: the dtype the liger-on mode's fused linear cross entropy sums the LM head's
-    /// weight gradient in over its chunks of tokens: `f32` (one rounding in all) or
-    /// `weight-dtype` (Liger-Kernel's: one rounding per chunk, no f32 `[vocab, hidden]`
-    /// accumulator while the loss runs).
+    /// weight gradient in over its chunks of tokens: `weight-dtype` (the models' default,
+    /// Liger-Kernel's: one rounding per chunk, no f32 `[vocab, hidden]` accumulator) or
+    /// `f32` (one rounding in all).
     #[arg(
         long,
         value_enum,
-        default_value = "f32",
-        value_name = "f32|weight-dtype"
+        default_value = "weight-dtype",
+        value_name = "weight-dtype|f32"
     )]
     pub e2e_head_grad: HeadGradArg,
     /// --e2e on CUDA: how cuBLASLt's products are ordered against CubeCL's stream; `auto`
