@@ -272,8 +272,8 @@ pub struct TrainArgs {
     pub deterministic: bool,
     /// The dtype the fused linear cross entropy sums the LM head's weight gradient in over
     /// its chunks of tokens: `weight-dtype`, as Liger-Kernel (one rounding per chunk, no f32
-    /// [vocab, hidden] accumulator: a Llama-3.2-1B step at 4K tokens peaks 0.5 GiB lower),
-    /// or `f32` (one rounding in all). Same result for f32 weights. [default: weight-dtype]
+    /// [vocab, hidden] accumulator: 4 bytes per head weight less while the loss runs), or
+    /// `f32` (one rounding in all). Same result for f32 weights. [default: weight-dtype]
     #[arg(long, value_enum, value_name = "weight-dtype|f32")]
     pub head_grad: Option<HeadGradArg>,
     /// Longest example in tokens (bos + prompt + response + eos); with --packing, the

@@ -40,10 +40,9 @@ pub struct LigerConfig {
     pub deterministic: bool,
     /// The dtype the fused linear cross entropy sums the LM head's weight gradient in over
     /// its chunks of tokens: `WeightDtype` (the default, Liger-Kernel's: one rounding per
-    /// chunk, never more than Liger-Kernel's, and no f32 `[vocab, hidden]` accumulator; a
-    /// Llama-3.2-1B step at 4K tokens peaks 0.5 GiB lower, a Qwen2.5-1.5B one 0.9 GiB, at
-    /// the same speed) or `F32` (one rounding in all). See
-    /// `liger_burn::ops::WeightGradAccumulation`.
+    /// chunk, never more than Liger-Kernel's, and no f32 `[vocab, hidden]` accumulator
+    /// beside the gradient, so the step's peak is lower at the same speed) or `F32` (one
+    /// rounding in all). See `liger_burn::ops::WeightGradAccumulation`.
     pub head_grad_accumulation: WeightGradAccumulation,
 }
 
