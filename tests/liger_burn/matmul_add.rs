@@ -5,7 +5,7 @@
 //!
 //! Compared with an f64 reference that carries the rounding bound of the default
 //! composition (the product accumulated in f32, rounded to the dtype, added and rounded in
-//! `acc`'s dtype; `liger_tests::bounded`), which also covers CUDA's single cuBLASLt call
+//! `acc`'s dtype; `liger_verify::conformance::matmul_add::reference`), which also covers CUDA's single cuBLASLt call
 //! (the product added in f32 without the rounding to the dtype). Wrong results (zeros, doubled, a
 //! dropped row, shifted rows, a transposed buffer) must exceed the bounds, and an
 //! accumulator another handle still holds must come out unchanged (the update happens in
@@ -14,9 +14,9 @@
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 use liger_burn::ops::FusedOps;
 use liger_tests::BackendVisitor;
-use liger_tests::bounded::{Bounded, check_with_rejection, rounded, tensor};
+use liger_tests::bounded::{check_with_rejection, rounded, tensor};
 use liger_tests::tensors::values as host;
-use liger_verify::conformance::{Op, Rng};
+use liger_verify::conformance::{Op, Rng, matmul_add};
 
 fn prim<B: FusedOps, const D: usize>(t: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
     t.into_primitive().tensor()
@@ -47,12 +47,17 @@ impl BackendVisitor for Run {
                 let rhs = self.rng.vec(k * n, -1.0, 1.0, 0.0);
                 let f = |v: &[f32]| v.iter().map(|x| *x as f64).collect::<Vec<_>>();
 
-                let acc_ref = Bounded::exact(m, n, rounded(&acc, acc_dtype));
-                let lhs_ref = Bounded::exact(k, m, rounded(&lhs_t, dtype)).t();
-                let rhs_ref = Bounded::exact(k, n, rounded(&rhs, dtype));
-                let product = lhs_ref.mm(&rhs_ref).store(dtype);
-                // One rounding of the sum to the accumulator's dtype.
-                let expected = acc_ref.add(&product, acc_dtype);
+                // One rounding of the sum to the accumulator's dtype (the suite's reference).
+                let expected = matmul_add::reference(
+                    dtype,
+                    acc_dtype,
+                    (m, k, n),
+                    [
+                        &rounded(&acc, acc_dtype),
+                        &rounded(&lhs_t, dtype),
+                        &rounded(&rhs, dtype),
+                    ],
+                );
 
                 for aliased in [false, true] {
                     let acc_t = tensor::<B, 2>(&f(&acc), [m, n], acc_dtype, device);

@@ -732,6 +732,11 @@ fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
             String::new()
         }
     );
+    if args.e2e_matmul_ordering != crate::args::MatmulOrderingArg::Auto
+        && let Some(v) = args.e2e_matmul_ordering.to_possible_value()
+    {
+        config.push_str(&format!(" matmul_ordering={}", v.get_name()));
+    }
     if let Some(n) = args.e2e_layers {
         config.push_str(&format!(" layers={n}"));
     }

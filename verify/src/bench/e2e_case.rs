@@ -462,13 +462,15 @@ fn set_matmul_ordering<B: FusedOps>(
             Arg::FlagKernels => MatmulOrdering::FlagKernels,
             Arg::StreamMemoryOperations => MatmulOrdering::StreamMemoryOperations,
         };
-        if let Some(cuda) =
-            (device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>()
-        {
-            set_ordering(cuda, Some(chosen))
-                .map_err(|why| anyhow::anyhow!("--e2e-matmul-ordering {}: {why}", chosen.name()))?;
-        }
-        Ok(())
+        let Some(cuda) = (device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>()
+        else {
+            anyhow::bail!(
+                "--e2e-matmul-ordering {}: CUDA only (use --device cuda, or leave it auto)",
+                chosen.name()
+            );
+        };
+        set_ordering(cuda, Some(chosen))
+            .map_err(|why| anyhow::anyhow!("--e2e-matmul-ordering {}: {why}", chosen.name()))
     }
     #[cfg(not(feature = "cuda"))]
     {

@@ -51,17 +51,23 @@ fn draw(m: usize, n: usize, rng: &mut Rng) -> Inputs {
     }
 }
 
-fn expected(
-    op: Op,
+/// `acc + lhs_tᵀ · rhs` with its bound, from values already rounded to their dtypes:
+/// `acc: [m, n]` in `acc_dtype`, `lhs_t: [k, m]` and `rhs: [k, n]` in `dtype`.
+pub fn reference(
     dtype: DType,
-    (m, n): (usize, usize),
+    acc_dtype: DType,
+    (m, k, n): (usize, usize, usize),
     [acc, lhs_t, rhs]: [&[f64]; 3],
-) -> Expected {
+) -> Bounded {
     let acc = Bounded::exact(m, n, acc.to_vec());
-    let lhs = Bounded::exact(K, m, lhs_t.to_vec()).t();
-    let rhs = Bounded::exact(K, n, rhs.to_vec());
+    let lhs = Bounded::exact(k, m, lhs_t.to_vec()).t();
+    let rhs = Bounded::exact(k, n, rhs.to_vec());
     let product = lhs.mm(&rhs).store(dtype);
-    acc.add(&product, acc_dtype(op, dtype)).expected("output")
+    acc.add(&product, acc_dtype)
+}
+
+fn expected(op: Op, dtype: DType, (m, n): (usize, usize), inputs: [&[f64]; 3]) -> Expected {
+    reference(dtype, acc_dtype(op, dtype), (m, K, n), inputs).expected("output")
 }
 
 /// See [`HostCase`]; nothing sums over the rows of the output.
