@@ -14,6 +14,7 @@ pub mod activation;
 pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;
+pub mod distill_rows;
 pub mod elementwise;
 pub mod glu;
 pub mod launch;
@@ -68,6 +69,7 @@ pub mod counters {
         rope_backward,
         cross_entropy,
         cross_entropy_backward,
+        distill_rows,
         matmul_vendor,
         matmul_backend,
         adamw_step,

@@ -10,6 +10,8 @@
 # e2e        scripts/device/anchor_e2e.py, both models     -> $OUT/anchor_e2e.{csv,log},
 #            every case's stderr (step times, tracebacks)  -> $OUT/anchor_e2e_cases.log
 # e2e-llama, e2e-qwen   one model each (one device call each when both do not fit in one)
+# post       scripts/device/anchor_post.py: the chunked losses (POST_OPS, default DPO and the
+#            distillation JSD) by PyTorch and Liger-Kernel  -> $OUT/anchor_post.{csv,log}
 #
 # ANCHOR_SEQ (default 1024,4096,16384; add 32768 for the longest case), ANCHOR_BUDGET
 # (seconds for one e2e step, default 540), ANCHOR_TIMEOUT (per case, default 240) and
@@ -42,6 +44,11 @@ for step in ${*:-kernels e2e}; do
       python3 scripts/device/anchor_kernels.py --csv "$OUT/anchor_kernels.csv" \
         >"$OUT/anchor_kernels.log" 2>&1 || status=1
       grep -v "^\s*File\|^Traceback" "$OUT/anchor_kernels.log" | tail -n 60
+      ;;
+    post)
+      python3 scripts/device/anchor_post.py --ops "${POST_OPS:-fused_linear_dpo,fused_linear_jsd}" \
+        --csv "$OUT/anchor_post.csv" >"$OUT/anchor_post.log" 2>&1 || status=1
+      grep -v "^\s*File\|^Traceback" "$OUT/anchor_post.log" | tail -n 30
       ;;
     e2e) e2e ;;
     e2e-llama) e2e --models llama3.2-1b ;;

@@ -40,7 +40,8 @@
 # (`--e2e-lora-rank`; the anchor's counterpart: ANCHOR_E2E_ARGS="--lora-rank N").
 #
 # post: `liger bench --op fused_linear_dpo,fused_linear_jsd` (bf16, stock compositions in the
-# same process); their PyTorch and Liger-Kernel rows come from scripts/device/anchor_post.py.
+# same process; POST_OPS narrows the ops); their PyTorch and Liger-Kernel rows come from
+# scripts/device/anchor_post.py (`scripts/device/anchor.sh post`).
 #
 # optimizer: one AdamW step over Llama 3.2 1B's parameters (1.24 B, 146 tensors), bf16 then
 # f32: liger-burn's fused AdamW (moments in the dtype; with f32 master weights) against
@@ -215,7 +216,7 @@ for step in $steps; do
     post)
       # The fused post-training losses (DPO, distillation JSD) against their stock
       # compositions; scripts/device/anchor_post.py gives Liger-Kernel's and PyTorch's rows.
-      timeout 280 $BIN bench --device cuda --dtype bf16 --op fused_linear_dpo,fused_linear_jsd \
+      timeout 280 $BIN bench --device cuda --dtype bf16 --op "${POST_OPS:-fused_linear_dpo,fused_linear_jsd}" \
         --csv "$OUT/bench_post.csv" >"$OUT/bench_post.log" 2>&1 || status=1
       tail -n 16 "$OUT/bench_post.log"
       ;;

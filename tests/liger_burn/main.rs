@@ -5,6 +5,7 @@ mod attention;
 mod cross_entropy;
 mod decorator;
 mod device_info;
+mod distill_rows;
 mod divergence;
 mod fallback_precision;
 mod fused_add_rms_norm;

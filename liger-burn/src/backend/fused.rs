@@ -340,6 +340,16 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         .map(|t| t)
     }
 
+    fn fused_distill_rows(
+        student: FloatTensor<Self>,
+        teacher: FloatTensor<Self>,
+        targets: burn::tensor::ops::IntTensor<Self>,
+        grad_scale: Option<FloatTensor<Self>>,
+        options: crate::ops::DistillOptions,
+    ) -> crate::ops::DistillRows<Self> {
+        B::fused_distill_rows(student, teacher, targets, grad_scale, options).map(|t| t)
+    }
+
     fn fused_divergence(
         input: FloatTensor<Self>,
         target: FloatTensor<Self>,

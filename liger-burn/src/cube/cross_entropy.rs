@@ -11,7 +11,8 @@ use liger_cubecl_kernels::cross_entropy::{
     cross_entropy_backward,
 };
 
-fn to_f32<B, R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R>
+/// `x` in f32, dense.
+pub(super) fn to_f32<B, R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R>
 where
     B: Backend<FloatTensorPrimitive = CubeTensor<R>>,
 {

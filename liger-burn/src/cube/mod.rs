@@ -14,6 +14,7 @@ mod cross_entropy;
 pub mod cublaslt;
 #[cfg(feature = "cuda")]
 pub mod cuda_pool;
+mod distill_rows;
 mod glu;
 mod layer_norm;
 mod matmul;
@@ -203,6 +204,16 @@ where
         grad_scale: CubeTensor<R>,
     ) -> CubeTensor<R> {
         cross_entropy::backward::<Self, R>(grad, grad_rows, grad_scale)
+    }
+
+    fn fused_distill_rows(
+        student: CubeTensor<R>,
+        teacher: CubeTensor<R>,
+        targets: CubeTensor<R>,
+        grad_scale: Option<CubeTensor<R>>,
+        options: crate::ops::DistillOptions,
+    ) -> crate::ops::DistillRows<Self> {
+        distill_rows::forward::<Self, R>(student, teacher, targets, grad_scale, options)
     }
 
     fn fused_matmul(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTensor<R> {

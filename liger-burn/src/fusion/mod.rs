@@ -10,6 +10,7 @@ mod adamw;
 mod attention;
 mod cross_entropy;
 mod custom_op;
+mod distill_rows;
 mod glu;
 mod layer_norm;
 mod matmul;
@@ -173,6 +174,16 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
             z_loss_scale,
             options,
         )
+    }
+
+    fn fused_distill_rows(
+        student: FusionTensor<B::FusionRuntime>,
+        teacher: FusionTensor<B::FusionRuntime>,
+        targets: FusionTensor<B::FusionRuntime>,
+        grad_scale: Option<FusionTensor<B::FusionRuntime>>,
+        options: crate::ops::DistillOptions,
+    ) -> crate::ops::DistillRows<Self> {
+        distill_rows::forward::<B>(student, teacher, targets, grad_scale, options)
     }
 
     fn fused_cross_entropy_backward(

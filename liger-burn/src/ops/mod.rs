@@ -11,6 +11,7 @@
 
 mod adamw;
 pub mod compose;
+mod distill_rows;
 mod divergence;
 mod fused_linear_distill;
 mod fused_linear_preference;
@@ -20,6 +21,7 @@ mod options;
 pub mod validate;
 
 pub use adamw::*;
+pub use distill_rows::*;
 pub use divergence::*;
 pub use fused_linear_distill::*;
 pub use fused_linear_preference::*;
@@ -493,6 +495,30 @@ pub trait FusedOps: Backend {
             compute_grad,
             options,
         )
+    }
+
+    /// One chunk's rows of [`fused_linear_distill`](FusedOps::fused_linear_distill) from
+    /// the two heads' logits: the student's `student: [m, V]` and the teacher's
+    /// `teacher: [m, V_t]` (`V_t ≥ V`, same dtype; the student is padded with zero logits up
+    /// to `V_t`), integer `targets: [m]`. Per row, the soft loss (`options.divergence`
+    /// between `softmax(teacher/τ)` and `softmax(student/τ)`) and the hard loss (cross
+    /// entropy of `student` against the target); rows whose target is `ignore_index` get
+    /// zeros. The weights of `options` are not applied to the losses.
+    ///
+    /// With `grad_scale: Some(σ)` (`[1]` f32, on the device), the gradient
+    /// `∂(σ Σ_i (w_soft soft_i + w_hard hard_i))/∂student` in the same pass. The default body
+    /// composes the fused log-softmax and cross entropy with f32 stock ops (see
+    /// [`compose::distill_rows`]); CubeCL backends run one kernel that never holds a
+    /// `[m, V]` f32 temporary and writes the gradient over the student's logits when
+    /// nothing else holds them.
+    fn fused_distill_rows(
+        student: FloatTensor<Self>,
+        teacher: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        grad_scale: Option<FloatTensor<Self>>,
+        options: DistillOptions,
+    ) -> DistillRows<Self> {
+        compose::distill_rows::forward::<Self>(student, teacher, targets, grad_scale, options)
     }
 
     /// A divergence between two `[N, V]` distributions, elementwise then reduced (see

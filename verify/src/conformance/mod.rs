@@ -495,7 +495,7 @@ fn param<B: Backend>(
 /// Fills and drops NaN buffers of the given element counts, in `dtype` and in f32 (the
 /// kernels' f32 statistics and accumulators), so the next allocations of those sizes
 /// reuse poisoned memory.
-fn poison<B: Backend>(sizes: &[usize], dtype: DType, device: &B::Device) {
+pub fn poison<B: Backend>(sizes: &[usize], dtype: DType, device: &B::Device) {
     for &n in sizes {
         let t = Tensor::<B, 1>::full([n], f32::NAN, device);
         let cast = (dtype != DType::F32).then(|| t.clone().cast(dtype));

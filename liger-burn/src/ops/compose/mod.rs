@@ -9,6 +9,7 @@ pub mod adamw;
 pub mod attention;
 pub(crate) mod chunked_linear;
 pub mod cross_entropy;
+pub mod distill_rows;
 pub mod divergence;
 pub mod fused_linear_distill;
 pub mod fused_linear_grpo;
