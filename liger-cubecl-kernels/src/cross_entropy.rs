@@ -440,6 +440,20 @@ pub fn check_target_dtype(op: &'static str, dtype: StorageType) -> Result<(), Ke
     }
 }
 
+/// Whether `ignore_index` can match a target of `target_dtype`, and the launch scalar that
+/// carries it: an index the target type cannot hold matches no target.
+pub(crate) fn ignore_index_scalar(
+    ignore_index: i64,
+    target_dtype: StorageType,
+) -> (bool, InputScalar) {
+    let has_ignore = match target_dtype.elem_type() {
+        ElemType::Int(IntKind::I32) => i32::try_from(ignore_index).is_ok(),
+        _ => true,
+    };
+    let scalar = InputScalar::new(if has_ignore { ignore_index } else { 0 }, target_dtype);
+    (has_ignore, scalar)
+}
+
 /// One cube per row (grid-strided), the forward softmax geometry: shared by the loss and
 /// its backward, which walk the same `[rows, vocab]` buffers.
 fn row_launch<R: Runtime>(
@@ -521,15 +535,7 @@ pub fn cross_entropy<R: Runtime>(
         Some(z) => array::<R>(z, rows),
         None => array::<R>(&z_dummy, 1),
     };
-    // An ignore_index the target type cannot hold matches no target.
-    let has_ignore = match target_dtype.elem_type() {
-        ElemType::Int(IntKind::I32) => i32::try_from(options.ignore_index).is_ok(),
-        _ => true,
-    };
-    let ignore = InputScalar::new(
-        if has_ignore { options.ignore_index } else { 0 },
-        target_dtype,
-    );
+    let (has_ignore, ignore) = ignore_index_scalar(options.ignore_index, target_dtype);
     let smoothed = options.label_smoothing != 0.0;
     // Safety: every array length above is the item count of a buffer sized for exactly
     // these rows and widths (validated by the callers); indices stay below them, and

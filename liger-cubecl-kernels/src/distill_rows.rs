@@ -27,12 +27,11 @@
 //! of the first two passes.
 
 use crate::counters::{self, Kernel};
-use crate::cross_entropy::check_target_dtype;
+use crate::cross_entropy::{check_target_dtype, ignore_index_scalar};
 use crate::launch::{KernelError, LaunchConfig, RowLaunch, array, check_float_dtype};
 use crate::reduce::{
     ReduceOp, cube_reduce, rescale_running_max, shifted_exp, vector_max, vector_sum,
 };
-use cubecl::ir::{ElemType, IntKind};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -56,6 +55,20 @@ fn log_add_exp<N: Size>(a: Vector<f32, N>, b: Vector<f32, N>) -> Vector<f32, N> 
     m + Vector::ln(Vector::exp(a - m) + Vector::exp(b - m))
 }
 
+/// `log M = log(βP + (1−β)Q)` of the JSD's mixture, from `log P`, `log Q` and `β`'s logarithms.
+#[cube]
+fn log_mixture<N: Size>(
+    log_q: Vector<f32, N>,
+    log_p: Vector<f32, N>,
+    ln_beta: f32,
+    ln_one_minus_beta: f32,
+) -> Vector<f32, N> {
+    log_add_exp::<N>(
+        log_p + Vector::new(ln_beta),
+        log_q + Vector::new(ln_one_minus_beta),
+    )
+}
+
 /// The divergence's elementwise values `D_c`.
 #[cube]
 fn divergence_value<N: Size>(
@@ -72,10 +85,7 @@ fn divergence_value<N: Size>(
         DistillDivergence::ForwardKl => p * (log_p - log_q),
         DistillDivergence::ReverseKl => q * (log_q - log_p),
         DistillDivergence::Jsd => {
-            let log_m = log_add_exp::<N>(
-                log_p + Vector::new(ln_beta),
-                log_q + Vector::new(ln_one_minus_beta),
-            );
+            let log_m = log_mixture::<N>(log_q, log_p, ln_beta, ln_one_minus_beta);
             let student = q * (log_q - log_m);
             let teacher = p * (log_p - log_m);
             teacher * Vector::new(beta) + student * Vector::new(1.0f32 - beta)
@@ -99,10 +109,7 @@ fn divergence_dx<N: Size>(
         DistillDivergence::ForwardKl => Vector::new(0.0f32) - Vector::exp(log_p),
         DistillDivergence::ReverseKl => q * (log_q - log_p) + q,
         DistillDivergence::Jsd => {
-            let log_m = log_add_exp::<N>(
-                log_p + Vector::new(ln_beta),
-                log_q + Vector::new(ln_one_minus_beta),
-            );
+            let log_m = log_mixture::<N>(log_q, log_p, ln_beta, ln_one_minus_beta);
             q * (log_q - log_m) * Vector::new(1.0f32 - beta)
         }
         DistillDivergence::Tvd => {
@@ -457,15 +464,7 @@ pub fn distill_rows<R: Runtime>(
             false,
         ),
     };
-    // An ignore_index the target type cannot hold matches no target.
-    let has_ignore = match target_dtype.elem_type() {
-        ElemType::Int(IntKind::I32) => i32::try_from(options.ignore_index).is_ok(),
-        _ => true,
-    };
-    let ignore = InputScalar::new(
-        if has_ignore { options.ignore_index } else { 0 },
-        target_dtype,
-    );
+    let (has_ignore, ignore) = ignore_index_scalar(options.ignore_index, target_dtype);
     // β's logarithms only enter the JSD's mixture (0 and 1 are the KLs, taken apart).
     let (beta, ln_beta, ln_one_minus_beta) = match options.divergence {
         DistillDivergence::Jsd => (options.beta, options.beta.ln(), (1.0 - options.beta).ln()),
