@@ -216,7 +216,10 @@ for step in $steps; do
     post)
       # The fused post-training losses (DPO, distillation JSD) against their stock
       # compositions; scripts/device/anchor_post.py gives Liger-Kernel's and PyTorch's rows.
+      # The stock compositions take 0.7-1.3 s an iteration: a few iterations, not the
+      # default 10 + 10 x 50, fit the step's time.
       timeout 280 $BIN bench --device cuda --dtype bf16 --op "${POST_OPS:-fused_linear_dpo,fused_linear_jsd}" \
+        --warmup 2 --iters 3 --repeats 5 \
         --csv "$OUT/bench_post.csv" >"$OUT/bench_post.log" 2>&1 || status=1
       tail -n 16 "$OUT/bench_post.log"
       ;;
