@@ -29,9 +29,7 @@
 use crate::counters::{self, Kernel};
 use crate::cross_entropy::{check_target_dtype, ignore_index_scalar};
 use crate::launch::{KernelError, LaunchConfig, RowLaunch, array, check_float_dtype};
-use crate::reduce::{
-    ReduceOp, cube_reduce, rescale_running_max, shifted_exp, vector_max, vector_sum,
-};
+use crate::reduce::{ReduceOp, cube_reduce, online_update, shifted_exp, vector_sum};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -121,11 +119,19 @@ fn divergence_dx<N: Size>(
     }
 }
 
-/// Folds one vector into a running `(max, Σ exp(x − max))` pair.
+/// One vector of the student's logits in f32, from wherever the launch bound them.
 #[cube]
-fn online_fold<N: Size>(v: Vector<f32, N>, running_max: &mut f32, running_sum: &mut f32) {
-    rescale_running_max(vector_max::<N>(v), running_max, running_sum);
-    *running_sum += vector_sum::<N>(shifted_exp::<N>(v - Vector::new(*running_max)));
+fn student_vector<F: Float, N: Size>(
+    student: &Array<Vector<F, N>>,
+    grad: &Array<Vector<F, N>>,
+    index: usize,
+    #[comptime] in_place: bool,
+) -> Vector<f32, N> {
+    if in_place {
+        Vector::<f32, N>::cast_from(grad[index])
+    } else {
+        Vector::<f32, N>::cast_from(student[index])
+    }
 }
 
 /// `max + ln(Σ exp(x − max))` of the cube's running pairs.
@@ -142,7 +148,7 @@ fn cube_lse(
     row_max + f32::ln(row_sum)
 }
 
-// `s` gets a placeholder before the comptime choice of where to read it from.
+// `s` gets the padding's zeros before the student's columns are read over them.
 #[allow(unused_assignments, clippy::too_many_arguments)]
 #[cube(launch_unchecked)]
 fn distill_rows_kernel<F: Float, I: Int, N: Size>(
@@ -194,12 +200,7 @@ fn distill_rows_kernel<F: Float, I: Int, N: Size>(
             let yi = usize::cast_from(y);
             y_vec = yi / N::value();
             y_lane = yi % N::value();
-            let mut v = Vector::<f32, N>::new(0.0);
-            if in_place {
-                v = Vector::<f32, N>::cast_from(grad[s_base + y_vec]);
-            } else {
-                v = Vector::<f32, N>::cast_from(student[s_base + y_vec]);
-            }
+            let v = student_vector::<F, N>(student, grad, s_base + y_vec, in_place);
             #[unroll]
             for k in 0..N::value() {
                 if y_lane == k as usize {
@@ -220,18 +221,14 @@ fn distill_rows_kernel<F: Float, I: Int, N: Size>(
             // Columns past the student's vocabulary are its zero padding.
             let mut s = Vector::<f32, N>::new(0.0);
             if j < sv {
-                if in_place {
-                    s = Vector::<f32, N>::cast_from(grad[s_base + j]);
-                } else {
-                    s = Vector::<f32, N>::cast_from(student[s_base + j]);
-                }
+                s = student_vector::<F, N>(student, grad, s_base + j, in_place);
                 if separate_hard {
-                    online_fold::<N>(s, &mut max_h, &mut sum_h);
+                    online_update::<N>(s, &mut max_h, &mut sum_h);
                 }
             }
             let t = Vector::<f32, N>::cast_from(teacher[t_base + j]);
-            online_fold::<N>(s * inv_t, &mut max_q, &mut sum_q);
-            online_fold::<N>(t * inv_t, &mut max_p, &mut sum_p);
+            online_update::<N>(s * inv_t, &mut max_q, &mut sum_q);
+            online_update::<N>(t * inv_t, &mut max_p, &mut sum_p);
             j += CUBE_DIM as usize;
         }
         let lse_q = cube_lse(max_q, sum_q, &mut scratch, use_plane);
@@ -248,11 +245,7 @@ fn distill_rows_kernel<F: Float, I: Int, N: Size>(
         while j < tv {
             let mut s = Vector::<f32, N>::new(0.0);
             if j < sv {
-                if in_place {
-                    s = Vector::<f32, N>::cast_from(grad[s_base + j]);
-                } else {
-                    s = Vector::<f32, N>::cast_from(student[s_base + j]);
-                }
+                s = student_vector::<F, N>(student, grad, s_base + j, in_place);
             }
             let t = Vector::<f32, N>::cast_from(teacher[t_base + j]);
             let log_q = s * inv_t - Vector::new(lse_q);
@@ -302,12 +295,7 @@ fn distill_rows_kernel<F: Float, I: Int, N: Size>(
             while j < sv {
                 let mut g = Vector::<f32, N>::new(0.0);
                 if valid {
-                    let mut s = Vector::<f32, N>::new(0.0);
-                    if in_place {
-                        s = Vector::<f32, N>::cast_from(grad[s_base + j]);
-                    } else {
-                        s = Vector::<f32, N>::cast_from(student[s_base + j]);
-                    }
+                    let s = student_vector::<F, N>(student, grad, s_base + j, in_place);
                     let t = Vector::<f32, N>::cast_from(teacher[t_base + j]);
                     let log_q = s * inv_t - Vector::new(lse_q);
                     let log_p = t * inv_t - Vector::new(lse_p);
@@ -436,21 +424,22 @@ pub fn distill_rows<R: Runtime>(
     }
     let student_vectors = vocab / launch.vector_size;
     let teacher_vectors = teacher_vocab / launch.vector_size;
-    let scratch = |bytes: usize| client.empty(bytes.max(4));
-    let s_dummy = scratch(dtype.size() * launch.vector_size);
-    let g_dummy = scratch(dtype.size() * launch.vector_size);
-    let scale_dummy = scratch(4);
+    // Bindings a configuration does not use are never touched (comptime branches); each
+    // points at its own small buffer, allocated only for the configurations that need it,
+    // so no buffer is bound twice.
+    let placeholder = |bytes: usize| client.empty(bytes.max(4));
+    let vector_bytes = dtype.size() * launch.vector_size;
     let n = rows * student_vectors;
     let (student_arg, grad_arg, scale_arg, compute_grad, in_place) = match buffers.grad {
         DistillGrad::None => (
             array::<R>(buffers.student, n),
-            array::<R>(&g_dummy, 1),
-            array::<R>(&scale_dummy, 1),
+            array::<R>(&placeholder(vector_bytes), 1),
+            array::<R>(&placeholder(4), 1),
             false,
             false,
         ),
         DistillGrad::InPlace { scale } => (
-            array::<R>(&s_dummy, 1),
+            array::<R>(&placeholder(vector_bytes), 1),
             array::<R>(buffers.student, n),
             array::<R>(scale, 1),
             true,

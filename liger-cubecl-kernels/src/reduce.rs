@@ -132,3 +132,10 @@ pub fn rescale_running_max(candidate: f32, running_max: &mut f32, running_sum: &
 pub fn shifted_exp<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
     Vector::exp(x)
 }
+
+/// Folds one vector into a unit's running max and its sum of `exp(x - max)`.
+#[cube]
+pub fn online_update<N: Size>(v: Vector<f32, N>, local_max: &mut f32, local_sum: &mut f32) {
+    rescale_running_max(vector_max::<N>(v), local_max, local_sum);
+    *local_sum += vector_sum::<N>(shifted_exp::<N>(v - Vector::new(*local_max)));
+}

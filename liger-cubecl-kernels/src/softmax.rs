@@ -8,7 +8,7 @@
 use crate::counters::{self, Kernel};
 use crate::launch::{KernelError, LaunchConfig, RowLaunch, array, check_float_dtype};
 use crate::reduce::{
-    ReduceOp, cube_reduce, nan_max, rescale_running_max, shifted_exp, vector_max, vector_sum,
+    ReduceOp, cube_reduce, nan_max, online_update, shifted_exp, vector_max, vector_sum,
 };
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -106,13 +106,6 @@ fn softmax_forward_kernel<F: Float, N: Size>(
         }
         row += CUBE_COUNT;
     }
-}
-
-/// Folds one vector into a unit's running max and its sum of `exp(x - max)`.
-#[cube]
-fn online_update<N: Size>(v: Vector<f32, N>, local_max: &mut f32, local_sum: &mut f32) {
-    rescale_running_max(vector_max::<N>(v), local_max, local_sum);
-    *local_sum += vector_sum::<N>(shifted_exp::<N>(v - Vector::new(*local_max)));
 }
 
 #[cube]
