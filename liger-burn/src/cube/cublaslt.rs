@@ -145,6 +145,8 @@ pub(crate) struct Product<'a> {
     pub layout: &'a GemmLayout,
     /// `out += lhs · rhs` (BLAS `beta = 1`, `out` read as `C`) instead of `out = lhs · rhs`.
     pub accumulate: bool,
+    /// Multiplies the product before it is stored or added (BLAS `alpha`), in f32.
+    pub alpha: f32,
 }
 
 impl Product<'_> {
@@ -214,6 +216,22 @@ pub(crate) fn run(
     product: Product<'_>,
     ordering: Option<MatmulOrdering>,
 ) -> Result<MatmulOrdering, Unavailable> {
+    run_chain(device, &[product], ordering)
+}
+
+/// Runs `products` in order on liger's stream under one ordering against CubeCL's stream
+/// (one publish before the first, one completion after the last): a later product may
+/// read an earlier one's output. Every plan is found before anything is launched, so
+/// `Err` means nothing was launched; a launch failure after the ordering started panics
+/// with the error.
+pub(crate) fn run_chain(
+    device: &CudaDevice,
+    products: &[Product<'_>],
+    ordering: Option<MatmulOrdering>,
+) -> Result<MatmulOrdering, Unavailable> {
+    let Some(first) = products.first() else {
+        return Ok(ordering.unwrap_or(MatmulOrdering::HostSynchronization));
+    };
     let engine = engine(device)?;
     let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
     let ordering = ordering.unwrap_or_else(|| engine.default_ordering());
@@ -227,20 +245,21 @@ pub(crate) fn run(
     {
         return Err(Unavailable::NoFlagKernels(why.clone()));
     }
-    let client = product.out.client.clone();
+    let client = first.out.client.clone();
     let state: &mut Engine = &mut engine;
     let outcome = client
-        .exclusive(|| state.run(&client, &product, ordering))
+        .exclusive(|| state.run(&client, products, ordering))
         .map_err(|e| Unavailable::Setup(format!("CubeCL's device thread: {e:?}")))?;
     match outcome {
         Ok(()) => Ok(ordering),
         Err(Failure::Unavailable(why)) => Err(why),
         Err(Failure::Launch(why)) => panic!(
-            "matmul: cuBLASLt failed on CUDA device {} (lhs {:?}, rhs {:?}, {:?}, ordering {}): {why}",
+            "matmul: cuBLASLt failed on CUDA device {} ({} product(s), the first lhs {:?}, rhs {:?}, {:?}, ordering {}): {why}",
             engine.ordinal,
-            product.lhs.meta.shape(),
-            product.rhs.meta.shape(),
-            product.lhs.dtype,
+            products.len(),
+            first.lhs.meta.shape(),
+            first.rhs.meta.shape(),
+            first.lhs.dtype,
             ordering.name()
         ),
     }
@@ -507,6 +526,7 @@ impl Engine {
             let at = |x: usize| addresses[x] + call[x] * elements[x];
             plan.launch(
                 self.handle.0,
+                product.alpha,
                 [at(0), at(1), at(2)],
                 &self.workspace,
                 self.stream.cu_stream() as lt_sys::cudaStream_t,
@@ -538,14 +558,33 @@ impl Engine {
         Ok(start.elapsed().as_secs_f64() / repeats.max(1) as f64)
     }
 
+    /// Enqueues `products` in order (no ordering); stops at the first failure.
+    fn enqueue_all(
+        &self,
+        products: &[Product<'_>],
+        prepared: &[([u64; 3], PlanKey)],
+    ) -> Result<(), String> {
+        products
+            .iter()
+            .zip(prepared)
+            .try_for_each(|(product, (addresses, key))| self.enqueue(product, *addresses, key))
+    }
+
     /// Runs on CubeCL's device thread (inside `ComputeClient::exclusive`).
     fn run(
         &mut self,
         client: &ComputeClient<CudaRuntime>,
-        product: &Product<'_>,
+        products: &[Product<'_>],
         ordering: MatmulOrdering,
     ) -> Result<(), Failure> {
-        let (addresses, key) = self.prepare(client, product)?;
+        // A chain's plans must all stay cached until it is enqueued.
+        if self.plans.len() + products.len() > MAX_PLANS {
+            self.plans.clear();
+        }
+        let prepared = products
+            .iter()
+            .map(|product| self.prepare(client, product))
+            .collect::<Result<Vec<_>, _>>()?;
         let stream = self.stream.cu_stream();
         match ordering {
             MatmulOrdering::StreamMemoryOperations | MatmulOrdering::FlagKernels => {
@@ -568,7 +607,7 @@ impl Engine {
                 // Without the wait the product would not be ordered after its inputs.
                 let gemm = flags
                     .wait_geq(stream, published, s)
-                    .and_then(|()| self.enqueue(product, addresses, &key));
+                    .and_then(|()| self.enqueue_all(products, &prepared));
                 match flags.write(stream, completed, s) {
                     Ok(()) => sequence::launch_await(client, &self.flags, s),
                     // No await kernel may wait for a flag that will not come: order the
@@ -588,7 +627,7 @@ impl Engine {
                 cubecl::future::block_on(client.sync()).map_err(|e| {
                     Failure::Launch(format!("synchronizing CubeCL's stream: {e:?}"))
                 })?;
-                let gemm = self.enqueue(product, addresses, &key);
+                let gemm = self.enqueue_all(products, &prepared);
                 let sync = unsafe { driver::stream::synchronize(stream) }
                     .map_err(|e| format!("synchronizing liger's stream: {e:?}"));
                 gemm.and(sync).map_err(Failure::Launch)
@@ -998,11 +1037,12 @@ impl Plan {
     fn launch(
         &self,
         handle: lt_sys::cublasLtHandle_t,
+        alpha: f32,
         addresses: [u64; 3],
         workspace: &DeviceMemory,
         stream: lt_sys::cudaStream_t,
     ) -> Result<(), String> {
-        let (alpha, beta) = (1.0f32, self.beta);
+        let beta = self.beta;
         let [la, lb, lo] = self.layouts;
         let [a, b, out] = addresses.map(|p| p as *mut c_void);
         // Safety: the descriptors describe the tensors behind the addresses (laid out by

@@ -239,24 +239,23 @@ fn cuda_product(
     product_into(lhs, rhs, &out_dims, ordering, out, false)
 }
 
-/// [`cuda_product`]'s launch: `out = lhs · rhs`, or `out += lhs · rhs` when `accumulate`.
+/// The operands of a cuBLASLt product into `out_dims` and their layout: an operand whose
+/// strides the BLAS cannot read is made contiguous first (a launch on CubeCL's stream).
 #[cfg(feature = "cuda")]
-#[allow(clippy::result_large_err)]
-fn product_into(
+fn blas_operands(
     mut lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
     mut rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
     out_dims: &[usize],
-    ordering: Option<super::cublaslt::MatmulOrdering>,
-    out: CubeTensor<cubecl::cuda::CudaRuntime>,
-    accumulate: bool,
-) -> Result<CubeTensor<cubecl::cuda::CudaRuntime>, Declined> {
-    use super::cublaslt::{self, Product};
-    let device = lhs.device.clone();
-    let layout = loop {
+) -> (
+    CubeTensor<cubecl::cuda::CudaRuntime>,
+    CubeTensor<cubecl::cuda::CudaRuntime>,
+    super::matmul_layout::GemmLayout,
+) {
+    loop {
         let l = (lhs.meta.shape().to_vec(), lhs.meta.strides().to_vec());
         let r = (rhs.meta.shape().to_vec(), rhs.meta.strides().to_vec());
         match gemm_layout((&l.0, &l.1), (&r.0, &r.1), out_dims) {
-            Ok(layout) => break layout,
+            Ok(layout) => return (lhs, rhs, layout),
             Err(NeedsContiguous {
                 lhs: fix_l,
                 rhs: fix_r,
@@ -277,17 +276,101 @@ fn product_into(
                 }
             }
         }
-    };
+    }
+}
+
+/// [`cuda_product`]'s launch: `out = lhs · rhs`, or `out += lhs · rhs` when `accumulate`.
+#[cfg(feature = "cuda")]
+#[allow(clippy::result_large_err)]
+fn product_into(
+    lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+    out_dims: &[usize],
+    ordering: Option<super::cublaslt::MatmulOrdering>,
+    out: CubeTensor<cubecl::cuda::CudaRuntime>,
+    accumulate: bool,
+) -> Result<CubeTensor<cubecl::cuda::CudaRuntime>, Declined> {
+    use super::cublaslt::{self, Product};
+    let device = lhs.device.clone();
+    let (lhs, rhs, layout) = blas_operands(lhs, rhs, out_dims);
     let product = Product {
         lhs: &lhs,
         rhs: &rhs,
         out: &out,
         layout: &layout,
         accumulate,
+        alpha: 1.0,
     };
     match cublaslt::run(&device, product, ordering) {
         Ok(_) => Ok(out),
         Err(why) => Err((why, lhs, rhs, accumulate.then_some(out))),
+    }
+}
+
+/// One product of a [`vendor_chain`]: `out = alpha·(lhs · rhs)`, or
+/// `out += alpha·(lhs · rhs)` when `accumulate` (summed in f32, rounded once to `out`'s
+/// dtype). `lhs: [m, k]` and `rhs: [k, n]` of one dtype, any strides; `out: [m, n]`
+/// contiguous, in their dtype or f32, allocated by the caller and held by nothing else.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct ChainedProduct<R: CubeRuntime> {
+    pub lhs: CubeTensor<R>,
+    pub rhs: CubeTensor<R>,
+    pub out: CubeTensor<R>,
+    pub alpha: f32,
+    pub accumulate: bool,
+}
+
+/// Whether [`vendor_chain`] runs products of each of `dtypes` on `device`.
+pub(crate) fn chain_supported<R: CubeRuntime>(device: &R::Device, dtypes: &[DType]) -> bool {
+    dtypes.iter().all(|d| uses_vendor_library::<R>(device, *d))
+}
+
+/// `products` in order on the vendor library (cuBLASLt) under one ordering against
+/// CubeCL's stream, so a later product may read an earlier one's output: one
+/// synchronization protocol for the whole chain instead of one per product. `Err` says
+/// why it did not run (nothing was launched but operands made contiguous).
+pub(crate) fn vendor_chain<R: CubeRuntime>(products: Vec<ChainedProduct<R>>) -> Result<(), String> {
+    #[cfg(feature = "cuda")]
+    {
+        use super::cublaslt::{self, Product};
+        use cubecl::cuda::CudaRuntime;
+        let boxed: Box<dyn Any> = Box::new(products);
+        let Ok(cuda) = boxed.downcast::<Vec<ChainedProduct<CudaRuntime>>>() else {
+            return Err("not a CUDA device".into());
+        };
+        let Some(first) = cuda.first() else {
+            return Ok(());
+        };
+        let device = first.out.device.clone();
+        let laid_out = cuda
+            .into_iter()
+            .map(|p| {
+                let dims = p.out.meta.shape().to_vec();
+                let (lhs, rhs, layout) = blas_operands(p.lhs, p.rhs, &dims);
+                (lhs, rhs, p.out, layout, p.alpha, p.accumulate)
+            })
+            .collect::<Vec<_>>();
+        let chain = laid_out
+            .iter()
+            .map(|(lhs, rhs, out, layout, alpha, accumulate)| Product {
+                lhs,
+                rhs,
+                out,
+                layout,
+                accumulate: *accumulate,
+                alpha: *alpha,
+            })
+            .collect::<Vec<_>>();
+        cublaslt::run_chain(&device, &chain, None).map_err(|why| why.to_string())?;
+        for _ in 0..chain.len() {
+            counters::record(Kernel::matmul_vendor);
+        }
+        Ok(())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = products;
+        Err("no vendor library in this build".into())
     }
 }
 
@@ -340,6 +423,7 @@ pub fn cublaslt_repeated_products(
         out: &out,
         layout: &layout,
         accumulate: false,
+        alpha: 1.0,
     };
     cublaslt::run_repeated(&lhs.device, product, repeats)
 }

@@ -17,6 +17,7 @@ pub mod cuda_pool;
 mod distill_rows;
 mod glu;
 mod layer_norm;
+mod lora;
 mod matmul;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod matmul_layout;
@@ -214,6 +215,42 @@ where
         options: crate::ops::DistillOptions,
     ) -> crate::ops::DistillRows<Self> {
         distill_rows::forward::<Self, R>(student, teacher, targets, grad_scale, options)
+    }
+
+    fn fused_lora_linear(
+        x: CubeTensor<R>,
+        weight: CubeTensor<R>,
+        bias: Option<CubeTensor<R>>,
+        adapter_x: Option<CubeTensor<R>>,
+        a: CubeTensor<R>,
+        b: CubeTensor<R>,
+        options: crate::ops::LoraOptions,
+    ) -> crate::ops::LoraLinearOutput<Self> {
+        lora::forward::<R, F, I, BT>(x, weight, bias, adapter_x, a, b, options)
+    }
+
+    fn fused_lora_linear_backward(
+        grad_output: CubeTensor<R>,
+        adapter_input: CubeTensor<R>,
+        separate: bool,
+        weight: CubeTensor<R>,
+        a: CubeTensor<R>,
+        b: CubeTensor<R>,
+        hidden: CubeTensor<R>,
+        options: crate::ops::LoraOptions,
+        wanted: crate::ops::LoraLinearGradsWanted,
+    ) -> crate::ops::LoraLinearGrads<Self> {
+        lora::backward::<R, F, I, BT>(
+            grad_output,
+            adapter_input,
+            separate,
+            weight,
+            a,
+            b,
+            hidden,
+            options,
+            wanted,
+        )
     }
 
     fn fused_matmul(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTensor<R> {

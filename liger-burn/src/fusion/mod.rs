@@ -13,6 +13,7 @@ mod custom_op;
 mod distill_rows;
 mod glu;
 mod layer_norm;
+mod lora;
 mod matmul;
 mod rms_norm;
 mod rope;
@@ -192,6 +193,42 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         grad_scale: FusionTensor<B::FusionRuntime>,
     ) -> FusionTensor<B::FusionRuntime> {
         cross_entropy::backward::<B>(grad, grad_rows, grad_scale)
+    }
+
+    fn fused_lora_linear(
+        x: FusionTensor<B::FusionRuntime>,
+        weight: FusionTensor<B::FusionRuntime>,
+        bias: Option<FusionTensor<B::FusionRuntime>>,
+        adapter_x: Option<FusionTensor<B::FusionRuntime>>,
+        a: FusionTensor<B::FusionRuntime>,
+        b: FusionTensor<B::FusionRuntime>,
+        options: crate::ops::LoraOptions,
+    ) -> crate::ops::LoraLinearOutput<Self> {
+        lora::forward::<B>(x, weight, bias, adapter_x, a, b, options)
+    }
+
+    fn fused_lora_linear_backward(
+        grad_output: FusionTensor<B::FusionRuntime>,
+        adapter_input: FusionTensor<B::FusionRuntime>,
+        separate: bool,
+        weight: FusionTensor<B::FusionRuntime>,
+        a: FusionTensor<B::FusionRuntime>,
+        b: FusionTensor<B::FusionRuntime>,
+        hidden: FusionTensor<B::FusionRuntime>,
+        options: crate::ops::LoraOptions,
+        wanted: crate::ops::LoraLinearGradsWanted,
+    ) -> crate::ops::LoraLinearGrads<Self> {
+        lora::backward::<B>(
+            grad_output,
+            adapter_input,
+            separate,
+            weight,
+            a,
+            b,
+            hidden,
+            options,
+            wanted,
+        )
     }
 
     fn fused_matmul(
