@@ -24,7 +24,10 @@
 //! roundings: the input gradient of the adapter path is added to the base path's in f32
 //! and rounded once (PyTorch's autograd rounds both to bf16 and adds them in bf16), and
 //! the adapter's input is kept for the backward in its own dtype and widened again there
-//! (PyTorch keeps the f32 copy: the same values, twice the bytes).
+//! (PyTorch keeps the f32 copy: the same values, twice the bytes). Where the products run
+//! on cuBLASLt (CUDA), the base path's product also joins the f32 sum unrounded, forward
+//! and backward, and the scale multiplies the product before its one rounding: fewer
+//! roundings again, never more.
 //! [`AdapterPrecision::Activation`] is what PEFT computes under `torch.autocast` (Hugging
 //! Face Trainer's `bf16=True`): `A` and `B` rounded to the activation dtype, each product
 //! in it (f32 accumulation), the sum in it; about ten times less matmul time on GPUs whose
