@@ -1,21 +1,23 @@
 //! The LoRA linear layer on `CubeBackend`. Where its products run on a vendor library
 //! (cuBLASLt on CUDA), each direction is one chain of products under one ordering against
-//! CubeCL's stream ([`vendor_chain`]) with the scale as the product's `alpha` and the sums
-//! as its `beta = 1`, between the casts to the compute dtype and back; everywhere else, and
-//! for empty shapes, the default composition ([`compose::lora`]), whose products and
-//! elementwise ops each synchronize on their own.
+//! CubeCL's stream ([`vendor_chain`]), with the scale as the product's `alpha` and the
+//! backward's sum as its `beta = 1`, between the casts to the compute dtype and back;
+//! everywhere else, and for empty shapes, the default composition ([`compose::lora`]),
+//! whose products and elementwise ops each synchronize on their own.
 //!
-//! Forward, with `c` the compute dtype: `out = x·W` (stored in `c`), `h = s·(c(x_a)·c(A)ᵀ)`,
-//! `out += h·c(B)ᵀ`, then `out + b` and one rounding to the activation dtype. Backward of
-//! `g`: `grad_B = c(g)ᵀ·h`, `u = s·(c(g)·c(B))`, `grad_A = uᵀ·c(x_a)`, and the input
-//! gradient `g·Wᵀ` (stored in `c`) `+= u·c(A)`, rounded once (a separate adapter input gets
-//! `u·c(A)` of its own). Against the composition this leaves out roundings only (of the
-//! base path's product before the sum, and of `h` before its scale), as the bounds of
+//! Forward ([`parts`]), with `c` the compute dtype: the base path `x·W` rounded to the
+//! activation dtype (the frozen layer's output, as PEFT's) plus the bias,
+//! `h = s·(c(x_a)·c(A)ᵀ)` and the adapter path `h·c(B)ᵀ`; their sum, whose casts the
+//! fusion stream fuses, is [`compose::lora::add_adapter`]. Backward of `g`:
+//! `grad_B = c(g)ᵀ·h`, `u = s·(c(g)·c(B))`, `grad_A = uᵀ·c(x_a)`, and the input gradient
+//! `g·Wᵀ` (stored in `c`) `+= u·c(A)`, rounded once (a separate adapter input gets `u·c(A)`
+//! of its own). Against the composition this leaves out roundings only (of `h` before its
+//! scale; of the base path's input gradient before the sum), as the bounds of
 //! `compose::lora` allow.
 
 use super::matmul::{ChainedProduct, chain_supported, vendor_chain};
 use crate::ops::compose::{self, to_dtype};
-use crate::ops::{LoraLinearGrads, LoraLinearGradsWanted, LoraLinearOutput, LoraOptions};
+use crate::ops::{LoraLinearGrads, LoraLinearGradsWanted, LoraLinearParts, LoraOptions};
 use burn::tensor::{DType, Shape, TensorMetadata, ops::FloatTensorOps};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -59,14 +61,37 @@ where
     CubeBackend::<R, F, I, BT>::float_transpose(x)
 }
 
-/// Whether the chains run for activations of `dtype` with adapters computing in `c`, at
-/// these sizes.
-fn chained<R: CubeRuntime>(device: &R::Device, dtype: DType, c: DType, dims: [usize; 4]) -> bool {
-    dims.iter().all(|d| *d > 0) && chain_supported::<R>(device, &[dtype, c])
+/// The layer's sizes: rows of `x: [..., d_in]`, `d_in`, `d_out` of `weight: [d_in, d_out]`
+/// and the rank of `a: [r, d_in]`.
+struct LayerDims {
+    rows: usize,
+    d_in: usize,
+    d_out: usize,
+    rank: usize,
 }
 
-/// See [`FusedOps::fused_lora_linear`](crate::ops::FusedOps::fused_lora_linear).
-pub(crate) fn forward<R, F, I, BT>(
+impl LayerDims {
+    fn of(x: &Shape, weight: &Shape, a: &Shape) -> Self {
+        let d_in = x[x.num_dims() - 1];
+        LayerDims {
+            rows: x.num_elements() / d_in.max(1),
+            d_in,
+            d_out: weight[1],
+            rank: a[0],
+        }
+    }
+
+    /// Whether the chains run for activations of `dtype` with adapters computing in `c`.
+    fn chained<R: CubeRuntime>(&self, device: &R::Device, dtype: DType, c: DType) -> bool {
+        [self.rows, self.d_in, self.d_out, self.rank]
+            .iter()
+            .all(|d| *d > 0)
+            && chain_supported::<R>(device, &[dtype, c])
+    }
+}
+
+/// See [`FusedOps::fused_lora_linear_parts`](crate::ops::FusedOps::fused_lora_linear_parts).
+pub(crate) fn parts<R, F, I, BT>(
     x: CubeTensor<R>,
     weight: CubeTensor<R>,
     bias: Option<CubeTensor<R>>,
@@ -74,7 +99,7 @@ pub(crate) fn forward<R, F, I, BT>(
     a: CubeTensor<R>,
     b: CubeTensor<R>,
     options: LoraOptions,
-) -> LoraLinearOutput<CubeBackend<R, F, I, BT>>
+) -> LoraLinearParts<CubeBackend<R, F, I, BT>>
 where
     R: CubeRuntime,
     F: FloatElement,
@@ -85,12 +110,10 @@ where
     let shape = x.shape();
     let dtype = x.dtype;
     let c = options.precision.compute_dtype(dtype);
-    let d_in = shape[shape.num_dims() - 1];
-    let rows = shape.num_elements() / d_in.max(1);
-    let d_out = weight.shape()[1];
-    let rank = a.shape()[0];
-    if !chained::<R>(&x.device, dtype, c, [rows, d_in, d_out, rank]) {
-        return compose::lora::forward::<Cube<R, F, I, BT>>(
+    let dims = LayerDims::of(&shape, &weight.shape(), &a.shape());
+    let (rows, d_out, rank) = (dims.rows, dims.d_out, dims.rank);
+    if !dims.chained::<R>(&x.device, dtype, c) {
+        return compose::lora::parts::<Cube<R, F, I, BT>>(
             x, weight, bias, adapter_x, a, b, options,
         );
     }
@@ -104,13 +127,14 @@ where
     );
     let a_c = to_dtype::<Cube<R, F, I, BT>>(a.clone(), c);
     let b_c = to_dtype::<Cube<R, F, I, BT>>(b.clone(), c);
-    let out = super::empty_like(&x2, Shape::new([rows, d_out]), c);
+    let base = super::empty_like(&x2, Shape::new([rows, d_out]), dtype);
     let hidden = super::empty_like(&x2, Shape::new([rows, rank]), c);
+    let adapter = super::empty_like(&x2, Shape::new([rows, d_out]), c);
     let chain = vec![
         ChainedProduct {
             lhs: x2,
             rhs: weight.clone(),
-            out: out.clone(),
+            out: base.clone(),
             alpha: 1.0,
             accumulate: false,
         },
@@ -124,26 +148,27 @@ where
         ChainedProduct {
             lhs: hidden.clone(),
             rhs: t::<R, F, I, BT>(b_c),
-            out: out.clone(),
+            out: adapter.clone(),
             alpha: 1.0,
-            accumulate: true,
+            accumulate: false,
         },
     ];
     if let Err(why) = vendor_chain(chain) {
         log::debug!("liger lora_linear: the composition on CUDA: {why}");
-        return compose::lora::forward::<Cube<R, F, I, BT>>(
+        return compose::lora::parts::<Cube<R, F, I, BT>>(
             x, weight, bias, adapter_x, a, b, options,
         );
     }
-    let mut out = out;
-    if let Some(bias) = bias {
-        let bias = to_dtype::<Cube<R, F, I, BT>>(bias, c);
-        let bias = Cube::<R, F, I, BT>::float_reshape(bias, Shape::new([1, d_out]));
-        out = Cube::<R, F, I, BT>::float_add(out, bias);
-    }
-    let out = to_dtype::<Cube<R, F, I, BT>>(out, dtype);
-    LoraLinearOutput {
-        output: unflat::<R, F, I, BT>(out, &shape),
+    let base = match bias {
+        Some(bias) => {
+            let bias = Cube::<R, F, I, BT>::float_reshape(bias, Shape::new([1, d_out]));
+            Cube::<R, F, I, BT>::float_add(base, bias)
+        }
+        None => base,
+    };
+    LoraLinearParts {
+        base,
+        adapter,
         hidden,
     }
 }
@@ -171,12 +196,10 @@ where
     let x_shape = adapter_input.shape();
     let dtype = adapter_input.dtype;
     let c = options.precision.compute_dtype(dtype);
-    let d_in = x_shape[x_shape.num_dims() - 1];
-    let rows = x_shape.num_elements() / d_in.max(1);
-    let d_out = weight.shape()[1];
-    let rank = a.shape()[0];
+    let dims = LayerDims::of(&x_shape, &weight.shape(), &a.shape());
+    let (rows, d_in, d_out, rank) = (dims.rows, dims.d_in, dims.d_out, dims.rank);
     let (a_dtype, b_dtype) = (a.dtype, b.dtype);
-    if !chained::<R>(&adapter_input.device, dtype, c, [rows, d_in, d_out, rank]) {
+    if !dims.chained::<R>(&adapter_input.device, dtype, c) {
         return compose::lora::backward::<Cube<R, F, I, BT>>(
             grad_output,
             adapter_input,

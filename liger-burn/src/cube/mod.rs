@@ -217,7 +217,7 @@ where
         distill_rows::forward::<Self, R>(student, teacher, targets, grad_scale, options)
     }
 
-    fn fused_lora_linear(
+    fn fused_lora_linear_parts(
         x: CubeTensor<R>,
         weight: CubeTensor<R>,
         bias: Option<CubeTensor<R>>,
@@ -225,8 +225,8 @@ where
         a: CubeTensor<R>,
         b: CubeTensor<R>,
         options: crate::ops::LoraOptions,
-    ) -> crate::ops::LoraLinearOutput<Self> {
-        lora::forward::<R, F, I, BT>(x, weight, bias, adapter_x, a, b, options)
+    ) -> crate::ops::LoraLinearParts<Self> {
+        lora::parts::<R, F, I, BT>(x, weight, bias, adapter_x, a, b, options)
     }
 
     fn fused_lora_linear_backward(

@@ -1,11 +1,12 @@
 //! The LoRA linear layer in the fusion stream. Where the inner backend runs its products on
-//! a vendor library (cuBLASLt on CUDA), the forward and the backward are one custom
-//! operation each, running the inner backend's chained products; everywhere else the
-//! default composition of stock operations, which the fusion optimizer may fuse.
+//! a vendor library (cuBLASLt on CUDA), the forward's two paths and the backward are one
+//! custom operation each, running the inner backend's chained products, and the forward's
+//! sum is stock operations the fusion optimizer fuses; everywhere else the default
+//! composition of stock operations.
 
 use super::custom_op::{self, CustomKernel, Handles, float_inputs};
 use crate::ops::{
-    FusedOps, LoraLinearGrads, LoraLinearGradsWanted, LoraLinearOutput, LoraOptions, compose,
+    FusedOps, LoraLinearGrads, LoraLinearGradsWanted, LoraLinearParts, LoraOptions, compose,
 };
 use burn::tensor::{Shape, TensorMetadata};
 use burn_fusion::{Fusion, FusionBackend, FusionTensor};
@@ -22,15 +23,16 @@ fn as_custom_op<B: FusionBackend + FusedOps>(
         && B::fused_matmul_uses_vendor_library(device, options.precision.compute_dtype(dtype))
 }
 
-/// The forward's custom operation. Inputs: x, weight, [bias], [adapter_x], A, B.
+/// The forward's custom operation: the two paths before their sum. Inputs: x, weight,
+/// [bias], [adapter_x], A, B; outputs: base, adapter, hidden.
 #[derive(Clone, Copy, Debug)]
-struct LoraForward {
+struct LoraParts {
     options: LoraOptions,
     bias: bool,
     separate: bool,
 }
 
-impl<B: FusionBackend + FusedOps> CustomKernel<B> for LoraForward {
+impl<B: FusionBackend + FusedOps> CustomKernel<B> for LoraParts {
     fn run(&self, inputs: &[TensorIr], handles: &mut Handles<B>) -> Vec<B::FloatTensorPrimitive> {
         let mut inputs = float_inputs::<B>(inputs, handles);
         let mut next = || inputs.next().expect("custom op declared its inputs");
@@ -38,12 +40,15 @@ impl<B: FusionBackend + FusedOps> CustomKernel<B> for LoraForward {
         let bias = self.bias.then(&mut next);
         let adapter_x = self.separate.then(&mut next);
         let (a, b) = (next(), next());
-        let out = B::fused_lora_linear(x, weight, bias, adapter_x, a, b, self.options);
-        vec![out.output, out.hidden]
+        let parts = B::fused_lora_linear_parts(x, weight, bias, adapter_x, a, b, self.options);
+        vec![parts.base, parts.adapter, parts.hidden]
     }
 }
 
-pub(crate) fn forward<B: FusionBackend + FusedOps>(
+/// See [`FusedOps::fused_lora_linear_parts`]: one custom operation where the inner backend
+/// runs the products on a vendor library, so the sum that follows
+/// ([`compose::lora::add_adapter`], in the fusion stream) fuses its casts.
+pub(crate) fn parts<B: FusionBackend + FusedOps>(
     x: FusionTensor<B::FusionRuntime>,
     weight: FusionTensor<B::FusionRuntime>,
     bias: Option<FusionTensor<B::FusionRuntime>>,
@@ -51,18 +56,17 @@ pub(crate) fn forward<B: FusionBackend + FusedOps>(
     a: FusionTensor<B::FusionRuntime>,
     b: FusionTensor<B::FusionRuntime>,
     options: LoraOptions,
-) -> LoraLinearOutput<Fusion<B>> {
+) -> LoraLinearParts<Fusion<B>> {
     if !as_custom_op::<B>(&x, options) {
-        return compose::lora::forward::<Fusion<B>>(x, weight, bias, adapter_x, a, b, options);
+        return compose::lora::parts::<Fusion<B>>(x, weight, bias, adapter_x, a, b, options);
     }
     let shape = x.shape();
     let dtype = x.dtype();
+    let c = options.precision.compute_dtype(dtype);
     let rows = shape.num_elements() / shape[shape.num_dims() - 1].max(1);
     let d_out = weight.shape()[1];
     let rank = a.shape()[0];
-    let mut out_dims = shape.to_vec();
-    *out_dims.last_mut().expect("rank >= 1") = d_out;
-    let kernel = LoraForward {
+    let kernel = LoraParts {
         options,
         bias: bias.is_some(),
         separate: adapter_x.is_some(),
@@ -72,16 +76,18 @@ pub(crate) fn forward<B: FusionBackend + FusedOps>(
     inputs.extend(adapter_x);
     inputs.extend([a, b]);
     let outputs = [
-        (Shape::from(out_dims), dtype),
-        (
-            Shape::new([rows, rank]),
-            options.precision.compute_dtype(dtype),
-        ),
+        (Shape::new([rows, d_out]), dtype),
+        (Shape::new([rows, d_out]), c),
+        (Shape::new([rows, rank]), c),
     ];
-    let mut outs = custom_op::register::<B, _>("liger_lora_linear", inputs, &outputs, kernel);
-    let hidden = outs.pop().expect("hidden output");
-    let output = outs.pop().expect("output");
-    LoraLinearOutput { output, hidden }
+    let mut outs =
+        custom_op::register::<B, _>("liger_lora_linear", inputs, &outputs, kernel).into_iter();
+    let mut next = || outs.next().expect("declared output");
+    LoraLinearParts {
+        base: next(),
+        adapter: next(),
+        hidden: next(),
+    }
 }
 
 /// The backward's custom operation. Inputs: grad_output, adapter_input, weight, A, B,

@@ -195,7 +195,7 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         cross_entropy::backward::<B>(grad, grad_rows, grad_scale)
     }
 
-    fn fused_lora_linear(
+    fn fused_lora_linear_parts(
         x: FusionTensor<B::FusionRuntime>,
         weight: FusionTensor<B::FusionRuntime>,
         bias: Option<FusionTensor<B::FusionRuntime>>,
@@ -203,8 +203,8 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         a: FusionTensor<B::FusionRuntime>,
         b: FusionTensor<B::FusionRuntime>,
         options: crate::ops::LoraOptions,
-    ) -> crate::ops::LoraLinearOutput<Self> {
-        lora::forward::<B>(x, weight, bias, adapter_x, a, b, options)
+    ) -> crate::ops::LoraLinearParts<Self> {
+        lora::parts::<B>(x, weight, bias, adapter_x, a, b, options)
     }
 
     fn fused_lora_linear_backward(

@@ -115,6 +115,19 @@ pub struct LoraLinearOutput<B: Backend> {
     pub hidden: FloatTensor<B>,
 }
 
+/// The forward of a LoRA linear layer before its two paths are summed (see
+/// [`FusedOps::fused_lora_linear_parts`](super::FusedOps::fused_lora_linear_parts)).
+#[derive(Debug, Clone)]
+pub struct LoraLinearParts<B: Backend> {
+    /// The base path `x·W + b`, `[rows, d_out]`, dtype of `x` (rounded to it, as the
+    /// frozen base layer's output).
+    pub base: FloatTensor<B>,
+    /// The adapter path `h·Bᵀ`, `[rows, d_out]`, in the compute dtype.
+    pub adapter: FloatTensor<B>,
+    /// `s·(x_a·Aᵀ)`, `[rows, r]`, in the compute dtype (see [`LoraLinearOutput::hidden`]).
+    pub hidden: FloatTensor<B>,
+}
+
 /// Which gradients of a LoRA linear layer a backward computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct LoraLinearGradsWanted {

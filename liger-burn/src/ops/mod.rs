@@ -671,6 +671,24 @@ pub trait FusedOps: Backend {
         compose::lora::forward::<Self>(x, weight, bias, adapter_x, a, b, options)
     }
 
+    /// The two paths of [`fused_lora_linear`](FusedOps::fused_lora_linear) before their
+    /// sum, flattened to `[rows, d]`: what a backend that runs the products in one piece
+    /// (cuBLASLt on CUDA) hands to the fusion stream, which fuses the sum's casts. Same
+    /// inputs; the sum is [`compose::lora::add_adapter`].
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn fused_lora_linear_parts(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        adapter_x: Option<FloatTensor<Self>>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        options: LoraOptions,
+    ) -> LoraLinearParts<Self> {
+        compose::lora::parts::<Self>(x, weight, bias, adapter_x, a, b, options)
+    }
+
     /// Backward of [`fused_lora_linear`](FusedOps::fused_lora_linear) for the upstream
     /// gradient `grad_output: [..., d_out]`, from the adapter's input (`x` itself when
     /// `separate` is false, else the separate input; the base path's input gradient needs

@@ -19,7 +19,7 @@
 use super::to_dtype;
 use crate::ops::{
     AdapterPrecision, FusedOps, LoraLinearGrads, LoraLinearGradsWanted, LoraLinearOutput,
-    LoraOptions,
+    LoraLinearParts, LoraOptions,
 };
 use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive, ops::FloatTensor};
 
@@ -86,7 +86,41 @@ pub fn forward<B: FusedOps>(
 ) -> LoraLinearOutput<B> {
     let shape = x.shape();
     let dtype = x.dtype();
-    let c = options.precision.compute_dtype(dtype);
+    let parts = B::fused_lora_linear_parts(x, weight, bias, adapter_x, a, b, options);
+    sum_parts::<B>(parts, &shape, dtype, options)
+}
+
+/// The output of [`forward`] from its parts: `base + adapter` ([`add_adapter`]) shaped
+/// `[...lead, d_out]` like `x: [...lead, d_in]` of dtype `dtype`.
+pub fn sum_parts<B: FusedOps>(
+    parts: LoraLinearParts<B>,
+    shape: &burn::tensor::Shape,
+    dtype: DType,
+    options: LoraOptions,
+) -> LoraLinearOutput<B> {
+    let out = add_adapter::<B>(
+        float(parts.base),
+        float(parts.adapter),
+        dtype,
+        options.precision,
+    );
+    LoraLinearOutput {
+        output: unflat::<B>(out, shape),
+        hidden: parts.hidden,
+    }
+}
+
+/// See [`FusedOps::fused_lora_linear_parts`](crate::ops::FusedOps::fused_lora_linear_parts).
+pub fn parts<B: FusedOps>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    adapter_x: Option<FloatTensor<B>>,
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    options: LoraOptions,
+) -> LoraLinearParts<B> {
+    let c = options.precision.compute_dtype(x.dtype());
     let x2 = flat::<B>(x);
     let xa = match adapter_x {
         Some(t) => flat::<B>(t),
@@ -101,9 +135,9 @@ pub fn forward<B: FusedOps>(
     let b_c = cast::<B>(float(b), c);
     let hidden = matmul::<B>(cast::<B>(xa, c), a_c.transpose()).mul_scalar(options.scale);
     let adapter = matmul::<B>(hidden.clone(), b_c.transpose());
-    let out = add_adapter::<B>(base, adapter, dtype, options.precision);
-    LoraLinearOutput {
-        output: unflat::<B>(out, &shape),
+    LoraLinearParts {
+        base: prim(base),
+        adapter: prim(adapter),
         hidden: prim(hidden),
     }
 }
