@@ -219,19 +219,17 @@ pub(crate) fn run(
     run_chain(device, &[product], ordering)
 }
 
-/// Runs `products` in order on liger's stream under one ordering against CubeCL's stream
-/// (one publish before the first, one completion after the last): a later product may
-/// read an earlier one's output. Every plan is found before anything is launched, so
-/// `Err` means nothing was launched; a launch failure after the ordering started panics
-/// with the error.
+/// Runs `products` (at least one) in order on liger's stream under one ordering against
+/// CubeCL's stream (one publish before the first, one completion after the last): a later
+/// product may read an earlier one's output. Every plan is found before anything is
+/// launched, so `Err` means nothing was launched; a launch failure after the ordering
+/// started panics with the error.
 pub(crate) fn run_chain(
     device: &CudaDevice,
     products: &[Product<'_>],
     ordering: Option<MatmulOrdering>,
 ) -> Result<MatmulOrdering, Unavailable> {
-    let Some(first) = products.first() else {
-        return Ok(ordering.unwrap_or(MatmulOrdering::HostSynchronization));
-    };
+    let first = products.first().expect("a chain of at least one product");
     let engine = engine(device)?;
     let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
     let ordering = ordering.unwrap_or_else(|| engine.default_ordering());

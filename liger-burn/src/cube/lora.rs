@@ -30,24 +30,7 @@ where
     I: IntElement,
     BT: BoolElement,
 {
-    let shape = x.shape();
-    let d = shape[shape.num_dims() - 1];
-    let rows = shape.num_elements() / d.max(1);
-    CubeBackend::<R, F, I, BT>::float_reshape(x, Shape::new([rows, d]))
-}
-
-/// `[rows, d]` → `[...lead, d]` with the leading dimensions of `like`.
-fn unflat<R, F, I, BT>(x: CubeTensor<R>, like: &Shape) -> CubeTensor<R>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
-    let d = x.shape()[1];
-    let mut dims = like.to_vec();
-    *dims.last_mut().expect("rank >= 1") = d;
-    CubeBackend::<R, F, I, BT>::float_reshape(x, Shape::from(dims))
+    compose::lora::rows::<CubeBackend<R, F, I, BT>>(x)
 }
 
 /// The 2-D transpose, a view.
@@ -299,15 +282,12 @@ where
             wanted,
         );
     }
-    let input_grad = |t: CubeTensor<R>| unflat::<R, F, I, BT>(cast(t, dtype), &x_shape);
-    let (grad_x, grad_adapter_x) = if separate {
-        (base_x.map(input_grad), adapter_grad.map(input_grad))
-    } else {
-        (base_x.map(input_grad), None)
-    };
+    // `adapter_grad` is the separate input's; joined into `base_x` otherwise.
+    let input_grad =
+        |t: CubeTensor<R>| compose::lora::unrows::<Cube<R, F, I, BT>>(cast(t, dtype), &x_shape);
     LoraLinearGrads {
-        grad_x,
-        grad_adapter_x,
+        grad_x: base_x.map(input_grad),
+        grad_adapter_x: adapter_grad.map(input_grad),
         grad_a: grad_a.map(|t| cast(t, a_dtype)),
         grad_b: grad_b.map(|t| cast(t, b_dtype)),
     }

@@ -25,9 +25,11 @@
 //! and rounded once (PyTorch's autograd rounds both to bf16 and adds them in bf16), and
 //! the adapter's input is kept for the backward in its own dtype and widened again there
 //! (PyTorch keeps the f32 copy: the same values, twice the bytes). Where the products run
-//! on cuBLASLt (CUDA), the base path's product also joins the f32 sum unrounded, forward
-//! and backward, and the scale multiplies the product before its one rounding: fewer
-//! roundings again, never more.
+//! on cuBLASLt (CUDA), the backward's base path product also joins the f32 sum unrounded,
+//! and the scale multiplies a product before its one rounding: fewer roundings again,
+//! never more. The forward's base output is rounded before the sum, as PEFT's: without
+//! that rounding, adapter outputs below half a step of the activation dtype would reach
+//! the output where PEFT loses them, and training would follow another path.
 //! [`AdapterPrecision::Activation`] is what PEFT computes under `torch.autocast` (Hugging
 //! Face Trainer's `bf16=True`): `A` and `B` rounded to the activation dtype, each product
 //! in it (f32 accumulation), the sum in it; about ten times less matmul time on GPUs whose

@@ -42,19 +42,29 @@ pub(crate) fn cast<B: FusedOps>(x: Tensor<B, 2>, dtype: DType) -> Tensor<B, 2> {
 }
 
 /// `[..., d]` → `[rows, d]`.
-fn flat<B: FusedOps>(x: FloatTensor<B>) -> Tensor<B, 2> {
+pub(crate) fn rows<B: FusedOps>(x: FloatTensor<B>) -> FloatTensor<B> {
     let shape = x.shape();
     let d = shape[shape.num_dims() - 1];
     let rows = shape.num_elements() / d.max(1);
-    float::<B, 2>(B::float_reshape(x, burn::tensor::Shape::new([rows, d])))
+    B::float_reshape(x, burn::tensor::Shape::new([rows, d]))
 }
 
 /// `[rows, d]` → `[...lead, d]` with the leading dimensions of `like`.
-fn unflat<B: FusedOps>(x: Tensor<B, 2>, like: &burn::tensor::Shape) -> FloatTensor<B> {
-    let d = x.dims()[1];
+pub(crate) fn unrows<B: FusedOps>(x: FloatTensor<B>, like: &burn::tensor::Shape) -> FloatTensor<B> {
+    let d = x.shape()[1];
     let mut dims = like.to_vec();
     *dims.last_mut().expect("rank >= 1") = d;
-    B::float_reshape(prim(x), burn::tensor::Shape::from(dims))
+    B::float_reshape(x, burn::tensor::Shape::from(dims))
+}
+
+/// [`rows`] as a 2-D tensor.
+fn flat<B: FusedOps>(x: FloatTensor<B>) -> Tensor<B, 2> {
+    float::<B, 2>(rows::<B>(x))
+}
+
+/// [`unrows`] of a 2-D tensor.
+fn unflat<B: FusedOps>(x: Tensor<B, 2>, like: &burn::tensor::Shape) -> FloatTensor<B> {
+    unrows::<B>(prim(x), like)
 }
 
 /// `base + adapter` where `base` is in the activation dtype `dtype` and `adapter` in the
