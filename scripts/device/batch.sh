@@ -65,7 +65,7 @@ for step in $steps; do
       # The full sweep of every op in f32 and bf16 (DTYPES overrides), one op family per
       # process so a slow one does not hide the rest; CHECK_TIMEOUT per family (200 s);
       # OPS narrows the families (`fused_linear` is fused linear cross entropy and every
-      # fused post-training loss).
+      # fused post-training loss; `lora_linear` both LoRA variants).
       # CHECK_JOBS > 1 runs that many (dtype, op) processes at once (the f64 references
       # are CPU work; the device machine has 16 cores), each logged apart, then joined.
       # CHECK_REDUCTION (auto, plane, shared, both) picks the kernels' reduction path;
@@ -73,7 +73,7 @@ for step in $steps; do
       # Parts go to a folder of their own: two check-full steps may run at once.
       parts=$(mktemp -d "$OUT/parts.XXXXXX")
       for dtype in ${DTYPES:-f32 bf16}; do
-        for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd matmul_add}; do
+        for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd matmul_add lora_linear}; do
           echo "$dtype $op"
         done
       done | CHECK_OUT="$parts" CHECK_BIN="${CHECK_BIN:-$BIN}" CHECK_TIMEOUT="${CHECK_TIMEOUT:-200}" \
@@ -87,7 +87,7 @@ for step in $steps; do
         echo "$0 $1: $(tail -n 3 "$log" | head -2 | tr "\n" " ")"
       ' || status=1
       for dtype in ${DTYPES:-f32 bf16}; do
-        for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd matmul_add}; do
+        for op in ${OPS:-rms_norm layer_norm softmax swiglu geglu gelu sigmoid rope cross_entropy fused_linear kl_div jsd tvd matmul_add lora_linear}; do
           cat "$parts/check_full_${dtype}_$op.log" >>"$OUT/check_full_${dtype}.log" 2>/dev/null
         done
       done

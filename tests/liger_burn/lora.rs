@@ -11,7 +11,9 @@
 //! are trained). Wrong outputs (zeros, doubled, a dropped row, shifted rows, a transposed
 //! buffer) must exceed the same bounds. The frozen weight gets no gradient, and bad input
 //! (rank 0, mismatched adapter, a trainable base weight) is refused naming the op and the
-//! shapes.
+//! shapes. The linear layer's reference is the conformance suite's
+//! (`liger_verify::conformance::lora_linear`), whose sweep (`liger check --op lora`) runs
+//! here too.
 
 use burn::backend::Autodiff;
 use burn::tensor::activation::log_softmax;
@@ -24,9 +26,10 @@ use liger_tests::BackendVisitor;
 use liger_tests::bounded::{Bounded, U32, check_with_rejection, round, rounded, tensor, unit};
 use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::tensors::values as host;
-use liger_verify::conformance::Rng;
 use liger_verify::conformance::compare_normwise;
 use liger_verify::conformance::linear_cross_entropy::TF32_NORMWISE;
+use liger_verify::conformance::lora_linear::{self, LoraShape, Rounded, SCALE, Variant};
+use liger_verify::conformance::{Op, Rng};
 
 type AD<B> = Autodiff<B>;
 
@@ -98,7 +101,6 @@ const ROWS: usize = 15;
 const D_IN: usize = 45;
 const D_OUT: usize = 37;
 const RANK: usize = 6;
-const SCALE: f64 = 1.75;
 
 struct LinearData {
     x: Vec<f32>,
@@ -125,71 +127,35 @@ impl LinearData {
     }
 }
 
-/// The layer's variant.
-#[derive(Clone, Copy, Debug)]
-struct LinearCase {
-    dtype: DType,
-    precision: AdapterPrecision,
-    bias: bool,
-    /// The adapter reads a separate input (a dropout's output).
-    separate: bool,
-}
+/// The layer's variant: dtype, adapter precision, bias, separate adapter input.
+type LinearCase = Variant;
 
-/// Output and gradients (x, the separate input, A, B) with their bounds.
-struct LinearRef {
-    y: Bounded,
-    gx: Bounded,
-    /// `grad_x` of the stock composition, whose autodiff rounds the adapter path's input
-    /// gradient to the activation dtype before adding it (in that dtype) to the base's.
-    gx_stock: Bounded,
-    gxa: Bounded,
-    ga: Bounded,
-    gb: Bounded,
-}
-
-fn linear_reference(d: &LinearData, c: LinearCase) -> LinearRef {
-    let dt = c.dtype;
-    let cd = c.precision.compute_dtype(dt);
-    let x = Bounded::exact(ROWS, D_IN, rounded(&d.x, dt));
-    let xa = if c.separate {
-        Bounded::exact(ROWS, D_IN, rounded(&d.xa, dt))
-    } else {
-        x.clone()
+/// The reference of the conformance suite's `lora_linear` op at this module's shape.
+fn linear_reference(d: &LinearData, c: LinearCase) -> lora_linear::Reference {
+    let shape = LoraShape {
+        rows: ROWS,
+        d_in: D_IN,
+        d_out: D_OUT,
+        rank: RANK,
     };
-    let w = Bounded::exact(D_IN, D_OUT, rounded(&d.w, dt));
-    let a = Bounded::exact(RANK, D_IN, rounded(&d.a, cd));
-    let b = Bounded::exact(D_OUT, RANK, rounded(&d.bb, cd));
-    let g = Bounded::exact(ROWS, D_OUT, rounded(&d.g, dt));
-    let mut base = x.mm(&w).store(dt);
-    if c.bias {
-        base = base.add_row(&rounded(&d.b, dt), dt);
-    }
-    let h = xa.mm(&a.t()).store(cd).scale(SCALE).store(cd);
-    let ya = h.mm(&b.t()).store(cd);
-    let y = base.add(&ya, dt);
-    let gc = g.clone();
-    let gb = gc.t().mm(&h).store(cd);
-    let u = gc.mm(&b).store(cd).scale(SCALE).store(cd);
-    let ga = u.t().mm(&xa).store(cd);
-    let adapter = u.mm(&a).store(cd);
-    let base_x = g.mm(&w.t()).store(dt);
-    let (gx, gx_stock, gxa) = if c.separate {
-        (base_x.clone(), base_x, adapter.store(dt))
-    } else {
-        (
-            base_x.add(&adapter, dt),
-            base_x.add(&adapter.store(dt), dt),
-            adapter,
-        )
+    let (dt, f32) = (c.dtype, DType::F32);
+    let (x, xa, w, b) = (
+        rounded(&d.x, dt),
+        rounded(&d.xa, dt),
+        rounded(&d.w, dt),
+        rounded(&d.b, dt),
+    );
+    let (a, bb, g) = (rounded(&d.a, f32), rounded(&d.bb, f32), rounded(&d.g, dt));
+    let inputs = Rounded {
+        x: &x,
+        xa: &xa,
+        w: &w,
+        b: &b,
+        a: &a,
+        bb: &bb,
+        g: &g,
     };
-    LinearRef {
-        y,
-        gx,
-        gx_stock,
-        gxa,
-        ga,
-        gb,
-    }
+    lora_linear::reference(c, shape, inputs)
 }
 
 /// Output and gradients of the fused op (`fused`) or of the stock composition.
@@ -317,6 +283,22 @@ fn lora_linear_matches_reference_and_stock_composition() {
     };
     liger_tests::for_each_backend(&mut v);
     assert!(v.cases > 0);
+}
+
+/// The conformance suite's quick sweep of both variants (`liger check --op lora_linear
+/// --quick`): f32 adapters with a bias, and the activations' dtype with a separate input.
+#[test]
+fn lora_linear_conformance() {
+    liger_tests::check_op(Op::LoraLinear);
+    liger_tests::check_op(Op::LoraLinearDropout);
+}
+
+/// The full sweep (the models' projections at rank 64): too large for a software
+/// rasterizer.
+#[test]
+#[ignore = "the full sweep: run on a GPU (LIGER_TEST_DEVICE=cuda)"]
+fn lora_linear_conformance_full() {
+    liger_tests::check_ops_full(Op::is_lora);
 }
 
 // ---------------------------------------------------------------------------------------

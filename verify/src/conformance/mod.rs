@@ -27,6 +27,7 @@ pub mod fused_linear_rl;
 pub mod glu;
 pub mod glu_linear;
 pub mod linear_cross_entropy;
+pub mod lora_linear;
 pub mod matmul_add;
 pub mod reference;
 mod rng;
@@ -140,11 +141,17 @@ pub enum Op {
     MatmulAdd,
     /// `acc + lhs·rhs` into an accumulator of the inputs' dtype.
     MatmulAddInDtype,
+    /// A linear layer with a LoRA adapter (`lora_linear`), PEFT's f32 adapter path, a
+    /// bias; rows = tokens, width = d_in.
+    LoraLinear,
+    /// The same with the adapter path in the activations' dtype and a separate adapter
+    /// input (a dropout's output), no bias.
+    LoraLinearDropout,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 43] = [
+    pub const ALL: [Op; 45] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -188,6 +195,8 @@ impl Op {
         Op::GeGluLinear,
         Op::MatmulAdd,
         Op::MatmulAddInDtype,
+        Op::LoraLinear,
+        Op::LoraLinearDropout,
     ];
 
     /// Name used in reports and filters.
@@ -236,6 +245,8 @@ impl Op {
             Op::GeGluLinear => "geglu_linear",
             Op::MatmulAdd => "matmul_add",
             Op::MatmulAddInDtype => "matmul_add_in_dtype",
+            Op::LoraLinear => "lora_linear",
+            Op::LoraLinearDropout => "lora_linear_dropout",
         }
     }
 
@@ -251,6 +262,11 @@ impl Op {
     /// The matmul-add ops.
     pub fn is_matmul_add(self) -> bool {
         matches!(self, Op::MatmulAdd | Op::MatmulAddInDtype)
+    }
+
+    /// The LoRA linear ops.
+    pub fn is_lora(self) -> bool {
+        matches!(self, Op::LoraLinear | Op::LoraLinearDropout)
     }
 
     fn is_elementwise(self) -> bool {
@@ -427,6 +443,9 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
     }
     if op.is_matmul_add() {
         return matmul_add::shapes(quick);
+    }
+    if op.is_lora() {
+        return lora_linear::shapes(quick);
     }
     shapes
 }
@@ -635,6 +654,9 @@ pub fn host_case(op: Op, rows: usize, width: usize, dtype: DType, rng: &mut Rng)
     if op.is_matmul_add() {
         return matmul_add::host_case(op, rows, width, dtype, rng);
     }
+    if op.is_lora() {
+        return lora_linear::host_case(op, rows, width, dtype, rng, live);
+    }
     let inputs = draw_row_inputs(op, rows, width, rng);
     let r = |v: &Vec<f32>| host_input(v, dtype);
     let (x, g, w, b, res, g2) = (
@@ -694,6 +716,7 @@ pub fn run_case<B: FusedOps>(
         _ if op.is_rl() => fused_linear_rl::run::<B>(op, rows, width, dtype, device, rng),
         _ if op.is_glu_linear() => glu_linear::run::<B>(op, rows, width, dtype, device, rng),
         _ if op.is_matmul_add() => matmul_add::run::<B>(op, rows, width, dtype, device, rng),
+        _ if op.is_lora() => lora_linear::run::<B>(op, rows, width, dtype, device, rng),
         _ => run_row_case::<B>(op, rows, width, dtype, device, rng),
     };
     CaseResult {

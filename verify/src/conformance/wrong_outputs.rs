@@ -86,10 +86,11 @@ fn extreme_shapes(op: Op) -> Vec<(usize, usize)> {
     out
 }
 
-/// The dtype a tensor is stored in: the losses, and the f32 accumulator's sum, are f32
-/// whatever the inputs' dtype.
+/// The dtype a tensor is stored in: the losses, the f32 accumulator's sum and the f32
+/// adapters' gradients are f32 whatever the inputs' dtype.
 fn stored_dtype(op: Op, e: &Expected, dtype: DType) -> DType {
     if op == Op::MatmulAdd
+        || (op == Op::LoraLinear && matches!(e.tensor, "grad_A" | "grad_B"))
         || matches!(e.tensor, "loss" | "z_loss" | "soft_loss" | "hard_loss")
         || super::fused_linear_preference::METRICS.contains(&e.tensor)
         || super::fused_linear_rl::METRICS.contains(&e.tensor)
@@ -342,4 +343,20 @@ fn glu_linear_and_matmul_add_reject_wrong_outputs_quick_shapes() {
 #[ignore = "minutes in a debug build: run with --release -- --ignored"]
 fn glu_linear_and_matmul_add_reject_wrong_outputs_full_shapes() {
     check_ops(&GLU_LINEAR_AND_MATMUL_ADD, extreme_shapes);
+}
+
+const LORA: [Op; 2] = [Op::LoraLinear, Op::LoraLinearDropout];
+
+/// The LoRA linear layer at the quick sweep's shapes.
+#[test]
+fn lora_linear_rejects_wrong_outputs_quick_shapes() {
+    check_ops(&LORA, |op| shapes(op, true));
+}
+
+/// The LoRA linear layer at the full sweep's widest and tallest shapes (Llama-3-8B's down
+/// projection and Llama-3.2-1B's k/v at 4K tokens): minutes in a debug build.
+#[test]
+#[ignore = "minutes in a debug build: run with --release -- --ignored"]
+fn lora_linear_rejects_wrong_outputs_full_shapes() {
+    check_ops(&LORA, extreme_shapes);
 }
