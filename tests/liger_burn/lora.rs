@@ -28,7 +28,7 @@ use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::tensors::values as host;
 use liger_verify::conformance::compare_normwise;
 use liger_verify::conformance::linear_cross_entropy::TF32_NORMWISE;
-use liger_verify::conformance::lora_linear::{self, LoraShape, Rounded, SCALE, Variant};
+use liger_verify::conformance::lora_linear::{self, Inputs, LoraShape, SCALE, Variant};
 use liger_verify::conformance::{Op, Rng};
 
 type AD<B> = Autodiff<B>;
@@ -102,28 +102,17 @@ const D_IN: usize = 45;
 const D_OUT: usize = 37;
 const RANK: usize = 6;
 
-struct LinearData {
-    x: Vec<f32>,
-    xa: Vec<f32>,
-    /// Burn's layout `[d_in, d_out]`.
-    w: Vec<f32>,
-    b: Vec<f32>,
-    a: Vec<f32>,
-    bb: Vec<f32>,
-    g: Vec<f32>,
-}
-
-impl LinearData {
-    fn new(rng: &mut Rng) -> Self {
-        LinearData {
-            x: rng.vec(ROWS * D_IN, -1.0, 1.0, 0.0),
-            xa: rng.vec(ROWS * D_IN, -1.0, 1.0, 0.0),
-            w: rng.vec(D_IN * D_OUT, -0.3, 0.3, 0.0),
-            b: rng.vec(D_OUT, -0.5, 0.5, 0.0),
-            a: rng.vec(RANK * D_IN, -0.3, 0.3, 0.0),
-            bb: rng.vec(D_OUT * RANK, -0.3, 0.3, 0.0),
-            g: rng.vec(ROWS * D_OUT, -1.0, 1.0, 0.0),
-        }
+/// The layer's inputs (`x`, the separate input `xa`, `w` in Burn's layout `[d_in, d_out]`,
+/// the bias, `A`, `B`, the upstream gradient), drawn at this module's shape.
+fn linear_data(rng: &mut Rng) -> Inputs {
+    Inputs {
+        x: rng.vec(ROWS * D_IN, -1.0, 1.0, 0.0),
+        xa: rng.vec(ROWS * D_IN, -1.0, 1.0, 0.0),
+        w: rng.vec(D_IN * D_OUT, -0.3, 0.3, 0.0),
+        b: rng.vec(D_OUT, -0.5, 0.5, 0.0),
+        a: rng.vec(RANK * D_IN, -0.3, 0.3, 0.0),
+        bb: rng.vec(D_OUT * RANK, -0.3, 0.3, 0.0),
+        g: rng.vec(ROWS * D_OUT, -1.0, 1.0, 0.0),
     }
 }
 
@@ -131,36 +120,19 @@ impl LinearData {
 type LinearCase = Variant;
 
 /// The reference of the conformance suite's `lora_linear` op at this module's shape.
-fn linear_reference(d: &LinearData, c: LinearCase) -> lora_linear::Reference {
+fn linear_reference(d: &Inputs, c: LinearCase) -> lora_linear::Reference {
     let shape = LoraShape {
         rows: ROWS,
         d_in: D_IN,
         d_out: D_OUT,
         rank: RANK,
     };
-    let (dt, f32) = (c.dtype, DType::F32);
-    let (x, xa, w, b) = (
-        rounded(&d.x, dt),
-        rounded(&d.xa, dt),
-        rounded(&d.w, dt),
-        rounded(&d.b, dt),
-    );
-    let (a, bb, g) = (rounded(&d.a, f32), rounded(&d.bb, f32), rounded(&d.g, dt));
-    let inputs = Rounded {
-        x: &x,
-        xa: &xa,
-        w: &w,
-        b: &b,
-        a: &a,
-        bb: &bb,
-        g: &g,
-    };
-    lora_linear::reference(c, shape, inputs)
+    lora_linear::reference_from(c, shape, d, rounded)
 }
 
 /// Output and gradients of the fused op (`fused`) or of the stock composition.
 fn linear_run<B: FusedOps>(
-    d: &LinearData,
+    d: &Inputs,
     c: LinearCase,
     fused: bool,
     device: &B::Device,
@@ -227,7 +199,7 @@ struct LinearParity {
 
 impl BackendVisitor for LinearParity {
     fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
-        let data = LinearData::new(&mut self.rng);
+        let data = linear_data(&mut self.rng);
         let tf32 =
             liger_tests::stock_matmul_is_tf32::<B>((ROWS, D_IN, D_OUT), device, &mut self.rng);
         let mut failures = Vec::new();
@@ -1049,7 +1021,7 @@ impl BackendVisitor for AdapterModule {
         );
 
         let mut rng = Rng::new(11);
-        let d = LinearData::new(&mut rng);
+        let d = linear_data(&mut rng);
         let f = |v: &[f32]| v.iter().map(|x| *x as f64).collect::<Vec<_>>();
         for dtype in liger_tests::dtypes::<B>(device) {
             let at = format!("{label} {dtype:?}");

@@ -114,6 +114,7 @@ pub fn variant(op: Op, dtype: DType) -> Variant {
 }
 
 /// A case's inputs as drawn (f32, before rounding).
+#[derive(Clone, Debug)]
 pub struct Inputs {
     /// `[rows, d_in]`.
     pub x: Vec<f32>,
@@ -246,6 +247,38 @@ fn expected(v: Variant, r: Reference) -> Vec<Expected> {
     e
 }
 
+/// The reference of `v` at `s` from drawn inputs, each rounded by `round` to the dtype
+/// the device holds it in (see [`Rounded`]).
+pub fn reference_from(
+    v: Variant,
+    s: LoraShape,
+    inp: &Inputs,
+    round: impl Fn(&[f32], DType) -> Vec<f64>,
+) -> Reference {
+    let dt = v.dtype;
+    let (x, xa, w, b) = (
+        round(&inp.x, dt),
+        round(&inp.xa, dt),
+        round(&inp.w, dt),
+        round(&inp.b, dt),
+    );
+    let (a, bb, g) = (
+        round(&inp.a, DType::F32),
+        round(&inp.bb, DType::F32),
+        round(&inp.g, dt),
+    );
+    let rounded = Rounded {
+        x: &x,
+        xa: &xa,
+        w: &w,
+        b: &b,
+        a: &a,
+        bb: &bb,
+        g: &g,
+    };
+    reference(v, s, rounded)
+}
+
 /// See [`HostCase`]: the adapter gradients are the reductions over rows (`live` rows keep
 /// their upstream gradient).
 pub fn host_case(
@@ -259,30 +292,10 @@ pub fn host_case(
     let s = shape_of(rows, d_in);
     let v = variant(op, dtype);
     let inp = draw(s, rng);
-    let r = |x: &[f32]| host_input(x, dtype);
-    let f = |x: &[f32]| host_input(x, DType::F32);
-    let (x, xa, w, b, a, bb, g) = (
-        r(&inp.x),
-        r(&inp.xa),
-        r(&inp.w),
-        r(&inp.b),
-        f(&inp.a),
-        f(&inp.bb),
-        r(&inp.g),
-    );
-    let rounded = |g| Rounded {
-        x: &x,
-        xa: &xa,
-        w: &w,
-        b: &b,
-        a: &a,
-        bb: &bb,
-        g,
-    };
-    let with = expected(v, reference(v, s, rounded(&g)));
-    let mut g_live = g.clone();
-    g_live[live * s.d_out..].iter_mut().for_each(|x| *x = 0.0);
-    let dropped = expected(v, reference(v, s, rounded(&g_live)));
+    let with = expected(v, reference_from(v, s, &inp, host_input));
+    let mut live_rows = inp;
+    live_rows.g[live * s.d_out..].fill(0.0);
+    let dropped = expected(v, reference_from(v, s, &live_rows, host_input));
     let without = with
         .iter()
         .zip(dropped)
