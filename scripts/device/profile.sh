@@ -8,7 +8,8 @@
 #                                    [e2e-step]
 #
 # e2e-step: every kernel's duration over `liger bench --e2e` of E2E_MODEL (default
-# llama3.2-1b) at E2E_SEQ tokens (default 4096), liger on, --memory-pool release, the
+# llama3.2-1b) at E2E_SEQ tokens (default 4096; E2E_LORA_RANK adds LoRA adapters of that
+# rank), liger on, --memory-pool release, the
 # model's initialization and two steps (the timed one, and the one that reads the memory;
 # ncu follows the case's child process), cuBLASLt ordered by host synchronization (ncu's
 # serialized launches never release the default's device-side waits). The kernels summed (scripts/ncu_summary.py
@@ -62,6 +63,7 @@ for step in ${*:-ce flce swiglu}; do
         --target-processes all --csv --metrics gpu__time_duration.sum \
         --log-file "$OUT/ncu_${step}_%p.csv" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 \
         --e2e-models "${E2E_MODEL:-llama3.2-1b}" --e2e-seq "${E2E_SEQ:-4096}" --e2e-modes on \
+        ${E2E_LORA_RANK:+--e2e-lora-rank $E2E_LORA_RANK} \
         --e2e-warmup 0 --e2e-steps 1 --e2e-timeout 390 --memory-pool release \
         --e2e-matmul-ordering host-synchronization \
         >"$OUT/ncu_$step.log" 2>&1 || status=1
