@@ -30,8 +30,9 @@
 #
 # PROFILE_BIN picks the binary (default: env.sh's $BIN).
 #
-# Writes $OUT/ncu_<step>.csv (one row per kernel and metric; e2e-step: one per process,
-# ncu_e2e-step_<pid>.csv) and $OUT/ncu_<step>.log.
+# Writes $OUT/ncu_<step>.csv (one row per kernel and metric; e2e-step: every process of
+# the case in the one file, as ncu's `--log-file` does not expand `%p`) and
+# $OUT/ncu_<step>.log.
 # Summarize here with scripts/ncu_summary.py.
 set -u
 . "$(dirname "$0")/env.sh"
@@ -61,13 +62,13 @@ for step in ${*:-ce flce swiglu}; do
     e2e-step)
       timeout "${PROFILE_TIMEOUT:-400}" "$NCU" --clock-control none --cache-control none \
         --target-processes all --csv --metrics gpu__time_duration.sum \
-        --log-file "$OUT/ncu_${step}_%p.csv" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 \
+        --log-file "$OUT/ncu_${step}.csv" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 \
         --e2e-models "${E2E_MODEL:-llama3.2-1b}" --e2e-seq "${E2E_SEQ:-4096}" --e2e-modes on \
         ${E2E_LORA_RANK:+--e2e-lora-rank $E2E_LORA_RANK} \
         --e2e-warmup 0 --e2e-steps 1 --e2e-timeout 390 --memory-pool release \
         --e2e-matmul-ordering host-synchronization \
         >"$OUT/ncu_$step.log" 2>&1 || status=1
-      echo "$step: $(cat "$OUT"/ncu_"$step"_*.csv | wc -l) rows"; tail -n 3 "$OUT/ncu_$step.log"
+      echo "$step: $(wc -l <"$OUT/ncu_$step.csv") rows"; tail -n 3 "$OUT/ncu_$step.log"
       continue ;;
     *) echo "unknown step $step"; status=1; continue ;;
   esac
