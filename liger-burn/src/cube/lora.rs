@@ -16,6 +16,7 @@
 //! `compose::lora` allow.
 
 use super::matmul::{ChainedProduct, chain_supported, vendor_chain};
+use crate::ops::compose::lora::LayerDims;
 use crate::ops::compose::{self, to_dtype};
 use crate::ops::{LoraLinearGrads, LoraLinearGradsWanted, LoraLinearParts, LoraOptions};
 use burn::tensor::{DType, Shape, TensorMetadata, ops::FloatTensorOps};
@@ -44,33 +45,13 @@ where
     CubeBackend::<R, F, I, BT>::float_transpose(x)
 }
 
-/// The layer's sizes: rows of `x: [..., d_in]`, `d_in`, `d_out` of `weight: [d_in, d_out]`
-/// and the rank of `a: [r, d_in]`.
-struct LayerDims {
-    rows: usize,
-    d_in: usize,
-    d_out: usize,
-    rank: usize,
-}
-
-impl LayerDims {
-    fn of(x: &Shape, weight: &Shape, a: &Shape) -> Self {
-        let d_in = x[x.num_dims() - 1];
-        LayerDims {
-            rows: x.num_elements() / d_in.max(1),
-            d_in,
-            d_out: weight[1],
-            rank: a[0],
-        }
-    }
-
-    /// Whether the chains run for activations of `dtype` with adapters computing in `c`.
-    fn chained<R: CubeRuntime>(&self, device: &R::Device, dtype: DType, c: DType) -> bool {
-        [self.rows, self.d_in, self.d_out, self.rank]
-            .iter()
-            .all(|d| *d > 0)
-            && chain_supported::<R>(device, &[dtype, c])
-    }
+/// Whether the chains run for a layer of `dims` with activations of `dtype` and adapters
+/// computing in `c`.
+fn chained<R: CubeRuntime>(device: &R::Device, dims: &LayerDims, dtype: DType, c: DType) -> bool {
+    [dims.rows, dims.d_in, dims.d_out, dims.rank]
+        .iter()
+        .all(|d| *d > 0)
+        && chain_supported::<R>(device, &[dtype, c])
 }
 
 /// See [`FusedOps::fused_lora_linear_parts`](crate::ops::FusedOps::fused_lora_linear_parts).
@@ -95,7 +76,7 @@ where
     let c = options.precision.compute_dtype(dtype);
     let dims = LayerDims::of(&shape, &weight.shape(), &a.shape());
     let (rows, d_out, rank) = (dims.rows, dims.d_out, dims.rank);
-    if !dims.chained::<R>(&x.device, dtype, c) {
+    if !chained::<R>(&x.device, &dims, dtype, c) {
         return compose::lora::parts::<Cube<R, F, I, BT>>(
             x, weight, bias, adapter_x, a, b, options,
         );
@@ -182,7 +163,7 @@ where
     let dims = LayerDims::of(&x_shape, &weight.shape(), &a.shape());
     let (rows, d_in, d_out, rank) = (dims.rows, dims.d_in, dims.d_out, dims.rank);
     let (a_dtype, b_dtype) = (a.dtype, b.dtype);
-    if !dims.chained::<R>(&adapter_input.device, dtype, c) {
+    if !chained::<R>(&adapter_input.device, &dims, dtype, c) {
         return compose::lora::backward::<Cube<R, F, I, BT>>(
             grad_output,
             adapter_input,

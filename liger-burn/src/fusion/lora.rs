@@ -5,6 +5,7 @@
 //! composition of stock operations.
 
 use super::custom_op::{self, CustomKernel, Handles, float_inputs};
+use crate::ops::compose::lora::LayerDims;
 use crate::ops::{
     FusedOps, LoraLinearGrads, LoraLinearGradsWanted, LoraLinearParts, LoraOptions, compose,
 };
@@ -63,9 +64,9 @@ pub(crate) fn parts<B: FusionBackend + FusedOps>(
     let shape = x.shape();
     let dtype = x.dtype();
     let c = options.precision.compute_dtype(dtype);
-    let rows = shape.num_elements() / shape[shape.num_dims() - 1].max(1);
-    let d_out = weight.shape()[1];
-    let rank = a.shape()[0];
+    let LayerDims {
+        rows, d_out, rank, ..
+    } = LayerDims::of(&shape, &weight.shape(), &a.shape());
     let kernel = LoraParts {
         options,
         bias: bias.is_some(),

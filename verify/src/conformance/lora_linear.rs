@@ -363,16 +363,27 @@ pub fn run<B: FusedOps>(
     let grads = (y.clone() * Tensor::<A<B>, 2>::from_inner(g))
         .sum()
         .backward();
-    let mut actual = vec![
-        ("output", to_f64(y.inner())),
-        ("grad_x", to_f64(x.grad(&grads).expect("grad_x"))),
-        ("grad_A", to_f64(a.grad(&grads).expect("grad_A"))),
-        ("grad_B", to_f64(bb.grad(&grads).expect("grad_B"))),
+    // Each result with the dtype it must come in: the activations' for the output and the
+    // input gradients, f32 for the f32 adapters' gradients.
+    let mut results = vec![
+        ("output", y.inner(), dtype),
+        ("grad_x", x.grad(&grads).expect("grad_x"), dtype),
+        ("grad_A", a.grad(&grads).expect("grad_A"), DType::F32),
+        ("grad_B", bb.grad(&grads).expect("grad_B"), DType::F32),
     ];
     if v.separate {
         let gxa = xa.grad(&grads).expect("grad_adapter_x");
-        actual.push(("grad_adapter_x", to_f64(gxa)));
+        results.push(("grad_adapter_x", gxa, dtype));
     }
+    let wrong_dtype: Vec<&'static str> = results
+        .iter()
+        .filter(|(_, t, want)| t.dtype() != *want)
+        .map(|(name, _, _)| *name)
+        .collect();
+    let actual = results
+        .into_iter()
+        .map(|(name, t, _)| (name, to_f64(t)))
+        .collect();
     let rounded = Rounded {
         x: &x_r,
         xa: &xa_r,
@@ -382,5 +393,24 @@ pub fn run<B: FusedOps>(
         bb: &bb_r,
         g: &g_r,
     };
-    compare_all(actual, &expected(v, reference(v, s, rounded)))
+    let mut comparisons = compare_all(actual, &expected(v, reference(v, s, rounded)));
+    for c in comparisons.iter_mut() {
+        if wrong_dtype.contains(&c.tensor) {
+            c.tensor = wrong_dtype_label(c.tensor);
+            c.passed = false;
+        }
+    }
+    comparisons
+}
+
+/// The report's name of a tensor that came back in another dtype than the op's.
+fn wrong_dtype_label(tensor: &'static str) -> &'static str {
+    match tensor {
+        "output" => "output (not in the activations' dtype)",
+        "grad_x" => "grad_x (not in the activations' dtype)",
+        "grad_adapter_x" => "grad_adapter_x (not in the activations' dtype)",
+        "grad_A" => "grad_A (not in A's dtype, f32)",
+        "grad_B" => "grad_B (not in B's dtype, f32)",
+        other => other,
+    }
 }

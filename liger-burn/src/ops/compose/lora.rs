@@ -41,6 +41,31 @@ pub(crate) fn cast<B: FusedOps>(x: Tensor<B, 2>, dtype: DType) -> Tensor<B, 2> {
     float(to_dtype::<B>(prim(x), dtype))
 }
 
+/// A LoRA layer's sizes: rows of `x: [..., d_in]`, `d_in`, `d_out` of
+/// `weight: [d_in, d_out]` and the rank of `a: [r, d_in]`.
+pub(crate) struct LayerDims {
+    pub rows: usize,
+    pub d_in: usize,
+    pub d_out: usize,
+    pub rank: usize,
+}
+
+impl LayerDims {
+    pub(crate) fn of(
+        x: &burn::tensor::Shape,
+        weight: &burn::tensor::Shape,
+        a: &burn::tensor::Shape,
+    ) -> Self {
+        let d_in = x[x.num_dims() - 1];
+        LayerDims {
+            rows: x.num_elements() / d_in.max(1),
+            d_in,
+            d_out: weight[1],
+            rank: a[0],
+        }
+    }
+}
+
 /// `[..., d]` → `[rows, d]`.
 pub(crate) fn rows<B: FusedOps>(x: FloatTensor<B>) -> FloatTensor<B> {
     let shape = x.shape();
