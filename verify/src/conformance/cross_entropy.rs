@@ -90,6 +90,23 @@ pub(crate) fn factors(
     }
 }
 
+/// Relative error of the f32 factors the implementations use in place of [`factors`]'
+/// exact ones, shared by every gradient element: a mean's `1/Σw[y]` is the reciprocal of
+/// an f32 sum over the non-ignored rows (exact for a count), and the backward's
+/// `r = g·s` one product more; a sum or no reduction takes the upstream gradient as it is.
+pub(crate) fn factor_error(
+    options: &CrossEntropyOptions,
+    (weight_total, count): (f64, f64),
+) -> f64 {
+    match options.reduction {
+        Reduction::None | Reduction::Sum => 0.0,
+        Reduction::Mean => {
+            accumulation(count as usize, weight_total.abs()) / weight_total.abs().max(1e-300)
+                + 2.0 * U32
+        }
+    }
+}
+
 /// A row's statistics and their f32 errors.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct RowStats {
@@ -107,6 +124,8 @@ pub(crate) struct RowStats {
     pub z_loss_error: f64,
     /// `Σ_c w_c` (V without weights).
     pub weight_sum: f64,
+    /// Error of `Σ_c w_c` accumulated in f32 (exact without weights).
+    pub weight_sum_error: f64,
 }
 
 /// `(z, chain = dz/dx, error of z, error of the chain)` of logit `x` (absolute error
@@ -145,9 +164,12 @@ pub(crate) fn row_stats(
     let v = x.len();
     let w = |c: usize| weight.map_or(1.0, |w| w[c]);
     let weight_sum: f64 = (0..v).map(w).sum();
+    let weight_sum_error =
+        weight.map_or(0.0, |ws| accumulation(v, ws.iter().map(|c| c.abs()).sum()));
     if !valid(target, v, options) {
         return RowStats {
             weight_sum,
+            weight_sum_error,
             ..RowStats::default()
         };
     }
@@ -194,6 +216,7 @@ pub(crate) fn row_stats(
         loss_error,
         z_loss_error,
         weight_sum,
+        weight_sum_error,
     }
 }
 
@@ -208,15 +231,22 @@ pub(crate) struct Element {
     pub per_lse: f64,
 }
 
-/// See [`Element`]. The kernel's form is `chain · (p·coef − b·w_c − a·δ_cy)` with `p =
-/// e^(z − lse)`, `a = (1−ε)w_y f_ce`, `b = (ε/V) f_ce`, `coef = a + bΣw + 2λ lse f_z`.
+/// See [`Element`]. Both implementations (the kernel and the stock composition) compute
+/// `chain · (p·coef − b·w_c − a·δ_cy)` in f32 with `p = e^(z − lse)`, `a = (1−ε)·w_y·f_ce`,
+/// `b = (ε/V)·f_ce`, `coef = a + b·Σw + 2λ·lse·f_z`, from f32 factors `f` (their own error
+/// is [`factor_error`]'s, left to the caller).
 ///
 /// - `p` is off relatively by `exp`'s error, one operation on `|z − lse|`, the logit's own
 ///   error, and (shared by the row) `lse`'s.
-/// - the products and sums: three f32 operations on `|coef|p` and two on `b|w_c| + a δ`;
-///   the chain's error on the unchained gradient; `2λ|f_z| p` per unit of `lse` error.
-/// - `stores` stores in the dtype (`u|g|` and a flush each) and an f32 multiply for
-///   each after the first (the backward's rescaling by the upstream gradient).
+/// - `a`: `ε` stored in f32, `1 − ε` and two products (4 operations); `b`: `ε` stored,
+///   `ε/V` and the product (3); `b·Σw`: `b`'s, `Σw`'s f32 accumulation over the classes
+///   (exact without weights) and the product; `2λ·lse·f_z`: `λ` stored and three products;
+///   `coef`: two sums on its terms' magnitudes; `p·coef`: one product.
+/// - `b·w_c` and `a·δ`: their factor's operations and one product; the two differences:
+///   one operation each on the magnitude of the three terms.
+/// - the chain: its error on the unchained gradient and one product.
+/// - `stores` stores in the dtype (`u|g|` and a flush each) and, for each after the
+///   first, the backward's rescaling by `r/s` (a division and a product).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn element(
     stats: &RowStats,
@@ -247,11 +277,28 @@ pub(crate) fn element(
     let grad = chain * unchained;
     let u = unit_roundoff(dtype);
     let p_rel = exp_error(z - stats.lse) + U32 * (z - stats.lse).abs() + dz;
-    let independent = chain * coef.abs() * p * (p_rel + 3.0 * U32)
-        + chain * (b * w(c).abs() + a.abs() * delta) * 2.0 * U32
+    let (a_abs, bw_abs) = (a.abs(), b.abs() * v.abs());
+    let lse_term = (2.0 * lambda * stats.lse * f.z).abs();
+    let weight_sum_error = stats.weight_sum_error / v.abs().max(1e-300);
+    let coef_error = 4.0 * U32 * a_abs
+        + (4.0 * U32 + weight_sum_error) * bw_abs
+        + 4.0 * U32 * lse_term
+        + 2.0 * U32 * (a_abs + bw_abs + lse_term);
+    let side = b.abs() * w(c).abs() + a_abs * delta;
+    let unchained_error = p * coef.abs() * (p_rel + U32)
+        + p * coef_error
+        + 4.0 * U32 * side
+        + 2.0 * U32 * (p * coef.abs() + side);
+    let chain_product = if options.softcap.is_some() {
+        U32 * grad.abs()
+    } else {
+        0.0
+    };
+    let independent = chain * unchained_error
         + unchained.abs() * dchain
+        + chain_product
         + stores * (u * grad.abs() + flush(dtype, grad))
-        + (stores - 1.0).max(0.0) * U32 * grad.abs();
+        + (stores - 1.0).max(0.0) * 2.0 * U32 * grad.abs();
     let per_lse = chain * p * (coef.abs() + 2.0 * lambda * f.z.abs());
     Element {
         grad,
@@ -572,6 +619,7 @@ fn expected(
         };
         if unit { 1.0 } else { 2.0 }
     };
+    let scale_error = factor_error(&options, tot);
     let mut grad = vec![[0.0; 2]; rows * v];
     par_rows(&mut grad, v, |i, row| {
         if i >= live {
@@ -590,7 +638,10 @@ fn expected(
                 dtype,
                 stores(i),
             );
-            *out = [e.grad, e.independent + e.per_lse * stats[i].lse_error];
+            *out = [
+                e.grad,
+                e.independent + e.per_lse * stats[i].lse_error + scale_error * e.grad.abs(),
+            ];
         }
     });
     out.push(Expected::new(

@@ -38,7 +38,9 @@
 //! matmul and inherits its precision.
 
 use super::bounds::{Expected, Terms, U32, flush, par_ranges, round_to as round, unit_roundoff};
-use super::cross_entropy::{Factors, RowStats, element, factors, loss_tensors, row_stats, totals};
+use super::cross_entropy::{
+    Factors, RowStats, element, factor_error, factors, loss_tensors, row_stats, totals,
+};
 use super::{
     Comparison, HostCase, Op, Rng, compare_all, compare_normwise, host_input, input, poison, to_f64,
 };
@@ -346,6 +348,7 @@ pub fn expected(
     // Pass 1, over rows: each row's logits with their uncertainty, and its statistics.
     let stats = linear_row_stats(inp, dtype, (n, h, v), options);
     let row_factors: Vec<Factors> = (0..n).map(|i| factors(options, inp.g, tot, i)).collect();
+    let scale_error = factor_error(options, tot);
     // A mean or sum multiplies the stored gradients by the upstream gradient afterwards.
     let stores = if options.reduction == Reduction::None {
         1.0
@@ -383,7 +386,7 @@ pub fn expected(
             GradElement {
                 grad: e.grad,
                 independent: e.independent,
-                shared: e.per_lse * stats[i].lse_error,
+                shared: e.per_lse * stats[i].lse_error + scale_error * e.grad.abs(),
             }
         },
     );
