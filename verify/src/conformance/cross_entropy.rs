@@ -784,6 +784,75 @@ mod tests {
         }
     }
 
+    /// The stock composition's logits gradient for label smoothing and class weights
+    /// under a mean (`compose::cross_entropy`, then the backward's `r/s` rescaling),
+    /// emulated operation by operation in f32 with sequential sums, is within the bound
+    /// of [`expected`] at every element, over many draws: the bound counts every
+    /// operation the implementations make.
+    #[test]
+    fn bound_covers_an_f32_emulation_of_the_stock_composition() {
+        let op = Op::CrossEntropySmoothWeighted;
+        let (rows, v) = (300, 64);
+        let options = variant(op, v).options;
+        let eps = options.label_smoothing as f32;
+        let mut worst = 0.0f64;
+        for seed in 0..40 {
+            let mut rng = Rng::new(seed);
+            let inp = draw(op, rows, v, &mut rng);
+            let w = inp.weight.as_ref().expect("weighted variant");
+            let live = |t: i64| valid(t, v, &options);
+            let total = inp
+                .targets
+                .iter()
+                .filter(|&&t| live(t))
+                .fold(0.0f32, |acc, &t| acc + w[t as usize]);
+            let s = 1.0f32 / total;
+            let sum_w = w.iter().fold(0.0f32, |acc, &c| acc + c);
+            let factor = (inp.g[0] * s) / s;
+            let mut grad = vec![0.0f64; rows * v];
+            for i in 0..rows {
+                let t = inp.targets[i];
+                if !live(t) {
+                    continue;
+                }
+                let z = &inp.x[i * v..(i + 1) * v];
+                let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum_exp = z.iter().fold(0.0f32, |acc, &c| acc + (c - max).exp());
+                let lse = max + sum_exp.ln();
+                let a = w[t as usize] * s * (1.0 - eps);
+                let b = s * ((eps as f64 / v as f64) as f32);
+                let coef = a + b * sum_w;
+                for c in 0..v {
+                    let mut g = (z[c] - lse).exp() * coef - w[c] * b;
+                    if c as i64 == t {
+                        g -= a;
+                    }
+                    grad[i * v + c] = f64::from(g * factor);
+                }
+            }
+            let x: Vec<f64> = inp.x.iter().map(|&c| f64::from(c)).collect();
+            let weight: Vec<f64> = w.iter().map(|&c| f64::from(c)).collect();
+            let g: Vec<f64> = inp.g.iter().map(|&c| f64::from(c)).collect();
+            let expected = expected(op, DType::F32, v, &x, &inp.targets, Some(&weight), &g, rows);
+            let e = expected
+                .iter()
+                .find(|e| e.tensor == "grad_logits")
+                .expect("logits gradient");
+            for (k, &actual) in grad.iter().enumerate() {
+                let used = (actual - e.values[k]).abs() / e.bounds[k].max(f64::MIN_POSITIVE);
+                assert!(
+                    used <= 1.0,
+                    "seed {seed}, element {k}: {actual} against {} ± {}",
+                    e.values[k],
+                    e.bounds[k]
+                );
+                worst = worst.max(used);
+            }
+        }
+        // The emulation comes near the bound: it is not loose by orders of magnitude.
+        assert!(worst > 0.05, "largest error {worst} of the bound");
+    }
+
     /// A mean with class weights divides the cross-entropy part by `Σ w[y]` and the
     /// z-loss by the number of non-ignored rows (Liger-Kernel's `cross_entropy.py`).
     #[test]
