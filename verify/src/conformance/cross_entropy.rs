@@ -92,18 +92,21 @@ pub(crate) fn factors(
 
 /// Relative error of the f32 factors the implementations use in place of [`factors`]'
 /// exact ones, shared by every gradient element: a mean's `1/Σw[y]` is the reciprocal of
-/// an f32 sum over the non-ignored rows (exact for a count), and the backward's
-/// `r = g·s` one product more; a sum or no reduction takes the upstream gradient as it is.
+/// an f32 sum over the non-ignored rows (of class weights when `weighted`; a count
+/// otherwise, exact in f32), and the backward's `r = g·s` one product more; a sum or no
+/// reduction takes the upstream gradient as it is.
 pub(crate) fn factor_error(
     options: &CrossEntropyOptions,
     (weight_total, count): (f64, f64),
+    weighted: bool,
 ) -> f64 {
     match options.reduction {
         Reduction::None | Reduction::Sum => 0.0,
-        Reduction::Mean => {
+        Reduction::Mean if weighted => {
             accumulation(count as usize, weight_total.abs()) / weight_total.abs().max(1e-300)
                 + 2.0 * U32
         }
+        Reduction::Mean => 2.0 * U32,
     }
 }
 
@@ -619,7 +622,7 @@ fn expected(
         };
         if unit { 1.0 } else { 2.0 }
     };
-    let scale_error = factor_error(&options, tot);
+    let scale_error = factor_error(&options, tot, weight.is_some());
     let mut grad = vec![[0.0; 2]; rows * v];
     par_rows(&mut grad, v, |i, row| {
         if i >= live {

@@ -348,7 +348,7 @@ pub fn expected(
     // Pass 1, over rows: each row's logits with their uncertainty, and its statistics.
     let stats = linear_row_stats(inp, dtype, (n, h, v), options);
     let row_factors: Vec<Factors> = (0..n).map(|i| factors(options, inp.g, tot, i)).collect();
-    let scale_error = factor_error(options, tot);
+    let scale_error = factor_error(options, tot, inp.class_weight.is_some());
     // A mean or sum multiplies the stored gradients by the upstream gradient afterwards.
     let stores = if options.reduction == Reduction::None {
         1.0
