@@ -525,7 +525,7 @@ impl BackendVisitor for AgainstReference {
 #[test]
 fn adamw_step_matches_the_f64_reference() {
     let mut v = AgainstReference {
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
         cases: 0,
     };
     let seed = v.rng.seed();
@@ -567,7 +567,7 @@ fn the_comparison_rejects_wrong_updates() {
         }
     }
     for_each_backend(&mut Rejects {
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
     });
 }
 

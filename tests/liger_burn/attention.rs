@@ -307,7 +307,7 @@ fn attention_matches_the_f64_reference_and_stock_eager_attention() {
             }
         }
     }
-    for_each_backend(&mut T(Rng::from_env()));
+    for_each_backend(&mut T(liger_tests::fresh_rng()));
 }
 
 #[test]
@@ -708,7 +708,7 @@ mod flash_kernel {
                 }
             }
         }
-        for_each_runtime(&mut T(Rng::from_env()));
+        for_each_runtime(&mut T(liger_tests::fresh_rng()));
     }
 
     /// A register-mma tiling at a head dimension.
@@ -938,7 +938,7 @@ mod flash_kernel {
             }
         }
         let mut t = T {
-            rng: Rng::from_env(),
+            rng: liger_tests::fresh_rng(),
             ran: 0,
             atomic_dq: 0,
             failures: Vec::new(),
@@ -1072,7 +1072,7 @@ mod flash_kernel {
                     k(1, 64).with_planes(8),
                     k(1, 32).with_planes(8),
                 ];
-                let mut rng = Rng::from_env();
+                let mut rng = liger_tests::fresh_rng();
                 println!("tiling,shape,kernel,plane_tiles,step_rows,planes,ms");
                 for (b, s, hq, hk, d) in [
                     (1usize, 4096usize, 32usize, 8usize, 64usize),
@@ -1368,7 +1368,7 @@ mod paths {
                 }
             }
         }
-        for_each_backend(&mut T(Rng::from_env()));
+        for_each_backend(&mut T(liger_tests::fresh_rng()));
     }
 }
 
@@ -1471,7 +1471,7 @@ mod given_mask {
                 }
             }
         }
-        for_each_backend(&mut T(Rng::from_env()));
+        for_each_backend(&mut T(liger_tests::fresh_rng()));
     }
 
     #[test]
@@ -1505,7 +1505,7 @@ fn the_attention_comparison_rejects_wrong_results() {
     use liger_tests::attention::{
         Problem, compare_rows, random_documents, reference, row_tolerance,
     };
-    let mut rng = liger_verify::conformance::Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     for p in [
         Problem::causal(2, 4, 2, 33, 16),
@@ -1618,7 +1618,6 @@ mod module_op {
     use liger_cubecl_kernels::counters::{self, Kernel};
     use liger_tests::attention::{Problem, compare_rows, reference, row_tolerance};
     use liger_tests::tensors::values;
-    use liger_verify::conformance::Rng;
 
     fn launches() -> u64 {
         counters::get(Kernel::softmax_forward) + counters::get(Kernel::flash_attention_forward)
@@ -1629,7 +1628,7 @@ mod module_op {
         Liger<Autodiff<B>>: AutodiffBackend<Device = B::Device>,
     {
         type L<B> = Liger<Autodiff<B>>;
-        let mut rng = Rng::from_env();
+        let mut rng = liger_tests::fresh_rng();
         let seed = rng.seed();
         let (b, h, s, d) = (2, 3, 19, 32);
         for dtype in liger_tests::dtypes::<B>(device) {

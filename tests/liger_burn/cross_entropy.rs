@@ -168,7 +168,7 @@ impl BackendVisitor for ModuleParity {
 #[test]
 fn module_matches_burn_cross_entropy_loss() {
     liger_tests::for_each_backend(&mut ModuleParity {
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
     });
 }
 
@@ -362,7 +362,7 @@ impl BackendVisitor for SpecialCases {
 #[test]
 fn all_ignored_free_backward_in_place_and_unchecked_targets() {
     liger_tests::for_each_backend(&mut SpecialCases {
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
     });
 }
 
@@ -563,7 +563,7 @@ impl BackendVisitor for BackwardRescale {
 #[test]
 fn backward_rescales_rows_on_the_device() {
     liger_tests::for_each_backend(&mut BackwardRescale {
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
     });
 }
 

@@ -141,7 +141,7 @@ where
     Liger<Autodiff<B>>: AutodiffBackend<Device = B::Device>,
     Autodiff<Liger<B>>: AutodiffBackend<Device = B::Device>,
 {
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     let tf32 = liger_tests::stock_matmul_is_tf32::<B>((ROWS, D, V), device, &mut rng);
     let inputs = Inputs::new(&mut rng);
@@ -254,7 +254,7 @@ fn stock_burn_model_reaches_fused_kernels_and_matches_stock() {
 #[test]
 fn liger_over_ndarray_matches_stock() {
     use burn::backend::NdArray;
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let inputs = Inputs::new(&mut rng);
     let device = Default::default();
     let (stock_loss, stock_grads) = step::<Autodiff<NdArray>>(&inputs, &device);
@@ -315,7 +315,7 @@ where
     Liger<Autodiff<B>>: AutodiffBackend<Device = B::Device>,
     Autodiff<Liger<B>>: AutodiffBackend<Device = B::Device>,
 {
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     let x = rng.vec(ROWS * D, -6.0, 6.0, 0.0);
     let w1 = rng.vec(ROWS * D, -1.0, 1.0, 0.0);
@@ -390,7 +390,7 @@ fn stock_gelu_and_sigmoid_reach_fused_kernels_and_match_stock() {
 fn liger_activations_over_ndarray_match_stock() {
     use burn::backend::NdArray;
     let device = Default::default();
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let x = rng.vec(ROWS * D, -6.0, 6.0, 0.0);
     let w1 = rng.vec(ROWS * D, -1.0, 1.0, 0.0);
     let w2 = rng.vec(ROWS * D, -1.0, 1.0, 0.0);

@@ -258,7 +258,7 @@ impl BackendVisitor for StockParity {
 #[test]
 fn matches_stock_burn_at_every_chunk_count() {
     liger_tests::for_each_backend(&mut StockParity {
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
     });
 }
 
@@ -349,7 +349,7 @@ impl BackendVisitor for SpecialCases {
 #[test]
 fn all_ignored_and_primitive_without_autodiff() {
     liger_tests::for_each_backend(&mut SpecialCases {
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
     });
 }
 

@@ -250,7 +250,7 @@ impl BackendVisitor for LinearParity {
 #[test]
 fn lora_linear_matches_reference_and_stock_composition() {
     let mut v = LinearParity {
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
         cases: 0,
     };
     liger_tests::for_each_backend(&mut v);
@@ -855,7 +855,7 @@ impl HeadParity {
 #[test]
 fn lora_head_cross_entropy_matches_reference_and_unfused() {
     let mut v = HeadParity {
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
         cases: 0,
     };
     liger_tests::for_each_backend(&mut v);

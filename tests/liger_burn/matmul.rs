@@ -649,7 +649,7 @@ macro_rules! sweep_test {
                     self.0.cases::<B, _>(label, device, &$cases);
                 }
             }
-            let rng = Rng::from_env();
+            let rng = liger_tests::fresh_rng();
             let seed = rng.seed();
             let mut v = V(Sweep {
                 rng,
@@ -702,7 +702,7 @@ fn nn_linear_matches_reference() {
             }
         }
     }
-    let rng = Rng::from_env();
+    let rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     let mut v = V(Sweep {
         rng,
@@ -845,7 +845,7 @@ fn bad_inputs_are_rejected() {
 /// (left at zero), and a transposed gradient.
 #[test]
 fn comparison_rejects_wrong_results() {
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         let c = case("square", [2, 9, 9], Plain, [2, 9, 7], Plain);

@@ -90,7 +90,7 @@ impl BackendVisitor for Run {
 #[test]
 fn matmul_add_matches_reference() {
     let mut run = Run {
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
         cases: 0,
     };
     liger_tests::for_each_backend(&mut run);

@@ -162,7 +162,7 @@ fn adamw_matches_burns_adamw() {
         }
     }
     for_each_model_backend(&mut T {
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
     });
 }
 
@@ -172,7 +172,7 @@ type Nd = Autodiff<burn::backend::NdArray>;
 /// that wrote it; a record of Burn's AdamW continues in liger's AdamW exactly as in Burn's.
 #[test]
 fn records_round_trip_and_burns_records_load() {
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     let device = Default::default();
     let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::default();
@@ -250,7 +250,7 @@ fn round_bf16(x: f32) -> f32 {
 fn mixed_precision_loses_no_update_where_pure_low_precision_loses_most() {
     const N: usize = 1 << 16;
     const LR: f64 = 2e-5;
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     // Box-Muller normals.
     let mut normal = |std: f64| {

@@ -6,7 +6,6 @@ use burn::backend::NdArray;
 use burn::module::{Module, Param};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::{Tensor, TensorData};
-use liger_verify::conformance::Rng;
 
 type B = NdArray;
 
@@ -26,7 +25,7 @@ fn values(p: &Param<Tensor<B, 1>>) -> Vec<f32> {
 fn rms_norm_records_interchange() {
     let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::default();
     let device = Default::default();
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let g = rng.vec(24, -1.0, 1.0, 0.0);
 
     let mut stock = burn::nn::RmsNormConfig::new(24)
@@ -59,7 +58,7 @@ fn rms_norm_records_interchange() {
 fn layer_norm_records_interchange() {
     let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::default();
     let device = Default::default();
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let (g, b) = (rng.vec(10, -1.0, 1.0, 0.0), rng.vec(10, -1.0, 1.0, 0.0));
 
     let mut stock = burn::nn::LayerNormConfig::new(10).init::<B>(&device);
@@ -89,7 +88,7 @@ fn layer_norm_records_interchange() {
 #[test]
 fn layer_norm_module_matches_burn_module() {
     let device = Default::default();
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let mut stock = burn::nn::LayerNormConfig::new(33).init::<B>(&device);
     stock.gamma = tensor(rng.vec(33, 0.5, 1.5, 0.0));
     stock.beta = Some(tensor(rng.vec(33, -0.5, 0.5, 0.0)));

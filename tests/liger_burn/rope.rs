@@ -81,7 +81,7 @@ struct AgainstStock;
 impl BackendVisitor for AgainstStock {
     fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
         type A<B> = Autodiff<B>;
-        let mut rng = Rng::from_env();
+        let mut rng = liger_tests::fresh_rng();
         let seed = rng.seed();
         let tf32 = liger_tests::stock_matmul_is_tf32::<B>((64, 2, 64), device, &mut rng);
         let (b, hq, hk, s, d) = (2, 4, 2, 11, 24);
@@ -172,7 +172,7 @@ struct ModuleAgainstBurn;
 
 impl BackendVisitor for ModuleAgainstBurn {
     fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
-        let mut rng = Rng::from_env();
+        let mut rng = liger_tests::fresh_rng();
         let seed = rng.seed();
         let tf32 = liger_tests::stock_matmul_is_tf32::<B>((64, 2, 64), device, &mut rng);
         let (b, hq, hk, s, d, max_seq, start) = (2, 3, 1, 9, 20, 48, 30);
@@ -224,7 +224,7 @@ impl BackendVisitor for Launches {
     fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
         type A<B> = Autodiff<B>;
         let fused = !label.starts_with("ndarray");
-        let mut rng = Rng::from_env();
+        let mut rng = liger_tests::fresh_rng();
         let seed = rng.seed();
         let (b, hq, hk, s, d) = (2, 6, 2, 5, 16);
         let layout = RopeLayout::RotateHalf;

@@ -162,7 +162,7 @@ impl BackendVisitor for Parity {
 #[test]
 fn glu_linear_matches_reference() {
     let mut v = Parity {
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
         cases: 0,
     };
     liger_tests::for_each_backend(&mut v);

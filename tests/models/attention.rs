@@ -144,7 +144,7 @@ fn attention_in_head_groups_matches_all_heads_at_once() {
             }
         }
     }
-    for_each_model_backend(&mut T(Rng::from_env()));
+    for_each_model_backend(&mut T(liger_tests::fresh_rng()));
 }
 
 #[test]

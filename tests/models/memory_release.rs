@@ -133,5 +133,5 @@ fn memory_release_points_leave_loss_and_gradients_unchanged() {
             assert_eq!(first_difference(&wrong, &grads_off), Some(name));
         }
     }
-    for_each_model_backend(&mut T(Rng::from_env()));
+    for_each_model_backend(&mut T(liger_tests::fresh_rng()));
 }

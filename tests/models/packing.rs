@@ -170,5 +170,5 @@ fn packed_documents_compute_what_each_document_computes_alone() {
             }
         }
     }
-    for_each_model_backend(&mut T(Rng::from_env()));
+    for_each_model_backend(&mut T(liger_tests::fresh_rng()));
 }

@@ -37,7 +37,7 @@ pub fn check_op_with_elementwise_limits(op: Op) {
     geometry.elementwise.max_cubes = Some(1);
     geometry.elementwise.vectors_per_launch = Some(4096);
     let _geometry = override_launch_config(geometry);
-    let mut run = Run(op, Rng::from_env(), Vec::new());
+    let mut run = Run(op, crate::fresh_rng(), Vec::new());
     let seed = run.1.seed();
     for_each_backend(&mut run);
     assert!(
@@ -198,7 +198,7 @@ pub fn check_partial_tracking(op: Op) {
             }
         }
     }
-    let mut run = Partial(op, Rng::from_env());
+    let mut run = Partial(op, crate::fresh_rng());
     let seed = run.1.seed();
     eprintln!("seed {seed}");
     for_each_backend(&mut run);
@@ -257,7 +257,7 @@ macro_rules! glu_mlp_tests {
         fn $record_test() {
             type B = burn::backend::NdArray;
             let device = Default::default();
-            let mut rng = liger_verify::conformance::Rng::from_env();
+            let mut rng = $crate::fresh_rng();
             let seed = rng.seed();
             for bias in [false, true] {
                 let (d_model, d_ff) = (12, 40);

@@ -11,6 +11,15 @@ use liger_burn::test_hooks::{launch_config_override, override_launch_config};
 use liger_cubecl_kernels::{LaunchConfig, ReductionPath};
 use liger_verify::conformance::{self, CaseResult, Op, Rng};
 
+/// A generator of fresh random inputs (from `LIGER_SEED` when set, else the clock), whose
+/// seed goes to the test's captured output: a failing test prints how to rerun it.
+pub fn fresh_rng() -> Rng {
+    let rng = Rng::from_env();
+    let seed = rng.seed();
+    eprintln!("random inputs from seed {seed} (rerun with LIGER_SEED={seed})");
+    rng
+}
+
 /// The launch geometry in force on this thread: a test's own override, else the default.
 pub fn current_geometry() -> LaunchConfig {
     launch_config_override().unwrap_or_default()
@@ -144,7 +153,7 @@ fn sweep(select: impl Fn(Op) -> bool, quick: bool, what: &str) {
     let mut sweep = Sweep {
         select,
         quick,
-        rng: Rng::from_env(),
+        rng: crate::fresh_rng(),
         failures: Vec::new(),
         cases: 0,
     };

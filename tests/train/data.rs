@@ -144,7 +144,7 @@ fn bad_lines() -> Vec<(&'static str, fn(&LineError) -> bool)> {
 
 #[test]
 fn every_bad_line_is_reported_with_file_and_line_under_both_policies() {
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     for (bad, check) in bad_lines() {
         // Valid rows, blank lines and the bad line at a random position.
@@ -244,7 +244,7 @@ fn expected_prompt(instruction: &str, input: Option<&str>) -> String {
 
 #[test]
 fn exactly_the_response_and_eos_are_trained() {
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     let tok = bundled::tokenizer();
     // An independent tokenizer instance from the same JSON, used directly.
@@ -300,7 +300,7 @@ fn exactly_the_response_and_eos_are_trained() {
 
 #[test]
 fn too_long_examples_follow_the_policy_with_their_line() {
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     let tok = bundled::tokenizer();
     let short = r#"{"instruction": "Add.", "input": "1 + 2", "output": "3"}"#;
@@ -409,7 +409,7 @@ fn random_examples(rng: &mut Rng, n: usize, max_len: usize) -> Vec<Tokenized> {
 
 #[test]
 fn padding_keeps_every_token_and_masks_the_padding() {
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     for _ in 0..20 {
         let max_length = 8 + rng.below(60);
@@ -494,7 +494,7 @@ fn padding_keeps_every_token_and_masks_the_padding() {
 
 #[test]
 fn packing_keeps_every_token_and_masks_example_boundaries() {
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     for _ in 0..20 {
         let max_length = 8 + rng.below(120);
@@ -577,7 +577,7 @@ fn packing_keeps_every_token_and_masks_example_boundaries() {
 
 #[test]
 fn the_order_depends_only_on_seed_and_epoch_and_resumes_mid_epoch() {
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     let n = 50 + rng.below(200);
     let a = shuffled_order(n, seed, 0);

@@ -211,7 +211,7 @@ pub(crate) fn on_model_backends(case: impl Case) {
     }
     let mut v = Visit {
         case,
-        rng: Rng::from_env(),
+        rng: liger_tests::fresh_rng(),
         ran: 0,
     };
     for_each_model_backend(&mut v);
@@ -530,7 +530,7 @@ fn last_good_state(e: &TrainError, out: &Path, step: usize) -> TrainerState {
 
 #[test]
 fn a_non_finite_loss_stops_and_keeps_the_last_good_state() {
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.next_u64() >> 1;
     let tok = bundled::tokenizer();
     let data = dataset(&tok, 40, 64);
@@ -559,7 +559,7 @@ fn a_non_finite_loss_stops_and_keeps_the_last_good_state() {
 fn a_panicking_step_stops_and_keeps_the_last_good_state() {
     use liger_train::batching::shuffled_order;
     use liger_train::prompt::Tokenized;
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.next_u64() >> 1;
     let tok = bundled::tokenizer();
     let mut data = dataset(&tok, 12, 64);
@@ -594,7 +594,7 @@ fn a_panicking_step_stops_and_keeps_the_last_good_state() {
 
 #[test]
 fn the_schedule_matches_an_independent_formula() {
-    let mut rng = Rng::from_env();
+    let mut rng = liger_tests::fresh_rng();
     let seed = rng.seed();
     for _ in 0..50 {
         let total = 1 + rng.below(500);

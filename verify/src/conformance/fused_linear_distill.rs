@@ -106,46 +106,52 @@ fn stats_of(z: &[f64], dz: &[f64], target: i64, options: &CrossEntropyOptions) -
     row_stats(z, Some(dz), target, None, options)
 }
 
-/// The reference of a fused linear distillation: the loss, the soft and hard losses, and
-/// the gradients of the student's `x`, weight and bias (for the upstream gradient `inp.g`)
-/// with their bounds. `chunk` is the implementation's rows per chunk.
-pub fn expected(
+/// One head's logits as the implementation holds them: `(z, δz)` for row `i`, class `c`,
+/// the value and its error bound.
+type Logits<'a> = dyn Fn(usize, usize) -> (f64, f64) + Sync + 'a;
+
+/// The relative error of the device's `1/τ`: `τ` rounded to f32, then its reciprocal
+/// (exact when both are f32 values, as for a power of two).
+fn inverse_temperature_error(temperature: f64) -> f64 {
+    let exact = |x: f64| f64::from(x as f32) == x;
+    if exact(temperature) && exact(1.0 / temperature) {
+        0.0
+    } else {
+        2.0 * U32
+    }
+}
+
+/// The soft and hard losses of each row, with the statistics the gradient reuses, from
+/// the student's (`V` columns, padded with zeros up to `V_t`) and the teacher's logits.
+fn soft_rows(
     options: &DistillOptions,
-    dtype: DType,
-    (n, h, ht, v, vt): (usize, usize, usize, usize, usize),
-    inp: &DistillInputs,
-    chunk: usize,
-) -> Vec<Expected> {
-    let u = unit_roundoff(dtype);
+    (n, v, vt): (usize, usize, usize),
+    targets: &[i64],
+    student: &Logits,
+    teacher: &Logits,
+) -> Vec<Row> {
     let inv_t = 1.0 / options.temperature;
+    let inv_t_error = inverse_temperature_error(options.temperature);
     let ce = CrossEntropyOptions::default()
         .with_ignore_index(options.ignore_index)
         .with_reduction(Reduction::None);
+    // `z·(1/τ)`: the product's rounding and `1/τ`'s own error.
     let scale_err = |z: f64| {
         if inv_t == 1.0 {
             0.0
         } else {
-            U32 * (z * inv_t).abs()
+            (U32 + inv_t_error) * (z * inv_t).abs()
         }
     };
-    let student_logits = |i: usize| -> (Vec<f64>, Vec<f64>) {
-        let mut z = vec![0.0; vt];
-        let mut dz = vec![0.0; vt];
-        for c in 0..v {
-            (z[c], dz[c]) = logit(&inp.student, h, dtype, i, c);
-        }
-        (z, dz)
-    };
-    let teacher_logits = |i: usize| -> (Vec<f64>, Vec<f64>) {
-        (0..vt)
-            .map(|c| logit(&inp.teacher, ht, dtype, i, c))
-            .unzip()
-    };
-    let rows: Vec<Row> = super::bounds::par_ranges(n, |range| {
+    super::bounds::par_ranges(n, |range| {
         range
             .map(|i| {
-                let target = inp.student.targets[i];
-                let (z, dz) = student_logits(i);
+                let target = targets[i];
+                let mut z = vec![0.0; vt];
+                let mut dz = vec![0.0; vt];
+                for c in 0..v {
+                    (z[c], dz[c]) = student(i, c);
+                }
                 let raw = stats_of(&z[..v], &dz[..v], target, &ce);
                 if !raw.valid {
                     let zero = Tracked::exact(0.0);
@@ -160,7 +166,7 @@ pub fn expected(
                         hard: zero,
                     };
                 }
-                let (zt, dzt) = teacher_logits(i);
+                let (zt, dzt): (Vec<f64>, Vec<f64>) = (0..vt).map(|c| teacher(i, c)).unzip();
                 let scaled = |z: &[f64], dz: &[f64]| -> (Vec<f64>, Vec<f64>) {
                     z.iter()
                         .zip(dz)
@@ -226,7 +232,79 @@ pub fn expected(
             })
             .collect::<Vec<_>>()
     })
-    .concat();
+    .concat()
+}
+
+/// The factors of the two losses' gradients: `σ·w_soft/τ` and `σ·w_hard`, from the scale
+/// `σ` as the device holds it (f32, with its error) and the weights (f32 constants).
+fn loss_weights(options: &DistillOptions, sigma: Tracked) -> (Tracked, Tracked) {
+    let inv_t = 1.0 / options.temperature;
+    let soft_factor = options.weight_soft_loss * inv_t;
+    let soft = Tracked::new(
+        soft_factor,
+        (2.0 * U32 + inverse_temperature_error(options.temperature)) * soft_factor.abs(),
+    );
+    (sigma.mul(soft), sigma.scale(options.weight_hard_loss))
+}
+
+/// One element of the gradient of `w_soft·soft + w_hard·hard` with respect to the
+/// student's logit `s` (`(z, δz)`, teacher's `t` at the same column), evaluated with the
+/// row's shared errors (`.0`) and without them (`.1`: the element's own).
+fn grad_element(
+    r: &Row,
+    options: &DistillOptions,
+    shared_probs: bool,
+    c: usize,
+    (z, dz): (f64, f64),
+    (zt, dzt): (f64, f64),
+    (w_soft, w_hard): (Tracked, Tracked),
+) -> (Tracked, Tracked) {
+    let inv_t = 1.0 / options.temperature;
+    let eval = |lse_s: Tracked, lse_t: Tracked, lse_raw: Tracked, sum_dx: Tracked| {
+        let zc = Tracked::new(z, dz);
+        let ls = log_prob(zc, inv_t, lse_s);
+        let (_, dx) = divergence_element(
+            ls,
+            log_prob(Tracked::new(zt, dzt), inv_t, lse_t),
+            options.divergence,
+        );
+        let soft = dx.sub(ls.exp().mul(sum_dx));
+        let probs = if shared_probs {
+            ls.exp()
+        } else {
+            zc.sub(lse_raw).exp()
+        };
+        let hard = if c == r.target {
+            probs.shift(-1.0)
+        } else {
+            probs
+        };
+        soft.mul(w_soft).add(hard.mul(w_hard))
+    };
+    let full = eval(r.lse_s, r.lse_t, r.lse_raw, r.sum_dx);
+    let own = eval(
+        r.lse_s.exact_part(),
+        r.lse_t.exact_part(),
+        r.lse_raw.exact_part(),
+        r.sum_dx.exact_part(),
+    );
+    (full, own)
+}
+
+/// The reference of a fused linear distillation: the loss, the soft and hard losses, and
+/// the gradients of the student's `x`, weight and bias (for the upstream gradient `inp.g`)
+/// with their bounds. `chunk` is the implementation's rows per chunk.
+pub fn expected(
+    options: &DistillOptions,
+    dtype: DType,
+    (n, h, ht, v, vt): (usize, usize, usize, usize, usize),
+    inp: &DistillInputs,
+    chunk: usize,
+) -> Vec<Expected> {
+    let u = unit_roundoff(dtype);
+    let student = |i: usize, c: usize| logit(&inp.student, h, dtype, i, c);
+    let teacher = |i: usize, c: usize| logit(&inp.teacher, ht, dtype, i, c);
+    let rows = soft_rows(options, (n, v, vt), inp.student.targets, &student, &teacher);
     let count = rows.iter().filter(|r| r.valid).count() as f64;
     let per_row = Tracked::exact(1.0).div(Tracked::exact(count.max(1.0)));
     let valid_rows = |f: &dyn Fn(&Row) -> Tracked| -> Vec<Tracked> {
@@ -246,43 +324,15 @@ pub fn expected(
         scalar("hard_loss", hard),
     ];
 
-    let w_soft = per_row.scale(options.weight_soft_loss * inv_t);
-    let w_hard = per_row.scale(options.weight_hard_loss);
-    let shared_probs = vt == v && inv_t == 1.0;
+    let weights = loss_weights(options, per_row);
+    let shared_probs = vt == v && options.temperature == 1.0;
     let element = |i: usize, c: usize, z: f64, dz: f64| -> GradElement {
         let r = &rows[i];
         if !r.valid {
             return GradElement::default();
         }
-        let (zt, dzt) = logit(&inp.teacher, ht, dtype, i, c);
-        let eval = |lse_s: Tracked, lse_t: Tracked, lse_raw: Tracked, sum_dx: Tracked| {
-            let zc = Tracked::new(z, dz);
-            let ls = log_prob(zc, inv_t, lse_s);
-            let (_, dx) = divergence_element(
-                ls,
-                log_prob(Tracked::new(zt, dzt), inv_t, lse_t),
-                options.divergence,
-            );
-            let soft = dx.sub(ls.exp().mul(sum_dx));
-            let probs = if shared_probs {
-                ls.exp()
-            } else {
-                zc.sub(lse_raw).exp()
-            };
-            let hard = if c == r.target {
-                probs.shift(-1.0)
-            } else {
-                probs
-            };
-            soft.mul(w_soft).add(hard.mul(w_hard))
-        };
-        let full = eval(r.lse_s, r.lse_t, r.lse_raw, r.sum_dx);
-        let own = eval(
-            r.lse_s.exact_part(),
-            r.lse_t.exact_part(),
-            r.lse_raw.exact_part(),
-            r.sum_dx.exact_part(),
-        );
+        let (full, own) =
+            grad_element(r, options, shared_probs, c, (z, dz), teacher(i, c), weights);
         let grad = full.v * inp.g;
         GradElement {
             grad,
@@ -308,6 +358,68 @@ pub fn expected(
     );
     out.extend(grads.into_iter().flatten());
     out
+}
+
+/// The reference of one chunk's rows ([`FusedOps::fused_distill_rows`]) from logits the
+/// device holds exactly (`student: [m, V]`, `teacher: [m, V_t]`, values of the dtype): each
+/// row's soft and hard loss (`[m]` f32, 0 on ignored rows) and the gradient of
+/// `σ Σ (w_soft soft + w_hard hard)` with respect to the student's logits (`[m, V]`,
+/// rounded to the dtype), for the f32 scale `sigma`.
+pub fn rows_expected(
+    options: &DistillOptions,
+    dtype: DType,
+    (m, v, vt): (usize, usize, usize),
+    student: &[f64],
+    teacher: &[f64],
+    targets: &[i64],
+    sigma: f32,
+) -> Vec<Expected> {
+    assert_eq!(student.len(), m * v, "student logits: [m, V]");
+    assert_eq!(teacher.len(), m * vt, "teacher logits: [m, V_t]");
+    let u = unit_roundoff(dtype);
+    let student_at = |i: usize, c: usize| (student[i * v + c], 0.0);
+    let teacher_at = |i: usize, c: usize| (teacher[i * vt + c], 0.0);
+    let rows = soft_rows(options, (m, v, vt), targets, &student_at, &teacher_at);
+    let per_row = |name: &'static str, f: &dyn Fn(&Row) -> Tracked| {
+        let (values, bounds): (Vec<f64>, Vec<f64>) = rows
+            .iter()
+            .map(|r| {
+                let t = f(r);
+                (t.v, t.e)
+            })
+            .unzip();
+        Expected::new(name, values, bounds, m)
+    };
+    let weights = loss_weights(options, Tracked::exact(f64::from(sigma)));
+    let shared_probs = vt == v && options.temperature == 1.0;
+    let (mut grad, mut grad_bounds) = (Vec::with_capacity(m * v), Vec::with_capacity(m * v));
+    for (i, r) in rows.iter().enumerate() {
+        for c in 0..v {
+            if !r.valid {
+                grad.push(0.0);
+                grad_bounds.push(0.0);
+                continue;
+            }
+            let (full, _) = grad_element(
+                r,
+                options,
+                shared_probs,
+                c,
+                student_at(i, c),
+                teacher_at(i, c),
+                weights,
+            );
+            grad.push(full.v);
+            // The f32 value's error, then its store to the dtype (within `u` of the f32
+            // value, itself within `full.e` of the exact one).
+            grad_bounds.push((1.0 + u) * full.e + u * full.v.abs() + flush(dtype, full.v));
+        }
+    }
+    vec![
+        per_row("soft_loss", &|r| r.soft),
+        per_row("hard_loss", &|r| r.hard),
+        Expected::new("grad_logits", grad, grad_bounds, m),
+    ]
 }
 
 impl Op {
