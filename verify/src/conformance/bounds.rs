@@ -11,9 +11,10 @@
 //!   smallest normal ([`min_normal`]) may be flushed to zero (Vulkan flushes subnormals by
 //!   default; lavapipe does for f16), so such a store may lose up to that absolute value.
 //! - **An f32 operation** (`+ − ×`) has relative error at most [`U32`] = 2⁻²⁴; division
-//!   within 3 ulp; `exp` within `3 + 2|x|` ulp ([`exp_error`], Vulkan's requirement, the
+//!   within 2.5 ulp; `exp` within `3 + 2|x|` ulp ([`exp_error`], Vulkan's requirement, the
 //!   loosest of the devices here; CUDA's `expf` is within 2); `ln` within 3 ulp or 2⁻²¹
-//!   absolute on `[0.5, 2]` ([`ln_error`]).
+//!   absolute on `[0.5, 2]` ([`ln_error`]). One ulp of a value is at most [`ULP32`] =
+//!   2⁻²³ of it (the spacing at the bottom of its binade).
 //! - **A sum of `n` terms accumulated in f32**, in any order (sequential, per-unit then
 //!   tree, blocked): error at most `min((n − 1)·U32, λ·√n·U32) · Σ|tᵢ|`
 //!   ([`Terms::accumulation`]): the deterministic bound of recursive summation, and Higham
@@ -36,6 +37,10 @@ use burn::tensor::{DType, bf16, f16};
 
 /// f32's unit roundoff, 2⁻²⁴: the relative error of one f32 operation.
 pub const U32: f64 = 1.0 / 16_777_216.0;
+
+/// One f32 ulp relative to the value it is of, at most: 2⁻²³ (a value just above a power
+/// of two). Functions specified to `k` ulp (`exp`, `ln`, division) are within `k·ULP32`.
+pub const ULP32: f64 = 2.0 * U32;
 
 /// The confidence multiplier of the probabilistic bounds: a sum of independent, zero-mean
 /// errors bounded by `aᵢ` exceeds `LAMBDA · ‖a‖₂` with probability at most
@@ -116,13 +121,13 @@ fn nearest(v: f64, guess: u16, value: impl Fn(u16) -> f64) -> f64 {
 
 /// Relative error of f32 `exp(x)`: `3 + 2|x|` ulp (Vulkan's precision requirement).
 pub fn exp_error(x: f64) -> f64 {
-    (3.0 + 2.0 * x.abs()) * U32
+    (3.0 + 2.0 * x.abs()) * ULP32
 }
 
 /// Absolute error of f32 `ln(y)` for `y > 0`: 3 ulp of the result, and 2⁻²¹ absolute on
 /// `[0.5, 2]` (Vulkan's requirement).
 pub fn ln_error(y: f64) -> f64 {
-    3.0 * U32 * y.ln().abs() + 2f64.powi(-21)
+    3.0 * ULP32 * y.ln().abs() + 2f64.powi(-21)
 }
 
 /// Absolute error of f32 `tanh(x)`: Vulkan inherits it from `(eˣ − e⁻ˣ)/(eˣ + e⁻ˣ)`,

@@ -9,7 +9,7 @@
 //! tests).
 
 use super::bounds::{
-    Expected, Terms, U32, accumulation, exp_error, flush, ln_error, par_ranges, par_rows,
+    Expected, Terms, U32, ULP32, accumulation, exp_error, flush, ln_error, par_ranges, par_rows,
     unit_roundoff,
 };
 use burn::tensor::DType;
@@ -24,7 +24,7 @@ fn rstd_error(sumsq: f64, d: usize) -> f64 {
     } else {
         3.0 * U32
     };
-    0.5 * mean_square + 4.0 * U32
+    0.5 * mean_square + 3.5 * ULP32
 }
 
 /// One row's `[d]` slice of a row-major buffer.

@@ -2,7 +2,7 @@
 //! losses (pair losses, their derivatives, per-token policy terms): each [`Tracked`] is an
 //! f64 value and the largest absolute error an f32 evaluation of the same formula on a
 //! device may have there, from the errors of its inputs (first order) and the model of
-//! [`super::bounds`] for each f32 operation: `+ − ×` within `U32` relative, division 3 ulp,
+//! [`super::bounds`] for each f32 operation: `+ − ×` within `U32` relative, division 2.5 ulp,
 //! `exp` [`exp_error`], `ln` [`ln_error`].
 //!
 //! The propagation is first order: an input's error `δ` moves a result by `|f'|·δ`. The
@@ -11,7 +11,7 @@
 //! the second-order remainder is below the bounds' own slack; the one formula that is not
 //! smooth (a hinge's step) is handled by [`Tracked::step_below`].
 
-use super::bounds::{U32, exp_error, ln_error};
+use super::bounds::{U32, ULP32, exp_error, ln_error};
 
 /// A value and its absolute error bound.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -85,7 +85,7 @@ impl Tracked {
         let denominator = (o.v.abs() - o.e).max(f64::MIN_POSITIVE);
         Tracked::new(
             v,
-            (self.e + v.abs() * o.e) / denominator + 3.0 * U32 * v.abs(),
+            (self.e + v.abs() * o.e) / denominator + 2.5 * ULP32 * v.abs(),
         )
     }
 
