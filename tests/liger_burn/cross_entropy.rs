@@ -39,8 +39,10 @@ use liger_cubecl_kernels::counters::{self, Kernel};
 use liger_tests::BackendVisitor;
 use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::tensors::{check, floats, ints, scaled, values};
-use liger_verify::conformance::cross_entropy::reference;
-use liger_verify::conformance::{Rng, Tolerance, compare};
+use liger_verify::conformance::bounds::{flush, unit_roundoff};
+use liger_verify::conformance::cross_entropy::expected_with_options;
+use liger_verify::conformance::tracked::Tracked;
+use liger_verify::conformance::{Expected, Rng, Tolerance, compare};
 
 const N: usize = 23;
 const V: usize = 37;
@@ -165,6 +167,39 @@ impl BackendVisitor for ModuleParity {
     }
 }
 
+/// Zeros, doubled values and a dropped row fail `expected`'s bounds where `good` passes.
+fn assert_rejects_wrong(expected: &Expected, good: &[f64], what: &str) {
+    let width = good.len() / expected.rows;
+    let mut dropped = good.to_vec();
+    let live = (0..expected.rows)
+        .find(|&i| {
+            expected.values[i * width..(i + 1) * width]
+                .iter()
+                .any(|v| *v != 0.0)
+        })
+        .expect("a row with nonzero values");
+    dropped[live * width..(live + 1) * width].fill(0.0);
+    for (name, wrong) in [
+        ("zeros", vec![0.0; good.len()]),
+        ("doubled", good.iter().map(|v| 2.0 * v).collect()),
+        ("a row dropped", dropped),
+    ] {
+        assert!(
+            !expected.check(&wrong).passed,
+            "{what} {}: the bounds accept a wrong output ({name})",
+            expected.tensor
+        );
+    }
+}
+
+/// The tensor `name` of a reference's outputs.
+fn tensor<'a>(expected: &'a [Expected], name: &str) -> &'a Expected {
+    expected
+        .iter()
+        .find(|e| e.tensor == name)
+        .unwrap_or_else(|| panic!("the reference has no {name}"))
+}
+
 #[test]
 fn module_matches_burn_cross_entropy_loss() {
     liger_tests::for_each_backend(&mut ModuleParity {
@@ -182,7 +217,6 @@ struct SpecialCases {
 impl BackendVisitor for SpecialCases {
     fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
         type A<B> = Autodiff<B>;
-        let tol = Tolerance::for_dtype(DType::F32);
         let rng = &mut self.rng;
         let x = rng.vec(N * V, -3.0, 3.0, 0.0);
         let xr = f64s(&x);
@@ -226,27 +260,22 @@ impl BackendVisitor for SpecialCases {
             let opts = CrossEntropyOptions::default()
                 .with_reduction(reduction)
                 .with_label_smoothing(0.1);
-            let expected = reference(&xr, V, &targets, None, &opts);
+            let g = match reduction {
+                Reduction::None => vec![1.0; N],
+                _ => vec![1.0],
+            };
+            let expected = expected_with_options(&opts, DType::F32, V, &xr, &targets, None, &g, N);
             let xt = floats::<A<B>, 2>(&x, [N, V], device).require_grad();
             let out = functional::cross_entropy(xt.clone(), ints(&targets, device), None, opts);
             let grads = match reduction {
                 Reduction::None => out.loss.sum().backward(),
                 _ => out.loss.backward(),
             };
-            let per_row = match reduction {
-                Reduction::Mean => 1.0 / expected.weight_total,
-                _ => 1.0,
-            };
-            let k = V as f64 / per_row;
+            let grad = values(xt.grad(&grads).unwrap());
             check(
                 label,
-                "free backward",
-                compare(
-                    "grad_logits",
-                    &scaled(&values(xt.grad(&grads).unwrap()), k),
-                    &scaled(&expected.grad, V as f64),
-                    tol,
-                ),
+                &format!("free backward {reduction:?}"),
+                tensor(&expected, "grad_logits").check(&grad),
             );
         }
 
@@ -276,12 +305,23 @@ impl BackendVisitor for SpecialCases {
         // The primitive on the plain backend: loss rows and `grad_scale · ∂Σloss/∂x`, the
         // gradient possibly in place over the (unshared) logits.
         {
+            const GRAD_SCALE: f32 = 0.25;
             let opts = CrossEntropyOptions::default()
                 .with_lse_square_scale(1e-3)
                 .with_softcap(Some(2.5))
                 .with_return_z_loss(true);
             let weights = rng.vec(V, 0.5, 2.0, 0.0);
-            let expected = reference(&xr, V, &targets, Some(&f64s(&weights)), &opts);
+            // Rows as `Reduction::None` gives them, each row's gradient scaled.
+            let expected = expected_with_options(
+                &opts.with_reduction(Reduction::None),
+                DType::F32,
+                V,
+                &xr,
+                &targets,
+                Some(&f64s(&weights)),
+                &[f64::from(GRAD_SCALE); N],
+                N,
+            );
             let rows = B::fused_cross_entropy(
                 floats::<B, 2>(&x, [N, V], device).into_primitive().tensor(),
                 ints::<B>(&targets, device).into_primitive(),
@@ -291,7 +331,7 @@ impl BackendVisitor for SpecialCases {
                         .tensor(),
                 ),
                 Some(
-                    floats::<B, 1>(&[0.25], [1], device)
+                    floats::<B, 1>(&[GRAD_SCALE], [1], device)
                         .into_primitive()
                         .tensor(),
                 ),
@@ -300,31 +340,15 @@ impl BackendVisitor for SpecialCases {
             );
             let wrap2 = |t| Tensor::<B, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(t));
             let wrap1 = |t| Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(t));
-            check(
-                label,
-                "primitive",
-                compare("loss", &values(wrap1(rows.loss)), &expected.loss, tol),
-            );
-            check(
-                label,
-                "primitive",
-                compare(
-                    "z_loss",
-                    &values(wrap1(rows.z_loss.unwrap())),
-                    &expected.z_loss,
-                    tol,
-                ),
-            );
-            check(
-                label,
-                "primitive",
-                compare(
-                    "grad_logits (x V/0.25)",
-                    &scaled(&values(wrap2(rows.grad_logits.unwrap())), V as f64 / 0.25),
-                    &scaled(&expected.grad, V as f64),
-                    tol,
-                ),
-            );
+            for (name, actual) in [
+                ("loss", values(wrap1(rows.loss))),
+                ("z_loss", values(wrap1(rows.z_loss.unwrap()))),
+                ("grad_logits", values(wrap2(rows.grad_logits.unwrap()))),
+            ] {
+                let expected = tensor(&expected, name);
+                check(label, "primitive", expected.check(&actual));
+                assert_rejects_wrong(expected, &actual, &format!("{label} primitive"));
+            }
         }
 
         // Without the target check, out-of-range targets behave like ignored rows.
@@ -333,26 +357,19 @@ impl BackendVisitor for SpecialCases {
             bad[1] = V as i64 + 3;
             bad[4] = -7;
             let opts = CrossEntropyOptions::default().with_check_targets(false);
-            let expected = reference(&xr, V, &bad, None, &opts);
+            let expected = expected_with_options(&opts, DType::F32, V, &xr, &bad, None, &[1.0], N);
             let xt = floats::<A<B>, 2>(&x, [N, V], device).require_grad();
             let out = functional::cross_entropy(xt.clone(), ints(&bad, device), None, opts);
             let grads = out.loss.clone().backward();
-            let mean = expected.loss.iter().sum::<f64>() / expected.weight_total;
             check(
                 label,
                 "unchecked targets",
-                compare("loss", &values(out.loss.inner()), &[mean], tol),
+                tensor(&expected, "loss").check(&values(out.loss.inner())),
             );
-            let k = V as f64 * expected.weight_total;
             check(
                 label,
                 "unchecked targets",
-                compare(
-                    "grad_logits",
-                    &scaled(&values(xt.grad(&grads).unwrap()), k),
-                    &scaled(&expected.grad, V as f64),
-                    tol,
-                ),
+                tensor(&expected, "grad_logits").check(&values(xt.grad(&grads).unwrap())),
             );
         }
         eprintln!("{label}: special cases ok");
@@ -507,20 +524,25 @@ impl BackendVisitor for BackwardRescale {
                         }
                     })
                     .collect();
-                let expected: Vec<f64> = (0..N * V)
+                // Each element `x·(r/s)`: an f32 division and product, then the store.
+                let u = unit_roundoff(dtype);
+                let (expected, bounds): (Vec<f64>, Vec<f64>) = (0..N * V)
                     .map(|k| {
                         let (i, c) = (k / V, k % V);
-                        let (ri, si) = (f64::from(r[i]), f64::from(s_of(i)));
-                        let factor = if r[i] == s_of(i) {
-                            1.0
-                        } else if si == 0.0 {
-                            0.0
-                        } else {
-                            ri / si
-                        };
-                        stored_values[i * V + c] * factor
+                        let x = stored_values[i * V + c];
+                        if r[i] == s_of(i) {
+                            return (x, 0.0);
+                        }
+                        if s_of(i) == 0.0 {
+                            return (0.0, 0.0);
+                        }
+                        let t = Tracked::exact(f64::from(r[i]))
+                            .div(Tracked::exact(f64::from(s_of(i))))
+                            .mul(Tracked::exact(x));
+                        (t.v, (1.0 + u) * t.e + u * t.v.abs() + flush(dtype, t.v))
                     })
-                    .collect();
+                    .unzip();
+                let expected = Expected::new("grad_logits", expected, bounds, N);
                 let before = counters::get(Kernel::cross_entropy_backward);
                 let keep = held.then(|| stored.clone());
                 let out = values(wrap(B::fused_cross_entropy_backward(
@@ -529,11 +551,8 @@ impl BackendVisitor for BackwardRescale {
                     prim1(floats::<B, 1>(&s, [s.len()], device)),
                 )));
                 let case = format!("{dtype:?} per_row {per_row} held {held}");
-                check(
-                    label,
-                    &case,
-                    compare("grad_logits", &out, &expected, Tolerance::for_dtype(dtype)),
-                );
+                check(label, &case, expected.check(&out));
+                assert_rejects_wrong(&expected, &out, &format!("{label} {case}"));
                 for i in (0..N).step_by(3) {
                     assert_eq!(
                         out[i * V..(i + 1) * V],

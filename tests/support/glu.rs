@@ -8,8 +8,7 @@ use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use liger_burn::functional;
 use liger_burn::ops::FusedOps;
 use liger_burn::test_hooks::override_launch_config;
-use liger_verify::conformance::glu::reference;
-use liger_verify::conformance::{Op, Rng, Tolerance, compare, run_case};
+use liger_verify::conformance::{Expected, Op, Rng, run_case};
 
 /// `op`'s conformance at a few shapes with the elementwise launches limited to one cube
 /// (which then grid-strides over every block of a launch) and split every 4096 vectors
@@ -144,7 +143,6 @@ pub fn check_partial_tracking(op: Op) {
             let shape = [2, 5, 33];
             let n = 2 * 5 * 33;
             for dtype in dtypes::<B>(device) {
-                let tol = Tolerance::for_dtype(dtype);
                 let make = |rng: &mut Rng, lo, hi| {
                     Tensor::<B, 3>::from_data(
                         TensorData::new(rng.vec(n, lo, hi, 0.0), shape),
@@ -158,13 +156,14 @@ pub fn check_partial_tracking(op: Op) {
                     make(&mut self.1, -1.5, 1.5),
                 );
                 let values = |t: &Tensor<B, 3>| tensors::values(t.clone());
-                let act = if op == Op::SwiGlu {
-                    reference::silu
-                } else {
-                    reference::gelu_tanh
-                };
-                let (yr, dgr, dur) =
-                    reference::glu(act, &values(&grad), &values(&gate), &values(&up));
+                let expected = liger_verify::conformance::glu::expected(
+                    op,
+                    dtype,
+                    2 * 5,
+                    &values(&gate),
+                    &values(&up),
+                    &values(&grad),
+                );
                 for track_gate in [true, false] {
                     let mut g = Tensor::<Autodiff<B>, 3>::from_inner(gate.clone());
                     let mut u = Tensor::<Autodiff<B>, 3>::from_inner(up.clone());
@@ -177,21 +176,24 @@ pub fn check_partial_tracking(op: Op) {
                     let grads = (y.clone() * Tensor::from_inner(grad.clone()))
                         .sum()
                         .backward();
-                    let check = |what: &'static str, actual: Tensor<B, 3>, expected: &[f64]| {
-                        let c = compare(what, &values(&actual), expected, tol);
+                    let check = |actual: Tensor<B, 3>, expected: &Expected| {
+                        let c = expected.check(&values(&actual));
                         assert!(
                             c.passed,
-                            "{label} {dtype:?} {op:?} (tracking {}): {what} max abs {:.3e}",
+                            "{label} {dtype:?} {op:?} (tracking {}): {} max abs {:.3e}, \
+                             {:.2} of its bound",
                             if track_gate { "gate" } else { "up" },
-                            c.max_abs
+                            c.tensor,
+                            c.max_abs,
+                            c.max_used
                         );
                     };
-                    check("output", y.inner(), &yr);
+                    check(y.inner(), &expected[0]);
                     if track_gate {
-                        check("grad_gate", g.grad(&grads).expect("gate grad"), &dgr);
+                        check(g.grad(&grads).expect("gate grad"), &expected[1]);
                         assert!(u.grad(&grads).is_none());
                     } else {
-                        check("grad_up", u.grad(&grads).expect("up grad"), &dur);
+                        check(u.grad(&grads).expect("up grad"), &expected[2]);
                         assert!(g.grad(&grads).is_none());
                     }
                 }

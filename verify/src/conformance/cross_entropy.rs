@@ -591,8 +591,9 @@ fn draw(op: Op, rows: usize, v: usize, rng: &mut Rng) -> Inputs {
     }
 }
 
-/// The expected loss, z-loss and logits gradient of a case from its rounded logits, over
-/// the first `live` rows (later rows: zero gradient, left out of the reduction).
+/// The expected loss, z-loss and logits gradient of a variant from its rounded logits,
+/// over the first `live` rows (see [`expected_with_options`]).
+#[allow(clippy::too_many_arguments)]
 fn expected(
     op: Op,
     dtype: DType,
@@ -604,6 +605,26 @@ fn expected(
     live: usize,
 ) -> Vec<Expected> {
     let options = variant(op, v).options;
+    expected_with_options(&options, dtype, v, x, targets, weight, g, live)
+}
+
+/// The expected `loss`, `z_loss` (when the options return it) and `grad_logits` of a cross
+/// entropy with these options, with their bounds, from logits `x: [N, V]` the device holds
+/// exactly (values of `dtype`), `targets: [N]`, class weights `[V]` as the device holds
+/// them, and the upstream gradient `g` (one value; one per row under `Reduction::None`),
+/// over the first `live` rows (later rows: zero gradient, left out of the reduction).
+#[allow(clippy::too_many_arguments)]
+pub fn expected_with_options(
+    options: &CrossEntropyOptions,
+    dtype: DType,
+    v: usize,
+    x: &[f64],
+    targets: &[i64],
+    weight: Option<&[f64]>,
+    g: &[f64],
+    live: usize,
+) -> Vec<Expected> {
+    let options = *options;
     let rows = targets.len();
     let tot = totals(targets, v, weight, &options);
     let stats: Vec<RowStats> = super::bounds::par_ranges(rows, |range| {

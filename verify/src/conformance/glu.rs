@@ -236,6 +236,21 @@ fn draw(op: Op, n: usize, rng: &mut Rng) -> Inputs {
     Inputs { x, up, g }
 }
 
+/// The reference of an elementwise case from its rounded inputs (`x` the gate of a gated
+/// unit, `up` empty for the unary ops, `g` the upstream gradient), each tensor viewed as
+/// `[rows, len / rows]`: the output and the input gradients with their bounds (see
+/// [`expected_with_stock`]).
+pub fn expected(
+    op: Op,
+    dtype: DType,
+    rows: usize,
+    x: &[f64],
+    up: &[f64],
+    g: &[f64],
+) -> Vec<Expected> {
+    expected_with_stock(op, dtype, rows, x, up, g).0
+}
+
 /// The reference of an elementwise case from its rounded inputs (`up` empty for the
 /// unary ops), and the bounds against stock Burn's f32 composition.
 ///
