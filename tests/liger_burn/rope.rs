@@ -16,8 +16,9 @@ use liger_burn::ops::{FusedOps, Llama3RopeScaling, RopeLayout};
 use liger_cubecl_kernels::counters::{self, Kernel};
 use liger_tests::BackendVisitor;
 use liger_tests::errors::{assert_mentions, panic_message};
+use liger_verify::conformance::bounds::U32;
 use liger_verify::conformance::linear_cross_entropy::TF32_NORMWISE;
-use liger_verify::conformance::{Op, Rng, Tolerance, compare, compare_normwise};
+use liger_verify::conformance::{Expected, Op, Rng, compare_normwise};
 
 #[test]
 fn rope_rotate_half_matches_reference() {
@@ -43,27 +44,61 @@ fn random<B: Backend, const D: usize>(
     Tensor::from_data(TensorData::new(rng.vec(n, -2.0, 2.0, 0.0), shape), device)
 }
 
-/// `stock_tf32`: the stock side went through a TF32 matmul (Burn's `RotaryEncoding`
-/// rotates pairs with a matmul, TF32 on CUDA), so the comparison is norm-wise within
-/// TF32's bound; else elementwise at f32's.
+/// How far two f32 evaluations of the rotation `y = v·cos ± v_pair·sin` (`|cos|, |sin| ≤ 1`,
+/// the same f32 tables) may differ at each element of a `[..., d]` tensor whose rotated
+/// inputs are `inputs` (same layout): each makes two products and a sum, within
+/// `2u₃₂(1 + u₃₂)(|v| + |v_pair|)` of the exact rotation, so twice that apart.
+fn rotation_bounds(inputs: &[f64], d: usize, layout: RopeLayout) -> Vec<f64> {
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let j = i % d;
+            let pair = match layout {
+                RopeLayout::Interleaved => j ^ 1,
+                RopeLayout::RotateHalf => (j + d / 2) % d,
+            };
+            let m = v.abs() + inputs[i - j + pair].abs();
+            2.0 * 2.0 * U32 * (1.0 + U32) * m
+        })
+        .collect()
+}
+
+/// `actual` against `expected`, two evaluations of the rotation of `inputs` (see
+/// [`rotation_bounds`]). `stock_tf32`: the stock side went through a TF32 matmul (Burn's
+/// `RotaryEncoding` rotates pairs with a matmul, TF32 on CUDA), so the comparison is
+/// norm-wise within TF32's bound instead.
+#[allow(clippy::too_many_arguments)]
 fn assert_close(
     what: &str,
     label: &str,
     seed: u64,
     actual: &[f64],
     expected: &[f64],
+    (inputs, d, layout): (&[f64], usize, RopeLayout),
     stock_tf32: bool,
 ) {
     let c = if stock_tf32 {
         compare_normwise("", actual, expected, TF32_NORMWISE)
     } else {
-        compare("", actual, expected, Tolerance::for_dtype(DType::F32))
+        let bounds = rotation_bounds(inputs, d, layout);
+        Expected::new("", expected.to_vec(), bounds, expected.len() / d).check(actual)
     };
     assert!(
         c.passed,
-        "{label}: {what} differs from stock Burn: max abs {:.3e}, max rel {:.3e} (seed {seed})",
-        c.max_abs, c.max_rel
+        "{label}: {what} differs from stock Burn: max abs {:.3e}, {:.2} of its bound (seed {seed})",
+        c.max_abs, c.max_used
     );
+    if !stock_tf32 {
+        let doubled: Vec<f64> = actual.iter().map(|v| 2.0 * v).collect();
+        let bounds = rotation_bounds(inputs, d, layout);
+        assert!(
+            !Expected::new("", expected.to_vec(), bounds, expected.len() / d)
+                .check(&doubled)
+                .passed,
+            "{label}: {what}: the bounds accept a doubled result"
+        );
+    }
 }
 
 /// Hugging Face's `rotate_half`, written with stock tensor ops.
@@ -150,12 +185,28 @@ impl BackendVisitor for AgainstStock {
                 ]
             };
             let (fused, stock) = (run(true), run(false));
-            for (name, (f, s)) in ["q", "k", "grad_q", "grad_k"]
+            // What each result rotates, in its layout: q's output is `[b, hq, s, d]`, its
+            // leaf (and gradient) `[b, s, hq, d]`.
+            let rotated = [
+                values(q_in.clone().swap_dims(1, 2)),
+                values(k_in.clone()),
+                values(gq.clone().swap_dims(1, 2)),
+                values(gk.clone()),
+            ];
+            for (name, ((f, s), inputs)) in ["q", "k", "grad_q", "grad_k"]
                 .iter()
-                .zip(fused.iter().zip(&stock))
+                .zip(fused.iter().zip(&stock).zip(&rotated))
             {
                 let stock_tf32 = tf32 && layout == RopeLayout::Interleaved;
-                assert_close(&format!("{layout:?} {name}"), label, seed, f, s, stock_tf32);
+                assert_close(
+                    &format!("{layout:?} {name}"),
+                    label,
+                    seed,
+                    f,
+                    s,
+                    (inputs, d, layout),
+                    stock_tf32,
+                );
             }
         }
     }
@@ -233,6 +284,7 @@ impl BackendVisitor for Launches {
         let k_in = random::<B, 4>(&mut rng, [b, hk, s, d], device);
         let gq = random::<B, 4>(&mut rng, [b, hq, s, d], device);
         let gk = random::<B, 4>(&mut rng, [b, hk, s, d], device);
+        let (gq_values, gk_values) = (values(gq.clone()), values(gk.clone()));
         // The reference gradients: both tracked, both in the loss.
         let (rq, rk) = (
             values(B::fused_rope_backward_ref(&gq, &cos, &sin, layout)),
@@ -278,10 +330,12 @@ impl BackendVisitor for Launches {
             assert_eq!(grad_q.is_some(), tq && use_q, "{case}: grad of q present");
             assert_eq!(grad_k.is_some(), tk && use_k, "{case}: grad of k present");
             if let Some(g) = grad_q {
-                assert_close("grad_q", &case, seed, &g, &rq, false);
+                let inputs = (&gq_values[..], d, layout);
+                assert_close("grad_q", &case, seed, &g, &rq, inputs, false);
             }
             if let Some(g) = grad_k {
-                assert_close("grad_k", &case, seed, &g, &rk, false);
+                let inputs = (&gk_values[..], d, layout);
+                assert_close("grad_k", &case, seed, &g, &rk, inputs, false);
             }
             if fused {
                 let after = counts();
