@@ -156,7 +156,7 @@ pub fn check_partial_tracking(op: Op) {
                     make(&mut self.1, -1.5, 1.5),
                 );
                 let values = |t: &Tensor<B, 3>| tensors::values(t.clone());
-                let expected = liger_verify::conformance::glu::expected(
+                let (expected, _) = liger_verify::conformance::glu::expected_with_stock(
                     op,
                     dtype,
                     2 * 5,

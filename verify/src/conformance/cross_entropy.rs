@@ -591,23 +591,6 @@ fn draw(op: Op, rows: usize, v: usize, rng: &mut Rng) -> Inputs {
     }
 }
 
-/// The expected loss, z-loss and logits gradient of a variant from its rounded logits,
-/// over the first `live` rows (see [`expected_with_options`]).
-#[allow(clippy::too_many_arguments)]
-fn expected(
-    op: Op,
-    dtype: DType,
-    v: usize,
-    x: &[f64],
-    targets: &[i64],
-    weight: Option<&[f64]>,
-    g: &[f64],
-    live: usize,
-) -> Vec<Expected> {
-    let options = variant(op, v).options;
-    expected_with_options(&options, dtype, v, x, targets, weight, g, live)
-}
-
 /// The expected `loss`, `z_loss` (when the options return it) and `grad_logits` of a cross
 /// entropy with these options, with their bounds, from logits `x: [N, V]` the device holds
 /// exactly (values of `dtype`), `targets: [N]`, class weights `[V]` as the device holds
@@ -694,8 +677,8 @@ pub(super) fn host_case(
         .map(|w| w.iter().map(|&c| f64::from(c)).collect());
     let g: Vec<f64> = inputs.g.iter().map(|&c| f64::from(c)).collect();
     let build = |live: usize| {
-        expected(
-            op,
+        expected_with_options(
+            &variant(op, width).options,
             dtype,
             width,
             &x,
@@ -759,8 +742,8 @@ pub(crate) fn run<B: FusedOps>(
     if let Some(z) = out.z_loss {
         actual.push(("z_loss", to_f64(z.inner())));
     }
-    let expected = expected(
-        op,
+    let expected = expected_with_options(
+        &options,
         dtype,
         v,
         &xr,
@@ -857,7 +840,16 @@ mod tests {
             let x: Vec<f64> = inp.x.iter().map(|&c| f64::from(c)).collect();
             let weight: Vec<f64> = w.iter().map(|&c| f64::from(c)).collect();
             let g: Vec<f64> = inp.g.iter().map(|&c| f64::from(c)).collect();
-            let expected = expected(op, DType::F32, v, &x, &inp.targets, Some(&weight), &g, rows);
+            let expected = expected_with_options(
+                &options,
+                DType::F32,
+                v,
+                &x,
+                &inp.targets,
+                Some(&weight),
+                &g,
+                rows,
+            );
             let e = expected
                 .iter()
                 .find(|e| e.tensor == "grad_logits")

@@ -238,28 +238,15 @@ fn draw(op: Op, n: usize, rng: &mut Rng) -> Inputs {
 
 /// The reference of an elementwise case from its rounded inputs (`x` the gate of a gated
 /// unit, `up` empty for the unary ops, `g` the upstream gradient), each tensor viewed as
-/// `[rows, len / rows]`: the output and the input gradients with their bounds (see
-/// [`expected_with_stock`]).
-pub fn expected(
-    op: Op,
-    dtype: DType,
-    rows: usize,
-    x: &[f64],
-    up: &[f64],
-    g: &[f64],
-) -> Vec<Expected> {
-    expected_with_stock(op, dtype, rows, x, up, g).0
-}
-
-/// The reference of an elementwise case from its rounded inputs (`up` empty for the
-/// unary ops), and the bounds against stock Burn's f32 composition.
+/// `[rows, len / rows]`: the output and the input gradients with their bounds, and the
+/// bounds against stock Burn's f32 composition.
 ///
 /// Bounds: each stored result is off by its store `u|e|` and flush, plus the f32 error
 /// of its formula: the activation's ([`activation`]) times the exact factors multiplying
 /// it (`up`, `g`), plus one f32 operation per product. The sigmoid's gradient is computed
 /// from the forward's output as stored (Burn's `sigmoid_backward`), which adds that
 /// store's error through `σ(1 − σ)`.
-fn expected_with_stock(
+pub fn expected_with_stock(
     op: Op,
     dtype: DType,
     rows: usize,
