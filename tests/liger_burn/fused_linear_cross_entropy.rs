@@ -28,13 +28,14 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, Tensor, backend::Backend};
 use liger_burn::functional;
+use liger_burn::ops::compose::linear_cross_entropy::automatic_chunk_rows;
 use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction};
 use liger_burn::test_hooks::{OverrideGuard, override_chunk_rows};
 use liger_tests::BackendVisitor;
 use liger_tests::errors::{assert_mentions, panic_message};
-use liger_tests::tensors::{check, floats, ints, scaled, values};
-use liger_verify::conformance::linear_cross_entropy::TF32_NORMWISE;
-use liger_verify::conformance::{Rng, Tolerance, compare, compare_normwise};
+use liger_tests::tensors::{check, floats, ints, values};
+use liger_verify::conformance::linear_cross_entropy::{LinearInputs, TF32_NORMWISE, expected};
+use liger_verify::conformance::{Expected, Rng, compare_normwise};
 
 const N: usize = 37;
 const V: usize = 100;
@@ -106,7 +107,49 @@ fn run<B: Backend>(
     )
 }
 
-fn compare_runs(label: &str, case: &str, fused: &Run, stock: &Run, k: f64, tf32: bool) {
+/// The f64 reference of the data under `options` (class weights when `weighted`, the
+/// bias when `bias`, the upstream gradient `g`), for an implementation taking `chunk` rows per product: `loss`
+/// (and `z_loss`), `grad_x`, `grad_weight` (`[V, H]`), `grad_bias`, with their f32 bounds.
+fn reference(
+    data: &Data,
+    options: &CrossEntropyOptions,
+    (weighted, bias): (bool, bool),
+    g: &[f32],
+    chunk: usize,
+) -> Vec<Expected> {
+    let f = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    let (x, b, g, class_weight) = (f(&data.x), f(&data.b), f(g), f(&data.class_weight));
+    // Burn's `Linear` holds `[H, V]`; the reference takes `[V, H]`.
+    let w: Vec<f64> = (0..V * H)
+        .map(|k| f64::from(data.w[(k % H) * V + k / H]))
+        .collect();
+    let inputs = LinearInputs {
+        x: &x,
+        w: &w,
+        b: bias.then_some(&b[..]),
+        targets: &data.targets,
+        class_weight: weighted.then_some(&class_weight[..]),
+        g: &g,
+    };
+    expected(options, DType::F32, (N, H, V), &inputs, chunk, &[N]).remove(0)
+}
+
+/// `[H, V]` (Burn's `Linear` weight layout) as `[V, H]`.
+fn transposed(hv: &[f64]) -> Vec<f64> {
+    (0..V * H).map(|k| hv[(k % H) * V + k / H]).collect()
+}
+
+/// The fused run and stock Burn's against the f64 reference: the fused result within its
+/// bound (`fused_ref`, for its chunking), stock Burn's (one product: `stock_ref`) within
+/// the sum of both bounds of the fused one (two f32 evaluations of one definition).
+fn compare_runs(
+    label: &str,
+    case: &str,
+    fused: &Run,
+    stock: &Run,
+    (fused_ref, stock_ref): (&[Expected], &[Expected]),
+    tf32: bool,
+) {
     if tf32 {
         // Stock Burn's products are TF32 here (the fused path's are true f32): every
         // result inherits their rounding, so norm-wise within TF32's bound.
@@ -120,27 +163,38 @@ fn compare_runs(label: &str, case: &str, fused: &Run, stock: &Run, k: f64, tf32:
         }
         return;
     }
-    let tol = Tolerance::for_dtype(DType::F32);
-    check(label, case, compare("loss", &fused.0, &stock.0, tol));
-    check(
-        label,
-        case,
-        compare("grad_x", &scaled(&fused.1, k), &scaled(&stock.1, k), tol),
-    );
-    // The weight and bias gradients are sums over the rows, taken in another order (per
-    // chunk, then accumulated) than stock Burn's one matmul: elementwise, a cancelling sum
-    // can differ by several ulps of its terms (seen: 3.4e-5 after the ×V·k scaling, on
-    // NdArray, no kernels involved). Norm-wise, f32 reorderings land far under 1e-5.
-    check(
-        label,
-        case,
-        compare_normwise("grad_weight", &fused.2, &stock.2, 1e-5),
-    );
-    check(
-        label,
-        case,
-        compare_normwise("grad_bias", &fused.3, &stock.3, 1e-5),
-    );
+    let tensor = |r: &[Expected], name: &str| -> Expected {
+        r.iter()
+            .find(|e| e.tensor == name)
+            .unwrap_or_else(|| panic!("the reference has no {name}"))
+            .clone()
+    };
+    for (name, f, st) in [
+        ("loss", fused.0.clone(), stock.0.clone()),
+        ("grad_x", fused.1.clone(), stock.1.clone()),
+        ("grad_weight", transposed(&fused.2), transposed(&stock.2)),
+        ("grad_bias", fused.3.clone(), stock.3.clone()),
+    ] {
+        let (ef, es) = (tensor(fused_ref, name), tensor(stock_ref, name));
+        check(label, case, ef.check(&f));
+        let both: Vec<f64> = ef
+            .bounds
+            .iter()
+            .zip(&es.bounds)
+            .map(|(a, b)| a + b)
+            .collect();
+        let against_stock = Expected::new(ef.tensor, st, both, ef.rows);
+        check(
+            label,
+            &format!("{case} (against Burn)"),
+            against_stock.check(&f),
+        );
+        let doubled: Vec<f64> = f.iter().map(|v| 2.0 * v).collect();
+        assert!(
+            !ef.check(&doubled).passed,
+            "{label} {case} {name}: the bounds accept a doubled result"
+        );
+    }
 }
 
 /// Against stock Burn (`Linear` + `CrossEntropyLoss`, or the log-softmax composition for
@@ -182,15 +236,21 @@ impl BackendVisitor for StockParity {
             },
             None,
         );
+        let mean = CrossEntropyOptions::default();
+        let stock_mean_ref = reference(&data, &mean, (false, true), &[1.0], N);
         for chunk in [Some(1), Some(4), Some(N), None] {
             let _chunk = Chunk::rows(chunk);
-            let ours = run::<B>(&data, device, fused(Default::default(), false), None);
+            let ours = run::<B>(&data, device, fused(mean, false), None);
+            let rows = chunk.unwrap_or_else(|| automatic_chunk_rows(N, H, V));
             compare_runs(
                 label,
                 &format!("mean chunk {chunk:?}"),
                 &ours,
                 &stock_mean,
-                N as f64,
+                (
+                    &reference(&data, &mean, (false, true), &[1.0], rows),
+                    &stock_mean_ref,
+                ),
                 tf32,
             );
         }
@@ -208,16 +268,17 @@ impl BackendVisitor for StockParity {
         );
         {
             let _chunk = Chunk::rows(Some(4));
-            let ours = run::<B>(
-                &data,
-                device,
-                fused(
-                    CrossEntropyOptions::default().with_label_smoothing(0.1),
-                    true,
-                ),
-                Some(&data.g[..1]),
+            let smoothing = CrossEntropyOptions::default().with_label_smoothing(0.1);
+            let ours = run::<B>(&data, device, fused(smoothing, true), Some(&data.g[..1]));
+            let refs = |chunk| reference(&data, &smoothing, (true, true), &data.g[..1], chunk);
+            compare_runs(
+                label,
+                "weights+smoothing",
+                &ours,
+                &stock_ws,
+                (&refs(4), &refs(N)),
+                tf32,
             );
-            compare_runs(label, "weights+smoothing", &ours, &stock_ws, N as f64, tf32);
         }
         // Sum and none against the log-softmax composition (none with per-row upstream
         // gradients: the backward's second chunked pass).
@@ -237,10 +298,19 @@ impl BackendVisitor for StockParity {
         let _chunk = Chunk::rows(Some(4));
         let sum = CrossEntropyOptions::default().with_reduction(Reduction::Sum);
         let ours = run::<B>(&data, device, fused(sum, false), Some(&data.g[..1]));
-        compare_runs(label, "sum", &ours, &stock_sum, 1.0, tf32);
+        let refs = |chunk| reference(&data, &sum, (false, true), &data.g[..1], chunk);
+        compare_runs(label, "sum", &ours, &stock_sum, (&refs(4), &refs(N)), tf32);
         let none = CrossEntropyOptions::default().with_reduction(Reduction::None);
         let ours = run::<B>(&data, device, fused(none, false), Some(&data.g));
-        compare_runs(label, "none", &ours, &stock_none, 1.0, tf32);
+        let refs = |chunk| reference(&data, &none, (false, true), &data.g, chunk);
+        compare_runs(
+            label,
+            "none",
+            &ours,
+            &stock_none,
+            (&refs(4), &refs(N)),
+            tf32,
+        );
         // The module on a burn::nn::Linear.
         let module =
             liger_burn::nn::LinearCrossEntropyLossConfig::new().init::<Autodiff<B>>(device);
@@ -250,7 +320,15 @@ impl BackendVisitor for StockParity {
             |x, lin| module.forward(x, lin, t.clone()),
             None,
         );
-        compare_runs(label, "module", &ours, &stock_mean, N as f64, tf32);
+        let module_ref = reference(&data, &mean, (false, true), &[1.0], 4);
+        compare_runs(
+            label,
+            "module",
+            &ours,
+            &stock_mean,
+            (&module_ref, &stock_mean_ref),
+            tf32,
+        );
         eprintln!("{label}: matches stock Burn");
     }
 }
@@ -332,16 +410,22 @@ impl BackendVisitor for SpecialCases {
                 burn::tensor::TensorPrimitive::Float(t),
             ))
         };
-        check(
-            label,
-            "primitive",
-            compare(
-                "loss",
-                &loss(with.loss),
-                &loss(without.loss),
-                Tolerance::for_dtype(DType::F32),
-            ),
+        // Both losses within their bound of the f64 value.
+        let expected = reference(
+            &data,
+            &CrossEntropyOptions::default(),
+            (false, false),
+            &[1.0],
+            automatic_chunk_rows(N, H, V),
         );
+        let expected = expected.iter().find(|e| e.tensor == "loss").unwrap();
+        for (what, out) in [("with gradients", with.loss), ("without", without.loss)] {
+            check(
+                label,
+                &format!("primitive {what}"),
+                expected.check(&loss(out)),
+            );
+        }
         eprintln!("{label}: special cases ok");
     }
 }

@@ -7,7 +7,7 @@
 //! gradient in the logits' dtype may make (see [`super::bounds`] for the model).
 
 use super::bounds::{
-    Expected, Terms, U32, accumulation, exp_error, flush, ln_error, par_rows, tanh_error,
+    Expected, Terms, U32, ULP32, accumulation, exp_error, flush, ln_error, par_rows, tanh_error,
     unit_roundoff,
 };
 use super::{Comparison, HostCase, Op, Rng, compare_all, host_input, input, poison, to_f64};
@@ -104,9 +104,10 @@ pub(crate) fn factor_error(
         Reduction::None | Reduction::Sum => 0.0,
         Reduction::Mean if weighted => {
             accumulation(count as usize, weight_total.abs()) / weight_total.abs().max(1e-300)
-                + 2.0 * U32
+                + 2.5 * ULP32
+                + U32
         }
-        Reduction::Mean => 2.0 * U32,
+        Reduction::Mean => 2.5 * ULP32 + U32,
     }
 }
 
@@ -301,7 +302,7 @@ pub(crate) fn element(
         + unchained.abs() * dchain
         + chain_product
         + stores * (u * grad.abs() + flush(dtype, grad))
-        + (stores - 1.0).max(0.0) * 2.0 * U32 * grad.abs();
+        + (stores - 1.0).max(0.0) * (2.5 * ULP32 + U32) * grad.abs();
     let per_lse = chain * p * (coef.abs() + 2.0 * lambda * f.z.abs());
     Element {
         grad,
@@ -418,15 +419,16 @@ pub(crate) fn loss_tensors(
                 out.push(Expected::new(name, vec![e], vec![b + U32 * e.abs()], 1));
             }
             Reduction::Mean => {
-                let w_error =
-                    accumulation(n, weight_total.abs()) / weight_total.max(1e-300) + 2.0 * U32;
+                let w_error = accumulation(n, weight_total.abs()) / weight_total.max(1e-300)
+                    + 2.5 * ULP32
+                    + U32;
                 let inv = |t: f64| div_or_zero(1.0, t);
                 let (ce_v, ce_b) = if with_ce {
                     reduced(&ce, &ce_err, |_| inv(weight_total), w_error, live)
                 } else {
                     (0.0, 0.0)
                 };
-                let (zl_v, zl_b) = reduced(&zl, &zl_err, |_| inv(count), 2.0 * U32, live);
+                let (zl_v, zl_b) = reduced(&zl, &zl_err, |_| inv(count), 2.5 * ULP32 + U32, live);
                 let e = ce_v + zl_v;
                 // The z-loss part may be formed as `Σloss/W + Σzl·(1/n − 1/W)`.
                 let zl_l1: f64 = zl.iter().take(live).map(|v| v.abs()).sum();
