@@ -5,7 +5,8 @@
 use burn::backend::NdArray;
 use burn::module::{Module, Param};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
+use liger_verify::conformance::Expected;
 
 type B = NdArray;
 
@@ -102,9 +103,33 @@ fn layer_norm_module_matches_burn_module() {
         TensorData::new(rng.vec(2 * 5 * 33, -2.0, 2.0, 1.0), [2, 5, 33]),
         &device,
     );
-    let a = ours.forward(x.clone()).into_data().to_vec::<f32>().unwrap();
-    let b = stock.forward(x).into_data().to_vec::<f32>().unwrap();
-    for (x, y) in a.iter().zip(&b) {
-        assert!((x - y).abs() < 1e-5, "{x} vs {y}");
-    }
+    let f64s = |v: Vec<f32>| v.into_iter().map(f64::from).collect::<Vec<_>>();
+    let x_values = f64s(x.clone().into_data().to_vec::<f32>().unwrap());
+    let a = f64s(ours.forward(x.clone()).into_data().to_vec::<f32>().unwrap());
+    let b = f64s(stock.forward(x).into_data().to_vec::<f32>().unwrap());
+    // Each within its f32 bound of the f64 LayerNorm, so within twice that of each other.
+    let reference = liger_verify::conformance::reference::layer_norm(
+        DType::F32,
+        &x_values,
+        &f64s(values(&stock.gamma)),
+        Some(&f64s(values(stock.beta.as_ref().unwrap()))),
+        &vec![0.0; x_values.len()],
+        33,
+        1e-5,
+        10,
+    );
+    let output = &reference[0];
+    assert_eq!(output.tensor, "output");
+    let seed = rng.seed();
+    let c = output.check(&a);
+    assert!(c.passed, "liger's LayerNorm: {c:?} (seed {seed})");
+    let twice: Vec<f64> = output.bounds.iter().map(|v| 2.0 * v).collect();
+    let against_burn = Expected::new("output", b, twice, output.rows);
+    let c = against_burn.check(&a);
+    assert!(
+        c.passed,
+        "liger's LayerNorm against Burn's: {c:?} (seed {seed})"
+    );
+    let doubled: Vec<f64> = a.iter().map(|v| 2.0 * v).collect();
+    assert!(!output.check(&doubled).passed, "a doubled output passes");
 }
