@@ -1,19 +1,26 @@
 //! Liger-Kernel's chunked losses on the same inputs: every fused post-training op gives
 //! the loss, the metrics and the gradients Liger-Kernel's own code computes
 //! (`tests/fixtures/liger_chunked/generate.py`, which names the version), on every
-//! backend of the test device, in f32, within the f32 tolerance of two f32 computations.
+//! backend of the test device, in f32. The divergences and the distillation are checked
+//! against the verify crate's f64 reference: ours within its f32 bound, Liger-Kernel's
+//! within the sum of both evaluations' bounds of ours. The preference, KTO and GRPO cases
+//! have no reference for Liger-Kernel's options there and keep a fixed f32 tolerance
+//! (`Tolerance::for_dtype`).
 
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::functional::TokenReference;
 use liger_burn::functional::{self, Reference};
+use liger_burn::ops::compose::fused_linear_distill::chunk_rows;
 use liger_burn::ops::{
     DistillOptions, Divergence, DivergenceOptions, DivergenceReduction, DpoLossType, FusedOps,
     GrpoLossType, GrpoOptions, KtoOptions, PreferenceLoss, PreferenceOptions,
 };
 use liger_tests::BackendVisitor;
 use liger_tests::tensors::{check, values};
-use liger_verify::conformance::{Tolerance, compare};
+use liger_verify::conformance::fused_linear_distill::{self, DistillInputs};
+use liger_verify::conformance::linear_cross_entropy::LinearInputs;
+use liger_verify::conformance::{Expected, Tolerance, compare, divergence};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -159,9 +166,8 @@ fn run_preference<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, 
 }
 
 /// A distillation case: `LigerFusedLinearJSDFunction`, whose `β` 0 and 1 are the KLs.
-fn run_distill<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
-    let o = &case.options;
-    let options = DistillOptions::default()
+fn distill_options(o: &serde_json::Value) -> DistillOptions {
+    DistillOptions::default()
         .with_divergence(Divergence::Jsd {
             beta: opt_f64(o, "beta", 0.5),
         })
@@ -169,7 +175,11 @@ fn run_distill<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec
         .with_weights(
             opt_f64(o, "weight_hard_loss", 0.5),
             opt_f64(o, "weight_soft_loss", 0.5),
-        );
+        )
+}
+
+fn run_distill<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let options = distill_options(&case.options);
     let x = floats::<B, 2>(&case.inputs["x"], device).require_grad();
     let w = floats::<B, 2>(&case.inputs["weight"], device).require_grad();
     let b = case
@@ -202,9 +212,7 @@ fn run_distill<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec
     got
 }
 
-/// A plain divergence case.
-fn run_divergence<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
-    let o = &case.options;
+fn divergence_options(o: &serde_json::Value) -> DivergenceOptions {
     let divergence = match o["divergence"].as_str().unwrap() {
         "jsd" => Divergence::Jsd {
             beta: opt_f64(o, "beta", 0.5),
@@ -219,9 +227,14 @@ fn run_divergence<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, 
         "batchmean" => DivergenceReduction::BatchMean,
         other => panic!("unknown reduction {other}"),
     };
-    let options = DivergenceOptions::new(divergence)
+    DivergenceOptions::new(divergence)
         .with_reduction(reduction)
-        .with_log_target(opt_bool(o, "log_target", false));
+        .with_log_target(opt_bool(o, "log_target", false))
+}
+
+/// A plain divergence case.
+fn run_divergence<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let options = divergence_options(&case.options);
     let x = floats::<B, 2>(&case.inputs["input"], device).require_grad();
     let y = floats::<B, 2>(&case.inputs["target"], device);
     let labels = case
@@ -361,6 +374,79 @@ fn run_grpo<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f6
     got
 }
 
+/// The f64 reference of a case with its f32 bounds, for our evaluation and for
+/// Liger-Kernel's (which takes the whole batch in one chunk), where the verify crate has
+/// one for the op: the divergences and the distillation.
+fn references(case: &Case) -> Option<[Vec<Expected>; 2]> {
+    let f = |name: &str| -> Vec<f64> {
+        case.inputs[name]
+            .data
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect()
+    };
+    let g = f64::from(case.grad_output);
+    match case.op.as_str() {
+        "divergence" => {
+            let shape = &case.inputs["input"].shape;
+            let labels = case.int_inputs.get("labels").map(|l| l.data.clone());
+            let expected = divergence::expected(
+                &divergence_options(&case.options),
+                DType::F32,
+                (shape[0], shape[1]),
+                &f("input"),
+                &f("target"),
+                labels.as_deref(),
+                &[g],
+            );
+            Some([expected.clone(), expected])
+        }
+        "fused_linear_distill" => {
+            let (x, w, tx, tw) = (f("x"), f("weight"), f("teacher_x"), f("teacher_weight"));
+            let (b, tb) = (
+                case.inputs.contains_key("bias").then(|| f("bias")),
+                case.inputs
+                    .contains_key("teacher_bias")
+                    .then(|| f("teacher_bias")),
+            );
+            let targets = &case.int_inputs["targets"].data;
+            let [n, h] = case.inputs["x"].shape[..] else {
+                panic!("x: [N, H]")
+            };
+            let (v, ht) = (
+                case.inputs["weight"].shape[0],
+                case.inputs["teacher_x"].shape[1],
+            );
+            let vt = case.inputs["teacher_weight"].shape[0];
+            let head = |x, w, b| LinearInputs {
+                x,
+                w,
+                b,
+                targets,
+                class_weight: None,
+                g: &[],
+            };
+            let inputs = DistillInputs {
+                student: head(&x, &w, b.as_deref()),
+                teacher: head(&tx, &tw, tb.as_deref()),
+                g,
+            };
+            let options = distill_options(&case.options);
+            let with_chunk = |chunk| {
+                fused_linear_distill::expected(
+                    &options,
+                    DType::F32,
+                    (n, h, ht, v, vt),
+                    &inputs,
+                    chunk,
+                )
+            };
+            Some([with_chunk(chunk_rows(n, h, vt)), with_chunk(n)])
+        }
+        _ => None,
+    }
+}
+
 struct Fixtures {
     fixture: Fixture,
     cases: usize,
@@ -379,8 +465,9 @@ impl BackendVisitor for Fixtures {
                 other => panic!("unknown op {other} in the fixture"),
             };
             let at = format!("{} {}", case.op, case.case);
+            let references = references(case);
             for (name, actual) in &got {
-                let expected: Vec<f64> = match name.strip_prefix("grad ") {
+                let liger: Vec<f64> = match name.strip_prefix("grad ") {
                     Some(g) => &case.grads[g],
                     None => &case.outputs[name.as_str()],
                 }
@@ -388,10 +475,33 @@ impl BackendVisitor for Fixtures {
                 .iter()
                 .map(|&v| f64::from(v))
                 .collect();
+                let what = format!("{at} {name}");
+                let Some([ours, theirs]) = &references else {
+                    check(label, &what, compare("value", actual, &liger, tol));
+                    continue;
+                };
+                // Ours within its bound of the f64 value; Liger-Kernel's, another f32
+                // evaluation of the definition, within the sum of both bounds of ours.
+                let tensor = name.replace(' ', "_");
+                let find = |r: &[Expected]| -> Expected {
+                    r.iter()
+                        .find(|e| e.tensor == tensor)
+                        .unwrap_or_else(|| panic!("{what}: the reference has no {tensor}"))
+                        .clone()
+                };
+                let (ours, theirs) = (find(ours), find(theirs));
+                check(label, &what, ours.check(actual));
+                let both = ours.bounds.iter().zip(&theirs.bounds).map(|(a, b)| a + b);
+                let against = Expected::new(ours.tensor, liger, both.collect(), ours.rows);
                 check(
                     label,
-                    &format!("{at} {name}"),
-                    compare("value", actual, &expected, tol),
+                    &format!("{what} (against Liger-Kernel)"),
+                    against.check(actual),
+                );
+                let doubled: Vec<f64> = actual.iter().map(|v| 2.0 * v).collect();
+                assert!(
+                    !ours.check(&doubled).passed,
+                    "{label} {what}: the bounds accept a doubled result"
                 );
             }
             self.cases += 1;

@@ -294,7 +294,7 @@ impl Tolerance {
     /// against the f64 reference uses that reference's per-element bounds instead
     /// ([`Expected::check`]). What still uses it compares against another library's f32
     /// output with no reference of ours for its options: the Liger-Kernel fixtures of the
-    /// post-training losses and the special-value fixture's finite entries.
+    /// preference, KTO and GRPO losses, and the special-value fixture's finite entries.
     pub fn for_dtype(dtype: DType) -> Self {
         let (store, flush) = match dtype {
             DType::BF16 | DType::F16 => (unit_roundoff(dtype), bounds::min_normal(dtype)),
