@@ -12,6 +12,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::functional::TokenReference;
 use liger_burn::functional::{self, Reference};
 use liger_burn::ops::compose::fused_linear_distill::chunk_rows;
+use liger_burn::ops::compose::fused_linear_preference::chunk_pairs;
 use liger_burn::ops::{
     DistillOptions, Divergence, DivergenceOptions, DivergenceReduction, DpoLossType, FusedOps,
     GrpoLossType, GrpoOptions, KtoOptions, PreferenceLoss, PreferenceOptions,
@@ -19,6 +20,7 @@ use liger_burn::ops::{
 use liger_tests::BackendVisitor;
 use liger_tests::tensors::{check, values};
 use liger_verify::conformance::fused_linear_distill::{self, DistillInputs};
+use liger_verify::conformance::fused_linear_preference::{self, PreferenceInputs, RefInputs};
 use liger_verify::conformance::linear_cross_entropy::LinearInputs;
 use liger_verify::conformance::{Expected, Tolerance, compare, divergence};
 use serde::Deserialize;
@@ -443,6 +445,50 @@ fn references(case: &Case) -> Option<[Vec<Expected>; 2]> {
             };
             Some([with_chunk(chunk_rows(n, h, vt)), with_chunk(n)])
         }
+        "fused_linear_preference" => {
+            let (x, w) = (f("x"), f("weight"));
+            let b = case.inputs.contains_key("bias").then(|| f("bias"));
+            let [s, t, h] = case.inputs["x"].shape[..] else {
+                panic!("x: [2B, T, H]")
+            };
+            let v = case.inputs["weight"].shape[0];
+            let model = case.options.get("reference").and_then(|r| r.as_str()) == Some("model");
+            let (rx, rw, rb) = if model {
+                (f("ref_x"), f("ref_weight"), Some(f("ref_bias")))
+            } else {
+                (vec![], vec![], None)
+            };
+            let reference = if model {
+                RefInputs::Model {
+                    x: &rx,
+                    w: &rw,
+                    b: rb.as_deref(),
+                    hidden: case.inputs["ref_x"].shape[2],
+                }
+            } else {
+                RefInputs::None
+            };
+            let inputs = PreferenceInputs {
+                x: &x,
+                w: &w,
+                b: b.as_deref(),
+                targets: &case.int_inputs["targets"].data,
+                reference,
+                g,
+            };
+            let options = preference_options(&case.options);
+            let pairs = s / 2;
+            let with_chunk = |chunk| {
+                fused_linear_preference::expected(
+                    &options,
+                    DType::F32,
+                    (pairs, t, h, v),
+                    &inputs,
+                    chunk,
+                )
+            };
+            Some([with_chunk(chunk_pairs(pairs, t, h, v)), with_chunk(pairs)])
+        }
         _ => None,
     }
 }
@@ -476,20 +522,19 @@ impl BackendVisitor for Fixtures {
                 .map(|&v| f64::from(v))
                 .collect();
                 let what = format!("{at} {name}");
-                let Some([ours, theirs]) = &references else {
+                let tensor = name.replace(' ', "_");
+                let find = |r: &[Expected]| r.iter().find(|e| e.tensor == tensor).cloned();
+                let Some((ours, theirs)) = references
+                    .as_ref()
+                    .and_then(|[ours, theirs]| Some((find(ours)?, find(theirs)?)))
+                else {
+                    // No reference for the op, or a metric it does not compute (a preference
+                    // loss's `nll_loss` when the NLL term is off).
                     check(label, &what, compare("value", actual, &liger, tol));
                     continue;
                 };
                 // Ours within its bound of the f64 value; Liger-Kernel's, another f32
                 // evaluation of the definition, within the sum of both bounds of ours.
-                let tensor = name.replace(' ', "_");
-                let find = |r: &[Expected]| -> Expected {
-                    r.iter()
-                        .find(|e| e.tensor == tensor)
-                        .unwrap_or_else(|| panic!("{what}: the reference has no {tensor}"))
-                        .clone()
-                };
-                let (ours, theirs) = (find(ours), find(theirs));
                 check(label, &what, ours.check(actual));
                 let both = ours.bounds.iter().zip(&theirs.bounds).map(|(a, b)| a + b);
                 let against = Expected::new(ours.tensor, liger, both.collect(), ours.rows);
