@@ -1,26 +1,28 @@
 //! Liger-Kernel's chunked losses on the same inputs: every fused post-training op gives
 //! the loss, the metrics and the gradients Liger-Kernel's own code computes
 //! (`tests/fixtures/liger_chunked/generate.py`, which names the version), on every
-//! backend of the test device, in f32. The divergences and the distillation are checked
-//! against the verify crate's f64 reference: ours within its f32 bound, Liger-Kernel's
-//! within the sum of both evaluations' bounds of ours. The preference, KTO and GRPO cases
-//! have no reference for Liger-Kernel's options there and keep a fixed f32 tolerance
-//! (`Tolerance::for_dtype`).
+//! backend of the test device, in f32. The divergences, the distillation, the preference
+//! losses and KTO are checked against the verify crate's f64 reference: ours within its
+//! f32 bound, Liger-Kernel's within the sum of both evaluations' bounds of ours. The GRPO
+//! cases (token-level references and masks the reference is not mapped to here) and a
+//! metric a reference leaves out keep a fixed f32 tolerance (`Tolerance::for_dtype`).
 
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::functional::TokenReference;
 use liger_burn::functional::{self, Reference};
 use liger_burn::ops::compose::fused_linear_distill::chunk_rows;
-use liger_burn::ops::compose::fused_linear_preference::chunk_pairs;
+use liger_burn::ops::compose::fused_linear_preference::{chunk_pairs, chunk_sequences};
 use liger_burn::ops::{
     DistillOptions, Divergence, DivergenceOptions, DivergenceReduction, DpoLossType, FusedOps,
     GrpoLossType, GrpoOptions, KtoOptions, PreferenceLoss, PreferenceOptions,
 };
 use liger_tests::BackendVisitor;
 use liger_tests::tensors::{check, values};
+use liger_verify::conformance::bounds::{U32, accumulation};
 use liger_verify::conformance::fused_linear_distill::{self, DistillInputs};
 use liger_verify::conformance::fused_linear_preference::{self, PreferenceInputs, RefInputs};
+use liger_verify::conformance::fused_linear_rl::{self, RlInputs};
 use liger_verify::conformance::linear_cross_entropy::LinearInputs;
 use liger_verify::conformance::{Expected, Tolerance, compare, divergence};
 use serde::Deserialize;
@@ -377,8 +379,8 @@ fn run_grpo<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f6
 }
 
 /// The f64 reference of a case with its f32 bounds, for our evaluation and for
-/// Liger-Kernel's (which takes the whole batch in one chunk), where the verify crate has
-/// one for the op: the divergences and the distillation.
+/// Liger-Kernel's (which takes the whole batch in one chunk): the divergences, the
+/// distillation, the preference losses and KTO.
 fn references(case: &Case) -> Option<[Vec<Expected>; 2]> {
     let f = |name: &str| -> Vec<f64> {
         case.inputs[name]
@@ -489,8 +491,94 @@ fn references(case: &Case) -> Option<[Vec<Expected>; 2]> {
             };
             Some([with_chunk(chunk_pairs(pairs, t, h, v)), with_chunk(pairs)])
         }
+        "fused_linear_kto" => {
+            let (x, w) = (f("x"), f("weight"));
+            let b = case.inputs.contains_key("bias").then(|| f("bias"));
+            let [seqs, t, h] = case.inputs["x"].shape[..] else {
+                panic!("x: [B, T, H]")
+            };
+            let v = case.inputs["weight"].shape[0];
+            let model = case.options.get("reference").and_then(|r| r.as_str()) == Some("model");
+            let (rx, rw, rb) = if model {
+                (f("ref_x"), f("ref_weight"), Some(f("ref_bias")))
+            } else {
+                (vec![], vec![], None)
+            };
+            let reference = if model {
+                RefInputs::Model {
+                    x: &rx,
+                    w: &rw,
+                    b: rb.as_deref(),
+                    hidden: case.inputs["ref_x"].shape[2],
+                }
+            } else {
+                RefInputs::None
+            };
+            let inputs = RlInputs {
+                head: LinearInputs {
+                    x: &x,
+                    w: &w,
+                    b: b.as_deref(),
+                    targets: &case.int_inputs["targets"].data,
+                    class_weight: None,
+                    g: &[],
+                },
+                reference,
+                g,
+            };
+            let labels = &case.int_inputs["labels"].data;
+            let kl = case.inputs.get("kl").map_or(0.0, |k| f64::from(k.data[0]));
+            let options = KtoOptions::default()
+                .with_beta(opt_f64(&case.options, "beta", 0.1))
+                .with_average_log_prob(opt_bool(&case.options, "average_log_prob", false));
+            let with_chunk = |chunk| {
+                let mut expected = fused_linear_rl::kto_expected(
+                    &options,
+                    DType::F32,
+                    (seqs, t, h, v),
+                    &inputs,
+                    labels,
+                    kl,
+                    chunk,
+                );
+                expected.extend(side_sums(&expected, labels));
+                expected
+            };
+            Some([with_chunk(chunk_sequences(seqs, t, h, v)), with_chunk(seqs)])
+        }
         _ => None,
     }
+}
+
+/// Liger-Kernel's KTO metrics: the per-sequence log-probabilities, logit sums and rewards
+/// summed over the desirable (label 1) and the undesirable sequences, from the reference's
+/// per-sequence values. Each sum's bound is its terms' bounds plus an f32 accumulation of
+/// the terms and its store (Liger-Kernel sums in f32; the test sums ours in f64, within
+/// the same bound).
+fn side_sums(expected: &[Expected], labels: &[i64]) -> Vec<Expected> {
+    let mut out = Vec::new();
+    for (metric, names) in [
+        ("logps", ["chosen_logps_sum", "rejected_logps_sum"]),
+        ("logits_sum", ["chosen_logits_sum", "rejected_logits_sum"]),
+        ("rewards", ["chosen_rewards_sum", "rejected_rewards_sum"]),
+    ] {
+        let e = expected
+            .iter()
+            .find(|e| e.tensor == metric)
+            .unwrap_or_else(|| panic!("the KTO reference has no {metric}"));
+        for (name, desirable) in names.into_iter().zip([1, 0]) {
+            let picked: Vec<usize> = (0..labels.len())
+                .filter(|&q| labels[q] == desirable)
+                .collect();
+            let total: f64 = picked.iter().map(|&q| e.values[q]).sum();
+            let l1: f64 = picked.iter().map(|&q| e.values[q].abs()).sum();
+            let bound = picked.iter().map(|&q| e.bounds[q]).sum::<f64>()
+                + accumulation(picked.len(), l1)
+                + U32 * total.abs();
+            out.push(Expected::new(name, vec![total], vec![bound], 1));
+        }
+    }
+    out
 }
 
 struct Fixtures {
