@@ -1,11 +1,11 @@
 //! Liger-Kernel's chunked losses on the same inputs: every fused post-training op gives
 //! the loss, the metrics and the gradients Liger-Kernel's own code computes
 //! (`tests/fixtures/liger_chunked/generate.py`, which names the version), on every
-//! backend of the test device, in f32. The divergences, the distillation, the preference
-//! losses and KTO are checked against the verify crate's f64 reference: ours within its
-//! f32 bound, Liger-Kernel's within the sum of both evaluations' bounds of ours. The GRPO
-//! cases (token-level references and masks the reference is not mapped to here) and a
-//! metric a reference leaves out keep a fixed f32 tolerance (`Tolerance::for_dtype`).
+//! backend of the test device, in f32, against the verify crate's f64 reference of each
+//! op: ours within its f32 bound, Liger-Kernel's within the sum of both evaluations'
+//! bounds of ours. The one metric the reference leaves out (a preference loss's
+//! `nll_loss` when the NLL term is off) keeps a fixed f32 tolerance
+//! (`Tolerance::for_dtype`).
 
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
@@ -315,8 +315,7 @@ fn run_kto<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64
 }
 
 /// A GRPO case.
-fn run_grpo<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
-    let o = &case.options;
+fn grpo_options(o: &serde_json::Value) -> GrpoOptions {
     let loss_type = match o["loss_type"].as_str().unwrap() {
         "grpo" => GrpoLossType::Grpo,
         "bnpo" => GrpoLossType::Bnpo,
@@ -326,14 +325,19 @@ fn run_grpo<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f6
         },
         other => panic!("unknown loss type {other}"),
     };
-    let options = GrpoOptions::default()
+    GrpoOptions::default()
         .with_beta(opt_f64(o, "beta", 0.04))
         .with_epsilon(
             opt_f64(o, "epsilon_low", 0.2),
             opt_f64(o, "epsilon_high", 0.2),
         )
         .with_loss_type(loss_type)
-        .with_temperature(opt_f64(o, "temperature", 1.0));
+        .with_temperature(opt_f64(o, "temperature", 1.0))
+}
+
+fn run_grpo<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f64>)> {
+    let o = &case.options;
+    let options = grpo_options(o);
     let x = floats::<B, 3>(&case.inputs["x"], device).require_grad();
     let w = floats::<B, 2>(&case.inputs["weight"], device).require_grad();
     let b = case
@@ -379,9 +383,8 @@ fn run_grpo<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f6
 }
 
 /// The f64 reference of a case with its f32 bounds, for our evaluation and for
-/// Liger-Kernel's (which takes the whole batch in one chunk): the divergences, the
-/// distillation, the preference losses and KTO.
-fn references(case: &Case) -> Option<[Vec<Expected>; 2]> {
+/// Liger-Kernel's (which takes the whole batch in one chunk).
+fn references(case: &Case) -> [Vec<Expected>; 2] {
     let f = |name: &str| -> Vec<f64> {
         case.inputs[name]
             .data
@@ -403,7 +406,7 @@ fn references(case: &Case) -> Option<[Vec<Expected>; 2]> {
                 labels.as_deref(),
                 &[g],
             );
-            Some([expected.clone(), expected])
+            [expected.clone(), expected]
         }
         "fused_linear_distill" => {
             let (x, w, tx, tw) = (f("x"), f("weight"), f("teacher_x"), f("teacher_weight"));
@@ -445,7 +448,7 @@ fn references(case: &Case) -> Option<[Vec<Expected>; 2]> {
                     chunk,
                 )
             };
-            Some([with_chunk(chunk_rows(n, h, vt)), with_chunk(n)])
+            [with_chunk(chunk_rows(n, h, vt)), with_chunk(n)]
         }
         "fused_linear_preference" => {
             let (x, w) = (f("x"), f("weight"));
@@ -489,7 +492,7 @@ fn references(case: &Case) -> Option<[Vec<Expected>; 2]> {
                     chunk,
                 )
             };
-            Some([with_chunk(chunk_pairs(pairs, t, h, v)), with_chunk(pairs)])
+            [with_chunk(chunk_pairs(pairs, t, h, v)), with_chunk(pairs)]
         }
         "fused_linear_kto" => {
             let (x, w) = (f("x"), f("weight"));
@@ -544,9 +547,70 @@ fn references(case: &Case) -> Option<[Vec<Expected>; 2]> {
                 expected.extend(side_sums(&expected, labels));
                 expected
             };
-            Some([with_chunk(chunk_sequences(seqs, t, h, v)), with_chunk(seqs)])
+            [with_chunk(chunk_sequences(seqs, t, h, v)), with_chunk(seqs)]
         }
-        _ => None,
+        "fused_linear_grpo" => {
+            let (x, w) = (f("x"), f("weight"));
+            let b = case.inputs.contains_key("bias").then(|| f("bias"));
+            let [seqs, t, h] = case.inputs["x"].shape[..] else {
+                panic!("x: [B, T, H]")
+            };
+            let v = case.inputs["weight"].shape[0];
+            // The reference reads the completion ids with -100 outside the mask.
+            let ids = &case.int_inputs["completion_ids"].data;
+            let mask = &case.int_inputs["completion_mask"].data;
+            let targets: Vec<i64> = ids
+                .iter()
+                .zip(mask)
+                .map(|(&id, &m)| if m != 0 { id } else { -100 })
+                .collect();
+            let kind = case.options["reference"].as_str().unwrap();
+            let (rx, rw, rb, given) = match kind {
+                "model" => (f("ref_x"), f("ref_weight"), Some(f("ref_bias")), vec![]),
+                "given" => (vec![], vec![], None, f("ref_logps")),
+                _ => (vec![], vec![], None, vec![]),
+            };
+            let reference = match kind {
+                "model" => RefInputs::Model {
+                    x: &rx,
+                    w: &rw,
+                    b: rb.as_deref(),
+                    hidden: case.inputs["ref_x"].shape[2],
+                },
+                "given" => RefInputs::LogProbs(&given),
+                _ => RefInputs::None,
+            };
+            let inputs = RlInputs {
+                head: LinearInputs {
+                    x: &x,
+                    w: &w,
+                    b: b.as_deref(),
+                    targets: &targets,
+                    class_weight: None,
+                    g: &[],
+                },
+                reference,
+                g,
+            };
+            let old = case
+                .inputs
+                .contains_key("old_logps")
+                .then(|| f("old_logps"));
+            let options = grpo_options(&case.options);
+            let with_chunk = |chunk| {
+                fused_linear_rl::grpo_expected(
+                    &options,
+                    DType::F32,
+                    (seqs, t, h, v),
+                    &inputs,
+                    &f("advantages"),
+                    old.as_deref(),
+                    chunk,
+                )
+            };
+            [with_chunk(chunk_sequences(seqs, t, h, v)), with_chunk(seqs)]
+        }
+        other => panic!("unknown op {other} in the fixture"),
     }
 }
 
@@ -612,12 +676,10 @@ impl BackendVisitor for Fixtures {
                 let what = format!("{at} {name}");
                 let tensor = name.replace(' ', "_");
                 let find = |r: &[Expected]| r.iter().find(|e| e.tensor == tensor).cloned();
-                let Some((ours, theirs)) = references
-                    .as_ref()
-                    .and_then(|[ours, theirs]| Some((find(ours)?, find(theirs)?)))
-                else {
-                    // No reference for the op, or a metric it does not compute (a preference
-                    // loss's `nll_loss` when the NLL term is off).
+                let [ours, theirs] = &references;
+                let (Some(ours), Some(theirs)) = (find(ours), find(theirs)) else {
+                    // A metric the reference does not compute (a preference loss's
+                    // `nll_loss` when the NLL term is off).
                     check(label, &what, compare("value", actual, &liger, tol));
                     continue;
                 };
@@ -631,10 +693,16 @@ impl BackendVisitor for Fixtures {
                     &format!("{what} (against Liger-Kernel)"),
                     against.check(actual),
                 );
-                let doubled: Vec<f64> = actual.iter().map(|v| 2.0 * v).collect();
+                // A wrong result: doubled, or off by one where the value is 0 (a clip ratio
+                // with nothing clipped).
+                let zero = ours.values.iter().all(|v| *v == 0.0);
+                let wrong: Vec<f64> = actual
+                    .iter()
+                    .map(|v| if zero { v + 1.0 } else { 2.0 * v })
+                    .collect();
                 assert!(
-                    !ours.check(&doubled).passed,
-                    "{label} {what}: the bounds accept a doubled result"
+                    !ours.check(&wrong).passed,
+                    "{label} {what}: the bounds accept a wrong result"
                 );
             }
             self.cases += 1;

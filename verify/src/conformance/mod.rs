@@ -293,8 +293,8 @@ impl Tolerance {
     /// element formed as a difference of larger terms can be off by more), so a check
     /// against the f64 reference uses that reference's per-element bounds instead
     /// ([`Expected::check`]). What still uses it compares against another library's f32
-    /// output with no reference of ours mapped to it: the Liger-Kernel fixture's GRPO
-    /// cases, and the special-value fixture's finite entries.
+    /// output with no reference of ours mapped to it: the special-value fixture's finite
+    /// entries, and a preference metric the reference leaves out.
     pub fn for_dtype(dtype: DType) -> Self {
         let (store, flush) = match dtype {
             DType::BF16 | DType::F16 => (unit_roundoff(dtype), bounds::min_normal(dtype)),
