@@ -382,16 +382,86 @@ fn run_grpo<B: FusedOps>(case: &Case, device: &B::Device) -> Vec<(String, Vec<f6
     got
 }
 
+/// A float input of a case as f64 values.
+fn f64s(case: &Case, name: &str) -> Vec<f64> {
+    case.inputs[name]
+        .data
+        .iter()
+        .map(|&v| f64::from(v))
+        .collect()
+}
+
+/// The policy head of a post-training case (`x: [S, T, H]`, `weight: [V, H]`, an optional
+/// bias) and its reference model (`options.reference`: a frozen head, given per-token
+/// log-probabilities, or none) as f64 values.
+struct Head {
+    x: Vec<f64>,
+    w: Vec<f64>,
+    b: Option<Vec<f64>>,
+    /// `(S, T, H, V)`.
+    dims: (usize, usize, usize, usize),
+    kind: String,
+    ref_x: Vec<f64>,
+    ref_w: Vec<f64>,
+    ref_b: Option<Vec<f64>>,
+    given: Vec<f64>,
+}
+
+impl Head {
+    fn new(case: &Case) -> Self {
+        let f = |name: &str| f64s(case, name);
+        let [s, t, h] = case.inputs["x"].shape[..] else {
+            panic!("{} {}: x is [S, T, H]", case.op, case.case)
+        };
+        let kind = case.options.get("reference").and_then(|r| r.as_str());
+        let kind = kind.unwrap_or("none").to_string();
+        let model = kind == "model";
+        Head {
+            x: f("x"),
+            w: f("weight"),
+            b: case.inputs.contains_key("bias").then(|| f("bias")),
+            dims: (s, t, h, case.inputs["weight"].shape[0]),
+            ref_x: if model { f("ref_x") } else { vec![] },
+            ref_w: if model { f("ref_weight") } else { vec![] },
+            ref_b: model.then(|| f("ref_bias")),
+            given: if kind == "given" {
+                f("ref_logps")
+            } else {
+                vec![]
+            },
+            kind,
+        }
+    }
+
+    fn reference(&self) -> RefInputs<'_> {
+        match self.kind.as_str() {
+            "model" => RefInputs::Model {
+                x: &self.ref_x,
+                w: &self.ref_w,
+                b: self.ref_b.as_deref(),
+                hidden: self.ref_x.len() / (self.dims.0 * self.dims.1),
+            },
+            "given" => RefInputs::LogProbs(&self.given),
+            _ => RefInputs::None,
+        }
+    }
+
+    fn linear<'a>(&'a self, targets: &'a [i64]) -> LinearInputs<'a> {
+        LinearInputs {
+            x: &self.x,
+            w: &self.w,
+            b: self.b.as_deref(),
+            targets,
+            class_weight: None,
+            g: &[],
+        }
+    }
+}
+
 /// The f64 reference of a case with its f32 bounds, for our evaluation and for
 /// Liger-Kernel's (which takes the whole batch in one chunk).
 fn references(case: &Case) -> [Vec<Expected>; 2] {
-    let f = |name: &str| -> Vec<f64> {
-        case.inputs[name]
-            .data
-            .iter()
-            .map(|&v| f64::from(v))
-            .collect()
-    };
+    let f = |name: &str| f64s(case, name);
     let g = f64::from(case.grad_output);
     match case.op.as_str() {
         "divergence" => {
@@ -451,34 +521,14 @@ fn references(case: &Case) -> [Vec<Expected>; 2] {
             [with_chunk(chunk_rows(n, h, vt)), with_chunk(n)]
         }
         "fused_linear_preference" => {
-            let (x, w) = (f("x"), f("weight"));
-            let b = case.inputs.contains_key("bias").then(|| f("bias"));
-            let [s, t, h] = case.inputs["x"].shape[..] else {
-                panic!("x: [2B, T, H]")
-            };
-            let v = case.inputs["weight"].shape[0];
-            let model = case.options.get("reference").and_then(|r| r.as_str()) == Some("model");
-            let (rx, rw, rb) = if model {
-                (f("ref_x"), f("ref_weight"), Some(f("ref_bias")))
-            } else {
-                (vec![], vec![], None)
-            };
-            let reference = if model {
-                RefInputs::Model {
-                    x: &rx,
-                    w: &rw,
-                    b: rb.as_deref(),
-                    hidden: case.inputs["ref_x"].shape[2],
-                }
-            } else {
-                RefInputs::None
-            };
+            let head = Head::new(case);
+            let (s, t, h, v) = head.dims;
             let inputs = PreferenceInputs {
-                x: &x,
-                w: &w,
-                b: b.as_deref(),
+                x: &head.x,
+                w: &head.w,
+                b: head.b.as_deref(),
                 targets: &case.int_inputs["targets"].data,
-                reference,
+                reference: head.reference(),
                 g,
             };
             let options = preference_options(&case.options);
@@ -495,38 +545,11 @@ fn references(case: &Case) -> [Vec<Expected>; 2] {
             [with_chunk(chunk_pairs(pairs, t, h, v)), with_chunk(pairs)]
         }
         "fused_linear_kto" => {
-            let (x, w) = (f("x"), f("weight"));
-            let b = case.inputs.contains_key("bias").then(|| f("bias"));
-            let [seqs, t, h] = case.inputs["x"].shape[..] else {
-                panic!("x: [B, T, H]")
-            };
-            let v = case.inputs["weight"].shape[0];
-            let model = case.options.get("reference").and_then(|r| r.as_str()) == Some("model");
-            let (rx, rw, rb) = if model {
-                (f("ref_x"), f("ref_weight"), Some(f("ref_bias")))
-            } else {
-                (vec![], vec![], None)
-            };
-            let reference = if model {
-                RefInputs::Model {
-                    x: &rx,
-                    w: &rw,
-                    b: rb.as_deref(),
-                    hidden: case.inputs["ref_x"].shape[2],
-                }
-            } else {
-                RefInputs::None
-            };
+            let head = Head::new(case);
+            let (seqs, t, h, v) = head.dims;
             let inputs = RlInputs {
-                head: LinearInputs {
-                    x: &x,
-                    w: &w,
-                    b: b.as_deref(),
-                    targets: &case.int_inputs["targets"].data,
-                    class_weight: None,
-                    g: &[],
-                },
-                reference,
+                head: head.linear(&case.int_inputs["targets"].data),
+                reference: head.reference(),
                 g,
             };
             let labels = &case.int_inputs["labels"].data;
@@ -550,12 +573,8 @@ fn references(case: &Case) -> [Vec<Expected>; 2] {
             [with_chunk(chunk_sequences(seqs, t, h, v)), with_chunk(seqs)]
         }
         "fused_linear_grpo" => {
-            let (x, w) = (f("x"), f("weight"));
-            let b = case.inputs.contains_key("bias").then(|| f("bias"));
-            let [seqs, t, h] = case.inputs["x"].shape[..] else {
-                panic!("x: [B, T, H]")
-            };
-            let v = case.inputs["weight"].shape[0];
+            let head = Head::new(case);
+            let (seqs, t, h, v) = head.dims;
             // The reference reads the completion ids with -100 outside the mask.
             let ids = &case.int_inputs["completion_ids"].data;
             let mask = &case.int_inputs["completion_mask"].data;
@@ -564,32 +583,9 @@ fn references(case: &Case) -> [Vec<Expected>; 2] {
                 .zip(mask)
                 .map(|(&id, &m)| if m != 0 { id } else { -100 })
                 .collect();
-            let kind = case.options["reference"].as_str().unwrap();
-            let (rx, rw, rb, given) = match kind {
-                "model" => (f("ref_x"), f("ref_weight"), Some(f("ref_bias")), vec![]),
-                "given" => (vec![], vec![], None, f("ref_logps")),
-                _ => (vec![], vec![], None, vec![]),
-            };
-            let reference = match kind {
-                "model" => RefInputs::Model {
-                    x: &rx,
-                    w: &rw,
-                    b: rb.as_deref(),
-                    hidden: case.inputs["ref_x"].shape[2],
-                },
-                "given" => RefInputs::LogProbs(&given),
-                _ => RefInputs::None,
-            };
             let inputs = RlInputs {
-                head: LinearInputs {
-                    x: &x,
-                    w: &w,
-                    b: b.as_deref(),
-                    targets: &targets,
-                    class_weight: None,
-                    g: &[],
-                },
-                reference,
+                head: head.linear(&targets),
+                reference: head.reference(),
                 g,
             };
             let old = case
