@@ -11,7 +11,7 @@ use liger_burn::ops::compose;
 use liger_burn::ops::{DistillOptions, DistillRows, Divergence, FusedOps};
 use liger_cubecl_kernels::counters::{self, Kernel};
 use liger_tests::BackendVisitor;
-use liger_tests::tensors::{floats, ints, values};
+use liger_tests::tensors::{assert_rejects_wrong, floats, ints, values};
 use liger_verify::conformance::fused_linear_distill::rows_expected;
 use liger_verify::conformance::{Comparison, Expected, Rng, poison};
 
@@ -126,9 +126,11 @@ impl BackendVisitor for KernelAndComposition {
                             c.tensor, c.max_abs, c.max_used
                         );
                     }
-                    // The same bounds reject wrong outputs.
-                    rejects_wrong_outputs(actual, &expected, v, what);
                 };
+                // The same bounds reject wrong outputs.
+                for e in &expected {
+                    assert_rejects_wrong(e, &what("reference"));
+                }
                 poison::<B>(&[ROWS, ROWS * v], dtype, device);
                 let composed = read(compose::distill_rows::forward::<B>(
                     prim(&student),
@@ -175,60 +177,6 @@ impl BackendVisitor for KernelAndComposition {
             }
         }
         eprintln!("{label}: distill_rows kernel and composition match the f64 reference");
-    }
-}
-
-/// Zeros, doubled values, a dropped row and a transposed gradient fail the comparison.
-fn rejects_wrong_outputs(good: &Rows, expected: &[Expected], vocab: usize, what: &str) {
-    let doubled = |v: &[f64]| v.iter().map(|x| 2.0 * x).collect::<Vec<_>>();
-    let zeros = |v: &[f64]| vec![0.0; v.len()];
-    let dropped_row = |v: &[f64], width: usize| {
-        let mut out = v.to_vec();
-        out[width..2 * width].iter_mut().for_each(|x| *x = 0.0);
-        out
-    };
-    let transposed = |v: &[f64]| {
-        let mut out = vec![0.0; v.len()];
-        for i in 0..ROWS {
-            for c in 0..vocab {
-                let flat = i * vocab + c;
-                out[(flat % ROWS) * vocab + flat / ROWS] = v[flat];
-            }
-        }
-        out
-    };
-    let with = |soft: Vec<f64>, hard: Vec<f64>, grad: Vec<f64>| Rows { soft, hard, grad };
-    let wrongs: Vec<(&str, Rows)> = vec![
-        (
-            "soft doubled",
-            with(doubled(&good.soft), good.hard.clone(), good.grad.clone()),
-        ),
-        (
-            "hard zeros",
-            with(good.soft.clone(), zeros(&good.hard), good.grad.clone()),
-        ),
-        (
-            "grad doubled",
-            with(good.soft.clone(), good.hard.clone(), doubled(&good.grad)),
-        ),
-        (
-            "grad row dropped",
-            with(
-                good.soft.clone(),
-                good.hard.clone(),
-                dropped_row(&good.grad, vocab),
-            ),
-        ),
-        (
-            "grad transposed",
-            with(good.soft.clone(), good.hard.clone(), transposed(&good.grad)),
-        ),
-    ];
-    for (name, wrong) in wrongs {
-        assert!(
-            comparisons(&wrong, expected).iter().any(|c| !c.passed),
-            "{what}: the comparison accepted a wrong output ({name})"
-        );
     }
 }
 

@@ -18,7 +18,7 @@ use liger_burn::ops::{
     GrpoLossType, GrpoOptions, KtoOptions, PreferenceLoss, PreferenceOptions,
 };
 use liger_tests::BackendVisitor;
-use liger_tests::tensors::{check, values};
+use liger_tests::tensors::{assert_rejects_wrong, check, named, values};
 use liger_verify::conformance::bounds::{U32, accumulation};
 use liger_verify::conformance::fused_linear_distill::{self, DistillInputs};
 use liger_verify::conformance::fused_linear_preference::{self, PreferenceInputs, RefInputs};
@@ -622,10 +622,7 @@ fn side_sums(expected: &[Expected], labels: &[i64]) -> Vec<Expected> {
         ("logits_sum", ["chosen_logits_sum", "rejected_logits_sum"]),
         ("rewards", ["chosen_rewards_sum", "rejected_rewards_sum"]),
     ] {
-        let e = expected
-            .iter()
-            .find(|e| e.tensor == metric)
-            .unwrap_or_else(|| panic!("the KTO reference has no {metric}"));
+        let e = named(expected, metric);
         for (name, desirable) in names.into_iter().zip([1, 0]) {
             let picked: Vec<usize> = (0..labels.len())
                 .filter(|&q| labels[q] == desirable)
@@ -686,9 +683,10 @@ impl BackendVisitor for Fixtures {
                     continue;
                 }
                 let tensor = name.replace(' ', "_");
-                let find = |r: &[Expected]| r.iter().find(|e| e.tensor == tensor).cloned();
-                let [ours, theirs] = &references;
-                let (Some(ours), Some(theirs)) = (find(ours), find(theirs)) else {
+                let [ours, theirs] = references
+                    .each_ref()
+                    .map(|r| r.iter().find(|e| e.tensor == tensor));
+                let (Some(ours), Some(theirs)) = (ours, theirs) else {
                     // A metric the reference does not compute (a preference loss's
                     // `nll_loss` when the NLL term is off).
                     check(label, &what, compare("value", actual, &liger, tol));
@@ -697,24 +695,12 @@ impl BackendVisitor for Fixtures {
                 // Ours within its bound of the f64 value; Liger-Kernel's, another f32
                 // evaluation of the definition, within the sum of both bounds of ours.
                 check(label, &what, ours.check(actual));
-                let both = ours.bounds.iter().zip(&theirs.bounds).map(|(a, b)| a + b);
-                let against = Expected::new(ours.tensor, liger, both.collect(), ours.rows);
                 check(
                     label,
                     &format!("{what} (against Liger-Kernel)"),
-                    against.check(actual),
+                    ours.against(liger, &theirs.bounds).check(actual),
                 );
-                // A wrong result: doubled, or off by one where the value is 0 (a clip ratio
-                // with nothing clipped).
-                let zero = ours.values.iter().all(|v| *v == 0.0);
-                let wrong: Vec<f64> = actual
-                    .iter()
-                    .map(|v| if zero { v + 1.0 } else { 2.0 * v })
-                    .collect();
-                assert!(
-                    !ours.check(&wrong).passed,
-                    "{label} {what}: the bounds accept a wrong result"
-                );
+                assert_rejects_wrong(ours, &format!("{label} {what}"));
             }
             self.cases += 1;
         }

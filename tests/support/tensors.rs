@@ -2,7 +2,8 @@
 //! (cross entropy, fused linear cross entropy).
 
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
-use liger_verify::conformance::Comparison;
+pub use liger_verify::conformance::bounds::named;
+use liger_verify::conformance::{Comparison, Expected};
 
 /// The values of `t` as f64 (through f32, exact for every dtype the suites use).
 pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
@@ -40,6 +41,18 @@ pub fn check(label: &str, case: &str, c: Comparison) {
         c.passed,
         "{label} {case} {}: max abs {:.3e}, max rel {:.3e}",
         c.tensor, c.max_abs, c.max_rel
+    );
+}
+
+/// Asserts that `expected`'s bounds reject every typical wrong result (zeros, doubled,
+/// rows dropped, transposed, shifted: `liger_verify::conformance::bounds::WRONG_RESULTS`),
+/// so the comparison under them can fail.
+pub fn assert_rejects_wrong(expected: &Expected, what: &str) {
+    let accepted = expected.accepted_wrong_results();
+    assert!(
+        accepted.is_empty(),
+        "{what} {}: the bounds accept wrong results: {accepted:?}",
+        expected.tensor
     );
 }
 

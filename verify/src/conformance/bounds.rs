@@ -218,7 +218,119 @@ impl Expected {
     pub fn check(&self, actual: &[f64]) -> super::Comparison {
         check(self.tensor, actual, &self.values, &self.bounds)
     }
+
+    /// For comparing one evaluation with another's result `other`, each within its own
+    /// bound of these values (`other_bounds` the other's): the other's values, with the
+    /// sum of both bounds.
+    pub fn against(&self, other: Vec<f64>, other_bounds: &[f64]) -> Expected {
+        let bounds = self.bounds.iter().zip(other_bounds).map(|(a, b)| a + b);
+        Expected::new(self.tensor, other, bounds.collect(), self.rows)
+    }
+
+    /// The wrong result `kind` (one of [`WRONG_RESULTS`]) built from these values, or `None`
+    /// where it is not defined for this tensor (permuting a scalar) or leaves its values as
+    /// they are. `without_last_rows`: the reference computed without the input's last
+    /// rows, where the caller has it (else those rows' values are zeroed, where any of them
+    /// is farther from 0 than its bound).
+    pub fn wrong_result(
+        &self,
+        kind: &str,
+        without_last_rows: Option<&Expected>,
+    ) -> Option<Vec<f64>> {
+        let len = self.values.len();
+        let rows = self.rows.max(1);
+        let cols = len / rows;
+        let wrong = match kind {
+            "zeros" => Some(vec![0.0; len]),
+            "doubled" => Some(self.values.iter().map(|v| 2.0 * v).collect()),
+            "last rows dropped" => match without_last_rows {
+                Some(w) if w.values != self.values => Some(w.values.clone()),
+                _ if rows > 1 => {
+                    // Rows whose every value is within its bound of 0 (a masked token's
+                    // gradient) hold nothing to drop, like rows whose targets are ignored.
+                    let keep = rows - (rows / 10).max(1);
+                    let dropped = keep * cols..len;
+                    let held = self.values[dropped.clone()]
+                        .iter()
+                        .zip(&self.bounds[dropped.clone()])
+                        .any(|(v, b)| v.abs() > *b);
+                    held.then(|| {
+                        let mut v = self.values.clone();
+                        v[dropped].iter_mut().for_each(|x| *x = 0.0);
+                        v
+                    })
+                }
+                _ => None,
+            },
+            "transposed" => {
+                if len < 2 {
+                    None
+                } else if rows > 1 && cols > 1 {
+                    Some(
+                        (0..len)
+                            .map(|k| self.values[(k % rows) * cols + k / rows])
+                            .collect(),
+                    )
+                } else {
+                    Some(self.values.iter().rev().copied().collect())
+                }
+            }
+            "shifted" => {
+                if len < 2 {
+                    None
+                } else {
+                    let step = if rows > 1 { cols } else { 1 };
+                    Some(
+                        (0..len)
+                            .map(|k| self.values[(k + len - step) % len])
+                            .collect(),
+                    )
+                }
+            }
+            "ones for zeros" => self
+                .values
+                .iter()
+                .all(|v| *v == 0.0)
+                .then(|| vec![1.0; len]),
+            other => unreachable!("{other} is not a wrong result"),
+        };
+        wrong.filter(|w| *w != self.values)
+    }
+
+    /// The wrong results ([`WRONG_RESULTS`]) these bounds accept: empty when the
+    /// comparison rejects every one.
+    pub fn accepted_wrong_results(&self) -> Vec<&'static str> {
+        WRONG_RESULTS
+            .into_iter()
+            .filter(|kind| {
+                self.wrong_result(kind, None)
+                    .is_some_and(|wrong| self.check(&wrong).passed)
+            })
+            .collect()
+    }
 }
+
+/// The tensor `name` among a reference's outputs.
+pub fn named<'a>(expected: &'a [Expected], name: &str) -> &'a Expected {
+    expected
+        .iter()
+        .find(|e| e.tensor == name)
+        .unwrap_or_else(|| panic!("the reference has no {name}"))
+}
+
+/// The typical bugs a comparison must reject: all zeros; twice the values; the last tenth
+/// of the input's rows missing (zero rows of a per-row tensor, reductions over rows
+/// without them); the tensor transposed (its `[rows, cols]` buffer read as
+/// `[cols, rows]`; a vector reversed); shifted by one row (one element for a vector);
+/// ones where every value is 0 (nothing else differs from an all-zero tensor).
+pub const WRONG_RESULTS: [&str; 6] = [
+    "zeros",
+    "doubled",
+    "last rows dropped",
+    "transposed",
+    "shifted",
+    "ones for zeros",
+];
 
 /// Compares `actual` with `expected` elementwise: passes when the lengths match and every
 /// element is finite and within its bound.

@@ -796,7 +796,7 @@ mod tests {
     /// The stock composition's logits gradient for label smoothing and class weights
     /// under a mean (`compose::cross_entropy`, then the backward's `r/s` rescaling),
     /// emulated operation by operation in f32 with sequential sums, is within the bound
-    /// of [`expected`] at every element, over many draws: the bound counts every
+    /// of [`expected_with_options`] at every element, over many draws: the bound counts every
     /// operation the implementations make.
     #[test]
     fn bound_covers_an_f32_emulation_of_the_stock_composition() {
@@ -852,10 +852,7 @@ mod tests {
                 &g,
                 rows,
             );
-            let e = expected
-                .iter()
-                .find(|e| e.tensor == "grad_logits")
-                .expect("logits gradient");
+            let e = crate::conformance::bounds::named(&expected, "grad_logits");
             for (k, &actual) in grad.iter().enumerate() {
                 let used = (actual - e.values[k]).abs() / e.bounds[k].max(f64::MIN_POSITIVE);
                 assert!(

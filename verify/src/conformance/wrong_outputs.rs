@@ -3,11 +3,8 @@
 //! typical bug are rejected, tensor by tensor, and the reference rounded to the dtype (a
 //! correct result) is accepted.
 //!
-//! The wrong results: all zeros; twice the values; the last tenth of the input's rows
-//! missing (zero rows of a per-row tensor, reductions over rows without them); the
-//! tensor transposed (its `[rows, cols]` buffer read as `[cols, rows]`; a vector
-//! reversed); shifted by one row (one element for a vector). A mutation that is not
-//! defined for a tensor (permuting a scalar) or that leaves its values exactly as they
+//! The wrong results are [`WRONG_RESULTS`] ([`Expected::wrong_result`]). A mutation that is
+//! not defined for a tensor (permuting a scalar) or that leaves its values exactly as they
 //! are (dropping rows whose targets are all ignored) is not a wrong result and is skipped.
 //!
 //! One kind of tensor cannot be checked at all, and is counted apart: one whose every
@@ -15,64 +12,11 @@
 //! 70000 rows, about `p/70000`). A device may flush such values to zero, so zeros (or any
 //! value as small) are a correct result there. Only f16 has such tensors.
 
-use super::bounds::{Expected, min_normal, round_to};
+use super::bounds::{Expected, WRONG_RESULTS, min_normal, round_to};
 use super::{HostCase, Op, Rng, host_case, shapes};
 use burn::tensor::DType;
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
-
-/// The mutated values of `e`, or `None` where the mutation is not defined for it.
-fn mutate(kind: &str, e: &Expected, without_last_rows: &Expected) -> Option<Vec<f64>> {
-    let len = e.values.len();
-    let rows = e.rows.max(1);
-    let cols = len / rows;
-    match kind {
-        "zeros" => Some(vec![0.0; len]),
-        "doubled" => Some(e.values.iter().map(|v| 2.0 * v).collect()),
-        "last rows dropped" => {
-            if without_last_rows.values != e.values {
-                Some(without_last_rows.values.clone())
-            } else if rows > 1 {
-                let keep = rows - (rows / 10).max(1);
-                let mut v = e.values.clone();
-                v[keep * cols..].iter_mut().for_each(|x| *x = 0.0);
-                Some(v)
-            } else {
-                None
-            }
-        }
-        "transposed" => {
-            if len < 2 {
-                None
-            } else if rows > 1 && cols > 1 {
-                Some(
-                    (0..len)
-                        .map(|k| e.values[(k % rows) * cols + k / rows])
-                        .collect(),
-                )
-            } else {
-                Some(e.values.iter().rev().copied().collect())
-            }
-        }
-        "shifted" => {
-            if len < 2 {
-                None
-            } else {
-                let step = if rows > 1 { cols } else { 1 };
-                Some((0..len).map(|k| e.values[(k + len - step) % len]).collect())
-            }
-        }
-        other => unreachable!("{other}"),
-    }
-}
-
-const MUTATIONS: [&str; 5] = [
-    "zeros",
-    "doubled",
-    "last rows dropped",
-    "transposed",
-    "shifted",
-];
 
 /// The widest and the tallest shape of `op`'s full sweep.
 fn extreme_shapes(op: Op) -> Vec<(usize, usize)> {
@@ -140,13 +84,10 @@ fn check_case(op: Op, (rows, width): (usize, usize), dtype: DType, seed: u64) ->
             out.below_normal.push(format!("{at} {}", e.tensor));
             continue;
         }
-        for kind in MUTATIONS {
-            let Some(wrong) = mutate(kind, e, w) else {
+        for kind in WRONG_RESULTS {
+            let Some(wrong) = e.wrong_result(kind, Some(w)) else {
                 continue;
             };
-            if wrong == e.values {
-                continue;
-            }
             let c = e.check(&wrong);
             if c.passed {
                 out.problems.push(format!(
