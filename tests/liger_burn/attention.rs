@@ -597,7 +597,7 @@ mod flash_kernel {
         .map_err(|e| e.to_string())?;
         let (q_values, k_values, v_values) = (read(&q), read(&k), read(&v));
         let expected = reference(p, &q_values, &k_values, &v_values, &read(&g));
-        let tol = row_tolerance(dtype);
+        let tol = row_tolerance(dtype, &p);
         let bounds = |which| expected.row_bounds(which, d, tol, dtype, DType::F32);
         let out_values = read(&out);
         compare_rows("output", &out_values, &expected.out, &bounds(0)).map_err(|e| {
@@ -644,7 +644,7 @@ mod flash_kernel {
             ("no document mask", row_of(without)),
         ];
         let expected = row_of(ids.to_vec());
-        let tol = row_tolerance(dtype) * 4.0;
+        let tol = row_tolerance(dtype, &p) * 4.0;
         let close = |a: &[f64], e: &[f64]| {
             let err = a
                 .iter()
@@ -1337,7 +1337,7 @@ mod paths {
                             let (ours, [q, k, v, g]) =
                                 run::<B>(&p, dtype, kernel, &mut self.0, device);
                             let expected = reference(&p, &q, &k, &v, &g);
-                            let tol = row_tolerance(dtype);
+                            let tol = row_tolerance(dtype, &p);
                             // Blockwise (and `Auto` where it picks blockwise): scores in the
                             // input dtype, as eager attention.
                             let scores = if kernel == AttentionKernel::Flash {
@@ -1448,7 +1448,7 @@ mod given_mask {
                             .enumerate()
                         {
                             let bounds =
-                                expected.row_bounds(i, d, row_tolerance(dtype), dtype, dtype);
+                                expected.row_bounds(i, d, row_tolerance(dtype, &p), dtype, dtype);
                             compare_rows(name, &ours[i], want[i], &bounds).unwrap_or_else(|e| {
                                 panic!("{label} {dtype:?} block {block:?}: {e} (seed {seed})")
                             });
@@ -1463,7 +1463,7 @@ mod given_mask {
                     for r in &results[1..] {
                         for i in 0..4 {
                             let bounds =
-                                expected.row_bounds(i, d, row_tolerance(dtype), dtype, dtype);
+                                expected.row_bounds(i, d, row_tolerance(dtype, &p), dtype, dtype);
                             compare_rows("block vs one block", &r[i], &results[0][i], &bounds)
                                 .unwrap_or_else(|e| panic!("{label} {dtype:?}: {e} (seed {seed})"));
                         }
@@ -1538,7 +1538,7 @@ fn the_attention_comparison_rejects_wrong_results() {
         let r = reference(&p, &q, &k, &v, &g);
         let d = p.head_dim;
         for dtype in [burn::tensor::DType::F32, burn::tensor::DType::BF16] {
-            let tol = row_tolerance(dtype);
+            let tol = row_tolerance(dtype, &p);
             let bounds = |i| r.row_bounds(i, d, tol, dtype, burn::tensor::DType::F32);
             let tensors = [&r.out, &r.grad_q, &r.grad_k, &r.grad_v];
             for (i, t) in tensors.iter().enumerate() {
@@ -1673,7 +1673,7 @@ mod module_op {
                     .into_iter()
                     .enumerate()
                 {
-                    let bounds = r.row_bounds(i, d, row_tolerance(dtype), dtype, dtype);
+                    let bounds = r.row_bounds(i, d, row_tolerance(dtype, &p), dtype, dtype);
                     compare_rows(name, &ours[i], want[i], &bounds).unwrap_or_else(|e| {
                         panic!("{label} {dtype:?} causal {causal}: {e} (seed {seed})")
                     });
@@ -1698,7 +1698,7 @@ mod module_op {
                 let bounds = r.row_bounds(
                     0,
                     d,
-                    4.0 * row_tolerance(stock_rounding),
+                    4.0 * row_tolerance(stock_rounding, &p),
                     stock_rounding,
                     stock_rounding,
                 );
