@@ -458,3 +458,113 @@ fn wrong_data_or_missing_models_are_refused() {
     .to_string();
     assert!(e.contains("bad.jsonl") && e.contains("label"), "{e}");
 }
+
+/// LoRA (every projection, `all-linear`) with every post-training method: only the
+/// adapters train (the checkpoint holds PEFT's adapter files and no model weights; every
+/// `lora_B` starts at zero and ends non-zero), the base stays bit for bit as it was, and
+/// every loss is finite. DPO's and KTO's reference is the policy before its first step,
+/// adapters included (with `B` at zero: the base's function); distillation's teacher
+/// another random model. An adapter on the LM head, which the fused post-training losses
+/// would not train, is refused before any work with an error that says what to do.
+#[test]
+fn every_method_trains_lora_adapters_only() {
+    use liger_models::lora::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE};
+    use liger_models::{LoraConfig, LoraTarget};
+    let tok = bundled::tokenizer();
+    let device = Default::default();
+    let seed = 13;
+    let lora = LoraConfig {
+        targets: LoraTarget::ALL_LINEAR.to_vec(),
+        ..LoraConfig::new(4, 8.0)
+    };
+    let cases = [
+        (
+            MethodConfig::Preference(PreferenceOptions::dpo()),
+            DataKind::Pairs,
+        ),
+        (
+            MethodConfig::Preference(PreferenceOptions::orpo()),
+            DataKind::Pairs,
+        ),
+        (MethodConfig::Kto(KtoOptions::default()), DataKind::Labelled),
+        (
+            MethodConfig::Distill(DistillOptions::default()),
+            DataKind::Sft,
+        ),
+    ];
+    for (method, kind) in cases {
+        let name = method.name();
+        let data = dataset(&tok, kind, 40);
+        let dir = TempDir::new("lora-method");
+        let base_tensors = model(&tok, seed).hf_tensors();
+        let policy = trainer::attach_lora(model(&tok, seed), &lora, seed, &device).unwrap();
+        let frozen = match method {
+            MethodConfig::Distill(_) => Some(model(&tok, 99).valid()),
+            m if m.needs_frozen() => Some(policy.valid()),
+            _ => None,
+        };
+        let mut config = TrainConfig {
+            seed,
+            ..config(method, 4, 3e-3, 0)
+        };
+        let with_head = LoraConfig {
+            targets: LoraTarget::ALL.to_vec(),
+            ..lora.clone()
+        };
+        config.lora = Some(with_head);
+        let refused = config.validate().err().map(|e| e.to_string());
+        assert!(
+            refused
+                .as_deref()
+                .is_some_and(|m| m.contains(name) && m.contains("drop lm_head")),
+            "{name}: an lm_head adapter must be refused: {refused:?}"
+        );
+        config.lora = Some(lora.clone());
+        let s = train(policy, frozen, &data, &tok, config, &dir.0, None)
+            .unwrap_or_else(|e| panic!("{name} with LoRA: {e}"));
+        assert_eq!(s.steps, 4, "{name}");
+        assert!(
+            s.history.iter().all(|m| m.loss.is_finite()),
+            "{name}: a loss is not finite: {:?}",
+            s.history.iter().map(|m| m.loss).collect::<Vec<_>>()
+        );
+        let at = &s.checkpoint;
+        assert!(at.join(ADAPTER_CONFIG_FILE).is_file(), "{name}");
+        assert!(
+            !at.join("model.safetensors").exists(),
+            "{name}: a LoRA checkpoint holds no model weights"
+        );
+        let bytes = std::fs::read(at.join(ADAPTER_WEIGHTS_FILE)).unwrap();
+        let adapters = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let b_tensors: Vec<_> = adapters
+            .tensors()
+            .into_iter()
+            .filter(|(n, _)| n.contains("lora_B"))
+            .collect();
+        assert_eq!(
+            b_tensors.len(),
+            7 * 2,
+            "{name}: one B per projection and layer"
+        );
+        for (n, view) in &b_tensors {
+            assert!(
+                view.data().iter().any(|&b| b != 0),
+                "{name}: adapter {n} did not train"
+            );
+        }
+        let trained =
+            checkpoint::load_lora::<B, trainer::ParamRecord<B>>(at, model(&tok, seed), &device)
+                .unwrap()
+                .model;
+        let trained_tensors = trained.hf_tensors();
+        assert_eq!(trained_tensors.len(), base_tensors.len(), "{name}");
+        for ((n, x), (m, y)) in base_tensors.iter().zip(&trained_tensors) {
+            assert_eq!(n, m, "{name}");
+            assert_eq!(
+                x.as_bytes(),
+                y.as_bytes(),
+                "{name}: base tensor {n} changed"
+            );
+        }
+    }
+}
