@@ -96,14 +96,18 @@ for step in $steps; do
     cuda-tests)
       # The liger_burn suite on CUDA (matmul through cuBLASLt, AdamW, attention, every op on
       # both reduction paths): TESTS filters (default: all of it).
-      # TESTS_SHARDS > 1 splits the listed tests round-robin over that many processes run at
-      # once (each with TESTS_THREADS threads), so the whole suite fits one device call.
-      shards=${TESTS_SHARDS:-1}
+      # TESTS_SHARDS (default 8) splits the listed tests round-robin over that many
+      # processes run at once (each with TESTS_THREADS threads, default 2), so the whole
+      # suite fits one device call. Processes, not threads, set how many kernels compile at
+      # once: CubeCL compiles a process's kernels on its one device thread, and the flash
+      # attention tests are compile-bound (as 4 processes of 3 threads, the process holding
+      # three of them ran past 400 s at 0% GPU utilization while the others finished in 300 s).
+      shards=${TESTS_SHARDS:-8}
       LIGER_TEST_DEVICE=cuda $TEST_BIN ${TESTS:-} --list 2>/dev/null | sed -n 's/: test$//p' >"$OUT/tests.list"
       for k in $(seq 0 $((shards - 1))); do
         awk -v n="$shards" -v k="$k" 'NR % n == k' "$OUT/tests.list" >"$OUT/tests.$k"
         LIGER_TEST_DEVICE=cuda timeout "${TESTS_TIMEOUT:-400}" $TEST_BIN --exact $(cat "$OUT/tests.$k") \
-          --test-threads "${TESTS_THREADS:-4}" >"$OUT/cuda_tests.$k.log" 2>&1 &
+          --test-threads "${TESTS_THREADS:-2}" >"$OUT/cuda_tests.$k.log" 2>&1 &
       done
       wait || status=1
       for k in $(seq 0 $((shards - 1))); do cat "$OUT/cuda_tests.$k.log"; rm -f "$OUT/tests.$k" "$OUT/cuda_tests.$k.log"; done >"$OUT/cuda_tests.log"
