@@ -39,7 +39,7 @@ fn geglu_dtype_validation() {
 liger_tests::glu_mlp_tests!(
     GeGluMlp,
     GeGluMlpConfig,
-    burn::tensor::activation::gelu_approximate,
+    liger_tests::glu::MlpActivation::GeluTanh,
     geglu_mlp_loads_stock_record_and_matches,
     geglu_mlp_defaults_and_any_rank
 );

@@ -39,7 +39,7 @@ fn swiglu_dtype_validation() {
 liger_tests::glu_mlp_tests!(
     SwiGluMlp,
     SwiGluMlpConfig,
-    burn::tensor::activation::silu,
+    liger_tests::glu::MlpActivation::Silu,
     swiglu_mlp_loads_stock_record_and_matches,
     swiglu_mlp_defaults_and_any_rank
 );

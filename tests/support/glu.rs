@@ -8,7 +8,7 @@ use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use liger_burn::functional;
 use liger_burn::ops::FusedOps;
 use liger_burn::test_hooks::override_launch_config;
-use liger_verify::conformance::{Expected, Op, Rng, run_case};
+use liger_verify::conformance::{Expected, Op, Rng, bounds, run_case};
 
 /// `op`'s conformance at a few shapes with the elementwise launches limited to one cube
 /// (which then grid-strides over every block of a launch) and split every 4096 vectors
@@ -231,13 +231,125 @@ pub fn check_dtype_validation(op: Op) {
     assert!(validate::elementwise(name, &[("x", &shape, DType::F64)], false).is_ok());
 }
 
+/// The activation of a gated MLP as liger-burn's f32 composition computes it
+/// (`ops::compose::glu`), for the MLP record tests' f64 reference ([`mlp_expected`]).
+#[derive(Clone, Copy, Debug)]
+pub enum MlpActivation {
+    /// `g·σ(g)`, `σ = 1/(1 + exp(−g))`.
+    Silu,
+    /// `g·(1 + tanh(√(2/π)(g + 0.044715·g³)))/2`.
+    GeluTanh,
+}
+
+impl MlpActivation {
+    /// `act(g)` at an exact `g`, and the bound of the f32 composition's error there.
+    /// SiLU: `exp` ([`bounds::exp_error`]), the sum, the reciprocal (2.5 ulp) and the
+    /// product. tanh-GELU: the argument's five roundings (and the two constants') scaled by
+    /// its terms' magnitude, passed through `tanh`'s slope `1 − t²` plus
+    /// [`bounds::tanh_error`], times `|g|/2`, then two roundings of the value.
+    pub fn value_and_error(self, g: f64) -> (f64, f64) {
+        use bounds::{U32, ULP32, exp_error, tanh_error};
+        match self {
+            MlpActivation::Silu => {
+                let value = g / (1.0 + (-g).exp());
+                let error = value.abs() * (exp_error(g) + 2.0 * U32 + 2.5 * ULP32);
+                (value, error)
+            }
+            MlpActivation::GeluTanh => {
+                let k = (2.0 / std::f64::consts::PI).sqrt();
+                let cubic = 0.044_715 * g * g * g;
+                let arg = k * (g + cubic);
+                let t = arg.tanh();
+                let value = g * (1.0 + t) / 2.0;
+                let arg_error = 7.0 * U32 * k * (g.abs() + cubic.abs());
+                let t_error = (1.0 - t * t) * arg_error + tanh_error(arg);
+                (value, g.abs() * t_error / 2.0 + 2.0 * U32 * value.abs())
+            }
+        }
+    }
+
+    /// The largest slope of the activation: SiLU's is 1.0998 (at g ≈ 2.40), tanh-GELU's
+    /// 1.1289 (at g ≈ 1.50).
+    pub fn max_slope(self) -> f64 {
+        match self {
+            MlpActivation::Silu => 1.1,
+            MlpActivation::GeluTanh => 1.13,
+        }
+    }
+}
+
+/// The gated MLP `down(act(gate(x)) * up(x))` in f64 from f32 inputs and Burn `Linear`
+/// weights (`[d_in, d_out]`, biases optional), with each output's bound for an f32
+/// evaluation: the projections' accumulation ([`bounds::accumulation`]) over their
+/// `d_in + 1` terms, the gate's error through the activation's slope, the activation's own
+/// error, the product's rounding, then the down projection of those errors plus its own
+/// accumulation. `x: [rows, d_model]`.
+#[allow(clippy::too_many_arguments)]
+pub fn mlp_expected(
+    x: &[f64],
+    (gate_w, gate_b): (&[f64], Option<&[f64]>),
+    (up_w, up_b): (&[f64], Option<&[f64]>),
+    (down_w, down_b): (&[f64], Option<&[f64]>),
+    activation: MlpActivation,
+    d_model: usize,
+    d_ff: usize,
+) -> Expected {
+    use bounds::{U32, accumulation};
+    let rows = x.len() / d_model;
+    // `x·W + b` and the bound of its f32 evaluation, for output `j` of a `[d_in, d_out]` layer.
+    let linear = |input: &[f64], w: &[f64], b: Option<&[f64]>, d_in: usize, d_out: usize| {
+        (0..d_out)
+            .map(|j| {
+                let bias = b.map_or(0.0, |b| b[j]);
+                let (sum, l1) = (0..d_in).fold((bias, bias.abs()), |(s, l), k| {
+                    let t = input[k] * w[k * d_out + j];
+                    (s + t, l + t.abs())
+                });
+                (sum, accumulation(d_in + 1, l1))
+            })
+            .collect::<Vec<_>>()
+    };
+    let (mut values, mut bounds) = (Vec::new(), Vec::new());
+    for r in 0..rows {
+        let xr = &x[r * d_model..(r + 1) * d_model];
+        let gate = linear(xr, gate_w, gate_b, d_model, d_ff);
+        let up = linear(xr, up_w, up_b, d_model, d_ff);
+        let (h, h_error): (Vec<f64>, Vec<f64>) = gate
+            .iter()
+            .zip(&up)
+            .map(|(&(g, g_err), &(u, u_err))| {
+                let (a, a_err) = activation.value_and_error(g);
+                let a_err = a_err + activation.max_slope() * g_err;
+                let h = a * u;
+                (
+                    h,
+                    a_err * (u.abs() + u_err) + a.abs() * u_err + U32 * h.abs(),
+                )
+            })
+            .unzip();
+        for (j, (y, y_err)) in linear(&h, down_w, down_b, d_ff, d_model)
+            .into_iter()
+            .enumerate()
+        {
+            let propagated: f64 = (0..d_ff)
+                .map(|k| down_w[k * d_model + j].abs() * h_error[k])
+                .sum();
+            values.push(y);
+            bounds.push(y_err + propagated);
+        }
+    }
+    Expected::new("output", values, bounds, rows)
+}
+
 /// The tests of a gated MLP module (`SwiGluMlp`, `GeGluMlp`): its record loads into and from
-/// the same MLP written with burn `Linear`s (Hugging Face field names) with the same
-/// forward (`down(act(gate(x)) * up(x))` with the stock activation `$act`), and its config
-/// defaults and any-rank forward. One definition for both modules, expanded per test file.
+/// the same MLP written with burn `Linear`s (Hugging Face field names), the weights arrive
+/// unchanged, and the forward is `down(act(gate(x)) * up(x))` with those weights
+/// (`$activation`, an [`MlpActivation`]) within the bound of its f32 evaluation
+/// ([`mlp_expected`]); and its config defaults and any-rank forward. One definition for
+/// both modules, expanded per test file.
 #[macro_export]
 macro_rules! glu_mlp_tests {
-    ($mlp:ident, $config:ident, $act:path, $record_test:ident, $defaults_test:ident) => {
+    ($mlp:ident, $config:ident, $activation:expr, $record_test:ident, $defaults_test:ident) => {
         use burn::module::Module as _;
         /// The same MLP written with burn `Linear`s only (the Hugging Face field names).
         #[derive(burn::module::Module, Debug)]
@@ -245,14 +357,6 @@ macro_rules! glu_mlp_tests {
             gate_proj: burn::nn::Linear<B>,
             up_proj: burn::nn::Linear<B>,
             down_proj: burn::nn::Linear<B>,
-        }
-
-        impl<B: burn::tensor::backend::Backend> StockMlp<B> {
-            fn forward(&self, x: burn::tensor::Tensor<B, 3>) -> burn::tensor::Tensor<B, 3> {
-                let gate = self.gate_proj.forward(x.clone());
-                let up = self.up_proj.forward(x);
-                self.down_proj.forward($act(gate) * up)
-            }
         }
 
         #[test]
@@ -300,18 +404,45 @@ macro_rules! glu_mlp_tests {
                     ),
                     &device,
                 );
-                assert_eq!(
-                    ours.gate_proj.weight.val().into_data(),
-                    stock.gate_proj.weight.val().into_data()
-                );
-                let a = ours.forward(x.clone()).into_data().to_vec::<f32>().unwrap();
-                let b = stock.forward(x).into_data().to_vec::<f32>().unwrap();
-                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-                    assert!(
-                        (x - y).abs() <= 1e-5 + 1e-4 * y.abs(),
-                        "bias {bias} [{i}]: liger {x} vs stock {y} (seed {seed})"
+                let f64s = |t: burn::tensor::Tensor<B, 1>| {
+                    t.into_data().iter::<f64>().collect::<Vec<f64>>()
+                };
+                let param = |l: &burn::nn::Linear<B>| {
+                    (
+                        f64s(l.weight.val().flatten(0, 1)),
+                        l.bias.as_ref().map(|b| f64s(b.val())),
+                    )
+                };
+                let layers = [
+                    (param(&ours.gate_proj), param(&stock.gate_proj)),
+                    (param(&ours.up_proj), param(&stock.up_proj)),
+                    (param(&ours.down_proj), param(&stock.down_proj)),
+                ];
+                for (i, (a, b)) in layers.iter().enumerate() {
+                    assert_eq!(
+                        a, b,
+                        "bias {bias}: projection {i} differs from the record's"
                     );
                 }
+                let layer = |i: usize| (&layers[i].0.0[..], layers[i].0.1.as_deref());
+                // Ours against the f64 MLP of the record's weights, within the bound of an
+                // f32 evaluation (`mlp_expected`).
+                let expected = $crate::glu::mlp_expected(
+                    &f64s(x.clone().flatten(0, 2)),
+                    layer(0),
+                    layer(1),
+                    layer(2),
+                    $activation,
+                    d_model,
+                    d_ff,
+                );
+                $crate::tensors::assert_rejects_wrong(&expected, &format!("bias {bias}"));
+                let c = expected.check(&f64s(ours.forward(x.clone()).flatten(0, 2)));
+                eprintln!("bias {bias}: largest error {:.2} of its bound", c.max_used);
+                assert!(
+                    c.passed,
+                    "bias {bias}: liger MLP vs its f64 reference: {c:?} (seed {seed})"
+                );
 
                 // And back: the stock struct loads the liger module's record.
                 let bytes =
