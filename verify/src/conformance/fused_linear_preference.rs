@@ -448,9 +448,8 @@ pub fn expected(
         scalar("chosen_logits_mean", logits_mean(0..b * t)),
         scalar("rejected_logits_mean", logits_mean(b * t..n)),
     ];
-    if options.compute_nll_loss {
-        out.push(scalar("nll_loss", nll_loss));
-    }
+    // Without the NLL term the metric is exactly 0 (as Liger-Kernel reports it).
+    out.push(scalar("nll_loss", nll_loss));
     if matches!(options.loss, PreferenceLoss::Orpo) {
         let ratio = tracked::sum(
             &pairs
