@@ -130,9 +130,10 @@ pub struct Activation {
     pub value_error: f64,
     /// Largest error of `act'(x)` evaluated in f32 (absolute).
     pub derivative_error: f64,
-    /// Added for the comparison against stock Burn's f32 composition.
-    stock_value_error: f64,
-    stock_derivative_error: f64,
+    /// Added to `value_error` for stock Burn's f32 composition (its `erf`).
+    pub stock_value_error: f64,
+    /// Added to `derivative_error` for stock Burn's f32 composition.
+    pub stock_derivative_error: f64,
 }
 
 /// `(√(2/π), 0.044715)` of the tanh GELU.
