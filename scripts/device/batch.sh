@@ -100,8 +100,7 @@ for step in $steps; do
       # processes run at once (each with TESTS_THREADS threads, default 2), so the whole
       # suite fits one device call. Processes, not threads, set how many kernels compile at
       # once: CubeCL compiles a process's kernels on its one device thread, and the flash
-      # attention tests are compile-bound (as 4 processes of 3 threads, the process holding
-      # three of them ran past 400 s at 0% GPU utilization while the others finished in 300 s).
+      # attention tests are compile-bound.
       shards=${TESTS_SHARDS:-8}
       LIGER_TEST_DEVICE=cuda $TEST_BIN ${TESTS:-} --list 2>/dev/null | sed -n 's/: test$//p' >"$OUT/tests.list"
       for k in $(seq 0 $((shards - 1))); do

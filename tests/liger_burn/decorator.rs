@@ -15,6 +15,7 @@ use liger_burn::Liger;
 use liger_burn::ops::RmsNormOptions;
 use liger_cubecl_kernels::counters::{self, Kernel};
 use liger_verify::conformance::Rng;
+use liger_verify::conformance::tracked::{self, Tracked};
 
 /// A small model written only with stock Burn.
 #[derive(Module, Debug)]
@@ -98,6 +99,18 @@ fn step<B: AutodiffBackend>(inputs: &Inputs, device: &B::Device) -> (f32, Vec<Ve
     (loss.into_data().to_vec::<f32>().unwrap()[0], all)
 }
 
+/// `Σ a·b` over `(a, error of a, b, error of b)` terms as f32 computes it, with its error
+/// bound: each product and the sum through [`Tracked`]'s running error analysis.
+///
+/// [`Tracked`]: liger_verify::conformance::tracked::Tracked
+fn dot(terms: &mut dyn Iterator<Item = (f64, f64, f64, f64)>) -> (f64, f64) {
+    let products: Vec<Tracked> = terms
+        .map(|(a, ea, b, eb)| Tracked::new(a, ea).mul(Tracked::new(b, eb)))
+        .collect();
+    let sum = tracked::sum(&products);
+    (sum.v, sum.e)
+}
+
 /// The step of [`step`] in f64 with the bound of an f32 evaluation of each result: the
 /// loss, then the gradients of `x`, `gamma`, `beta`, `weight` and `bias` (the order of
 /// [`step`]), each as `(values, bounds)`.
@@ -178,15 +191,11 @@ fn expected(inputs: &Inputs) -> (f64, f64, Vec<(Vec<f64>, Vec<f64>)>) {
         let mut z = vec![0.0; v];
         let mut e_z_max: f64 = 0.0;
         for k in 0..v {
-            let mut l1 = bias[k].abs();
-            let mut prop = 0.0;
-            z[k] = bias[k];
-            for j in 0..D {
-                z[k] += hi[j] * w[j * v + k];
-                l1 += (hi[j] * w[j * v + k]).abs();
-                prop += w[j * v + k].abs() * ehi[j];
-            }
-            e_z_max = e_z_max.max(prop + accumulation(D + 1, l1));
+            let zk = dot(&mut (0..D)
+                .map(|j| (hi[j], ehi[j], w[j * v + k], 0.0))
+                .chain([(bias[k], 0.0, 1.0, 0.0)]));
+            z[k] = zk.0;
+            e_z_max = e_z_max.max(zk.1);
         }
         let m = z.iter().cloned().fold(f64::MIN, f64::max);
         let exps: Vec<f64> = z.iter().map(|a| (a - m).exp()).collect();
@@ -253,64 +262,37 @@ fn expected(inputs: &Inputs) -> (f64, f64, Vec<(Vec<f64>, Vec<f64>)>) {
                 + 4.0 * U32 * ((pk + onehot) / rows as f64 + pk * (pk + q));
         }
     }
-    // Sums of products `Σ a·b` over `len` terms, given both factors' bounds.
-    let dot = |terms: &mut dyn Iterator<Item = (f64, f64, f64, f64)>, len: usize| {
-        let (mut sum, mut l1, mut prop) = (0.0, 0.0, 0.0);
-        for (a, ea, b, eb) in terms {
-            sum += a * b;
-            l1 += (a * b).abs();
-            prop += a.abs() * eb + b.abs() * ea;
-        }
-        (sum, prop + accumulation(len, l1) + U32 * l1)
-    };
     let grad_bias: Vec<(f64, f64)> = (0..v)
-        .map(|k| {
-            dot(
-                &mut (0..rows).map(|i| (1.0, 0.0, dz[i * v + k], e_dz[i * v + k])),
-                rows,
-            )
-        })
+        .map(|k| dot(&mut (0..rows).map(|i| (1.0, 0.0, dz[i * v + k], e_dz[i * v + k]))))
         .collect();
     let mut grad_weight = Vec::with_capacity(D * v);
     for j in 0..D {
         for k in 0..v {
-            grad_weight.push(dot(
-                &mut (0..rows)
-                    .map(|i| (h[i * D + j], e_h[i * D + j], dz[i * v + k], e_dz[i * v + k])),
-                rows,
-            ));
+            grad_weight.push(dot(&mut (0..rows)
+                .map(|i| (h[i * D + j], e_h[i * D + j], dz[i * v + k], e_dz[i * v + k]))));
         }
     }
-    let mut dh = Vec::with_capacity(rows * D);
+    let mut dh: Vec<(f64, f64)> = Vec::with_capacity(rows * D);
     for i in 0..rows {
         for j in 0..D {
             dh.push(dot(
-                &mut (0..v).map(|k| (w[j * v + k], 0.0, dz[i * v + k], e_dz[i * v + k])),
-                v,
+                &mut (0..v).map(|k| (w[j * v + k], 0.0, dz[i * v + k], e_dz[i * v + k]))
             ));
         }
     }
     let grad_beta: Vec<(f64, f64)> = (0..D)
-        .map(|j| {
-            dot(
-                &mut (0..rows).map(|i| (1.0, 0.0, dh[i * D + j].0, dh[i * D + j].1)),
-                rows,
-            )
-        })
+        .map(|j| dot(&mut (0..rows).map(|i| (1.0, 0.0, dh[i * D + j].0, dh[i * D + j].1))))
         .collect();
     let grad_gamma: Vec<(f64, f64)> = (0..D)
         .map(|j| {
-            dot(
-                &mut (0..rows).map(|i| {
-                    (
-                        n[i * D + j],
-                        e_n[i * D + j],
-                        dh[i * D + j].0,
-                        dh[i * D + j].1,
-                    )
-                }),
-                rows,
-            )
+            dot(&mut (0..rows).map(|i| {
+                (
+                    n[i * D + j],
+                    e_n[i * D + j],
+                    dh[i * D + j].0,
+                    dh[i * D + j].1,
+                )
+            }))
         })
         .collect();
     // dx = r·(a − mean(a) − n·mean(a∘n)), a = dh∘γ.
@@ -325,14 +307,11 @@ fn expected(inputs: &Inputs) -> (f64, f64, Vec<(Vec<f64>, Vec<f64>)>) {
                 )
             })
             .collect();
-        let (sa, esa) = dot(&mut a.iter().map(|&(a, e)| (1.0, 0.0, a, e)), D);
-        let (san, esan) = dot(
-            &mut a
-                .iter()
-                .enumerate()
-                .map(|(j, &(a, e))| (n[i * D + j], e_n[i * D + j], a, e)),
-            D,
-        );
+        let (sa, esa) = dot(&mut a.iter().map(|&(a, e)| (1.0, 0.0, a, e)));
+        let (san, esan) = dot(&mut a
+            .iter()
+            .enumerate()
+            .map(|(j, &(a, e))| (n[i * D + j], e_n[i * D + j], a, e)));
         let (ma, ema, man, eman) = (
             sa / d,
             esa / d + 2.0 * U32 * (sa / d).abs(),

@@ -280,10 +280,10 @@ impl MlpActivation {
 
 /// The gated MLP `down(act(gate(x)) * up(x))` in f64 from f32 inputs and Burn `Linear`
 /// weights (`[d_in, d_out]`, biases optional), with each output's bound for an f32
-/// evaluation: the projections' accumulation ([`bounds::accumulation`]) over their
-/// `d_in + 1` terms, the gate's error through the activation's slope, the activation's own
-/// error, the product's rounding, then the down projection of those errors plus its own
-/// accumulation. `x: [rows, d_model]`.
+/// evaluation: the projections' products and sums
+/// ([`tracked::sum`](liger_verify::conformance::tracked::sum)), the gate's error through
+/// the activation's slope, the activation's own error, the product's rounding, then the
+/// down projection of those errors plus its own products and sum. `x: [rows, d_model]`.
 #[allow(clippy::too_many_arguments)]
 pub fn mlp_expected(
     x: &[f64],
@@ -294,18 +294,20 @@ pub fn mlp_expected(
     d_model: usize,
     d_ff: usize,
 ) -> Expected {
-    use bounds::{U32, accumulation};
+    use bounds::U32;
+    use liger_verify::conformance::tracked::{self, Tracked};
     let rows = x.len() / d_model;
     // `x·W + b` and the bound of its f32 evaluation, for output `j` of a `[d_in, d_out]` layer.
+    // The products (each one rounding) and their sum with the bias, through `Tracked`.
     let linear = |input: &[f64], w: &[f64], b: Option<&[f64]>, d_in: usize, d_out: usize| {
         (0..d_out)
             .map(|j| {
-                let bias = b.map_or(0.0, |b| b[j]);
-                let (sum, l1) = (0..d_in).fold((bias, bias.abs()), |(s, l), k| {
-                    let t = input[k] * w[k * d_out + j];
-                    (s + t, l + t.abs())
-                });
-                (sum, accumulation(d_in + 1, l1))
+                let terms: Vec<Tracked> = (0..d_in)
+                    .map(|k| Tracked::exact(input[k]).mul(Tracked::exact(w[k * d_out + j])))
+                    .chain(b.map(|b| Tracked::exact(b[j])))
+                    .collect();
+                let sum = tracked::sum(&terms);
+                (sum.v, sum.e)
             })
             .collect::<Vec<_>>()
     };
