@@ -1227,7 +1227,7 @@ mod flash_kernel {
 /// (fusion and plain CubeCL backends, NdArray) under each implementation it has: the
 /// blockwise composition everywhere, the flash kernels on CubeCL backends
 /// (`AttentionKernel::Flash`: the FMA variant on lavapipe, tensor cores on CUDA half
-/// precision), and `Auto`; forward and the gradients of q, k, v through `Autodiff<B>`
+/// precision), and `Auto` (cuDNN's attention on CUDA where it takes the problem); forward and the gradients of q, k, v through `Autodiff<B>`
 /// (upstream gradient random), against the f64 reference, for every mask kind.
 mod paths {
     use burn::backend::Autodiff;
@@ -1334,8 +1334,28 @@ mod paths {
                             kernels.push(AttentionKernel::Flash);
                         }
                         for kernel in kernels {
+                            let vendor_calls = liger_burn::cube::vendor_attention_calls();
                             let (ours, [q, k, v, g]) =
                                 run::<B>(&p, dtype, kernel, &mut self.0, device);
+                            // On CUDA, `Auto` runs cuDNN's attention for what it takes (a
+                            // half dtype, head dimensions in 8s up to 128, no window or
+                            // documents): its forward and backward both ran there.
+                            if label.starts_with("cuda")
+                                && kernel == AttentionKernel::Auto
+                                && dtype != DType::F32
+                                && p.window.is_none()
+                                && p.documents.is_none()
+                                && p.head_dim.is_multiple_of(8)
+                                && p.head_dim <= 128
+                            {
+                                let ran = liger_burn::cube::vendor_attention_calls() - vendor_calls;
+                                assert_eq!(
+                                    ran,
+                                    2,
+                                    "{label} {dtype:?} {}: cuDNN ran {ran} of the forward and backward",
+                                    p.describe()
+                                );
+                            }
                             let expected = reference(&p, &q, &k, &v, &g);
                             let tol = row_tolerance(dtype, &p);
                             // Blockwise (and `Auto` where it picks blockwise): scores in the

@@ -209,7 +209,7 @@ pub struct BenchArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "flash,blockwise",
+        default_value = "auto,flash,blockwise",
         value_name = "PROVIDER"
     )]
     pub attention_provider: Vec<bench::attention::AttentionProvider>,

@@ -9,6 +9,13 @@
 //! variant without tensor cores); `Blockwise` never. A mask tensor, and a scale that is not
 //! positive and finite (the kernels keep row maxima of unscaled scores), go blockwise.
 //! [`AttentionOptions::deterministic`] takes the plan's dQ kernel over its atomic sums.
+//!
+//! On CUDA, `Auto` first offers the problem to cuDNN's fused attention ([`super::cudnn`],
+//! the engines PyTorch's SDPA runs on Hopper): f16/bf16, head dimensions in 8s up to 128,
+//! causal or unmasked self-attention without a window, document ids or mask tensor, and a
+//! positive, finite scale; the backward also not `deterministic` (cuDNN sums dQ by atomic
+//! adds). Where cuDNN is missing or refuses the graph, the flash kernels run, and the
+//! reason is logged once (`liger -v`).
 
 use super::{empty_like, launched};
 use crate::ops::{
@@ -77,6 +84,148 @@ fn log_without_tensor_cores(why: &liger_cubecl_kernels::KernelError) {
     static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
         log::info!("attention: the tensor-core flash kernels do not run on this device: {why}");
+    }
+}
+
+/// Calls that ran on a vendor library's attention (cuDNN) in this process, forward and
+/// backward: benchmarks read it before and after to say which implementation they timed.
+pub fn vendor_attention_calls() -> u64 {
+    VENDOR_CALLS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static VENDOR_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Says once per process why cuDNN's attention does not run a problem it was offered.
+#[cfg(feature = "cuda")]
+fn log_without_vendor(why: &str) {
+    static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::info!("attention: the flash kernels run in place of cuDNN: {why}");
+    }
+}
+
+/// The problem as cuDNN's graphs take it, when `Auto` offers it to cuDNN (see the module
+/// docs); `None` otherwise.
+#[cfg(feature = "cuda")]
+fn vendor_shape(
+    q: &Shape,
+    k: &Shape,
+    dtype: DType,
+    options: &AttentionOptions,
+    masked: bool,
+    backward: bool,
+) -> Option<super::cudnn::SdpaShape> {
+    let offered = options.kernel == AttentionKernel::Auto
+        && !masked
+        && options.window.is_none()
+        && options.scale > 0.0
+        && options.scale.is_finite()
+        && q[2] == k[2]
+        && !(backward && options.deterministic);
+    let shape = super::cudnn::SdpaShape {
+        batch: q[0],
+        q_heads: q[1],
+        kv_heads: k[1],
+        seq: q[2],
+        head_dim: q[3],
+        causal: options.causal,
+        dtype,
+    };
+    (offered && shape.unsupported().is_none()).then_some(shape)
+}
+
+/// As a CUDA tensor, when `R` is CUDA.
+#[cfg(feature = "cuda")]
+fn as_cuda<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<&CubeTensor<cubecl::cuda::CudaRuntime>> {
+    (t as &dyn std::any::Any).downcast_ref::<CubeTensor<cubecl::cuda::CudaRuntime>>()
+}
+
+/// The forward on cuDNN into `output` and `lse`, when `R` is CUDA and cuDNN runs it.
+#[cfg(feature = "cuda")]
+fn vendor_forward<R: CubeRuntime>(
+    (q, k, v): (&CubeTensor<R>, &CubeTensor<R>, &CubeTensor<R>),
+    (output, lse): (&CubeTensor<R>, &CubeTensor<R>),
+    shape: Option<super::cudnn::SdpaShape>,
+    scale: f64,
+) -> bool {
+    let Some(shape) = shape else {
+        return false;
+    };
+    let (Some(q), Some(k), Some(v), Some(output), Some(lse)) = (
+        as_cuda(q),
+        as_cuda(k),
+        as_cuda(v),
+        as_cuda(output),
+        as_cuda(lse),
+    ) else {
+        return false;
+    };
+    let tensors = super::cudnn::SdpaForward {
+        q,
+        k,
+        v,
+        output,
+        lse,
+    };
+    match super::cudnn::forward(shape, scale as f32, tensors) {
+        Ok(()) => {
+            VENDOR_CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            true
+        }
+        Err(why) => {
+            log_without_vendor(&why);
+            false
+        }
+    }
+}
+
+/// The backward on cuDNN into the gradients, when `R` is CUDA and cuDNN runs it:
+/// `[q, k, v, output, lse, grad_output, grad_q, grad_k, grad_v, dot, grad_q_sum]` (see
+/// [`super::cudnn::SdpaBackward`]).
+#[cfg(feature = "cuda")]
+fn vendor_backward<R: CubeRuntime>(
+    tensors: [&CubeTensor<R>; 11],
+    shape: super::cudnn::SdpaShape,
+    scale: f64,
+) -> bool {
+    let [
+        Some(q),
+        Some(k),
+        Some(v),
+        Some(output),
+        Some(lse),
+        Some(grad_output),
+        Some(grad_q),
+        Some(grad_k),
+        Some(grad_v),
+        Some(dot),
+        Some(grad_q_sum),
+    ] = tensors.map(as_cuda)
+    else {
+        return false;
+    };
+    let tensors = super::cudnn::SdpaBackward {
+        q,
+        k,
+        v,
+        output,
+        lse,
+        grad_output,
+        grad_q,
+        grad_k,
+        grad_v,
+        dot,
+        grad_q_sum,
+    };
+    match super::cudnn::backward(shape, scale as f32, tensors) {
+        Ok(()) => {
+            VENDOR_CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            true
+        }
+        Err(why) => {
+            log_without_vendor(&why);
+            false
+        }
     }
 }
 
@@ -150,6 +299,7 @@ where
         }
         Some(_) => None,
     };
+    // cuDNN is offered what the flash kernels would run (see the module docs).
     let Some(plan) = plan else {
         return compose::attention::forward::<CubeBackend<R, F, I, BT>>(
             q,
@@ -160,6 +310,15 @@ where
             options,
         );
     };
+    #[cfg(feature = "cuda")]
+    let vendor = vendor_shape(
+        &q.shape(),
+        &k.shape(),
+        q.dtype,
+        &options,
+        document_ids.is_some(),
+        false,
+    );
     let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
     let ids = document_ids.map(ids_i32::<R, F, I, BT>);
     let (q_shape, k_shape) = (q.shape(), k.shape());
@@ -169,6 +328,13 @@ where
         Shape::new([q_shape[0], q_shape[1], q_shape[2]]),
         DType::F32,
     );
+    #[cfg(feature = "cuda")]
+    if vendor_forward((&q, &k, &v), (&output, &lse), vendor, options.scale) {
+        return AttentionOutput {
+            output,
+            lse: Some(lse),
+        };
+    }
     launched(flash_attention::<R>(
         &q.client,
         FlashForwardArgs {
@@ -220,6 +386,15 @@ where
             options,
         );
     };
+    #[cfg(feature = "cuda")]
+    let vendor = vendor_shape(
+        &q.shape(),
+        &k.shape(),
+        q.dtype,
+        &options,
+        document_ids.is_some(),
+        true,
+    );
     let q_shape = q.shape();
     // The forward's variant, or any this device runs: the backward only needs lse.
     let variant = plan(&q.client, q.dtype, q_shape[3], &options)
@@ -246,6 +421,39 @@ where
     let grad_q = empty_like(&q, q_shape.clone(), q.dtype);
     let grad_k = empty_like(&k, k_shape.clone(), k.dtype);
     let grad_v = empty_like(&v, k_shape.clone(), v.dtype);
+    #[cfg(feature = "cuda")]
+    if let Some(shape) = vendor {
+        let dot = empty_like(
+            &q,
+            Shape::new([q_shape[0], q_shape[1], q_shape[2]]),
+            DType::F32,
+        );
+        let grad_q_sum = empty_like(&q, q_shape.clone(), DType::F32);
+        let ran = vendor_backward(
+            [
+                &q,
+                &k,
+                &v,
+                &output,
+                &lse,
+                &grad_output,
+                &grad_q,
+                &grad_k,
+                &grad_v,
+                &dot,
+                &grad_q_sum,
+            ],
+            shape,
+            options.scale,
+        );
+        if ran {
+            return AttentionGrads {
+                grad_q,
+                grad_k,
+                grad_v,
+            };
+        }
+    }
     launched(flash_attention_backward::<R>(
         &q.client,
         FlashBackwardArgs {

@@ -99,6 +99,8 @@ pub enum Unavailable {
     NoFlagKernels(String),
     /// cuBLASLt's heuristic has no algorithm for this product.
     NoAlgorithm(String),
+    /// Another library's work ([`run_ordered`]) could not be prepared.
+    Library(String),
 }
 
 impl core::fmt::Display for Unavailable {
@@ -116,6 +118,7 @@ impl core::fmt::Display for Unavailable {
                 )
             }
             Unavailable::NoAlgorithm(why) => write!(f, "cuBLASLt has no algorithm: {why}"),
+            Unavailable::Library(why) => write!(f, "{why}"),
         }
     }
 }
@@ -282,6 +285,47 @@ pub(crate) fn run_repeated(
         Ok(seconds) => Ok(seconds),
         Err(Failure::Unavailable(why)) => Err(why),
         Err(Failure::Launch(why)) => panic!("matmul: cuBLASLt failed: {why}"),
+    }
+}
+
+/// Work of another vendor library (cuDNN) on liger's stream, ordered against CubeCL's
+/// stream as the products are ([`run_ordered`]).
+pub(crate) trait StreamWork: Send {
+    /// Everything before a launch (device addresses, plans), on CubeCL's device thread with
+    /// the device's context bound; `Err` means nothing was launched.
+    fn prepare(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        stream: driver_sys::CUstream,
+    ) -> Result<(), String>;
+    /// Enqueues the work on `stream` (liger's), after `prepare` succeeded.
+    fn launch(&mut self, stream: driver_sys::CUstream) -> Result<(), String>;
+}
+
+/// Runs `work` on liger's stream under the device's default ordering (see the module
+/// docs), from CubeCL's device thread. `Err` means nothing was launched; a launch failure
+/// after the ordering started panics with the error, naming `what`.
+pub(crate) fn run_ordered(
+    device: &CudaDevice,
+    client: &ComputeClient<CudaRuntime>,
+    work: &mut dyn StreamWork,
+    what: &str,
+) -> Result<MatmulOrdering, Unavailable> {
+    let engine = engine(device)?;
+    let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+    let ordering = engine.default_ordering();
+    let state: &mut Engine = &mut engine;
+    let outcome = client
+        .exclusive(|| state.run_work(client, work, ordering))
+        .map_err(|e| Unavailable::Setup(format!("CubeCL's device thread: {e:?}")))?;
+    match outcome {
+        Ok(()) => Ok(ordering),
+        Err(Failure::Unavailable(why)) => Err(why),
+        Err(Failure::Launch(why)) => panic!(
+            "{what} failed on CUDA device {} (ordering {}): {why}",
+            engine.ordinal,
+            ordering.name()
+        ),
     }
 }
 
@@ -583,31 +627,67 @@ impl Engine {
             .iter()
             .map(|product| self.prepare(client, product))
             .collect::<Result<Vec<_>, _>>()?;
+        self.ordered(client, ordering, &mut |engine: &Engine| {
+            engine.enqueue_all(products, &prepared)
+        })
+    }
+
+    /// Another library's `work` under `ordering`. Runs on CubeCL's device thread.
+    fn run_work(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        work: &mut dyn StreamWork,
+        ordering: MatmulOrdering,
+    ) -> Result<(), Failure> {
+        self.ctx.bind_to_thread().map_err(|e| {
+            Failure::Unavailable(Unavailable::Setup(format!(
+                "binding the CUDA context: {e:?}"
+            )))
+        })?;
+        let stream = self.stream.cu_stream();
+        work.prepare(client, stream)
+            .map_err(|why| Failure::Unavailable(Unavailable::Library(why)))?;
+        self.ordered(client, ordering, &mut |_: &Engine| work.launch(stream))
+    }
+
+    /// Enqueues `launch` on liger's stream between the ordering of `ordering` (see the
+    /// module docs). Runs on CubeCL's device thread, after everything `launch` needs was
+    /// prepared: a failure from here on is a [`Failure::Launch`].
+    fn ordered(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        ordering: MatmulOrdering,
+        launch: &mut dyn FnMut(&Engine) -> Result<(), String>,
+    ) -> Result<(), Failure> {
         let stream = self.stream.cu_stream();
         match ordering {
             MatmulOrdering::StreamMemoryOperations | MatmulOrdering::FlagKernels => {
                 let published = self.flags_address + (sequence::PUBLISHED * 4) as u64;
                 let completed = self.flags_address + (sequence::COMPLETED * 4) as u64;
                 let s = self.sequence.wrapping_add(1);
-                let flags = match ordering {
-                    MatmulOrdering::FlagKernels => {
-                        DeviceFlags::Kernels(self.flag_kernels.as_ref().map_err(|why| {
-                            Failure::Unavailable(Unavailable::NoFlagKernels(why.clone()))
-                        })?)
-                    }
-                    _ => DeviceFlags::MemoryOperations,
-                };
+                if ordering == MatmulOrdering::FlagKernels
+                    && let Err(why) = &self.flag_kernels
+                {
+                    return Err(Failure::Unavailable(Unavailable::NoFlagKernels(
+                        why.clone(),
+                    )));
+                }
                 // Both CubeCL kernels were launched once when the engine was set up: CubeCL
                 // only reports a launch failure at its next flush, and flushing here would
                 // block the host on the previous call's fence.
                 sequence::launch_publish(client, &self.flags, s);
                 self.sequence = s;
-                // Without the wait the product would not be ordered after its inputs.
-                let gemm = flags
+                let engine = &*self;
+                let flags = match (ordering, &engine.flag_kernels) {
+                    (MatmulOrdering::FlagKernels, Ok(kernels)) => DeviceFlags::Kernels(kernels),
+                    _ => DeviceFlags::MemoryOperations,
+                };
+                // Without the wait the work would not be ordered after its inputs.
+                let work = flags
                     .wait_geq(stream, published, s)
-                    .and_then(|()| self.enqueue_all(products, &prepared));
+                    .and_then(|()| launch(engine));
                 match flags.write(stream, completed, s) {
-                    Ok(()) => sequence::launch_await(client, &self.flags, s),
+                    Ok(()) => sequence::launch_await(client, &engine.flags, s),
                     // No await kernel may wait for a flag that will not come: order the
                     // host after our stream instead (its wait is satisfied by the
                     // publish kernel already issued).
@@ -615,20 +695,20 @@ impl Engine {
                         let sync = unsafe { driver::stream::synchronize(stream) };
                         return Err(Failure::Launch(format!(
                             "{e} (then synchronizing liger's stream: {sync:?}); {}",
-                            gemm.err().unwrap_or_default()
+                            work.err().unwrap_or_default()
                         )));
                     }
                 }
-                gemm.map_err(Failure::Launch)
+                work.map_err(Failure::Launch)
             }
             MatmulOrdering::HostSynchronization => {
                 cubecl::future::block_on(client.sync()).map_err(|e| {
                     Failure::Launch(format!("synchronizing CubeCL's stream: {e:?}"))
                 })?;
-                let gemm = self.enqueue_all(products, &prepared);
+                let work = launch(self);
                 let sync = unsafe { driver::stream::synchronize(stream) }
                     .map_err(|e| format!("synchronizing liger's stream: {e:?}"));
-                gemm.and(sync).map_err(Failure::Launch)
+                work.and(sync).map_err(Failure::Launch)
             }
         }
     }

@@ -14,6 +14,8 @@ mod cross_entropy;
 pub mod cublaslt;
 #[cfg(feature = "cuda")]
 pub mod cuda_pool;
+#[cfg(feature = "cuda")]
+mod cudnn;
 mod distill_rows;
 mod glu;
 mod layer_norm;
@@ -27,6 +29,7 @@ mod rope;
 mod sequence;
 mod softmax;
 
+pub use attention::vendor_attention_calls;
 pub use matmul::{MatmulCounts, matmul_counts};
 #[cfg(feature = "cuda")]
 pub use matmul::{cublaslt_matmul, cublaslt_repeated_products};

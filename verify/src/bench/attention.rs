@@ -2,8 +2,10 @@
 //! blockwise composition, on the same backend, shapes and inputs, in one process.
 //!
 //! For every `--attention-shape` (`BATCHxSEQxQ_HEADSxKV_HEADSxHEAD_DIM`, causal) and
-//! provider (`liger-flash`: `AttentionKernel::Flash`, on tensor cores where the device has
-//! them for the dtype, else the FMA variant; `liger-blockwise`: `AttentionKernel::Blockwise`)
+//! provider (`liger-auto`: `AttentionKernel::Auto`, what a model gets: cuDNN's fused
+//! attention on CUDA where it takes the problem, else the flash kernels; `liger-flash`:
+//! `AttentionKernel::Flash`, on tensor cores where the device has them for the dtype, else
+//! the FMA variant; `liger-blockwise`: `AttentionKernel::Blockwise`)
 //! it times `functional::attention` forward (inner backend) and full (forward + `backward()`
 //! on `Autodiff<B>`, upstream gradient ones), derives backward = full − forward, and writes
 //! the op bench's CSV rows (`kernel,provider,mode,metric,x,p50,p20,p80,config,gpu,commit,
@@ -140,6 +142,9 @@ pub fn default_shapes() -> Vec<AttentionShape> {
 /// Which implementation a provider runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum AttentionProvider {
+    /// What a model gets (`AttentionKernel::Auto`): cuDNN on CUDA where it runs the problem,
+    /// else the flash kernels; the rows say which (`library=`).
+    Auto,
     /// The flash kernels (`AttentionKernel::Flash`).
     Flash,
     /// The blockwise composition (`AttentionKernel::Blockwise`).
@@ -149,6 +154,7 @@ pub enum AttentionProvider {
 impl AttentionProvider {
     fn name(self) -> &'static str {
         match self {
+            AttentionProvider::Auto => "liger-auto",
             AttentionProvider::Flash => "liger-flash",
             AttentionProvider::Blockwise => "liger-blockwise",
         }
@@ -156,6 +162,7 @@ impl AttentionProvider {
 
     fn kernel(self) -> AttentionKernel {
         match self {
+            AttentionProvider::Auto => AttentionKernel::Auto,
             AttentionProvider::Flash => AttentionKernel::Flash,
             AttentionProvider::Blockwise => AttentionKernel::Blockwise,
         }
@@ -210,7 +217,9 @@ fn measure<B: FusedOps, H>(
 struct Group {
     shape: AttentionShape,
     variant: Option<FlashVariant>,
-    results: Vec<(AttentionProvider, ProviderResult, [usize; 2])>,
+    /// Per provider: its result, the iterations per sample (forward, full), and whether
+    /// a vendor library (cuDNN) ran its calls.
+    results: Vec<(AttentionProvider, ProviderResult, [usize; 2], bool)>,
 }
 
 impl OnDevice for Bench {
@@ -272,6 +281,7 @@ impl OnDevice for Bench {
             for &provider in &args.attention_provider {
                 let options = AttentionOptions::causal(d).with_kernel(provider.kernel());
                 println!("running   {} {}", shape.label(), provider.name());
+                let vendor_calls = liger_burn::cube::vendor_attention_calls();
                 let forward = catch_unwind(AssertUnwindSafe(|| {
                     measure(&ctx, timing, |i| {
                         let [q, k, v] = inputs[i % sets].clone();
@@ -304,7 +314,8 @@ impl OnDevice for Bench {
                     full: full.map(|m| m.0),
                 };
                 failures += result.forward.is_err() as usize + result.full.is_err() as usize;
-                results.push((provider, result, iters));
+                let vendor = liger_burn::cube::vendor_attention_calls() > vendor_calls;
+                results.push((provider, result, iters, vendor));
             }
             drop(inputs);
             if let Some(cube) = &ctx.cube {
@@ -338,7 +349,7 @@ fn tflops(f: f64, t: [f64; 3]) -> [f64; 3] {
 fn rows(g: &Group, args: &BenchArgs, timing: Timing) -> Vec<Row> {
     let x = g.shape.label();
     let mut out = Vec::new();
-    for (provider, res, iters) in &g.results {
+    for (provider, res, iters, vendor) in &g.results {
         for mode in [Mode::Forward, Mode::Backward, Mode::Full] {
             let Some(t) = mode_times(res, mode) else {
                 continue;
@@ -353,6 +364,11 @@ fn rows(g: &Group, args: &BenchArgs, timing: Timing) -> Vec<Row> {
                     " variant=tensor_cores"
                 }
                 (AttentionProvider::Flash, _) => " variant=fma",
+                (AttentionProvider::Auto, _) if *vendor => " library=cudnn",
+                (AttentionProvider::Auto, Some(FlashVariant::Mma)) => {
+                    " library=liger variant=register_mma"
+                }
+                (AttentionProvider::Auto, _) => " library=liger",
                 _ => "",
             };
             let config = format!(
@@ -420,7 +436,7 @@ fn render(groups: &[Group]) -> String {
                 _ => "",
             }
         ));
-        for (provider, res, _) in &g.results {
+        for (provider, res, _, vendor) in &g.results {
             for (mode, r) in [("forward", &res.forward), ("full", &res.full)] {
                 if let Err(msg) = r {
                     table.title(format!(
@@ -432,8 +448,12 @@ fn render(groups: &[Group]) -> String {
             }
             for mode in [Mode::Forward, Mode::Backward, Mode::Full] {
                 let t = mode_times(res, mode).map(|t| t[0]);
+                let library = match (provider, vendor) {
+                    (AttentionProvider::Auto, true) => " (cuDNN)",
+                    _ => "",
+                };
                 table.row(vec![
-                    format!("  {} {}", provider.name(), mode.name()),
+                    format!("  {}{library} {}", provider.name(), mode.name()),
                     num(t.map(|t| t * 1e3), 4),
                     num(t.map(|t| g.shape.flops(mode) / 1e12 / t), 1),
                     num(mode_mem(res, mode).map(|m| m.reserved as f64 / MIB), 1),
