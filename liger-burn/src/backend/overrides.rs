@@ -185,9 +185,22 @@ pub(crate) fn linear<B: FusedOps>(
     let x = rows::<B>(x, d_in);
     // The shapes agree (checked above); the product's check adds the dtypes.
     validate::check(validate::matmul_tensors("matmul", &x, &weight).map(|_| ()));
+    let rows = x.shape()[0];
+    let (device, dtype) = (B::float_device(&x), x.dtype());
     let mut out = B::fused_matmul(x, weight);
     if let Some(bias) = bias {
-        out = B::float_add(out, B::float_reshape(bias, Shape::new([1, d_out])));
+        let bias = B::float_reshape(bias, Shape::new([1, d_out]));
+        let bias = if B::ad_enabled(&device) {
+            // The bias over the rows as the product `ones [rows, 1] · bias [1, d_out]`: the
+            // same values (k = 1), and its gradient is then `onesᵀ · grad`, one product
+            // summed in f32 by the matmul, where the broadcast add's gradient is a sum over
+            // the rows' (non-contiguous) axis, a slow reduction at long sequences.
+            let ones = B::float_ones(Shape::new([rows, 1]), &device, dtype.into());
+            B::fused_matmul(ones, bias)
+        } else {
+            bias
+        };
+        out = B::float_add(out, bias);
     }
     unfold::<B>(out, &shape, d_out)
 }
