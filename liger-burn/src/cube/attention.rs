@@ -167,7 +167,13 @@ fn vendor_forward<R: CubeRuntime>(
         output,
         lse,
     };
-    match super::cudnn::forward(shape, scale as f32, tensors) {
+    counted(super::cudnn::forward(shape, scale as f32, tensors))
+}
+
+/// Whether cuDNN ran a call (counted), or why not (logged once).
+#[cfg(feature = "cuda")]
+fn counted(ran: Result<(), String>) -> bool {
+    match ran {
         Ok(()) => {
             VENDOR_CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             true
@@ -217,16 +223,7 @@ fn vendor_backward<R: CubeRuntime>(
         dot,
         grad_q_sum,
     };
-    match super::cudnn::backward(shape, scale as f32, tensors) {
-        Ok(()) => {
-            VENDOR_CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            true
-        }
-        Err(why) => {
-            log_without_vendor(&why);
-            false
-        }
-    }
+    counted(super::cudnn::backward(shape, scale as f32, tensors))
 }
 
 /// Which flash kernels run these inputs (no mask tensor) on `device`, if any.

@@ -1,4 +1,6 @@
-//! Matrix products on CUDA through cuBLASLt, ordered against CubeCL's own stream.
+//! Matrix products on CUDA through cuBLASLt, ordered against CubeCL's own stream. Other
+//! vendor libraries' work (cuDNN's attention, `super::cudnn`) runs on the same stream under
+//! the same ordering through [`run_ordered`].
 //!
 //! cubecl-cuda keeps its CUDA streams private, so liger owns, per device, a non-blocking
 //! stream of its own, a cuBLASLt handle, a 32 MiB workspace and a small buffer of `u32`

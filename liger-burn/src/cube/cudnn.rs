@@ -668,39 +668,35 @@ impl Graph {
         Ok(masked)
     }
 
+    /// A bound tensor of the input dtype, row-major.
+    fn input(&mut self, uid: Uid, dims: Dims) -> Result<Desc, String> {
+        self.tensor(Some(uid), self.dtype, dims, contiguous(dims), false)
+    }
+
+    /// A bound row-major `[.., n, d]` tensor of the input dtype read as `[.., d, n]` (`dims`).
+    fn input_transposed(&mut self, uid: Uid, dims: Dims) -> Result<Desc, String> {
+        self.tensor(Some(uid), self.dtype, dims, transposed(dims), false)
+    }
+
+    /// A bound row-major f32 tensor.
+    fn bound_float(&mut self, uid: Uid, dims: Dims) -> Result<Desc, String> {
+        self.tensor(Some(uid), FLOAT, dims, contiguous(dims), false)
+    }
+
+    /// A virtual row-major tensor of the input dtype.
+    fn rounded(&mut self, dims: Dims) -> Result<Desc, String> {
+        self.tensor(None, self.dtype, dims, contiguous(dims), false)
+    }
+
     /// The forward's operations (see the module docs).
     fn forward(&mut self, s: &SdpaShape) -> Result<(), String> {
         let (b, hq, hk, n, d) = dims(s);
-        let q = self.tensor(
-            Some(Uid::Q),
-            self.dtype,
-            [b, hq, n, d],
-            contiguous([b, hq, n, d]),
-            false,
-        )?;
-        let kt = self.tensor(
-            Some(Uid::K),
-            self.dtype,
-            [b, hk, d, n],
-            transposed([b, hk, d, n]),
-            false,
-        )?;
-        let v = self.tensor(
-            Some(Uid::V),
-            self.dtype,
-            [b, hk, n, d],
-            contiguous([b, hk, n, d]),
-            false,
-        )?;
-        let o = self.tensor(
-            Some(Uid::O),
-            self.dtype,
-            [b, hq, n, d],
-            contiguous([b, hq, n, d]),
-            false,
-        )?;
+        let q = self.input(Uid::Q, [b, hq, n, d])?;
+        let kt = self.input_transposed(Uid::K, [b, hk, d, n])?;
+        let v = self.input(Uid::V, [b, hk, n, d])?;
+        let o = self.input(Uid::O, [b, hq, n, d])?;
         let rows = [b, hq, n, 1];
-        let stats = self.tensor(Some(Uid::Stats), FLOAT, rows, contiguous(rows), false)?;
+        let stats = self.bound_float(Uid::Stats, rows)?;
         let scale = self.scalar(Uid::Scale)?;
         let square = [b, hq, n, n];
         let scores = self.float(square)?;
@@ -719,7 +715,7 @@ impl Graph {
         let log = self.float(rows)?;
         self.pointwise(LOG, &sum, None, None, &log, None)?;
         self.pointwise(ADD_PW, &max, Some(&log), None, &stats, None)?;
-        let p = self.tensor(None, self.dtype, square, contiguous(square), false)?;
+        let p = self.rounded(square)?;
         self.pointwise(DIV, &exp, Some(&sum), None, &p, None)?;
         self.matmul(&p, &v, &o)
     }
@@ -727,39 +723,20 @@ impl Graph {
     /// The backward's operations (see the module docs).
     fn backward(&mut self, s: &SdpaShape) -> Result<(), String> {
         let (b, hq, hk, n, d) = dims(s);
-        let dt = self.dtype;
         let q_dims = [b, hq, n, d];
         let kv_dims = [b, hk, n, d];
-        let q = self.tensor(Some(Uid::Q), dt, q_dims, contiguous(q_dims), false)?;
-        let kt = self.tensor(
-            Some(Uid::K),
-            dt,
-            [b, hk, d, n],
-            transposed([b, hk, d, n]),
-            false,
-        )?;
-        let vt = self.tensor(
-            Some(Uid::V),
-            dt,
-            [b, hk, d, n],
-            transposed([b, hk, d, n]),
-            false,
-        )?;
-        let o = self.tensor(Some(Uid::O), dt, q_dims, contiguous(q_dims), false)?;
+        let q = self.input(Uid::Q, q_dims)?;
+        let kt = self.input_transposed(Uid::K, [b, hk, d, n])?;
+        let vt = self.input_transposed(Uid::V, [b, hk, d, n])?;
+        let o = self.input(Uid::O, q_dims)?;
         let rows = [b, hq, n, 1];
-        let stats = self.tensor(Some(Uid::Stats), FLOAT, rows, contiguous(rows), false)?;
-        let d_o = self.tensor(Some(Uid::GradOutput), dt, q_dims, contiguous(q_dims), false)?;
-        let dq = self.tensor(Some(Uid::GradQ), dt, q_dims, contiguous(q_dims), false)?;
-        let dk = self.tensor(Some(Uid::GradK), dt, kv_dims, contiguous(kv_dims), false)?;
-        let dv = self.tensor(Some(Uid::GradV), dt, kv_dims, contiguous(kv_dims), false)?;
-        let dot = self.tensor(Some(Uid::Dot), FLOAT, rows, contiguous(rows), false)?;
-        let dq_sum = self.tensor(
-            Some(Uid::GradQSum),
-            FLOAT,
-            q_dims,
-            contiguous(q_dims),
-            false,
-        )?;
+        let stats = self.bound_float(Uid::Stats, rows)?;
+        let d_o = self.input(Uid::GradOutput, q_dims)?;
+        let dq = self.input(Uid::GradQ, q_dims)?;
+        let dk = self.input(Uid::GradK, kv_dims)?;
+        let dv = self.input(Uid::GradV, kv_dims)?;
+        let dot = self.bound_float(Uid::Dot, rows)?;
+        let dq_sum = self.bound_float(Uid::GradQSum, q_dims)?;
         let scale = self.scalar(Uid::Scale)?;
         let one = self.scalar(Uid::One)?;
 
@@ -783,9 +760,9 @@ impl Graph {
         self.pointwise(EXP, &masked, None, None, &p, None)?;
 
         // dV = Σ_group Pᵀ·dO.
-        let pt = self.tensor(None, dt, square, transposed(square), false)?;
+        let pt = self.tensor(None, self.dtype, square, transposed(square), false)?;
         self.reshape(&p, &pt)?;
-        let dv_heads = self.tensor(None, dt, q_dims, contiguous(q_dims), false)?;
+        let dv_heads = self.rounded(q_dims)?;
         self.matmul(&pt, &d_o, &dv_heads)?;
         self.reduce(ADD, &dv_heads, &dv)?;
 
@@ -800,9 +777,9 @@ impl Graph {
         self.pointwise(MUL, &ds_unscaled, Some(&scale), None, &ds, None)?;
 
         // dK = Σ_group dSᵀ·Q.
-        let dst = self.tensor(None, dt, square, transposed(square), false)?;
+        let dst = self.tensor(None, self.dtype, square, transposed(square), false)?;
         self.reshape(&ds, &dst)?;
-        let dk_heads = self.tensor(None, dt, q_dims, contiguous(q_dims), false)?;
+        let dk_heads = self.rounded(q_dims)?;
         self.matmul(&dst, &q, &dk_heads)?;
         self.reduce(ADD, &dk_heads, &dk)?;
 
