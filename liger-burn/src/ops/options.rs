@@ -342,10 +342,11 @@ pub struct AttentionOptions {
     /// Which implementation runs (see [`AttentionKernel`]).
     #[serde(default)]
     pub kernel: AttentionKernel,
-    /// Gradients that are the same bits on every run. The flash backward on CUDA sm_90+
-    /// otherwise sums the query gradient by atomic adds, as FlashAttention-2 and PyTorch's
-    /// SDPA do, whose order varies between runs; deterministic runs a second kernel for it
-    /// instead (slower). Nothing else changes.
+    /// Gradients that are the same bits on every run. The attention backward on CUDA
+    /// (cuDNN's, and the flash kernels' on sm_90+) otherwise sums the query gradient by
+    /// atomic adds, as FlashAttention-2 and PyTorch's SDPA do, whose order varies between
+    /// runs; deterministic runs the flash kernels with a second kernel for it instead
+    /// (slower). Nothing else changes.
     #[serde(default)]
     pub deterministic: bool,
 }
@@ -354,8 +355,11 @@ pub struct AttentionOptions {
 /// runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AttentionKernel {
-    /// The flash kernels on tensor cores where the backend and device have them for the
-    /// dtype and head dimension (CubeCL backends with `cmma`: CUDA, and Vulkan/ROCm with
+    /// On CUDA, cuDNN's fused attention where it takes the problem (f16/bf16, head
+    /// dimensions in 8s up to 128, causal or unmasked self-attention without a window or
+    /// document ids; the backward not [`AttentionOptions::deterministic`]); otherwise the
+    /// flash kernels on tensor cores where the backend and device have them for the dtype
+    /// and head dimension (CubeCL backends with `cmma`: CUDA, and Vulkan/ROCm with
     /// cooperative matrices), else the blockwise composition of stock ops. A `[seq, seq]`
     /// mask tensor always takes the blockwise path.
     #[default]
@@ -363,8 +367,8 @@ pub enum AttentionKernel {
     /// The blockwise composition of stock ops everywhere
     /// ([`compose::attention`](crate::ops::compose::attention)).
     Blockwise,
-    /// The flash kernels on every CubeCL backend: on tensor cores where the device has
-    /// them, else their FMA variant (slow; for devices without cooperative matrices and for
+    /// The flash kernels on every CubeCL backend (never cuDNN): on tensor cores where the
+    /// device has them, else their FMA variant (slow; for devices without cooperative matrices and for
     /// testing the kernels there). Panics where no flash kernel can run (a backend without
     /// CubeCL, a head dimension that is not a multiple of 16 up to 256, a mask tensor).
     Flash,
