@@ -111,23 +111,14 @@ pub(crate) fn forward(
     scale: f32,
     tensors: SdpaForward<'_>,
 ) -> Result<(), String> {
-    let mut work = Work {
-        key: PlanKey {
-            shape,
-            backward: false,
-        },
-        scale,
-        tensors: vec![
-            (Uid::Q, tensors.q),
-            (Uid::K, tensors.k),
-            (Uid::V, tensors.v),
-            (Uid::O, tensors.output),
-            (Uid::Stats, tensors.lse),
-        ],
-        zeroed: None,
-        prepared: None,
-    };
-    run(&tensors.q.client, &mut work)
+    let bound = vec![
+        (Uid::Q, tensors.q),
+        (Uid::K, tensors.k),
+        (Uid::V, tensors.v),
+        (Uid::O, tensors.output),
+        (Uid::Stats, tensors.lse),
+    ];
+    run(&mut Work::new(shape, false, scale, bound, None))
 }
 
 /// Runs the backward on cuDNN. `Err` (nothing launched) says why it did not run.
@@ -136,37 +127,36 @@ pub(crate) fn backward(
     scale: f32,
     tensors: SdpaBackward<'_>,
 ) -> Result<(), String> {
-    let mut work = Work {
-        key: PlanKey {
-            shape,
-            backward: true,
-        },
+    let bound = vec![
+        (Uid::Q, tensors.q),
+        (Uid::K, tensors.k),
+        (Uid::V, tensors.v),
+        (Uid::O, tensors.output),
+        (Uid::Stats, tensors.lse),
+        (Uid::GradOutput, tensors.grad_output),
+        (Uid::GradQ, tensors.grad_q),
+        (Uid::GradK, tensors.grad_k),
+        (Uid::GradV, tensors.grad_v),
+        (Uid::Dot, tensors.dot),
+        (Uid::GradQSum, tensors.grad_q_sum),
+    ];
+    // dQ's f32 sum is added to by the engine.
+    run(&mut Work::new(
+        shape,
+        true,
         scale,
-        tensors: vec![
-            (Uid::Q, tensors.q),
-            (Uid::K, tensors.k),
-            (Uid::V, tensors.v),
-            (Uid::O, tensors.output),
-            (Uid::Stats, tensors.lse),
-            (Uid::GradOutput, tensors.grad_output),
-            (Uid::GradQ, tensors.grad_q),
-            (Uid::GradK, tensors.grad_k),
-            (Uid::GradV, tensors.grad_v),
-            (Uid::Dot, tensors.dot),
-            (Uid::GradQSum, tensors.grad_q_sum),
-        ],
-        // dQ's f32 sum is added to by the engine.
-        zeroed: Some(Uid::GradQSum),
-        prepared: None,
-    };
-    run(&tensors.q.client, &mut work)
+        bound,
+        Some(Uid::GradQSum),
+    ))
 }
 
-fn run(client: &ComputeClient<CudaRuntime>, work: &mut Work<'_>) -> Result<(), String> {
+fn run(work: &mut Work<'_>) -> Result<(), String> {
+    let q = work.tensors[0].1;
     let device = CudaDevice {
-        index: work.tensors[0].1.device.index,
+        index: q.device.index,
     };
-    cublaslt::run_ordered(&device, client, work, "attention: cuDNN")
+    let client = q.client.clone();
+    cublaslt::run_ordered(&device, &client, work, "attention: cuDNN")
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
@@ -205,6 +195,24 @@ struct Work<'a> {
     tensors: Vec<(Uid, &'a CubeTensor<CudaRuntime>)>,
     zeroed: Option<Uid>,
     prepared: Option<Prepared>,
+}
+
+impl<'a> Work<'a> {
+    fn new(
+        shape: SdpaShape,
+        backward: bool,
+        scale: f32,
+        tensors: Vec<(Uid, &'a CubeTensor<CudaRuntime>)>,
+        zeroed: Option<Uid>,
+    ) -> Self {
+        Work {
+            key: PlanKey { shape, backward },
+            scale,
+            tensors,
+            zeroed,
+            prepared: None,
+        }
+    }
 }
 
 struct Prepared {
