@@ -111,14 +111,25 @@ pub(crate) fn forward(
     scale: f32,
     tensors: SdpaForward<'_>,
 ) -> Result<(), String> {
-    let bound = vec![
-        (Uid::Q, tensors.q),
-        (Uid::K, tensors.k),
-        (Uid::V, tensors.v),
-        (Uid::O, tensors.output),
-        (Uid::Stats, tensors.lse),
-    ];
+    let bound = attention_tensors(tensors.q, tensors.k, tensors.v, tensors.output, tensors.lse);
     run(&mut Work::new(shape, false, scale, bound, None))
+}
+
+/// The tensors both graphs bind: `q, k, v`, the output and `lse`.
+fn attention_tensors<'a>(
+    q: &'a CubeTensor<CudaRuntime>,
+    k: &'a CubeTensor<CudaRuntime>,
+    v: &'a CubeTensor<CudaRuntime>,
+    output: &'a CubeTensor<CudaRuntime>,
+    lse: &'a CubeTensor<CudaRuntime>,
+) -> Vec<(Uid, &'a CubeTensor<CudaRuntime>)> {
+    vec![
+        (Uid::Q, q),
+        (Uid::K, k),
+        (Uid::V, v),
+        (Uid::O, output),
+        (Uid::Stats, lse),
+    ]
 }
 
 /// Runs the backward on cuDNN. `Err` (nothing launched) says why it did not run.
@@ -127,19 +138,15 @@ pub(crate) fn backward(
     scale: f32,
     tensors: SdpaBackward<'_>,
 ) -> Result<(), String> {
-    let bound = vec![
-        (Uid::Q, tensors.q),
-        (Uid::K, tensors.k),
-        (Uid::V, tensors.v),
-        (Uid::O, tensors.output),
-        (Uid::Stats, tensors.lse),
+    let mut bound = attention_tensors(tensors.q, tensors.k, tensors.v, tensors.output, tensors.lse);
+    bound.extend([
         (Uid::GradOutput, tensors.grad_output),
         (Uid::GradQ, tensors.grad_q),
         (Uid::GradK, tensors.grad_k),
         (Uid::GradV, tensors.grad_v),
         (Uid::Dot, tensors.dot),
         (Uid::GradQSum, tensors.grad_q_sum),
-    ];
+    ]);
     // dQ's f32 sum is added to by the engine.
     run(&mut Work::new(
         shape,
@@ -451,6 +458,28 @@ impl Desc {
         self.set(name, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &raw)
     }
 
+    /// Up to `requested` elements of attribute `name` into `out` (null with 0 to count
+    /// them); the number cuDNN has.
+    fn get(
+        &self,
+        name: A,
+        kind: T,
+        requested: i64,
+        out: *mut c_void,
+        what: &str,
+    ) -> Result<i64, String> {
+        let mut count = 0i64;
+        // Safety: `out` holds `requested` elements of the C type `kind` names (or is null
+        // with `requested` 0).
+        check(
+            unsafe {
+                dnn::cudnnBackendGetAttribute(self.0, name, kind, requested, &mut count, out)
+            },
+            what,
+        )?;
+        Ok(count)
+    }
+
     fn finalize(self) -> Result<Self, String> {
         check(
             unsafe { dnn::cudnnBackendFinalize(self.0) },
@@ -696,6 +725,39 @@ impl Graph {
         self.tensor(None, self.dtype, dims, contiguous(dims), false)
     }
 
+    /// `S = Q·Kᵀ` and `S·scale`, both f32: the start of both graphs.
+    fn scaled_scores(
+        &mut self,
+        q: &Desc,
+        kt: &Desc,
+        scale: &Desc,
+        square: Dims,
+    ) -> Result<Desc, String> {
+        let scores = self.float(square)?;
+        self.matmul(q, kt, &scores)?;
+        let scaled = self.float(square)?;
+        self.pointwise(MUL, &scores, Some(scale), None, &scaled, None)?;
+        Ok(scaled)
+    }
+
+    /// `out = Σ_group Xᵀ·Y` for an f32 `X: [.., n, n]` (rounded to the input dtype as it
+    /// is read transposed) and `Y` of `heads` dims: a product per query head, then their
+    /// sum over each group into the key/value heads of `out`.
+    fn grouped_transposed_product(
+        &mut self,
+        x: &Desc,
+        y: &Desc,
+        out: &Desc,
+        square: Dims,
+        heads: Dims,
+    ) -> Result<(), String> {
+        let xt = self.tensor(None, self.dtype, square, transposed(square), false)?;
+        self.reshape(x, &xt)?;
+        let per_head = self.rounded(heads)?;
+        self.matmul(&xt, y, &per_head)?;
+        self.reduce(ADD, &per_head, out)
+    }
+
     /// The forward's operations (see the module docs).
     fn forward(&mut self, s: &SdpaShape) -> Result<(), String> {
         let (b, hq, hk, n, d) = dims(s);
@@ -707,10 +769,7 @@ impl Graph {
         let stats = self.bound_float(Uid::Stats, rows)?;
         let scale = self.scalar(Uid::Scale)?;
         let square = [b, hq, n, n];
-        let scores = self.float(square)?;
-        self.matmul(&q, &kt, &scores)?;
-        let scaled = self.float(square)?;
-        self.pointwise(MUL, &scores, Some(&scale), None, &scaled, None)?;
+        let scaled = self.scaled_scores(&q, &kt, &scale, square)?;
         let masked = self.causal(scaled, s.causal, square)?;
         let max = self.float(rows)?;
         self.reduce(MAX, &masked, &max)?;
@@ -757,10 +816,7 @@ impl Graph {
 
         // P = exp(S·scale − lse) under the mask.
         let square = [b, hq, n, n];
-        let scores = self.float(square)?;
-        self.matmul(&q, &kt, &scores)?;
-        let scaled = self.float(square)?;
-        self.pointwise(MUL, &scores, Some(&scale), None, &scaled, None)?;
+        let scaled = self.scaled_scores(&q, &kt, &scale, square)?;
         let shifted = self.float(square)?;
         self.pointwise(SUB, &scaled, Some(&stats), None, &shifted, None)?;
         let masked = self.causal(shifted, s.causal, square)?;
@@ -768,11 +824,7 @@ impl Graph {
         self.pointwise(EXP, &masked, None, None, &p, None)?;
 
         // dV = Σ_group Pᵀ·dO.
-        let pt = self.tensor(None, self.dtype, square, transposed(square), false)?;
-        self.reshape(&p, &pt)?;
-        let dv_heads = self.rounded(q_dims)?;
-        self.matmul(&pt, &d_o, &dv_heads)?;
-        self.reduce(ADD, &dv_heads, &dv)?;
+        self.grouped_transposed_product(&p, &d_o, &dv, square, q_dims)?;
 
         // dS = P∘(dO·Vᵀ − D)·scale.
         let dp = self.float(square)?;
@@ -785,11 +837,7 @@ impl Graph {
         self.pointwise(MUL, &ds_unscaled, Some(&scale), None, &ds, None)?;
 
         // dK = Σ_group dSᵀ·Q.
-        let dst = self.tensor(None, self.dtype, square, transposed(square), false)?;
-        self.reshape(&ds, &dst)?;
-        let dk_heads = self.rounded(q_dims)?;
-        self.matmul(&dst, &q, &dk_heads)?;
-        self.reduce(ADD, &dk_heads, &dk)?;
+        self.grouped_transposed_product(&ds, &q, &dk, square, q_dims)?;
 
         // dQ = dS·K, summed in f32, then rounded.
         let k = self.float(kv_dims)?;
@@ -856,36 +904,22 @@ impl Plan {
             &[dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A],
         )?;
         let heuristic = heuristic.finalize()?;
-        let mut count = 0i64;
-        check(
-            unsafe {
-                dnn::cudnnBackendGetAttribute(
-                    heuristic.0,
-                    A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                    T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                    0,
-                    &mut count,
-                    std::ptr::null_mut(),
-                )
-            },
+        let count = heuristic.get(
+            A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            0,
+            std::ptr::null_mut(),
             "counting the heuristic's engine configurations",
         )?;
         let configs = (0..count.max(0))
             .map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
             .collect::<Result<Vec<_>, _>>()?;
         let mut raw: Vec<dnn::cudnnBackendDescriptor_t> = configs.iter().map(|c| c.0).collect();
-        let mut returned = 0i64;
-        check(
-            unsafe {
-                dnn::cudnnBackendGetAttribute(
-                    heuristic.0,
-                    A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                    T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                    count,
-                    &mut returned,
-                    raw.as_mut_ptr() as *mut c_void,
-                )
-            },
+        let returned = heuristic.get(
+            A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            count,
+            raw.as_mut_ptr() as *mut c_void,
             "reading the heuristic's engine configurations",
         )?;
         let mut failures = Vec::new();
@@ -900,18 +934,11 @@ impl Plan {
                 plan.set_descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
                 let plan = plan.finalize()?;
                 let mut bytes = 0i64;
-                let mut n = 0i64;
-                check(
-                    unsafe {
-                        dnn::cudnnBackendGetAttribute(
-                            plan.0,
-                            A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                            T::CUDNN_TYPE_INT64,
-                            1,
-                            &mut n,
-                            &mut bytes as *mut i64 as *mut c_void,
-                        )
-                    },
+                plan.get(
+                    A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                    T::CUDNN_TYPE_INT64,
+                    1,
+                    &mut bytes as *mut i64 as *mut c_void,
                     "reading the plan's workspace size",
                 )?;
                 Ok::<_, String>(Plan {
