@@ -31,6 +31,7 @@ use liger_cubecl_kernels::attention::{
     AttentionMask, FlashBackwardArgs, FlashForwardArgs, FlashPlan, FlashProblem, FlashVariant,
     flash_attention, flash_attention_backward, flash_plan,
 };
+use std::sync::atomic::AtomicBool;
 
 /// The flash kernels' plan for `head_dim`-wide heads of `dtype`, or `None` for the
 /// blockwise path (see the module docs). Panics when `AttentionKernel::Flash` is asked for
@@ -81,9 +82,16 @@ pub(crate) fn plan<R: CubeRuntime>(
 /// wgpu: cooperative matrices, but less shared memory a cube than the kernels take), so a
 /// user comparing vendors sees which kernels ran (`liger -v`).
 fn log_without_tensor_cores(why: &liger_cubecl_kernels::KernelError) {
-    static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        log::info!("attention: the tensor-core flash kernels do not run on this device: {why}");
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    log_once(&LOGGED, || {
+        format!("attention: the tensor-core flash kernels do not run on this device: {why}")
+    });
+}
+
+/// Logs `message` at info level the first time `logged` is seen unset.
+fn log_once(logged: &AtomicBool, message: impl FnOnce() -> String) {
+    if !logged.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::info!("{}", message());
     }
 }
 
@@ -98,10 +106,10 @@ static VENDOR_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 /// Says once per process why cuDNN's attention does not run a problem it was offered.
 #[cfg(feature = "cuda")]
 fn log_without_vendor(why: &str) {
-    static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        log::info!("attention: the flash kernels run in place of cuDNN: {why}");
-    }
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    log_once(&LOGGED, || {
+        format!("attention: the flash kernels run in place of cuDNN: {why}")
+    });
 }
 
 /// The problem as cuDNN's graphs take it, when `Auto` offers it to cuDNN (see the module
