@@ -236,6 +236,12 @@ def parse_args(argv=None):
                    help="gpu column (default $LIGER_GPU_NAME, else the device's name)")
     p.add_argument("--commit", default=None,
                    help="commit column (default $LIGER_COMMIT, else .gpu/commit, else git HEAD)")
+    p.add_argument("--kernel-profile", metavar="PATH", default=None,
+                   help="after the memory step, one more step under torch.profiler (CUDA "
+                        "activity only); every kernel's device time summed by name and "
+                        "written to PATH.<model>_<seq>_<provider>.txt in the layout of "
+                        "scripts/ncu_summary.py --total, to set beside ncu's view of the "
+                        "Rust step")
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.models is None:
@@ -443,6 +449,9 @@ def run_case(args, model_name, seq, batch, provider):
         losses.append(step(sample))
         sample()
         out["phase_ms"] = [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
+        if args.kernel_profile and cuda:
+            write_kernel_profile(f"{args.kernel_profile}.{model_name}_{seq}_{provider}.txt",
+                                 lambda: (step(nothing), sync()))
         out["losses"] = [float(v) for v in losses]
         out["loss"] = out["losses"][-1]
         if cuda:
@@ -461,6 +470,28 @@ def run_case(args, model_name, seq, batch, provider):
     return out
 
 
+def write_kernel_profile(path, run_step):
+    """One step under torch.profiler: the kernels' (and copies') device time by name."""
+    import collections
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_step()
+    by_name = collections.defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type != DeviceType.CUDA:
+            continue
+        entry = by_name[e.name.split("(")[0].split("<")[0]]
+        entry[0] += e.time_range.elapsed_us() / 1e3
+        entry[1] += 1
+    launches = sum(n for _, n in by_name.values())
+    ms = sum(t for t, _ in by_name.values())
+    with open(path, "w") as f:
+        f.write(f"{launches} launches, {ms:.3f} ms of kernel time\n")
+        for name, (t, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0]):
+            f.write(f"{t:10.3f} ms {n:6} x  {name[:90]}\n")
+
+
 # ---------------------------------------------------------------------------------------
 # The parent: every case in a child process, rows, table.
 
@@ -475,6 +506,8 @@ def child_argv(args, case):
         a += ["--start", args.start]
     if args.layers is not None:
         a += ["--layers", str(args.layers)]
+    if args.kernel_profile is not None:
+        a += ["--kernel-profile", args.kernel_profile]
     if args.lora_rank is not None:
         a += ["--lora-rank", str(args.lora_rank), "--lora-targets", ",".join(args.lora_targets)]
     return a

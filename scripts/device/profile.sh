@@ -9,11 +9,11 @@
 #
 # e2e-step: every kernel's duration over `liger bench --e2e` of E2E_MODEL (default
 # llama3.2-1b) at E2E_SEQ tokens (default 4096; E2E_LORA_RANK adds LoRA adapters of that
-# rank), liger on, --memory-pool release, the
-# model's initialization and two steps (the timed one, and the one that reads the memory;
-# ncu follows the case's child process), cuBLASLt ordered by host synchronization (ncu's
-# serialized launches never release the default's device-side waits). The kernels summed (scripts/ncu_summary.py
-# --total), less the initialization's, halved, and set
+# rank), liger on, --memory-pool release: only the timed step (one warm-up step before it)
+# is recorded, through the bench's profiler range (--e2e-profile-range, ncu
+# --profile-from-start off; ncu follows the case's child process), cuBLASLt ordered by host
+# synchronization (ncu's serialized launches never release the default's device-side
+# waits). The kernels summed (scripts/ncu_summary.py --total, written beside the CSV) are set
 # against the same case's step time measured without ncu: the difference is the time the
 # GPU waits on the host inside a step.
 #
@@ -30,9 +30,9 @@
 #
 # PROFILE_BIN picks the binary (default: env.sh's $BIN).
 #
-# Writes $OUT/ncu_<step>.csv (one row per kernel and metric; e2e-step: every process of
-# the case in the one file, as ncu's `--log-file` does not expand `%p`) and
-# $OUT/ncu_<step>.log.
+# Writes $OUT/ncu_<step>.csv (one row per kernel and metric) and $OUT/ncu_<step>.log;
+# e2e-step writes $OUT/ncu_e2e-step_<model>_<seq>.{csv.gz,log,txt} (every process of the case
+# in the one file, as ncu's `--log-file` does not expand `%p`; .txt is its --total summary).
 # Summarize here with scripts/ncu_summary.py.
 set -u
 . "$(dirname "$0")/env.sh"
@@ -60,15 +60,18 @@ for step in ${*:-ce flce swiglu}; do
         --section ComputeWorkloadAnalysis --section SchedulerStats --section InstructionStats \
         --section MemoryWorkloadAnalysis_Tables --section SourceCounters" ;;
     e2e-step)
+      name="ncu_${step}_${E2E_MODEL:-llama3.2-1b}_${E2E_SEQ:-4096}"
       timeout "${PROFILE_TIMEOUT:-400}" "$NCU" --clock-control none --cache-control none \
-        --target-processes all --csv --metrics gpu__time_duration.sum \
-        --log-file "$OUT/ncu_${step}.csv" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 \
+        --target-processes all --profile-from-start off --csv --metrics gpu__time_duration.sum \
+        --log-file "$OUT/$name.csv" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 \
         --e2e-models "${E2E_MODEL:-llama3.2-1b}" --e2e-seq "${E2E_SEQ:-4096}" --e2e-modes on \
         ${E2E_LORA_RANK:+--e2e-lora-rank $E2E_LORA_RANK} \
-        --e2e-warmup 0 --e2e-steps 1 --e2e-timeout 390 --memory-pool release \
+        --e2e-warmup 1 --e2e-steps 1 --e2e-profile-range on --e2e-timeout 390 --memory-pool release \
         --e2e-matmul-ordering host-synchronization \
-        >"$OUT/ncu_$step.log" 2>&1 || status=1
-      echo "$step: $(wc -l <"$OUT/ncu_$step.csv") rows"; tail -n 3 "$OUT/ncu_$step.log"
+        >"$OUT/$name.log" 2>&1 || status=1
+      python3 "$(dirname "$0")/../ncu_summary.py" --total "$OUT/$name.csv" 200 >"$OUT/$name.txt"
+      gzip -f "$OUT/$name.csv"
+      echo "$name:"; head -n 30 "$OUT/$name.txt"; tail -n 3 "$OUT/$name.log"
       continue ;;
     *) echo "unknown step $step"; status=1; continue ;;
   esac

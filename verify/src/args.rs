@@ -306,6 +306,11 @@ pub struct BenchArgs {
     /// serialized launches never release a device-side wait).
     #[arg(long, value_enum, default_value = "auto", value_name = "ORDERING")]
     pub e2e_matmul_ordering: MatmulOrderingArg,
+    /// --e2e on CUDA: the timed steps inside the driver's profiler range
+    /// (cuProfilerStart/Stop), so `ncu --profile-from-start off` records their kernels and
+    /// nothing of the model's initialization or the other steps.
+    #[arg(long, value_enum, default_value = "off", value_name = "on|off")]
+    pub e2e_profile_range: OnOff,
     /// --e2e: both modes with Burn's balanced gradient checkpointing
     /// (`Autodiff<B, BalancedCheckpointing>`: memory-bound ops recomputed in the backward).
     #[arg(long, value_enum, default_value = "off", value_name = "on|off")]

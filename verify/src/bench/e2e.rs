@@ -503,6 +503,9 @@ fn child_args(args: &BenchArgs, case: E2eCase) -> Vec<String> {
     if args.e2e_gradient_checkpointing.on() {
         a.extend(["--e2e-gradient-checkpointing".into(), "on".into()]);
     }
+    if args.e2e_profile_range.on() {
+        a.extend(["--e2e-profile-range".into(), "on".into()]);
+    }
     if let Some(r) = args.e2e_lora_rank {
         a.extend([
             "--e2e-lora-rank".into(),

@@ -390,11 +390,13 @@ where
     let mut step_ms = Vec::with_capacity(args.e2e_steps);
     for i in 0..args.e2e_steps {
         ctx.sync();
+        profiler_range(args, true);
         let t = Instant::now();
         let (m, loss) = step(model, &mut || {});
         model = m;
         ctx.sync();
         let ms = t.elapsed().as_secs_f64() * 1e3;
+        profiler_range(args, false);
         losses.push(loss.inner());
         if let Some(cube) = &ctx.cube {
             peak.add(cube.usage());
@@ -444,6 +446,38 @@ where
         losses,
         phase_ms,
         ..Default::default()
+    }
+}
+
+/// With `--e2e-profile-range on`, starts (`start`) or stops the CUDA driver's profiler
+/// range; a driver error is printed and the step goes on unprofiled.
+fn profiler_range(args: &BenchArgs, start: bool) {
+    if !args.e2e_profile_range.on() {
+        return;
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use cudarc::driver::sys;
+        // The calls act on this thread's current context: the device's primary one, which
+        // CubeCL runs on (device 0: the bench's `--device cuda`).
+        if let Err(e) = cudarc::driver::CudaContext::new(0).and_then(|c| c.bind_to_thread()) {
+            eprintln!("--e2e-profile-range: binding the CUDA context: {e:?}");
+        }
+        // SAFETY: both calls take no arguments and only toggle the attached profiler's
+        // collection for the current context.
+        let result = unsafe {
+            if start {
+                sys::cuProfilerStart()
+            } else {
+                sys::cuProfilerStop()
+            }
+        };
+        if result != sys::CUresult::CUDA_SUCCESS {
+            eprintln!(
+                "--e2e-profile-range: cuProfiler{} returned {result:?}",
+                if start { "Start" } else { "Stop" }
+            );
+        }
     }
 }
 
