@@ -4,15 +4,46 @@
 //!
 //! Computed on the host in f32 with the same operations, in the same order, as
 //! transformers (which computes them in f32 with autocast off), then cast to the
-//! activation dtype like `LlamaRotaryEmbedding.forward`.
+//! activation dtype like `LlamaRotaryEmbedding.forward`. The device tables of the last
+//! length, dtype and device are kept and reused: at 16K positions the host tables take
+//! about 10 ms to compute, time the GPU would otherwise wait at the start of every forward.
 
 use crate::config::{ModelConfig, RopeScaling};
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
+use std::any::Any;
+use std::sync::{Arc, Mutex};
 
-/// Inverse frequencies of one head, `[head_dim / 2]`.
-#[derive(Clone, Debug, PartialEq)]
+/// Inverse frequencies of one head, `[head_dim / 2]`, and the device tables last made
+/// from them.
+#[derive(Clone, Debug)]
 pub struct RotaryEmbedding {
     inv_freq: Vec<f32>,
+    /// The last [`Self::cos_sin`] result, shared by clones (see the module docs).
+    last_tables: Arc<Mutex<Option<DeviceTables>>>,
+}
+
+impl PartialEq for RotaryEmbedding {
+    fn eq(&self, other: &Self) -> bool {
+        self.inv_freq == other.inv_freq
+    }
+}
+
+/// One [`RotaryEmbedding::cos_sin`] result: its length and dtype, and `(device, cos,
+/// sin)` of its backend, type-erased.
+struct DeviceTables {
+    seq_len: usize,
+    dtype: DType,
+    tables: Box<dyn Any + Send>,
+}
+
+impl std::fmt::Debug for DeviceTables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceTables {{ seq_len: {}, dtype: {:?} }}",
+            self.seq_len, self.dtype
+        )
+    }
 }
 
 impl RotaryEmbedding {
@@ -47,7 +78,10 @@ impl RotaryEmbedding {
                 original_max_position_embeddings as f32,
             ),
         };
-        RotaryEmbedding { inv_freq }
+        RotaryEmbedding {
+            inv_freq,
+            last_tables: Arc::default(),
+        }
     }
 
     /// The inverse frequencies, `[head_dim / 2]`.
@@ -82,20 +116,37 @@ impl RotaryEmbedding {
     }
 
     /// Device tables for positions `0..seq_len`: `(cos, sin)`, each `[1, seq_len, head_dim]`
-    /// in `dtype`.
+    /// in `dtype`. The same length, dtype and device as the last call reuse its tables.
     pub fn cos_sin<B: Backend>(
         &self,
         seq_len: usize,
         dtype: DType,
         device: &B::Device,
     ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        let mut last = self.last_tables.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = last
+            .as_ref()
+            .filter(|t| t.seq_len == seq_len && t.dtype == dtype)
+            && let Some((on, cos, sin)) = t
+                .tables
+                .downcast_ref::<(B::Device, Tensor<B, 3>, Tensor<B, 3>)>()
+            && on == device
+        {
+            return (cos.clone(), sin.clone());
+        }
         let d = self.head_dim();
         let (cos, sin) = self.tables(seq_len);
         let make = |v: Vec<f32>| {
             Tensor::<B, 3>::from_data(TensorData::new(v, [1, seq_len, d]), (device, DType::F32))
                 .cast(dtype)
         };
-        (make(cos), make(sin))
+        let (cos, sin) = (make(cos), make(sin));
+        *last = Some(DeviceTables {
+            seq_len,
+            dtype,
+            tables: Box::new((device.clone(), cos.clone(), sin.clone())),
+        });
+        (cos, sin)
     }
 }
 

@@ -1227,8 +1227,11 @@ mod flash_kernel {
 /// (fusion and plain CubeCL backends, NdArray) under each implementation it has: the
 /// blockwise composition everywhere, the flash kernels on CubeCL backends
 /// (`AttentionKernel::Flash`: the FMA variant on lavapipe, tensor cores on CUDA half
-/// precision), and `Auto` (cuDNN's attention on CUDA where it takes the problem); forward and the gradients of q, k, v through `Autodiff<B>`
-/// (upstream gradient random), against the f64 reference, for every mask kind.
+/// precision), and `Auto` (cuDNN's attention on CUDA where it takes the problem), `Auto`
+/// also on the models' layout (q, k, v and the upstream gradient as transposed views of
+/// `[batch, seq, heads, head_dim]` tensors, the output read back through the transpose and
+/// reshape to `[batch, seq, hidden]`); forward and the gradients of q, k, v through
+/// `Autodiff<B>` (upstream gradient random), against the f64 reference, for every mask kind.
 mod paths {
     use burn::backend::Autodiff;
     use burn::tensor::{DType, Int, Tensor, TensorData};
@@ -1268,27 +1271,50 @@ mod paths {
         ]
     }
 
-    /// Output and gradients of `sum(attention(q, k, v) · g)` on `Autodiff<B>`.
+    /// Output and gradients of `sum(attention(q, k, v) · g)` on `Autodiff<B>`, all as
+    /// `[batch, heads, seq, head_dim]`. With `sequence_major`, q, k, v and g are the
+    /// transposed views of `[batch, seq, heads, head_dim]` leaves (as the models project
+    /// them), and the output enters the sum through the transpose and reshape to `[batch,
+    /// seq, hidden]`.
     fn run<B: FusedOps>(
         p: &Problem,
         dtype: DType,
-        kernel: AttentionKernel,
+        (kernel, sequence_major): (AttentionKernel, bool),
         rng: &mut Rng,
         device: &B::Device,
     ) -> ([Vec<f64>; 4], [Vec<f64>; 4]) {
         let (b, hq, hk, s, d) = (p.batch, p.q_heads, p.kv_heads, p.seq, p.head_dim);
         let mut random = |h: usize, lo: f64, hi: f64| {
+            let dims = if sequence_major {
+                [b, s, h, d]
+            } else {
+                [b, h, s, d]
+            };
             Tensor::<Autodiff<B>, 4>::from_data(
-                TensorData::new(rng.vec(b * h * s * d, lo, hi, 0.0), [b, h, s, d]),
+                TensorData::new(rng.vec(b * h * s * d, lo, hi, 0.0), dims),
                 device,
             )
             .cast(dtype)
         };
-        let (q, k, v, g) = (
+        let (leaf_q, leaf_k, leaf_v, leaf_g) = (
             random(hq, -2.0, 2.0).require_grad(),
             random(hk, -2.0, 2.0).require_grad(),
             random(hk, -1.0, 1.0).require_grad(),
             random(hq, -1.0, 1.0),
+        );
+        // [batch, heads, seq, head_dim] views of the leaves.
+        let heads_major = |t: &Tensor<Autodiff<B>, 4>| {
+            if sequence_major {
+                t.clone().swap_dims(1, 2)
+            } else {
+                t.clone()
+            }
+        };
+        let (q, k, v, g) = (
+            heads_major(&leaf_q),
+            heads_major(&leaf_k),
+            heads_major(&leaf_v),
+            heads_major(&leaf_g),
         );
         let options = AttentionOptions {
             scale: (d as f64).powf(-0.5),
@@ -1307,10 +1333,31 @@ mod paths {
             }
             None => attention(q.clone(), k.clone(), v.clone(), None, options),
         };
-        let grads = (out.clone() * g.clone()).sum().backward();
-        let grad = |t: &Tensor<Autodiff<B>, 4>| values(t.grad(&grads).expect("a gradient"));
-        let inputs = [q.clone(), k.clone(), v.clone(), g].map(|t| values(t.inner()));
-        ([values(out.inner()), grad(&q), grad(&k), grad(&v)], inputs)
+        let loss = if sequence_major {
+            let hidden = |t: Tensor<Autodiff<B>, 4>| t.swap_dims(1, 2).reshape([b, s, hq * d]);
+            (hidden(out.clone()) * hidden(g.clone())).sum()
+        } else {
+            (out.clone() * g.clone()).sum()
+        };
+        let grads = loss.backward();
+        let grad = |t: &Tensor<Autodiff<B>, 4>| {
+            let grad = t.grad(&grads).expect("a gradient");
+            values(if sequence_major {
+                grad.swap_dims(1, 2)
+            } else {
+                grad
+            })
+        };
+        let inputs = [q, k, v, g].map(|t| values(t.inner()));
+        (
+            [
+                values(out.inner()),
+                grad(&leaf_q),
+                grad(&leaf_k),
+                grad(&leaf_v),
+            ],
+            inputs,
+        )
     }
 
     #[test]
@@ -1329,14 +1376,25 @@ mod paths {
                                 .with_kernel(AttentionKernel::Flash),
                         )
                         .is_some();
-                        let mut kernels = vec![AttentionKernel::Blockwise, AttentionKernel::Auto];
+                        let mut runs = vec![
+                            (AttentionKernel::Blockwise, false),
+                            (AttentionKernel::Auto, false),
+                            (AttentionKernel::Auto, true),
+                        ];
                         if flash_here {
-                            kernels.push(AttentionKernel::Flash);
+                            runs.push((AttentionKernel::Flash, false));
                         }
-                        for kernel in kernels {
+                        for (kernel, sequence_major) in runs {
                             let vendor_calls = liger_burn::cube::vendor_attention_calls();
                             let (ours, [q, k, v, g]) =
-                                run::<B>(&p, dtype, kernel, &mut self.0, device);
+                                run::<B>(&p, dtype, (kernel, sequence_major), &mut self.0, device);
+                            let layout = if sequence_major {
+                                "sequence-major"
+                            } else {
+                                "contiguous"
+                            };
+                            let vendor_ran =
+                                liger_burn::cube::vendor_attention_calls() - vendor_calls;
                             // On CUDA, `Auto` runs cuDNN's attention for what it takes (a
                             // half dtype, head dimensions in 8s up to 128, no window or
                             // documents): its forward and backward both ran there.
@@ -1348,19 +1406,19 @@ mod paths {
                                 && p.head_dim.is_multiple_of(8)
                                 && p.head_dim <= 128
                             {
-                                let ran = liger_burn::cube::vendor_attention_calls() - vendor_calls;
                                 assert_eq!(
-                                    ran,
+                                    vendor_ran,
                                     2,
-                                    "{label} {dtype:?} {}: cuDNN ran {ran} of the forward and backward",
+                                    "{label} {dtype:?} {layout} {}: cuDNN ran {vendor_ran} of the forward and backward",
                                     p.describe()
                                 );
                             }
                             let expected = reference(&p, &q, &k, &v, &g);
                             let tol = row_tolerance(dtype, &p);
-                            // Blockwise (and `Auto` where it picks blockwise): scores in the
-                            // input dtype, as eager attention.
-                            let scores = if kernel == AttentionKernel::Flash {
+                            // The flash kernels and cuDNN keep the scores in f32; blockwise
+                            // (and `Auto` where it picks blockwise) in the input dtype, as
+                            // eager attention.
+                            let scores = if kernel == AttentionKernel::Flash || vendor_ran == 2 {
                                 DType::F32
                             } else {
                                 dtype
@@ -1378,7 +1436,7 @@ mod paths {
                                 let bounds = expected.row_bounds(i, p.head_dim, tol, dtype, scores);
                                 if let Err(e) = compare_rows(name, &ours[i], want[i], &bounds) {
                                     panic!(
-                                        "{label} {dtype:?} {kernel:?} {}: {e} (seed {seed}, rerun with LIGER_SEED={seed})",
+                                        "{label} {dtype:?} {kernel:?} {layout} {}: {e} (seed {seed}, rerun with LIGER_SEED={seed})",
                                         p.describe()
                                     );
                                 }

@@ -16,7 +16,15 @@
 //! positive, finite scale; the backward also not `deterministic` (cuDNN sums dQ by atomic
 //! adds). Where cuDNN is missing or refuses the graph, the flash kernels run, and the
 //! reason is logged once (`liger -v`).
+//!
+//! cuDNN reads q, k, v and the output gradient through their strides (the transposed views
+//! of `[batch, seq, heads, head_dim]` projections are not copied), writes the output as
+//! `[batch, seq, heads, head_dim]` in memory (so the usual transpose back and reshape to
+//! `[batch, seq, hidden]` is free, as with PyTorch's SDPA), and each gradient in its
+//! input's layout. The flash kernels take contiguous tensors and write contiguous ones.
 
+#[cfg(feature = "cuda")]
+use super::empty_in_layout_of;
 use super::{empty_like, launched};
 use crate::ops::{
     AttentionGrads, AttentionKernel, AttentionOptions, AttentionOutput, compose, validate,
@@ -146,6 +154,27 @@ fn vendor_shape(
 #[cfg(feature = "cuda")]
 fn as_cuda<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<&CubeTensor<cubecl::cuda::CudaRuntime>> {
     (t as &dyn std::any::Any).downcast_ref::<CubeTensor<cubecl::cuda::CudaRuntime>>()
+}
+
+/// `t` as cuDNN reads it: as it is when its head dimension is dense and its other strides
+/// keep every row 16-byte aligned (f16/bf16 rows in 8s), in whatever order batch, heads and
+/// positions lie; otherwise a contiguous copy.
+#[cfg(feature = "cuda")]
+fn vendor_operand<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    let readable = strides[3] == 1
+        && (0..3).all(|i| shape[i] == 1 || (strides[i] > 0 && strides[i].is_multiple_of(8)));
+    if readable { t } else { into_contiguous(t) }
+}
+
+/// An uninitialized `[batch, heads, seq, head_dim]` output of `q`'s dtype lying in memory
+/// as `[batch, seq, heads, head_dim]`.
+#[cfg(feature = "cuda")]
+fn empty_sequence_major<R: CubeRuntime>(q: &CubeTensor<R>) -> CubeTensor<R> {
+    let [b, h, s, d] = [0, 1, 2, 3].map(|i| q.meta.shape()[i]);
+    let mut out = empty_like(q, Shape::new([b, s, h, d]), q.dtype);
+    out.meta.swap(1, 2);
+    out
 }
 
 /// The forward on cuDNN into `output` and `lse`, when `R` is CUDA and cuDNN runs it.
@@ -324,22 +353,28 @@ where
         document_ids.is_some(),
         false,
     );
+    let lse_shape = |q: &CubeTensor<R>| Shape::new([q.shape()[0], q.shape()[1], q.shape()[2]]);
+    #[cfg(feature = "cuda")]
+    let (q, k, v) = match vendor {
+        Some(shape) => {
+            let (q, k, v) = (vendor_operand(q), vendor_operand(k), vendor_operand(v));
+            let output = empty_sequence_major(&q);
+            let lse = empty_like(&q, lse_shape(&q), DType::F32);
+            if vendor_forward((&q, &k, &v), (&output, &lse), Some(shape), options.scale) {
+                return AttentionOutput {
+                    output,
+                    lse: Some(lse),
+                };
+            }
+            (q, k, v)
+        }
+        None => (q, k, v),
+    };
     let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
     let ids = document_ids.map(ids_i32::<R, F, I, BT>);
     let (q_shape, k_shape) = (q.shape(), k.shape());
     let output = empty_like(&q, q_shape.clone(), q.dtype);
-    let lse = empty_like(
-        &q,
-        Shape::new([q_shape[0], q_shape[1], q_shape[2]]),
-        DType::F32,
-    );
-    #[cfg(feature = "cuda")]
-    if vendor_forward((&q, &k, &v), (&output, &lse), vendor, options.scale) {
-        return AttentionOutput {
-            output,
-            lse: Some(lse),
-        };
-    }
+    let lse = empty_like(&q, lse_shape(&q), DType::F32);
     launched(flash_attention::<R>(
         &q.client,
         FlashForwardArgs {
@@ -413,6 +448,41 @@ where
         })
         .expect("attention_backward: the flash forward ran, so a flash variant runs here")
         .variant;
+    #[cfg(feature = "cuda")]
+    let (grad_output, q, k, v, output) = match vendor {
+        Some(shape) => {
+            let [grad_output, q, k, v, output] = [grad_output, q, k, v, output].map(vendor_operand);
+            let lse = into_contiguous(lse.clone());
+            let rows = Shape::new([q_shape[0], q_shape[1], q_shape[2]]);
+            let dot = empty_like(&q, rows, DType::F32);
+            let grad_q_sum = empty_like(&q, q_shape.clone(), DType::F32);
+            let grads = [&q, &k, &v].map(empty_in_layout_of);
+            let [grad_q, grad_k, grad_v] = &grads;
+            let bound = [
+                &q,
+                &k,
+                &v,
+                &output,
+                &lse,
+                &grad_output,
+                grad_q,
+                grad_k,
+                grad_v,
+                &dot,
+                &grad_q_sum,
+            ];
+            if vendor_backward(bound, shape, options.scale) {
+                let [grad_q, grad_k, grad_v] = grads;
+                return AttentionGrads {
+                    grad_q,
+                    grad_k,
+                    grad_v,
+                };
+            }
+            (grad_output, q, k, v, output)
+        }
+        None => (grad_output, q, k, v, output),
+    };
     let contiguous = into_contiguous::<R>;
     let (grad_output, q, k, v) = (
         contiguous(grad_output),
@@ -426,39 +496,6 @@ where
     let grad_q = empty_like(&q, q_shape.clone(), q.dtype);
     let grad_k = empty_like(&k, k_shape.clone(), k.dtype);
     let grad_v = empty_like(&v, k_shape.clone(), v.dtype);
-    #[cfg(feature = "cuda")]
-    if let Some(shape) = vendor {
-        let dot = empty_like(
-            &q,
-            Shape::new([q_shape[0], q_shape[1], q_shape[2]]),
-            DType::F32,
-        );
-        let grad_q_sum = empty_like(&q, q_shape.clone(), DType::F32);
-        let ran = vendor_backward(
-            [
-                &q,
-                &k,
-                &v,
-                &output,
-                &lse,
-                &grad_output,
-                &grad_q,
-                &grad_k,
-                &grad_v,
-                &dot,
-                &grad_q_sum,
-            ],
-            shape,
-            options.scale,
-        );
-        if ran {
-            return AttentionGrads {
-                grad_q,
-                grad_k,
-                grad_v,
-            };
-        }
-    }
     launched(flash_attention_backward::<R>(
         &q.client,
         FlashBackwardArgs {

@@ -34,7 +34,9 @@ use std::sync::{Mutex, OnceLock};
 const MAX_PLANS: usize = 64;
 
 /// One attention problem: `q, o: [batch, q_heads, seq, head_dim]`, `k, v: [batch,
-/// kv_heads, seq, head_dim]`, all contiguous, `lse: [batch, q_heads, seq]` f32.
+/// kv_heads, seq, head_dim]`, `lse: [batch, q_heads, seq]` f32. The tensors are bound with
+/// their own strides (the head dimension dense, rows 16-byte aligned), so the transposed
+/// views of `[batch, seq, heads, head_dim]` projections need no copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct SdpaShape {
     pub batch: usize,
@@ -170,7 +172,7 @@ fn run(work: &mut Work<'_>) -> Result<(), String> {
 
 /// The graphs' tensor ids: those bound to memory or values at execution, and the virtual
 /// ones between the operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(i64)]
 enum Uid {
     Q = 0,
@@ -189,10 +191,22 @@ enum Uid {
     GradQSum = 32,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct PlanKey {
     shape: SdpaShape,
     backward: bool,
+    /// Every bound tensor's strides, as `[.., 1]`-padded 4-d strides.
+    strides: Vec<(Uid, Dims)>,
+}
+
+/// `t`'s strides as the graph's 4-d tensors take them (`lse`'s `[batch, heads, seq]` read
+/// as `[batch, heads, seq, 1]`).
+fn strides_4d(t: &CubeTensor<CudaRuntime>) -> Dims {
+    let mut out = [1i64; 4];
+    for (o, s) in out.iter_mut().zip(t.meta.strides().iter()) {
+        *o = *s as i64;
+    }
+    out
 }
 
 /// One call: the tensors to bind, and what `prepare` found for `launch`.
@@ -212,8 +226,13 @@ impl<'a> Work<'a> {
         tensors: Vec<(Uid, &'a CubeTensor<CudaRuntime>)>,
         zeroed: Option<Uid>,
     ) -> Self {
+        let strides = tensors.iter().map(|(u, t)| (*u, strides_4d(t))).collect();
         Work {
-            key: PlanKey { shape, backward },
+            key: PlanKey {
+                shape,
+                backward,
+                strides,
+            },
             scale,
             tensors,
             zeroed,
@@ -248,6 +267,11 @@ impl StreamWork for Work<'_> {
                 .map_err(|e| format!("device address of {uid:?}: {e:?}"))?
                 .resource()
                 .ptr;
+            if address % 16 != 0 {
+                return Err(format!(
+                    "{uid:?} starts at {address:#x}, not 16-byte aligned as cuDNN's engines read it"
+                ));
+            }
             addresses.push(address);
         }
         let zeroed = self.zeroed.map(|uid| {
@@ -269,7 +293,7 @@ impl StreamWork for Work<'_> {
                 state.plans.clear();
             }
             let plan = Plan::new(state.handle, &self.key);
-            state.plans.insert(self.key, plan);
+            state.plans.insert(self.key.clone(), plan);
         }
         let (plan, workspace_bytes) = match &state.plans[&self.key] {
             Ok(plan) => (plan.plan.0, plan.workspace_bytes),
@@ -499,10 +523,12 @@ struct Plan {
 unsafe impl Send for Plan {}
 
 /// Builds the graph's descriptors, one tensor id at a time for the virtual ones.
-struct Graph {
+struct Graph<'k> {
     dtype: dnn::cudnnDataType_t,
     ops: Vec<Desc>,
     next_virtual: i64,
+    /// The bound tensors' strides.
+    strides: &'k [(Uid, Dims)],
 }
 
 type Dims = [i64; 4];
@@ -519,7 +545,16 @@ fn transposed(dims: Dims) -> Dims {
     s
 }
 
-impl Graph {
+impl Graph<'_> {
+    /// The strides `uid` was bound with.
+    fn bound_strides(&self, uid: Uid) -> Dims {
+        self.strides
+            .iter()
+            .find(|(u, _)| *u == uid)
+            .map(|(_, s)| *s)
+            .unwrap_or_else(|| panic!("cuDNN graph: {uid:?} is not bound"))
+    }
+
     fn tensor(
         &mut self,
         uid: Option<Uid>,
@@ -705,19 +740,23 @@ impl Graph {
         Ok(masked)
     }
 
-    /// A bound tensor of the input dtype, row-major.
+    /// A bound tensor of the input dtype.
     fn input(&mut self, uid: Uid, dims: Dims) -> Result<Desc, String> {
-        self.tensor(Some(uid), self.dtype, dims, contiguous(dims), false)
+        let strides = self.bound_strides(uid);
+        self.tensor(Some(uid), self.dtype, dims, strides, false)
     }
 
-    /// A bound row-major `[.., n, d]` tensor of the input dtype read as `[.., d, n]` (`dims`).
+    /// A bound `[.., n, d]` tensor of the input dtype read as `[.., d, n]` (`dims`).
     fn input_transposed(&mut self, uid: Uid, dims: Dims) -> Result<Desc, String> {
-        self.tensor(Some(uid), self.dtype, dims, transposed(dims), false)
+        let mut strides = self.bound_strides(uid);
+        strides.swap(2, 3);
+        self.tensor(Some(uid), self.dtype, dims, strides, false)
     }
 
-    /// A bound row-major f32 tensor.
+    /// A bound f32 tensor.
     fn bound_float(&mut self, uid: Uid, dims: Dims) -> Result<Desc, String> {
-        self.tensor(Some(uid), FLOAT, dims, contiguous(dims), false)
+        let strides = self.bound_strides(uid);
+        self.tensor(Some(uid), FLOAT, dims, strides, false)
     }
 
     /// A virtual row-major tensor of the input dtype.
@@ -877,6 +916,7 @@ impl Plan {
             dtype: key.shape.data_type(),
             ops: Vec::new(),
             next_virtual: 100,
+            strides: &key.strides,
         };
         if key.backward {
             graph.backward(&key.shape)?;

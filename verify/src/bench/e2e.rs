@@ -779,6 +779,12 @@ fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
             p[0], p[1], p[2]
         ));
     }
+    if let Some(p) = out.map(|o| &o.phase_host_ms).filter(|p| p.len() == 3) {
+        config.push_str(&format!(
+            " phases_host_ms=fwd:{:.1}/bwd:{:.1}/opt:{:.1}",
+            p[0], p[1], p[2]
+        ));
+    }
     config.push_str(" memory=cubecl-pool");
     if !r.detail.is_empty() {
         config.push_str(&format!(" detail={}", shorten(&r.detail, 200)));
@@ -948,14 +954,18 @@ fn summary(model: E2eModel, results: &[CaseResult], seqs: &[usize], warmup: usiz
                 .map(|(a, b)| a / b);
             let mem = on.peak_mib().zip(off.peak_mib()).map(|(a, b)| a / b);
             let loss = |r: &CaseResult| r.output.as_ref().and_then(|o| o.loss);
-            let phases = |r: &CaseResult| match r.output.as_ref().map(|o| &o.phase_ms) {
+            let phases = |p: Option<&Vec<f64>>| match p {
                 Some(p) if p.len() == 3 => format!("{:.0}/{:.0}/{:.0}", p[0], p[1], p[2]),
                 _ => "-".into(),
             };
+            let wall = |r: &CaseResult| phases(r.output.as_ref().map(|o| &o.phase_ms));
+            let host = |r: &CaseResult| phases(r.output.as_ref().map(|o| &o.phase_host_ms));
             out.push_str(&format!(
-                "  seq {seq}: memory step forward/backward/optimizer ms: on {} / off {}\n",
-                phases(on),
-                phases(off)
+                "  seq {seq}: memory step forward/backward/optimizer ms: on {} (host queued {}) / off {} (host queued {})\n",
+                wall(on),
+                host(on),
+                wall(off),
+                host(off)
             ));
             out.push_str(&format!(
                 "  seq {seq}: on/off tokens/s {}x, peak memory {}x; loss after {} AdamW steps: on {} / off {}\n",

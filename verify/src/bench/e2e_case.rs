@@ -146,6 +146,11 @@ pub struct CaseOutput {
     /// step (each ended by a device synchronization, so each is the phase's whole cost).
     #[serde(default)]
     pub phase_ms: Vec<f64>,
+    /// Host time of the same phases up to the synchronization that ends each, ms: how long
+    /// the host took to queue the phase's work. A phase whose host time is close to its
+    /// wall time kept the GPU waiting on the host.
+    #[serde(default)]
+    pub phase_host_ms: Vec<f64>,
     /// Why the case failed, first lines.
     pub detail: String,
 }
@@ -408,7 +413,9 @@ where
     // The memory step, also timed phase by phase (a synchronization ends each phase).
     ctx.sync();
     let mut marks = vec![Instant::now()];
+    let mut queued = Vec::new();
     let mut sample = || {
+        queued.push(Instant::now());
         ctx.sync();
         marks.push(Instant::now());
         if let Some(cube) = &ctx.cube {
@@ -417,10 +424,18 @@ where
     };
     let (model, loss) = step(model, &mut sample);
     sample();
-    let phase_ms = marks
+    let phase_ms: Vec<f64> = marks
         .windows(2)
         .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
         .collect();
+    let phase_host_ms: Vec<f64> = marks
+        .iter()
+        .zip(&queued)
+        .map(|(start, end)| (*end - *start).as_secs_f64() * 1e3)
+        .collect();
+    eprintln!(
+        "memory step phases (forward, backward, optimizer): wall ms {phase_ms:.1?}, host queued ms {phase_host_ms:.1?}"
+    );
     losses.push(loss.inner());
     let losses: Vec<Option<f64>> = losses
         .into_iter()
@@ -445,6 +460,7 @@ where
         loss,
         losses,
         phase_ms,
+        phase_host_ms,
         ..Default::default()
     }
 }
@@ -455,6 +471,8 @@ fn profiler_range(args: &BenchArgs, start: bool) {
     if !args.e2e_profile_range.on() {
         return;
     }
+    #[cfg(not(feature = "cuda"))]
+    let _ = start;
     #[cfg(feature = "cuda")]
     {
         use cudarc::driver::sys;
