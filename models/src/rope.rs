@@ -278,4 +278,27 @@ mod tests {
             assert_eq!(cos[pos * 4], (pos as f32).cos());
         }
     }
+
+    /// The kept device tables are the ones a fresh computation gives, and a new length or
+    /// dtype replaces them (a clone shares them).
+    #[cfg(feature = "ndarray")]
+    #[test]
+    fn device_tables_are_reused_only_for_the_same_length_and_dtype() {
+        use burn::backend::NdArray;
+        type B = NdArray;
+        let device = Default::default();
+        let r = RotaryEmbedding::from_parts(8, 10000.0, RopeScaling::None);
+        let values = |t: Tensor<B, 3>| t.into_data().convert::<f32>().to_vec::<f32>().unwrap();
+        let (host_cos, host_sin) = r.tables(5);
+        let (cos, sin) = r.cos_sin::<B>(5, DType::F32, &device);
+        assert_eq!((values(cos), values(sin)), (host_cos.clone(), host_sin));
+        let (again, _) = r.clone().cos_sin::<B>(5, DType::F32, &device);
+        assert_eq!(values(again), host_cos);
+        let (longer, _) = r.cos_sin::<B>(7, DType::F32, &device);
+        assert_eq!(values(longer), r.tables(7).0);
+        let (double, _) = r.cos_sin::<B>(7, DType::F64, &device);
+        assert_eq!(double.dtype(), DType::F64);
+        let (back, _) = r.cos_sin::<B>(5, DType::F32, &device);
+        assert_eq!(values(back), host_cos);
+    }
 }
