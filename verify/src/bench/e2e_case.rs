@@ -146,9 +146,11 @@ pub struct CaseOutput {
     /// step (each ended by a device synchronization, so each is the phase's whole cost).
     #[serde(default)]
     pub phase_ms: Vec<f64>,
-    /// Host time of the same phases up to the synchronization that ends each, ms: how long
-    /// the host took to queue the phase's work. A phase whose host time is close to its
-    /// wall time kept the GPU waiting on the host.
+    /// Time of the same phases up to the synchronization that ends each, ms: how long the
+    /// bench's thread took to hand the phase's work to Burn (which may still hold some of
+    /// it in its fusion stream, and CubeCL's device thread launches it). A phase whose
+    /// time here is close to its wall time either waited inside (a read back to the host)
+    /// or kept the GPU waiting on this thread.
     #[serde(default)]
     pub phase_host_ms: Vec<f64>,
     /// Why the case failed, first lines.
