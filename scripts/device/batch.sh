@@ -8,7 +8,9 @@
 #   usage: scripts/device/batch.sh [check] [check-full] [cuda-tests] [bench] [matmul]
 #                                  [elementwise] [ce] [ce-hold] [flce] [vulkan] [converge]
 #                                  [train] [e2e-llama] [e2e-qwen] [optimizer] [cache-out]
-#                                  [attention-test] [attention] [sdpa] [post]
+#                                  [attention-test] [attention] [sdpa] [post] [timeline]
+#
+# timeline: where a training step's GPU idles (scripts/device/timeline.py, see there).
 #
 # check-full: the full conformance sweep of every op (f32 and bf16). cuda-tests: the
 # liger_burn test suite on CUDA from .gpu/liger_burn_tests (TESTS filters it).
@@ -256,6 +258,20 @@ for step in $steps; do
         --backends "${SDPA_BACKENDS:-flash}" --commit "$LIGER_COMMIT" \
         >"$OUT/sdpa_anchor.csv" 2>"$OUT/sdpa_anchor.log" || status=1
       grep -E ",(ms|TFLOP/s)," "$OUT/sdpa_anchor.csv" | cut -d, -f2-7 | head -n 60
+      ;;
+    timeline)
+      # scripts/device/timeline.py: the kernel timeline of one timed e2e step (liger on,
+      # release pool, one warm-up step) of each of TIMELINE_MODELS (default
+      # llama3.2-1b,qwen2.5-1.5b) at TIMELINE_SEQ tokens (default 16384), from
+      # .gpu/libliger_timeline.so (`cargo build --release -p liger-timeline --features cuda`).
+      for m in $(echo "${TIMELINE_MODELS:-llama3.2-1b,qwen2.5-1.5b}" | tr , ' '); do
+        seq=${TIMELINE_SEQ:-16384}
+        timeout "${TIMELINE_TIMEOUT:-240}" python3 scripts/device/timeline.py "$TIMELINE_LIB" \
+          "$OUT/timeline_${m}_${seq}" -- --e2e-case "$m:$seq:1:on" --device cuda --dtype bf16 \
+          --e2e-warmup 1 --e2e-steps 1 --memory-pool release \
+          >"$OUT/timeline_${m}_${seq}.log" 2>&1 || status=1
+        head -n 50 "$OUT/timeline_${m}_${seq}.txt" 2>/dev/null || tail -n 20 "$OUT/timeline_${m}_${seq}.log"
+      done
       ;;
     cache-out)
       # CubeCL's compiled-kernel and autotune caches, to carry into a later call.

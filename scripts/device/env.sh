@@ -12,7 +12,10 @@ mkdir -p "$OUT"
 BIN=.gpu/liger
 TRAIN_BIN=.gpu/liger-train
 TEST_BIN=.gpu/liger_burn_tests
-for b in "$BIN" "$TRAIN_BIN" "$TEST_BIN"; do
+# .gpu/libliger_timeline.so, when present: `liger bench` as a shared library (verify/timeline)
+# for scripts/device/timeline.py.
+TIMELINE_LIB=.gpu/libliger_timeline.so
+for b in "$BIN" "$TRAIN_BIN" "$TEST_BIN" "$TIMELINE_LIB"; do
   if [ ! -x "$b" ] && [ -f "$b.xz" ]; then xz -dkf "$b.xz" && chmod +x "$b"; fi
   if [ ! -x "$b" ] && [ -f "$b.gz" ]; then gunzip -f "$b.gz" && chmod +x "$b"; fi
 done

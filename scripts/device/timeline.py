@@ -12,7 +12,7 @@ MODEL:SEQ:BATCH:on ...`, with --e2e-warmup W --e2e-steps 1). The timed step is t
 apart by their AdamW kernels, which end each step.
 
 Writes OUT_PREFIX.txt: the timed step's span, the GPU's busy time (the union of the
-activities' intervals) and idle time, the idle time between consecutive activities
+activities' intervals, the ordering kernels' left out: they only wait) and idle time, the idle time between consecutive activities
 grouped by the pair of kernel names around it, and the largest single gaps with their
 neighbours; OUT_PREFIX.json.gz: the activities (name, start and end in microseconds) of
 the timed step.
@@ -24,8 +24,63 @@ import json
 import sys
 
 
+# The kernels that order cuBLASLt's and cuDNN's work against CubeCL's stream (publish a
+# flag, spin until one is set): they run while nothing else does, so they are not work.
+ORDERING = ("publish_kernel", "await_kernel", "liger_write", "liger_wait_geq")
+
+
 def short(name):
     return name.split("(")[0].split("<")[0].replace("void ", "")[:70]
+
+
+def analyze(events, warmup):
+    """The timed step's activities (start, end in microseconds, name; sorted by start) and
+    the report's lines. Exits when the steps cannot be found."""
+    if not events:
+        sys.exit("no GPU activity recorded")
+    # Step ends: the last AdamW kernel of each run of them.
+    ends = [i for i, e in enumerate(events)
+            if e[2].startswith("adamw") and (i + 1 == len(events)
+                                             or not events[i + 1][2].startswith("adamw"))]
+    if len(ends) < warmup + 1:
+        sys.exit(f"found {len(ends)} optimizer steps, expected at least {warmup + 1}")
+    first = ends[warmup - 1] + 1 if warmup > 0 else 0
+    everything = events[first:ends[warmup] + 1]
+    step = [e for e in everything if not e[2].startswith(ORDERING)]
+    ordering = len(everything) - len(step)
+    span = step[-1][1] - step[0][0]
+    busy, gaps, cursor = 0.0, [], step[0][0]
+    by_pair = collections.defaultdict(lambda: [0.0, 0])
+    previous = "(step start)"
+    for start, end, name in step:
+        if start > cursor:
+            gap = start - cursor
+            gaps.append((gap, previous, name, cursor - step[0][0]))
+            entry = by_pair[(previous, name)]
+            entry[0] += gap
+            entry[1] += 1
+        if end > cursor:
+            busy += end - max(start, cursor)
+            cursor = end
+            previous = name
+    idle = span - busy
+    by_name = collections.defaultdict(lambda: [0.0, 0])
+    for start, end, name in step:
+        by_name[name][0] += end - start
+        by_name[name][1] += 1
+    lines = [f"timed step: {len(step)} activities over {span / 1e3:.2f} ms; GPU busy "
+             f"{busy / 1e3:.2f} ms, idle {idle / 1e3:.2f} ms ({100 * idle / span:.1f}%); "
+             f"{ordering} ordering kernels ({', '.join(ORDERING)}) not counted as work",
+             "", "idle time by the activities around it (ms, count, before -> after):"]
+    for (a, b), (t, n) in sorted(by_pair.items(), key=lambda kv: -kv[1][0])[:40]:
+        lines.append(f"{t / 1e3:9.3f} {n:5}  {a} -> {b}")
+    lines += ["", "largest gaps (ms, at ms into the step, before -> after):"]
+    for gap, a, b, at in sorted(gaps, reverse=True)[:40]:
+        lines.append(f"{gap / 1e3:9.3f} at {at / 1e3:8.2f}  {a} -> {b}")
+    lines += ["", "activity time by name (ms, count):"]
+    for name, (t, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:40]:
+        lines.append(f"{t / 1e3:9.3f} {n:5}  {name}")
+    return step, lines
 
 
 def main():
@@ -48,48 +103,8 @@ def main():
         ((e.time_range.start, e.time_range.end, short(e.name))
          for e in prof.events() if e.device_type == DeviceType.CUDA),
         key=lambda e: e[0])
-    if not events:
-        sys.exit("no GPU activity recorded")
     warmup = int(bench[bench.index("--e2e-warmup") + 1]) if "--e2e-warmup" in bench else 2
-    # Step ends: the last AdamW kernel of each run of them.
-    ends = [i for i, e in enumerate(events)
-            if e[2].startswith("adamw") and (i + 1 == len(events)
-                                             or not events[i + 1][2].startswith("adamw"))]
-    if len(ends) < warmup + 1:
-        sys.exit(f"found {len(ends)} optimizer steps, expected at least {warmup + 1}")
-    first = ends[warmup - 1] + 1 if warmup > 0 else 0
-    step = events[first:ends[warmup] + 1]
-    span = step[-1][1] - step[0][0]
-    busy, gaps, cursor = 0.0, [], step[0][0]
-    by_pair = collections.defaultdict(lambda: [0.0, 0])
-    previous = "(step start)"
-    for start, end, name in step:
-        if start > cursor:
-            gap = start - cursor
-            gaps.append((gap, previous, name, cursor - step[0][0]))
-            entry = by_pair[(previous, name)]
-            entry[0] += gap
-            entry[1] += 1
-        if end > cursor:
-            busy += end - max(start, cursor)
-            cursor = end
-            previous = name
-    idle = span - busy
-    by_name = collections.defaultdict(lambda: [0.0, 0])
-    for start, end, name in step:
-        by_name[name][0] += end - start
-        by_name[name][1] += 1
-    lines = [f"timed step: {len(step)} activities over {span / 1e3:.2f} ms; GPU busy "
-             f"{busy / 1e3:.2f} ms, idle {idle / 1e3:.2f} ms ({100 * idle / span:.1f}%)",
-             "", "idle time by the activities around it (ms, count, before -> after):"]
-    for (a, b), (t, n) in sorted(by_pair.items(), key=lambda kv: -kv[1][0])[:40]:
-        lines.append(f"{t / 1e3:9.3f} {n:5}  {a} -> {b}")
-    lines += ["", "largest gaps (ms, at ms into the step, before -> after):"]
-    for gap, a, b, at in sorted(gaps, reverse=True)[:40]:
-        lines.append(f"{gap / 1e3:9.3f} at {at / 1e3:8.2f}  {a} -> {b}")
-    lines += ["", "activity time by name (ms, count):"]
-    for name, (t, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:40]:
-        lines.append(f"{t / 1e3:9.3f} {n:5}  {name}")
+    step, lines = analyze(events, warmup)
     with open(prefix + ".txt", "w") as f:
         f.write("\n".join(lines) + "\n")
     with gzip.open(prefix + ".json.gz", "wt") as f:
