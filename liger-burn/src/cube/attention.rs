@@ -24,7 +24,7 @@
 //! input's layout. The flash kernels take contiguous tensors and write contiguous ones.
 
 #[cfg(feature = "cuda")]
-use super::empty_in_layout_of;
+use super::{empty_in_layout_of, empty_in_order};
 use super::{empty_like, launched};
 use crate::ops::{
     AttentionGrads, AttentionKernel, AttentionOptions, AttentionOutput, compose, validate,
@@ -165,16 +165,6 @@ fn vendor_operand<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     let readable = strides[3] == 1
         && (0..3).all(|i| shape[i] == 1 || (strides[i] > 0 && strides[i].is_multiple_of(8)));
     if readable { t } else { into_contiguous(t) }
-}
-
-/// An uninitialized `[batch, heads, seq, head_dim]` output of `q`'s dtype lying in memory
-/// as `[batch, seq, heads, head_dim]`.
-#[cfg(feature = "cuda")]
-fn empty_sequence_major<R: CubeRuntime>(q: &CubeTensor<R>) -> CubeTensor<R> {
-    let [b, h, s, d] = [0, 1, 2, 3].map(|i| q.meta.shape()[i]);
-    let mut out = empty_like(q, Shape::new([b, s, h, d]), q.dtype);
-    out.meta.swap(1, 2);
-    out
 }
 
 /// The forward on cuDNN into `output` and `lse`, when `R` is CUDA and cuDNN runs it.
@@ -358,7 +348,8 @@ where
     let (q, k, v) = match vendor {
         Some(shape) => {
             let (q, k, v) = (vendor_operand(q), vendor_operand(k), vendor_operand(v));
-            let output = empty_sequence_major(&q);
+            // Sequence-major, `[batch, seq, heads, head_dim]` in memory.
+            let output = empty_in_order(&q, q.shape(), q.dtype, &[0, 2, 1, 3]);
             let lse = empty_like(&q, lse_shape(&q), DType::F32);
             if vendor_forward((&q, &k, &v), (&output, &lse), Some(shape), options.scale) {
                 return AttentionOutput {
@@ -452,7 +443,6 @@ where
     let (grad_output, q, k, v, output) = match vendor {
         Some(shape) => {
             let [grad_output, q, k, v, output] = [grad_output, q, k, v, output].map(vendor_operand);
-            let lse = into_contiguous(lse.clone());
             let rows = Shape::new([q_shape[0], q_shape[1], q_shape[2]]);
             let dot = empty_like(&q, rows, DType::F32);
             let grad_q_sum = empty_like(&q, q_shape.clone(), DType::F32);

@@ -330,23 +330,34 @@ pub(crate) fn empty_like<R: CubeRuntime>(
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
 }
 
-/// An uninitialized tensor of `like`'s shape and dtype whose dimensions lie in memory in
-/// the order of `like`'s strides (largest first, ties in dimension order, the last
-/// dimension innermost), as `torch.empty_like` keeps a dense tensor's layout.
+/// An uninitialized tensor of `shape` and `dtype` on `like`'s device whose dimensions lie
+/// in memory in `order` (outermost first: a permutation of the dimensions).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn empty_in_layout_of<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
-    let shape = like.meta.shape().clone();
-    let last = shape.num_dims() - 1;
-    let mut order: Vec<usize> = (0..last).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(like.meta.strides()[i]));
-    order.push(last);
-    let mut out = empty_like(like, shape.clone(), like.dtype);
+pub(crate) fn empty_in_order<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    shape: Shape,
+    dtype: DType,
+    order: &[usize],
+) -> CubeTensor<R> {
+    let mut out = empty_like(like, shape.clone(), dtype);
     let mut stride = 1;
     for &i in order.iter().rev() {
         out.meta.strides_mut()[i] = stride;
         stride *= shape[i];
     }
     out
+}
+
+/// An uninitialized tensor of `like`'s shape and dtype whose dimensions lie in memory in
+/// the order of `like`'s strides (largest first, ties in dimension order, the last
+/// dimension innermost), as `torch.empty_like` keeps a dense tensor's layout.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn empty_in_layout_of<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
+    let last = like.meta.num_dims() - 1;
+    let mut order: Vec<usize> = (0..last).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(like.meta.strides()[i]));
+    order.push(last);
+    empty_in_order(like, like.meta.shape().clone(), like.dtype, &order)
 }
 
 /// A normalization's input and weight, dense.
