@@ -14,8 +14,10 @@ apart by their AdamW kernels, which end each step.
 Writes OUT_PREFIX.txt: the timed step's span, the GPU's busy time (the union of the
 activities' intervals, the ordering kernels' left out: they only wait) and idle time, the idle time between consecutive activities
 grouped by the pair of kernel names around it, and the largest single gaps with their
-neighbours; OUT_PREFIX.json.gz: the activities (name, start and end in microseconds) of
-the timed step.
+neighbours, and the host threads' CUDA API time in the step (which thread launched, and
+which waited: a synchronizing call on the thread that launches leaves the GPU idle);
+OUT_PREFIX.json.gz: the activities (name, start and end in microseconds) of the timed step;
+OUT_PREFIX.host.json.gz: those host calls (start, end, name, thread).
 """
 import collections
 import ctypes
@@ -83,6 +85,30 @@ def analyze(events, warmup):
     return step, lines
 
 
+def host_lines(calls, begin, end):
+    """Per host thread, the CUDA API calls (runtime and driver) that overlap the step
+    [begin, end]: total time and count by name, and the longest single calls."""
+    by_thread = collections.defaultdict(lambda: collections.defaultdict(lambda: [0.0, 0]))
+    longest = []
+    for start, stop, name, thread in calls:
+        if stop < begin or start > end:
+            continue
+        entry = by_thread[thread][name]
+        entry[0] += stop - start
+        entry[1] += 1
+        longest.append((stop - start, name, thread, start - begin))
+    lines = ["", "host CUDA API time in the step, by thread (ms, count):"]
+    for thread, names in sorted(by_thread.items(), key=lambda kv: -sum(v[0] for v in kv[1].values())):
+        total = sum(v[0] for v in names.values())
+        lines.append(f"thread {thread}: {total / 1e3:.2f} ms in {sum(v[1] for v in names.values())} calls")
+        for name, (t, n) in sorted(names.items(), key=lambda kv: -kv[1][0])[:12]:
+            lines.append(f"  {t / 1e3:9.3f} {n:6}  {name}")
+    lines += ["", "longest host CUDA API calls (ms, name, thread, at ms into the step):"]
+    for t, name, thread, at in sorted(longest, reverse=True)[:25]:
+        lines.append(f"{t / 1e3:9.3f}  {name}  thread {thread}  at {at / 1e3:.2f}")
+    return lines
+
+
 def main():
     if len(sys.argv) < 4 or sys.argv[3] != "--":
         sys.exit(__doc__)
@@ -96,7 +122,7 @@ def main():
     lib.liger_bench.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     argv = [b"liger-bench"] + [a.encode() for a in bench]
     array = (ctypes.c_char_p * len(argv))(*argv)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         code = lib.liger_bench(len(argv), array)
     print(f"liger_bench returned {code}", flush=True)
     events = sorted(
@@ -105,6 +131,14 @@ def main():
         key=lambda e: e[0])
     warmup = int(bench[bench.index("--e2e-warmup") + 1]) if "--e2e-warmup" in bench else 2
     step, lines = analyze(events, warmup)
+    calls = [(e.time_range.start, e.time_range.end, e.name, e.thread)
+             for e in prof.events()
+             if e.device_type == DeviceType.CPU and e.name.startswith(("cu", "cuda"))]
+    lines += host_lines(calls, step[0][0], step[-1][1])
+    begin, end = step[0][0], step[-1][1]
+    with gzip.open(prefix + ".host.json.gz", "wt") as f:
+        json.dump([[round(s - begin, 3), round(e - begin, 3), n, t] for s, e, n, t in calls
+                   if e >= begin and s <= end], f)
     with open(prefix + ".txt", "w") as f:
         f.write("\n".join(lines) + "\n")
     with gzip.open(prefix + ".json.gz", "wt") as f:
