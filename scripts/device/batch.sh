@@ -268,7 +268,7 @@ for step in $steps; do
         seq=${TIMELINE_SEQ:-16384}
         timeout "${TIMELINE_TIMEOUT:-240}" python3 scripts/device/timeline.py "$TIMELINE_LIB" \
           "$OUT/timeline_${m}_${seq}" -- --e2e-case "$m:$seq:1:on" --device cuda --dtype bf16 \
-          --e2e-warmup 1 --e2e-steps 1 --memory-pool release \
+          --e2e-warmup 1 --e2e-steps 1 --e2e-profile-range on --memory-pool release \
           >"$OUT/timeline_${m}_${seq}.log" 2>&1 || status=1
         head -n 50 "$OUT/timeline_${m}_${seq}.txt" 2>/dev/null || tail -n 20 "$OUT/timeline_${m}_${seq}.log"
       done

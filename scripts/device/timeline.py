@@ -7,9 +7,9 @@ memset of the process whatever library launched it.
     usage: scripts/device/timeline.py LIB OUT_PREFIX -- BENCH_ARGS...
 
 BENCH_ARGS are `liger bench` flags for one case run in this process (`--e2e --e2e-case
-MODEL:SEQ:BATCH:on ...`, with --e2e-warmup W --e2e-steps 1). The timed step is the
-(W+1)-th of the W + 2 steps the case runs (warm-up, timed, memory step); steps are told
-apart by their AdamW kernels, which end each step.
+MODEL:SEQ:BATCH:on ...`, with --e2e-steps 1 and --e2e-profile-range on). The timed step
+is the one inside the bench's profiler range: the activities that start between its
+cuProfilerStart and cuProfilerStop calls (the bench synchronizes the device around it).
 
 Writes OUT_PREFIX.txt: the timed step's span, the GPU's busy time (the union of the
 activities' intervals, the ordering kernels' left out: they only wait) and idle time, the idle time between consecutive activities
@@ -17,7 +17,8 @@ grouped by the pair of kernel names around it, and the largest single gaps with 
 neighbours, and the host threads' CUDA API time in the step (which thread launched, and
 which waited: a synchronizing call on the thread that launches leaves the GPU idle);
 OUT_PREFIX.json.gz: the activities (name, start and end in microseconds) of the timed step;
-OUT_PREFIX.host.json.gz: those host calls (start, end, name, thread).
+OUT_PREFIX.all.json.gz: every GPU activity and host CUDA API call recorded (start, end,
+name; and the thread of a host call).
 """
 import collections
 import ctypes
@@ -35,19 +36,12 @@ def short(name):
     return name.split("(")[0].split("<")[0].replace("void ", "")[:70]
 
 
-def analyze(events, warmup):
-    """The timed step's activities (start, end in microseconds, name; sorted by start) and
-    the report's lines. Exits when the steps cannot be found."""
-    if not events:
-        sys.exit("no GPU activity recorded")
-    # Step ends: the last AdamW kernel of each run of them.
-    ends = [i for i, e in enumerate(events)
-            if e[2].startswith("adamw") and (i + 1 == len(events)
-                                             or not events[i + 1][2].startswith("adamw"))]
-    if len(ends) < warmup + 1:
-        sys.exit(f"found {len(ends)} optimizer steps, expected at least {warmup + 1}")
-    first = ends[warmup - 1] + 1 if warmup > 0 else 0
-    everything = events[first:ends[warmup] + 1]
+def analyze(events, window):
+    """The activities (start, end in microseconds, name; sorted by start) that start inside
+    `window` (the timed step: the bench's profiler range) and the report's lines."""
+    everything = [e for e in events if window[0] <= e[0] <= window[1]]
+    if not everything:
+        sys.exit("no GPU activity inside the profiler range")
     step = [e for e in everything if not e[2].startswith(ORDERING)]
     ordering = len(everything) - len(step)
     span = step[-1][1] - step[0][0]
@@ -129,16 +123,20 @@ def main():
         ((e.time_range.start, e.time_range.end, short(e.name))
          for e in prof.events() if e.device_type == DeviceType.CUDA),
         key=lambda e: e[0])
-    warmup = int(bench[bench.index("--e2e-warmup") + 1]) if "--e2e-warmup" in bench else 2
-    step, lines = analyze(events, warmup)
-    calls = [(e.time_range.start, e.time_range.end, e.name, e.thread)
-             for e in prof.events()
-             if e.device_type == DeviceType.CPU and e.name.startswith(("cu", "cuda"))]
+    calls = sorted(((e.time_range.start, e.time_range.end, e.name, e.thread)
+                    for e in prof.events()
+                    if e.device_type == DeviceType.CPU and e.name.startswith(("cu", "cuda"))),
+                   key=lambda c: c[0])
+    # Everything recorded, for analysis elsewhere: GPU activities and host calls.
+    with gzip.open(prefix + ".all.json.gz", "wt") as f:
+        json.dump({"gpu": events, "host": calls}, f)
+    starts = [c[1] for c in calls if c[2] == "cuProfilerStart"]
+    stops = [c[0] for c in calls if c[2] == "cuProfilerStop"]
+    if not starts or not stops:
+        sys.exit("no cuProfilerStart/cuProfilerStop recorded: run the bench with "
+                 "--e2e-profile-range on")
+    step, lines = analyze(events, (starts[0], stops[-1]))
     lines += host_lines(calls, step[0][0], step[-1][1])
-    begin, end = step[0][0], step[-1][1]
-    with gzip.open(prefix + ".host.json.gz", "wt") as f:
-        json.dump([[round(s - begin, 3), round(e - begin, 3), n, t] for s, e, n, t in calls
-                   if e >= begin and s <= end], f)
     with open(prefix + ".txt", "w") as f:
         f.write("\n".join(lines) + "\n")
     with gzip.open(prefix + ".json.gz", "wt") as f:
