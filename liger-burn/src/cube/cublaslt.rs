@@ -40,6 +40,10 @@
 //! same protocol with two one-thread kernels of liger's own on its stream in place of the
 //! wait and the write ([`MatmulOrdering::FlagKernels`]).
 //!
+//! Under both device-side protocols the await kernel occupies one multiprocessor while the
+//! product runs, so products are planned for one multiprocessor fewer
+//! (`CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`; see `Engine::sm_count_target`).
+//!
 //! **Host synchronization** (where neither works, and on request): synchronize CubeCL's stream, run the product on liger's stream, synchronize
 //! liger's stream.
 
@@ -378,6 +382,8 @@ struct Engine {
     ordinal: usize,
     driver_version: i32,
     ctx: Arc<CudaContext>,
+    /// Streaming multiprocessors of the device.
+    sm_count: u32,
     stream: Arc<CudaStream>,
     handle: LtHandle,
     workspace: DeviceMemory,
@@ -416,6 +422,9 @@ impl Engine {
         unsafe { driver_sys::cuDriverGetVersion(&mut driver_version) }
             .result()
             .map_err(|e| cuda("driver version", e))?;
+        let sm_count = ctx
+            .attribute(driver_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| cuda("multiprocessor count", e))? as u32;
         let stream = ctx.new_stream().map_err(|e| cuda("CUDA stream", e))?;
         let handle = LtHandle(lt::create_handle().map_err(|e| format!("cublasLtCreate: {e:?}"))?);
         let workspace = DeviceMemory::new(WORKSPACE_BYTES).map_err(|e| cuda("workspace", e))?;
@@ -462,6 +471,7 @@ impl Engine {
             ordinal: device.index,
             driver_version,
             ctx,
+            sm_count,
             stream,
             handle,
             workspace,
@@ -486,6 +496,22 @@ impl Engine {
         Ok(engine)
     }
 
+    /// The multiprocessors a product may plan for under `ordering` (0: all of them). While
+    /// a product runs under the device-side protocols, CubeCL's await kernel spins on one
+    /// multiprocessor; cuBLASLt's persistent kernels launch one block per multiprocessor
+    /// with nearly all of its shared memory, so the block that cannot share the spinner's
+    /// multiprocessor would wait for another to finish and stretch the product (15-22%
+    /// on the H200's largest products). Planning for one fewer leaves that one to the
+    /// spinner at the cost of 1/`sm_count` of the product's throughput.
+    fn sm_count_target(&self, ordering: MatmulOrdering) -> u32 {
+        match ordering {
+            MatmulOrdering::StreamMemoryOperations | MatmulOrdering::FlagKernels => {
+                self.sm_count.saturating_sub(1)
+            }
+            MatmulOrdering::HostSynchronization => 0,
+        }
+    }
+
     fn default_ordering(&self) -> MatmulOrdering {
         if let Some(chosen) = self.chosen {
             return chosen;
@@ -503,6 +529,7 @@ impl Engine {
         &mut self,
         client: &ComputeClient<CudaRuntime>,
         product: &Product<'_>,
+        ordering: MatmulOrdering,
     ) -> Result<([u64; 3], PlanKey), Failure> {
         let unavailable = |why: String| Failure::Unavailable(Unavailable::Setup(why));
         self.ctx
@@ -546,6 +573,7 @@ impl Engine {
             batch: layout.batch,
             batch_strides: layout.batch_strides,
             aligns,
+            sm_count_target: self.sm_count_target(ordering),
         };
         if !self.plans.contains_key(&key) {
             if self.plans.len() >= MAX_PLANS {
@@ -588,7 +616,8 @@ impl Engine {
         product: &Product<'_>,
         repeats: usize,
     ) -> Result<f64, Failure> {
-        let (addresses, key) = self.prepare(client, product)?;
+        let (addresses, key) =
+            self.prepare(client, product, MatmulOrdering::HostSynchronization)?;
         cubecl::future::block_on(client.sync())
             .map_err(|e| Failure::Launch(format!("synchronizing CubeCL's stream: {e:?}")))?;
         let start = std::time::Instant::now();
@@ -627,7 +656,7 @@ impl Engine {
         }
         let prepared = products
             .iter()
-            .map(|product| self.prepare(client, product))
+            .map(|product| self.prepare(client, product, ordering))
             .collect::<Result<Vec<_>, _>>()?;
         self.ordered(client, ordering, &mut |engine: &Engine| {
             engine.enqueue_all(products, &prepared)
@@ -977,6 +1006,8 @@ struct PlanKey {
     batch_strides: [i64; 3],
     /// Byte alignments of BLAS `A`, `B` and the output, at most 256.
     aligns: [u32; 3],
+    /// Multiprocessors to plan for (`CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`); 0: all.
+    sm_count_target: u32,
 }
 
 /// The cuBLASLt descriptors and the algorithm of one [`PlanKey`].
@@ -1019,6 +1050,18 @@ impl Plan {
             let op = matrix.transposed as i32;
             unsafe { lt::set_matmul_desc_attribute(desc, attr, as_ptr(&op), size_of::<i32>()) }
                 .map_err(|e| failed("cublasLtMatmulDescSetAttribute", e))?;
+        }
+        if key.sm_count_target > 0 {
+            let target = key.sm_count_target as i32;
+            unsafe {
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                    as_ptr(&target),
+                    size_of::<i32>(),
+                )
+            }
+            .map_err(|e| failed("cublasLtMatmulDescSetAttribute (SM count target)", e))?;
         }
         let stored = [
             (key.a.rows, key.a.cols, key.a.ld),
