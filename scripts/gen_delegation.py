@@ -47,6 +47,8 @@ FUSED_OVERRIDES = {
     ("ModuleOps", "linear"): "linear",
     ("ModuleOps", "linear_x_backward"): "linear_x_backward",
     ("ModuleOps", "linear_weight_backward"): "linear_weight_backward",
+    ("ModuleOps", "embedding"): "embedding",
+    ("ModuleOps", "embedding_backward"): "embedding_backward",
 }
 
 # Not fusions: methods where `Liger` deliberately differs from `B`.

@@ -290,6 +290,26 @@ pub fn geglu<B: FusedOps, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) 
     glu(gate, up, crate::ops::GluActivation::GeluTanh)
 }
 
+/// Embedding lookup: the rows of `weights` (`[num_embeddings, d]`) at `indices` (`[batch,
+/// seq]`), `[batch, seq, d]`. The table's gradient sums the output gradient's rows of
+/// repeated indices in f32 and rounds once to the table's dtype, deterministically (as
+/// PyTorch's `embedding` backward), where Burn's own sums them in the table's dtype. On
+/// `Liger<_>` backends `burn::nn::Embedding` runs the same.
+///
+/// Indices must lie in `[0, num_embeddings)`; they are not read back to check (that would
+/// wait for the device). The gradient kernel adds nothing for an index outside.
+pub fn embedding<B: FusedOps>(
+    weights: Tensor<B, 2>,
+    indices: Tensor<B, 2, burn::tensor::Int>,
+) -> Tensor<B, 3> {
+    validate::check(validate::rows(
+        "embedding",
+        (&weights.shape(), weights.dtype()),
+        kernel_dtypes::<B>(weights.dtype()),
+    ));
+    wrap(B::fused_embedding(prim(weights), indices.into_primitive()))
+}
+
 /// Exact GELU, `0.5 x (1 + erf(x / sqrt(2)))`, with the exact derivative in the backward.
 /// `x`: any shape (not empty); same shape out. On `Liger<_>` backends Burn's own
 /// `burn::tensor::activation::gelu` runs the same kernel.

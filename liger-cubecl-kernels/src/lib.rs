@@ -16,6 +16,7 @@ pub mod attention;
 pub mod cross_entropy;
 pub mod distill_rows;
 pub mod elementwise;
+pub mod embedding;
 pub mod glu;
 pub mod launch;
 pub mod layer_norm;
@@ -74,6 +75,7 @@ pub mod counters {
         matmul_backend,
         adamw_step,
         adamw_step_in_place,
+        embedding_backward,
         flash_attention_forward,
         flash_attention_backward,
     );

@@ -7,6 +7,7 @@ mod decorator;
 mod device_info;
 mod distill_rows;
 mod divergence;
+mod embedding;
 mod fallback_precision;
 mod fused_add_rms_norm;
 mod fused_linear_cross_entropy;

@@ -8,6 +8,7 @@ mod attention;
 mod chunked_loss;
 mod cross_entropy;
 mod divergence;
+mod embedding;
 mod fused_linear_distill;
 mod fused_linear_preference;
 mod fused_linear_rl;
@@ -189,6 +190,25 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         Self::from_inner(B::fused_sigmoid_backward(
             grad_output.primitive,
             output.primitive,
+        ))
+    }
+
+    fn fused_embedding(
+        weights: FloatTensor<Self>,
+        indices: burn::tensor::ops::IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        embedding::embedding::<B, C>(weights, indices)
+    }
+
+    fn fused_embedding_backward(
+        grad_output: FloatTensor<Self>,
+        indices: burn::tensor::ops::IntTensor<Self>,
+        num_embeddings: usize,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::fused_embedding_backward(
+            grad_output.primitive,
+            indices,
+            num_embeddings,
         ))
     }
 

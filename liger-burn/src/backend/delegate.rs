@@ -324,8 +324,8 @@ impl<B: FusedOps> BoolTensorOps<Self> for Liger<B> {
 
 // ModuleOps: src/backend/ops/modules/base.rs, 56 methods.
 impl<B: FusedOps> ModuleOps<Self> for Liger<B> {
-    fn embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> { B::embedding(weights, indices) }
-    fn embedding_backward(weights: FloatTensor<Self>, output_grad: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> { B::embedding_backward(weights, output_grad, indices) }
+    fn embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> { overrides::embedding::<B>(weights, indices) }  // fused override
+    fn embedding_backward(weights: FloatTensor<Self>, output_grad: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> { overrides::embedding_backward::<B>(weights, output_grad, indices) }  // fused override
     fn linear(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>) -> FloatTensor<Self> { overrides::linear::<B>(x, weight, bias) }  // fused override
     fn linear_x_backward(weight: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self> { overrides::linear_x_backward::<B>(weight, output_grad) }  // fused override
     fn linear_weight_backward(x: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self> { overrides::linear_weight_backward::<B>(x, output_grad) }  // fused override

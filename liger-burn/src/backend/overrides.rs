@@ -151,6 +151,68 @@ pub(crate) fn sigmoid_backward<B: FusedOps>(
     }
 }
 
+/// `ModuleOps::embedding` (`burn::nn::Embedding`): [`FusedOps::fused_embedding`] (Burn's
+/// lookup; on `Autodiff<_>` a node whose backward is the fused gradient below) for a
+/// `[num_embeddings, d]` table of a dtype the kernels read; `B`'s own otherwise.
+pub(crate) fn embedding<B: FusedOps>(
+    weights: FloatTensor<B>,
+    indices: burn::tensor::ops::IntTensor<B>,
+) -> FloatTensor<B> {
+    let (w, i) = (weights.shape(), indices.shape());
+    check_embedding("embedding", &w, weights.dtype(), &i, None);
+    if w.num_elements() > 0 && i.num_elements() > 0 && validate::kernel_dtype(weights.dtype()) {
+        B::fused_embedding(weights, indices)
+    } else {
+        B::embedding(weights, indices)
+    }
+}
+
+/// `ModuleOps::embedding_backward` (`Autodiff<Liger<B>>` calls it):
+/// [`FusedOps::fused_embedding_backward`], repeated indices summed in f32, for a dtype the
+/// kernels read; `B`'s own otherwise.
+pub(crate) fn embedding_backward<B: FusedOps>(
+    weights: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+    indices: burn::tensor::ops::IntTensor<B>,
+) -> FloatTensor<B> {
+    let (w, i, g) = (weights.shape(), indices.shape(), output_grad.shape());
+    check_embedding("embedding_backward", &w, weights.dtype(), &i, Some(&g));
+    if w.num_elements() > 0 && i.num_elements() > 0 && validate::kernel_dtype(output_grad.dtype()) {
+        B::fused_embedding_backward(output_grad, indices, w[0])
+    } else {
+        B::embedding_backward(weights, output_grad, indices)
+    }
+}
+
+/// Panics naming `op` unless `weights` is `[num_embeddings, d]`, `indices` `[batch, seq]`
+/// and `output_grad` (when given) `[batch, seq, d]`.
+fn check_embedding(
+    op: &str,
+    weights: &Shape,
+    dtype: burn::tensor::DType,
+    indices: &Shape,
+    output_grad: Option<&Shape>,
+) {
+    let grad_ok = output_grad.is_none_or(|g| {
+        g.num_dims() == 3
+            && indices.num_dims() == 2
+            && weights.num_dims() == 2
+            && g[0] == indices[0]
+            && g[1] == indices[1]
+            && g[2] == weights[1]
+    });
+    if weights.num_dims() != 2 || indices.num_dims() != 2 || !grad_ok {
+        panic!(
+            "{op}: weights must be [num_embeddings, d], indices [batch, seq] (and the output \
+             gradient [batch, seq, d]); got weights {weights:?} ({dtype:?}), indices \
+             {indices:?}{}",
+            output_grad
+                .map(|g| format!(", output gradient {g:?}"))
+                .unwrap_or_default()
+        );
+    }
+}
+
 /// `FloatTensorOps::float_matmul`: `B::fused_matmul` (cuBLASLt on CUDA, `B`'s own matmul
 /// elsewhere; same semantics: `[..., m, k] · [..., k, n]`, batch dims broadcast). Burn's
 /// `Tensor::matmul` checks the inner dimensions only; the ranks, the dtypes and the batch

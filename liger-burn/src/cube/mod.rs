@@ -17,6 +17,7 @@ pub mod cuda_pool;
 #[cfg(feature = "cuda")]
 mod cudnn;
 mod distill_rows;
+mod embedding;
 mod glu;
 mod layer_norm;
 mod lora;
@@ -157,6 +158,14 @@ where
 
     fn fused_sigmoid_backward(grad_output: CubeTensor<R>, output: CubeTensor<R>) -> CubeTensor<R> {
         activation::backward(grad_output, output, activation::Unary::Sigmoid)
+    }
+
+    fn fused_embedding_backward(
+        grad_output: CubeTensor<R>,
+        indices: CubeTensor<R>,
+        num_embeddings: usize,
+    ) -> CubeTensor<R> {
+        embedding::backward::<Self, R>(grad_output, indices, num_embeddings)
     }
 
     fn fused_rope(

@@ -11,6 +11,7 @@ mod attention;
 mod cross_entropy;
 mod custom_op;
 mod distill_rows;
+mod embedding;
 mod glu;
 mod layer_norm;
 mod lora;
@@ -137,6 +138,14 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         output: FusionTensor<B::FusionRuntime>,
     ) -> FusionTensor<B::FusionRuntime> {
         activation::sigmoid_backward::<B>(grad_output, output)
+    }
+
+    fn fused_embedding_backward(
+        grad_output: FusionTensor<B::FusionRuntime>,
+        indices: FusionTensor<B::FusionRuntime>,
+        num_embeddings: usize,
+    ) -> FusionTensor<B::FusionRuntime> {
+        embedding::backward::<B>(grad_output, indices, num_embeddings)
     }
 
     fn fused_rope(

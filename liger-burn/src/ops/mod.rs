@@ -313,6 +313,27 @@ pub trait FusedOps: Backend {
         compose::activation::sigmoid_backward::<Self>(grad_output, output)
     }
 
+    /// Embedding lookup (`burn::nn::Embedding`): the rows of `weights` (`[num_embeddings,
+    /// d]`) at `indices` (`[batch, seq]`), `[batch, seq, d]`. The default is Burn's own
+    /// (`ModuleOps::embedding`); `Autodiff<_>` adds a node whose backward is
+    /// [`fused_embedding_backward`](FusedOps::fused_embedding_backward).
+    fn fused_embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
+        <Self as burn::tensor::ops::ModuleOps<Self>>::embedding(weights, indices)
+    }
+
+    /// The embedding gradient: `grad_output` (`[batch, seq, d]`) and `indices` (`[batch,
+    /// seq]`) → `[num_embeddings, d]`, row `v` the sum of the gradient rows of the positions
+    /// holding index `v` (zero where none does), accumulated in f32 and rounded to
+    /// `grad_output`'s dtype once. Indices outside `[0, num_embeddings)` contribute nothing
+    /// on the fused kernel (Burn's own `select_add` may panic on them).
+    fn fused_embedding_backward(
+        grad_output: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+        num_embeddings: usize,
+    ) -> FloatTensor<Self> {
+        compose::embedding::backward::<Self>(grad_output, indices, num_embeddings)
+    }
+
     /// Rotary position embedding of q and k (one kernel launch for both):
     /// `out = x·cos + rot(x)·sin`, `rot` pairing elements as `layout` says.
     ///

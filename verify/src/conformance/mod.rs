@@ -21,6 +21,7 @@ pub mod bounded;
 pub mod bounds;
 pub mod cross_entropy;
 pub mod divergence;
+pub mod embedding;
 pub mod fused_linear_distill;
 pub mod fused_linear_preference;
 pub mod fused_linear_rl;
@@ -147,11 +148,14 @@ pub enum Op {
     /// The same with the adapter path in the activations' dtype and a separate adapter
     /// input (a dropout's output), no bias.
     LoraLinearDropout,
+    /// The embedding lookup and its table's gradient (repeated indices summed); rows =
+    /// positions, width = the table's row width.
+    Embedding,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 45] = [
+    pub const ALL: [Op; 46] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -197,6 +201,7 @@ impl Op {
         Op::MatmulAddInDtype,
         Op::LoraLinear,
         Op::LoraLinearDropout,
+        Op::Embedding,
     ];
 
     /// Name used in reports and filters.
@@ -247,6 +252,7 @@ impl Op {
             Op::MatmulAddInDtype => "matmul_add_in_dtype",
             Op::LoraLinear => "lora_linear",
             Op::LoraLinearDropout => "lora_linear_dropout",
+            Op::Embedding => "embedding",
         }
     }
 
@@ -448,6 +454,9 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
     }
     if op.is_lora() {
         return lora_linear::shapes(quick);
+    }
+    if op == Op::Embedding {
+        return embedding::shapes(quick);
     }
     shapes
 }
@@ -659,6 +668,9 @@ pub fn host_case(op: Op, rows: usize, width: usize, dtype: DType, rng: &mut Rng)
     if op.is_lora() {
         return lora_linear::host_case(op, rows, width, dtype, rng, live);
     }
+    if op == Op::Embedding {
+        return embedding::host_case(rows, width, dtype, rng);
+    }
     let inputs = draw_row_inputs(op, rows, width, rng);
     let r = |v: &Vec<f32>| host_input(v, dtype);
     let (x, g, w, b, res, g2) = (
@@ -719,6 +731,7 @@ pub fn run_case<B: FusedOps>(
         _ if op.is_glu_linear() => glu_linear::run::<B>(op, rows, width, dtype, device, rng),
         _ if op.is_matmul_add() => matmul_add::run::<B>(op, rows, width, dtype, device, rng),
         _ if op.is_lora() => lora_linear::run::<B>(op, rows, width, dtype, device, rng),
+        Op::Embedding => embedding::run::<B>(rows, width, dtype, device, rng),
         _ => run_row_case::<B>(op, rows, width, dtype, device, rng),
     };
     CaseResult {

@@ -304,3 +304,16 @@ fn lora_linear_rejects_wrong_outputs_quick_shapes() {
 fn lora_linear_rejects_wrong_outputs_full_shapes() {
     check_ops(&LORA, extreme_shapes);
 }
+
+/// The embedding lookup and its gradient at the quick sweep's shapes.
+#[test]
+fn embedding_rejects_wrong_outputs_quick_shapes() {
+    check_ops(&[Op::Embedding], |op| shapes(op, true));
+}
+
+/// The embedding at the full sweep's widest and tallest shapes.
+#[test]
+#[ignore = "minutes in a debug build: run with --release -- --ignored"]
+fn embedding_rejects_wrong_outputs_full_shapes() {
+    check_ops(&[Op::Embedding], extreme_shapes);
+}

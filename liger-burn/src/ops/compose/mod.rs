@@ -11,6 +11,7 @@ pub(crate) mod chunked_linear;
 pub mod cross_entropy;
 pub mod distill_rows;
 pub mod divergence;
+pub mod embedding;
 pub mod fused_linear_distill;
 pub mod fused_linear_grpo;
 pub mod fused_linear_kto;
