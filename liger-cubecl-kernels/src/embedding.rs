@@ -161,7 +161,7 @@ pub fn embedding_backward<R: Runtime>(
     }
     let vector_size = client
         .io_optimized_vector_sizes(dtype.size())
-        .filter(|v| width % v == 0)
+        .filter(|v| width.is_multiple_of(*v))
         .max()
         .unwrap_or(1);
     let vectors = width / vector_size;
