@@ -158,12 +158,15 @@ pub fn swiglu<B: FusedOps, const D: usize>(
 ///
 /// - `logits`: `[n, vocab]`, any float dtype
 /// - `targets`: `[n]`, in `0..vocab` or [`IGNORE_INDEX`]
+/// - `check_targets`: with `on`, whether the kernel's target range is read back to name
+///   an out-of-range target (see `LigerConfig::check_targets`)
 /// - returns f32 `[1]` (mean, sum) or `[n]` ([`Reduction::None`])
 pub fn cross_entropy<B: FusedOps>(
     logits: Tensor<B, 2>,
     targets: Tensor<B, 1, Int>,
     reduction: Reduction,
     on: bool,
+    check_targets: bool,
 ) -> Tensor<B, 1> {
     let [n, _] = logits.dims();
     let [nt] = targets.dims();
@@ -175,7 +178,8 @@ pub fn cross_entropy<B: FusedOps>(
         targets.dims()
     );
     if on {
-        liger_burn::functional::cross_entropy(logits, targets, None, loss_options(reduction)).loss
+        let options = loss_options(reduction).with_check_targets(check_targets);
+        liger_burn::functional::cross_entropy(logits, targets, None, options).loss
     } else {
         stock::cross_entropy(logits, targets, reduction)
     }
@@ -216,6 +220,8 @@ pub fn lora_linear<B: FusedOps, const D: usize>(
 ///   liger-burn's LoRA op (else the stock composition)
 /// - `accumulation`: with `on`, the dtype the head's weight gradient is summed in over
 ///   the chunks
+/// - `check_targets`: with `on`, whether the target range is read back to name an
+///   out-of-range target (see `LigerConfig::check_targets`)
 /// - returns f32 `[1]` (mean, sum) or `[n]` ([`Reduction::None`])
 #[allow(clippy::too_many_arguments)]
 pub fn fused_linear_cross_entropy<B: FusedOps>(
@@ -227,6 +233,7 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
     on: bool,
     lora_on: bool,
     accumulation: WeightGradAccumulation,
+    check_targets: bool,
 ) -> Tensor<B, 1> {
     let [n, h] = hidden.dims();
     let [_, hw] = lm_head_weight.dims();
@@ -249,7 +256,9 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
                 None,
                 targets,
                 None,
-                loss_options(reduction).with_weight_grad_accumulation(accumulation),
+                loss_options(reduction)
+                    .with_weight_grad_accumulation(accumulation)
+                    .with_check_targets(check_targets),
             )
             .loss
         }
@@ -262,7 +271,9 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
                 Some(head),
                 targets,
                 None,
-                loss_options(reduction).with_weight_grad_accumulation(accumulation),
+                loss_options(reduction)
+                    .with_weight_grad_accumulation(accumulation)
+                    .with_check_targets(check_targets),
             )
             .loss
         }

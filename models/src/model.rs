@@ -361,6 +361,7 @@ impl<B: FusedOps> CausalLm<B> {
                 true,
                 self.liger.lora,
                 self.liger.head_grad_accumulation,
+                self.liger.check_targets,
             )
         } else {
             kernels::cross_entropy(
@@ -368,6 +369,7 @@ impl<B: FusedOps> CausalLm<B> {
                 targets,
                 reduction,
                 self.liger.cross_entropy,
+                self.liger.check_targets,
             )
         }
     }

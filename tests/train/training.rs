@@ -528,6 +528,50 @@ fn last_good_state(e: &TrainError, out: &Path, step: usize) -> TrainerState {
     state
 }
 
+/// Token ids outside the model's vocabulary are refused before the first step, naming the
+/// data line (the loss does not read the targets back from the device during training).
+#[test]
+fn tokens_outside_the_vocabulary_are_refused_before_training() {
+    let tok = bundled::tokenizer();
+    let data = dataset(&tok, 8, 64);
+    let largest = data
+        .examples
+        .iter()
+        .flat_map(|e| e.input_ids.iter().copied())
+        .max()
+        .expect("tokens") as usize;
+    let mut config = model_config();
+    config.vocab_size = largest; // one short of the largest id
+    let _rng = backend_rng();
+    let model = trainer::random_model::<NdB>(
+        &config,
+        LigerConfig::all(),
+        DType::F32,
+        &Default::default(),
+        1,
+    );
+    let out = TempDir::new("vocab");
+    match run(model, &data, &tok, train_config(1, 2, 0), &out.0, None) {
+        Err(TrainError::Config(msg)) => {
+            for part in [
+                "line",
+                &format!("token {largest}"),
+                &format!("[0, {largest})"),
+            ] {
+                assert!(msg.contains(part), "{msg:?} should mention {part:?}");
+            }
+        }
+        other => panic!(
+            "expected the vocabulary check to refuse the data, got {:?}",
+            other.map(|s| s.history.len())
+        ),
+    }
+    assert!(
+        !out.0.join("train_log.csv").exists(),
+        "nothing may be trained or logged before the check"
+    );
+}
+
 #[test]
 fn a_non_finite_loss_stops_and_keeps_the_last_good_state() {
     let mut rng = liger_tests::fresh_rng();

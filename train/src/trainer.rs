@@ -302,6 +302,26 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
+/// Refuses a dataset with a token id or a label (other than -100) outside `[0, vocab)`,
+/// naming the data line: the tokenizer and the model's `vocab_size` disagree.
+fn check_token_ids(dataset: &Dataset, vocab: usize) -> Result<(), TrainError> {
+    for ex in &dataset.examples {
+        let bad_id = ex.input_ids.iter().find(|&&id| id as usize >= vocab);
+        let bad_label = ex
+            .labels
+            .iter()
+            .find(|&&l| l != liger_models::IGNORE_INDEX && (l < 0 || l as usize >= vocab));
+        if let Some(bad) = bad_id.map(|&id| i64::from(id)).or(bad_label.copied()) {
+            return Err(TrainError::Config(format!(
+                "{} line {}: token {bad} is outside the model's vocabulary [0, {vocab}): the \
+                 tokenizer does not belong to this model (or the model's vocab_size is too small)",
+                dataset.source_name, ex.line
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Trains `run.config.schedule.total_steps` steps (continuing `run.resume`), writing
 /// `train_log.csv` and checkpoints to `run.output`.
 ///
@@ -369,7 +389,15 @@ where
         examples: dataset.examples.len(),
         hash: dataset.hash,
     };
-    let mut model = contiguous_params(model);
+    // Every token id and label against the vocabulary, once, on the host: the loss then
+    // need not read the targets back from the device at every step (a wait that leaves
+    // the GPU idle while the backward is queued).
+    check_token_ids(dataset, model.config.vocab_size)?;
+    let checked = LigerConfig {
+        check_targets: false,
+        ..model.liger
+    };
+    let mut model = contiguous_params(model.with_liger(checked));
     let mut optim: Optim<B> = config.adamw().init::<B, CausalLm<B>>();
     let (mut step, cursor, mut tokens_seen, mut history) = match resume {
         None => (0, Cursor::default(), 0, Vec::new()),

@@ -301,7 +301,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     );
     println!(
         "modes:     liger on = Liger<Autodiff<B>> + LigerConfig::all() (fused RMSNorm, RoPE, \
-         SwiGLU, softmax, fused linear cross entropy with the head's weight gradient summed          in {}{}); off = Autodiff<B> + LigerConfig::none()",
+         SwiGLU, softmax, fused linear cross entropy with the head's weight gradient summed          in {}{}; the targets checked on the host, not read back); off = Autodiff<B> + LigerConfig::none()",
         match args.e2e_head_grad {
             crate::args::HeadGradArg::WeightDtype => "the weight dtype",
             crate::args::HeadGradArg::F32 => "f32",

@@ -212,6 +212,9 @@ impl OnDevice for CaseRun {
                     let liger = LigerConfig {
                         attention: args.e2e_liger_attention.on(),
                         head_grad_accumulation: args.e2e_head_grad.accumulation(),
+                        // The ids are drawn on the host inside the vocabulary, as
+                        // `liger_train::train` checks its data there before training.
+                        check_targets: false,
                         ..LigerConfig::all()
                     };
                     let optim = liger_burn::optim::AdamWConfig::new()
@@ -238,6 +241,9 @@ impl OnDevice for CaseRun {
                     let liger = LigerConfig {
                         attention: args.e2e_liger_attention.on(),
                         head_grad_accumulation: args.e2e_head_grad.accumulation(),
+                        // The ids are drawn on the host inside the vocabulary, as
+                        // `liger_train::train` checks its data there before training.
+                        check_targets: false,
                         ..LigerConfig::all()
                     };
                     let optim = liger_burn::optim::AdamWConfig::new()
