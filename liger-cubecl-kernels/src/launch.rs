@@ -83,7 +83,7 @@ pub const MAX_CACHED_CHUNKS: usize = 8;
 /// | `forward_vectors_per_unit` | 4 | H200, RMSNorm/LayerNorm 8192×4096 bf16 |
 /// | `softmax_forward_vectors_per_unit` | 16 (0.447 ms against 0.566 ms with 4, softmax 8192×32768 bf16) | H200 |
 /// | `backward_vectors_per_unit` | 2 (RMSNorm backward 8192×4096 bf16: 0.164 ms against 0.224 ms with 1 and 4 cubes per SM) | H200 |
-/// | `partials_per_sm` | 2 (backward cubes per multiprocessor, one f32 row of weight-gradient partials each) | H200 |
+/// | `backward_units_per_sm` | 512 (RMSNorm backward 8192×4096 bf16: 2 cubes of 256 units per multiprocessor; narrower rows get smaller cubes, so more of them) | H200 |
 /// | `elementwise` | see [`ElementwiseConfig`] | H200 |
 /// | `rope` | see [`RopeConfig`] | H200 |
 /// | `optimizer` | the `elementwise` values (not swept yet) | — |
@@ -101,8 +101,10 @@ pub struct LaunchConfig {
     pub softmax_forward_vectors_per_unit: usize,
     /// Row-kernel backwards, which walk many rows per cube for the weight-gradient partials.
     pub backward_vectors_per_unit: usize,
-    /// Backward cubes per multiprocessor (each writes one f32 row of weight-gradient partials).
-    pub partials_per_sm: usize,
+    /// Units per multiprocessor of a row-kernel backward: its cubes per multiprocessor are
+    /// this over the units of one cube (at least one). Each cube writes one f32 row of
+    /// weight-gradient partials, so the partials grow with it.
+    pub backward_units_per_sm: usize,
     /// The elementwise kernel (activations, gated units).
     pub elementwise: ElementwiseConfig,
     /// The rotary-embedding kernel.
@@ -172,7 +174,7 @@ impl Default for LaunchConfig {
             forward_vectors_per_unit: 4,
             softmax_forward_vectors_per_unit: 16,
             backward_vectors_per_unit: 2,
-            partials_per_sm: 2,
+            backward_units_per_sm: 512,
             elementwise: ElementwiseConfig {
                 units: 64,
                 vectors_per_unit: 1,
@@ -310,15 +312,16 @@ impl RowLaunch {
         dtype: StorageType,
     ) -> Result<(Self, usize), KernelError> {
         check_float_dtype(op, dtype)?;
-        let launch = Self::new(
+        let mut launch = Self::new(
             client,
             rows,
             width,
             dtype.size(),
-            partial_cubes(client, config, rows),
+            usize::MAX,
             config.backward_vectors_per_unit,
             config.reduction,
         );
+        launch.cubes = launch.cubes.min(partial_cubes(client, config, rows, launch.units));
         let chunks = launch.chunks(width);
         if chunks > MAX_BACKWARD_CHUNKS {
             let max = MAX_BACKWARD_CHUNKS * launch.units as usize * launch.vector_size;
@@ -328,19 +331,22 @@ impl RowLaunch {
     }
 }
 
-/// Upper bound on cubes for kernels that accumulate per-cube partials (weight gradients):
-/// a few per multiprocessor, so the partial buffer stays small.
+/// Upper bound on cubes of `units` units for kernels that accumulate per-cube partials
+/// (weight gradients): `backward_units_per_sm` units per multiprocessor, so narrow rows
+/// (small cubes) still keep enough loads in flight, and the partial buffer stays small.
 pub fn partial_cubes<R: Runtime>(
     client: &ComputeClient<R>,
     config: &LaunchConfig,
     rows: usize,
-) -> usize {
+    units: u32,
+) -> u32 {
     let sms = client
         .properties()
         .hardware
         .num_streaming_multiprocessors
         .unwrap_or(32) as usize;
-    rows.min(sms * config.partials_per_sm.max(1)).max(1)
+    let per_sm = (config.backward_units_per_sm / units.max(1) as usize).max(1);
+    rows.min(sms * per_sm).clamp(1, 65_535) as u32
 }
 
 /// Builds an array argument over a contiguous buffer of `len` items.

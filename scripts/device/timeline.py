@@ -8,8 +8,9 @@ memset of the process whatever library launched it.
 
 BENCH_ARGS are `liger bench` flags for one case run in this process (`--e2e --e2e-case
 MODEL:SEQ:BATCH:on ...`, with --e2e-steps 1 and --e2e-profile-range on). The timed step
-is the one inside the bench's profiler range: the activities that start between its
-cuProfilerStart and cuProfilerStop calls (the bench synchronizes the device around it).
+is the one inside the bench's profiler range (its cuProfilerStart and cuProfilerStop
+calls, where the tracer records them), else the one after the W-th optimizer phase
+(see `step_window`).
 
 Writes OUT_PREFIX.txt: the timed step's span, the GPU's busy time (the union of the
 activities' intervals, the ordering kernels' left out: they only wait) and idle time, the idle time between consecutive activities
@@ -79,6 +80,32 @@ def analyze(events, window):
     return step, lines
 
 
+def step_window(events, calls, warmup):
+    """The timed step's span: the bench's profiler range where the tracer recorded its
+    cuProfilerStart/Stop calls; else from the end of the `warmup`-th optimizer phase to
+    the end of the next one. An optimizer phase is a run of AdamW kernels with no matrix
+    product (cuBLAS, cuDNN) among them: the optimizer interleaves its kernels with small
+    copies, and every step's forward and backward run products."""
+    starts = [c[1] for c in calls if c[2] == "cuProfilerStart"]
+    stops = [c[0] for c in calls if c[2] == "cuProfilerStop"]
+    if starts and stops:
+        return starts[0], stops[-1]
+    phase_ends, in_phase = [], False
+    for start, end, name in events:
+        if name.startswith("adamw"):
+            if in_phase:
+                phase_ends[-1] = end
+            else:
+                phase_ends.append(end)
+                in_phase = True
+        elif name.startswith(("nvjet", "cudnn", "cutlass", "sm90_", "ampere_")):
+            in_phase = False
+    if len(phase_ends) < warmup + 1:
+        sys.exit(f"found {len(phase_ends)} optimizer phases, expected at least {warmup + 1}")
+    begin = phase_ends[warmup - 1] if warmup > 0 else events[0][0]
+    return begin + 1e-3, phase_ends[warmup]
+
+
 def host_lines(calls, begin, end):
     """Per host thread, the CUDA API calls (runtime and driver) that overlap the step
     [begin, end]: total time and count by name, and the longest single calls."""
@@ -130,12 +157,8 @@ def main():
     # Everything recorded, for analysis elsewhere: GPU activities and host calls.
     with gzip.open(prefix + ".all.json.gz", "wt") as f:
         json.dump({"gpu": events, "host": calls}, f)
-    starts = [c[1] for c in calls if c[2] == "cuProfilerStart"]
-    stops = [c[0] for c in calls if c[2] == "cuProfilerStop"]
-    if not starts or not stops:
-        sys.exit("no cuProfilerStart/cuProfilerStop recorded: run the bench with "
-                 "--e2e-profile-range on")
-    step, lines = analyze(events, (starts[0], stops[-1]))
+    warmup = int(bench[bench.index("--e2e-warmup") + 1]) if "--e2e-warmup" in bench else 2
+    step, lines = analyze(events, step_window(events, calls, warmup))
     lines += host_lines(calls, step[0][0], step[-1][1])
     with open(prefix + ".txt", "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -172,6 +172,11 @@ pub struct BenchArgs {
     /// Reduction path of the fused kernels.
     #[arg(long, value_enum, default_value_t = ReductionArg::Auto)]
     pub reduction: ReductionArg,
+    /// Units per multiprocessor of the norms' backward kernels (`LaunchConfig::
+    /// backward_units_per_sm`; default: the device table's), to sweep it; the CSV config
+    /// records a value given here.
+    #[arg(long, value_name = "N")]
+    pub backward_units_per_sm: Option<usize>,
     /// cross_entropy / fused_linear_cross_entropy (liger): validate the targets before the
     /// kernel (`CrossEntropyOptions::check_targets`, on by default: one device-to-host read
     /// per call). `off` measures what that check costs; the CSV config says which ran.

@@ -76,6 +76,7 @@ pub fn run(mut args: BenchArgs) -> Result<ExitCode> {
         bail!("--reduction both is for `liger check`; bench takes auto, plane or shared");
     }
     ops::set_check_targets(args.check_targets.on());
+    ops::set_backward_units_per_sm(args.backward_units_per_sm);
     if args.iters == 0 || args.repeats == 0 {
         bail!("--iters and --repeats must be at least 1");
     }
@@ -175,7 +176,11 @@ impl OnDevice for Bench {
         let dtype = args.dtype.dtype();
         let e = args.dtype.size();
         let path = args.reduction.paths()[0];
-        let _geometry = override_launch_config(LaunchConfig::default().with_reduction(path));
+        let mut geometry = LaunchConfig::default().with_reduction(path);
+        if let Some(units) = args.backward_units_per_sm {
+            geometry.backward_units_per_sm = units.max(1);
+        }
+        let _geometry = override_launch_config(geometry);
         ctx.describe(Some(path));
         if let Some(code) =
             crate::device::require_dtype::<B>(&ctx.device, dtype, args.dtype, "benchmark", "")
@@ -534,6 +539,9 @@ fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize 
             let mut config = format!("{} sets={} hold={}", notes.base(), g.sets, hold);
             if provider == Provider::Liger {
                 config.push_str(&format!(" reduction={}", notes.path));
+                if let Some(units) = ops::backward_units_per_sm() {
+                    config.push_str(&format!(" backward_units_per_sm={units}"));
+                }
                 if matches!(
                     g.op,
                     BenchOp::CrossEntropy | BenchOp::FusedLinearCrossEntropy

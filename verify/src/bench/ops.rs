@@ -489,6 +489,23 @@ pub fn check_targets() -> bool {
     CHECK_TARGETS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// `--backward-units-per-sm`, when given (0: not given).
+static BACKWARD_UNITS_PER_SM: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// Records what `--backward-units-per-sm` asked for (for the CSV's config column).
+pub fn set_backward_units_per_sm(units: Option<usize>) {
+    BACKWARD_UNITS_PER_SM.store(units.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `--backward-units-per-sm`, when given.
+pub fn backward_units_per_sm() -> Option<usize> {
+    match BACKWARD_UNITS_PER_SM.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => None,
+        units => Some(units),
+    }
+}
+
 /// The cross-entropy options the benchmark runs liger with.
 fn ce_options() -> CrossEntropyOptions {
     CrossEntropyOptions::default().with_check_targets(check_targets())
