@@ -120,6 +120,9 @@ def parse_args(argv=None):
                         "0 skips it")
     p.add_argument("--no-gemms", action="store_true",
                    help="skip cuBLAS on the models' GEMM shapes")
+    p.add_argument("--shapes", default="", metavar="OP=AxB,...",
+                   help="shapes in place of an op's default, comma list; an op may appear "
+                        "several times (e.g. rms_norm=16384x1536,rms_norm=16384x2048)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--device", default="cuda", help="torch device (default cuda)")
     p.add_argument("--gpu", default=os.environ.get("LIGER_GPU_NAME"),
@@ -129,6 +132,17 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     a.ops = [] if a.ops == "none" else [o for o in a.ops.split(",") if o]
     a.providers = [v for v in a.providers.split(",") if v]
+    a.shapes = {}
+    for item in [i for i in a.shapes.split(",") if i]:
+        op, _, dims = item.partition("=")
+        if op not in OPS or not dims:
+            p.error(f"--shapes: expected OP=AxB with a known op, got {item!r}")
+        try:
+            a.shapes.setdefault(op, []).append(tuple(int(d) for d in dims.split("x")))
+        except ValueError:
+            p.error(f"--shapes: {item!r}: dimensions must be integers joined by x")
+        if len(a.shapes[op][-1]) != len(DEFAULT_SHAPES[op]):
+            p.error(f"--shapes: {item!r}: {op} takes {len(DEFAULT_SHAPES[op])} dimensions")
     for o in a.ops:
         if o not in OPS:
             p.error(f"--ops: unknown op {o!r} (known: {', '.join(OPS)})")
@@ -538,8 +552,9 @@ def main():
         s = args.matmul_size
         guarded("matmul ceiling", lambda: bench.matmul_rows(s, s, s, "nn", "ceiling=square"))
     for op in args.ops:
-        print(f"{op} {label(DEFAULT_SHAPES[op])} ...", flush=True)
-        guarded(op, lambda op=op: bench.measure_op(op, DEFAULT_SHAPES[op], args.providers))
+        for shape in args.shapes.get(op, [DEFAULT_SHAPES[op]]):
+            print(f"{op} {label(shape)} ...", flush=True)
+            guarded(op, lambda op=op, shape=shape: bench.measure_op(op, shape, args.providers))
     if not args.no_gemms:
         for model, product, m, k, n, layout in GEMMS:
             guarded(f"gemm {model} {product}",
