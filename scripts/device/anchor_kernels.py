@@ -132,8 +132,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     a.ops = [] if a.ops == "none" else [o for o in a.ops.split(",") if o]
     a.providers = [v for v in a.providers.split(",") if v]
-    a.shapes = {}
-    for item in [i for i in a.shapes.split(",") if i]:
+    spec, a.shapes = a.shapes, {}
+    for item in [i for i in spec.split(",") if i]:
         op, _, dims = item.partition("=")
         if op not in OPS or not dims:
             p.error(f"--shapes: expected OP=AxB with a known op, got {item!r}")
