@@ -9,7 +9,10 @@
 #                                  [elementwise] [ce] [ce-hold] [flce] [vulkan] [converge]
 #                                  [train] [e2e-llama] [e2e-qwen] [optimizer] [cache-out]
 #                                  [attention-test] [attention] [sdpa] [post] [timeline]
+#                                  [norm-sweep]
 #
+# norm-sweep: the norms' backward kernels at the models' widths, over the backward geometry,
+# beside Liger-Kernel's (see the step).
 # timeline: where a training step's GPU idles (scripts/device/timeline.py, see there).
 #
 # check-full: the full conformance sweep of every op (f32 and bf16). cuda-tests: the
@@ -258,6 +261,24 @@ for step in $steps; do
         --backends "${SDPA_BACKENDS:-flash}" --commit "$LIGER_COMMIT" \
         >"$OUT/sdpa_anchor.csv" 2>"$OUT/sdpa_anchor.log" || status=1
       grep -E ",(ms|TFLOP/s)," "$OUT/sdpa_anchor.csv" | cut -d, -f2-7 | head -n 60
+      ;;
+    norm-sweep)
+      # The norms' backward geometry (LaunchConfig::backward_units_per_sm) at the models'
+      # widths: `liger bench` at NORM_UNITS (default 256,512,1024 units per multiprocessor)
+      # and Liger-Kernel's kernels on the same shapes (NORM_SHAPES), rows in one CSV.
+      shapes=${NORM_SHAPES:-16384x1536,16384x2048,8192x4096}
+      for u in $(echo "${NORM_UNITS:-256,512,1024}" | tr , ' '); do
+        $BIN bench --device cuda --dtype bf16 --op rms_norm,layer_norm --shape "$shapes" \
+          --backward-units-per-sm "$u" --csv "$OUT/norm_sweep.csv" >>"$OUT/norm_sweep.log" 2>&1 || status=1
+      done
+      if ls .whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+          --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+      fi
+      python3 scripts/device/anchor_kernels.py --ops rms_norm,layer_norm --providers liger-kernel \
+        --shapes "$(echo "$shapes" | tr , '\n' | sed 's/^/rms_norm=/' | paste -sd,),$(echo "$shapes" | tr , '\n' | sed 's/^/layer_norm=/' | paste -sd,)" \
+        --no-gemms --copy-gib 0 --matmul-size 0 --csv "$OUT/norm_sweep.csv" >>"$OUT/norm_sweep.log" 2>&1 || status=1
+      grep -E "rms_norm|layer_norm" "$OUT/norm_sweep.log" | grep -iE "backward|full" | head -40
       ;;
     timeline)
       # scripts/device/timeline.py: the kernel timeline of one timed e2e step (liger on,
