@@ -528,20 +528,20 @@ fn last_good_state(e: &TrainError, out: &Path, step: usize) -> TrainerState {
     state
 }
 
-/// Token ids outside the model's vocabulary are refused before the first step, naming the
+/// Labels outside the model's vocabulary are refused before the first step, naming the
 /// data line (the loss does not read the targets back from the device during training).
 #[test]
-fn tokens_outside_the_vocabulary_are_refused_before_training() {
+fn labels_outside_the_vocabulary_are_refused_before_training() {
     let tok = bundled::tokenizer();
     let data = dataset(&tok, 8, 64);
     let largest = data
         .examples
         .iter()
-        .flat_map(|e| e.input_ids.iter().copied())
+        .flat_map(|e| e.labels.iter().copied())
         .max()
-        .expect("tokens") as usize;
+        .expect("labels") as usize;
     let mut config = model_config();
-    config.vocab_size = largest; // one short of the largest id
+    config.vocab_size = largest; // one short of the largest label
     let _rng = backend_rng();
     let model = trainer::random_model::<NdB>(
         &config,
@@ -555,7 +555,7 @@ fn tokens_outside_the_vocabulary_are_refused_before_training() {
         Err(TrainError::Config(msg)) => {
             for part in [
                 "line",
-                &format!("token {largest}"),
+                &format!("label {largest}"),
                 &format!("[0, {largest})"),
             ] {
                 assert!(msg.contains(part), "{msg:?} should mention {part:?}");

@@ -302,18 +302,19 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// Refuses a dataset with a token id or a label (other than -100) outside `[0, vocab)`,
-/// naming the data line: the tokenizer and the model's `vocab_size` disagree.
-fn check_token_ids(dataset: &Dataset, vocab: usize) -> Result<(), TrainError> {
+/// Refuses a dataset with a label (other than -100) outside `[0, vocab)`, naming the data
+/// line: the tokenizer and the model's `vocab_size` disagree. This is the check the losses
+/// otherwise make on the device at every step (`LigerConfig::check_targets`); the input
+/// ids go to the embedding lookup unchecked, as Burn's `Embedding` takes them.
+fn check_labels(dataset: &Dataset, vocab: usize) -> Result<(), TrainError> {
     for ex in &dataset.examples {
-        let bad_id = ex.input_ids.iter().find(|&&id| id as usize >= vocab);
-        let bad_label = ex
+        let bad = ex
             .labels
             .iter()
             .find(|&&l| l != liger_models::IGNORE_INDEX && (l < 0 || l as usize >= vocab));
-        if let Some(bad) = bad_id.map(|&id| i64::from(id)).or(bad_label.copied()) {
+        if let Some(bad) = bad {
             return Err(TrainError::Config(format!(
-                "{} line {}: token {bad} is outside the model's vocabulary [0, {vocab}): the \
+                "{} line {}: label {bad} is outside the model's vocabulary [0, {vocab}): the \
                  tokenizer does not belong to this model (or the model's vocab_size is too small)",
                 dataset.source_name, ex.line
             )));
@@ -389,10 +390,10 @@ where
         examples: dataset.examples.len(),
         hash: dataset.hash,
     };
-    // Every token id and label against the vocabulary, once, on the host: the loss then
-    // need not read the targets back from the device at every step (a wait that leaves
-    // the GPU idle while the backward is queued).
-    check_token_ids(dataset, model.config.vocab_size)?;
+    // Every label against the vocabulary, once, on the host: the loss then need not read
+    // the targets back from the device at every step (a wait that leaves the GPU idle
+    // while the backward is queued).
+    check_labels(dataset, model.config.vocab_size)?;
     let checked = LigerConfig {
         check_targets: false,
         ..model.liger
