@@ -14,7 +14,7 @@
 //! 2. [`embedding_backward_kernel`]: one cube per position (grid-strided) and block of
 //!    columns. A position that is the first of its index walks the chain `next` and writes
 //!    the sum into the index's row; every other position leaves at once. Rows of indices
-//!    that never occur are not written: the caller zeroes the output first.
+//!    that never occur are zeroed before ([`embedding_zero_kernel`]).
 //!
 //! Indices outside `[0, vocab)` are never used as an address: their positions add nothing.
 
@@ -75,6 +75,20 @@ fn embedding_links_kernel<I: Int>(
 }
 
 #[cube(launch_unchecked)]
+fn embedding_zero_kernel<F: Float, N: Size>(
+    output: &mut Array<Vector<F, N>>,
+    len: u32,
+    #[define(F)] _dtype: StorageType,
+) {
+    let stride = CUBE_COUNT_X * CUBE_DIM_X;
+    let mut i = CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X;
+    while i < len {
+        output[i as usize] = Vector::<F, N>::cast_from(Vector::<f32, N>::new(0.0));
+        i += stride;
+    }
+}
+
+#[cube(launch_unchecked)]
 fn embedding_backward_kernel<F: Float, I: Int, N: Size>(
     grad: &Array<Vector<F, N>>,
     indices: &Array<I>,
@@ -111,8 +125,8 @@ fn embedding_backward_kernel<F: Float, I: Int, N: Size>(
 ///
 /// - `grad`: `[positions, width]` of `dtype`, contiguous
 /// - `indices`: `[positions]` of `index_dtype` (i32 or i64)
-/// - `output`: `[vocab, width]` of `dtype`, zeroed by the caller; only the rows of indices
-///   that occur are written
+/// - `output`: `[vocab, width]` of `dtype`, dense (row stride `width`); every element is
+///   written
 #[allow(clippy::too_many_arguments)]
 pub fn embedding_backward<R: Runtime>(
     client: &ComputeClient<R>,
@@ -168,6 +182,19 @@ pub fn embedding_backward<R: Runtime>(
     let units = (vectors as u32).next_power_of_two().clamp(32, 256);
     let column_cubes = (vectors as u32).div_ceil(units);
     let position_cubes = positions.min(MAX_GRID) as u32;
+    let output_vectors = vocab * vectors;
+    // Safety: unit `i` writes vector `i < vocab · vectors` of `output`, which holds as many.
+    unsafe {
+        embedding_zero_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(output_vectors.div_ceil(256).clamp(1, MAX_GRID) as u32, 1, 1),
+            CubeDim::new_1d(256),
+            vector_size,
+            array::<R>(output, output_vectors),
+            output_vectors as u32,
+            dtype,
+        );
+    }
     // Safety: `grad` holds `positions · vectors` vectors, `output` `vocab · vectors`; a
     // unit reads `grad` at a position below `positions` (chains end at `positions`) and
     // writes `output` only for an index in `[0, vocab)`, always at a column below `vectors`.

@@ -321,7 +321,9 @@ impl RowLaunch {
             config.backward_vectors_per_unit,
             config.reduction,
         );
-        launch.cubes = launch.cubes.min(partial_cubes(client, config, rows, launch.units));
+        launch.cubes = launch
+            .cubes
+            .min(partial_cubes(client, config, rows, launch.units));
         let chunks = launch.chunks(width);
         if chunks > MAX_BACKWARD_CHUNKS {
             let max = MAX_BACKWARD_CHUNKS * launch.units as usize * launch.vector_size;

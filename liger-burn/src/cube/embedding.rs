@@ -1,6 +1,6 @@
 //! The embedding gradient on CubeCL tensors.
 
-use super::{launched, rows_width};
+use super::{empty_like, launched, rows_width};
 use burn::tensor::{DType, IntDType, Shape, backend::Backend};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
@@ -24,12 +24,8 @@ where
     };
     let indices = into_contiguous(indices);
     let (positions, width) = rows_width(grad.meta.shape());
-    let output = burn_cubecl::ops::numeric::zeros_client(
-        grad.client.clone(),
-        grad.device.clone(),
-        Shape::new([num_embeddings, width]),
-        grad.dtype,
-    );
+    // Dense: the kernel writes rows `width` apart (Burn's own allocations may pad rows).
+    let output = empty_like(&grad, Shape::new([num_embeddings, width]), grad.dtype);
     launched(embedding_backward::<R>(
         &grad.client,
         &grad.handle,
