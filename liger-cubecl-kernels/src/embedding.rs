@@ -20,7 +20,7 @@
 
 use crate::counters::{self, Kernel};
 use crate::cross_entropy::check_target_dtype;
-use crate::launch::{KernelError, array, check_float_dtype};
+use crate::launch::{KernelError, array, check_float_dtype, vector_size};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -173,11 +173,7 @@ pub fn embedding_backward<R: Runtime>(
             index_dtype,
         );
     }
-    let vector_size = client
-        .io_optimized_vector_sizes(dtype.size())
-        .filter(|v| width.is_multiple_of(*v))
-        .max()
-        .unwrap_or(1);
+    let vector_size = vector_size(client, width, dtype.size());
     let vectors = width / vector_size;
     let units = (vectors as u32).next_power_of_two().clamp(32, 256);
     let column_cubes = (vectors as u32).div_ceil(units);

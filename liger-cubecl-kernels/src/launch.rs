@@ -83,7 +83,7 @@ pub const MAX_CACHED_CHUNKS: usize = 8;
 /// | `forward_vectors_per_unit` | 4 | H200, RMSNorm/LayerNorm 8192×4096 bf16 |
 /// | `softmax_forward_vectors_per_unit` | 16 (0.447 ms against 0.566 ms with 4, softmax 8192×32768 bf16) | H200 |
 /// | `backward_vectors_per_unit` | 2 (RMSNorm backward 8192×4096 bf16: 0.164 ms against 0.224 ms with 1 and 4 cubes per SM) | H200 |
-/// | `backward_units_per_sm` | 512 (RMSNorm backward 8192×4096 bf16: 2 cubes of 256 units per multiprocessor; narrower rows get smaller cubes, so more of them) | H200 |
+/// | `backward_units_per_sm` | 512 (`batch.sh norm-sweep`, bf16 at widths 1536, 2048 and 4096 against 256 and 1024: the fastest for LayerNorm at all three and RMSNorm at 1536; RMSNorm at 2048 and 4096 is faster at 1024) | H200 |
 /// | `elementwise` | see [`ElementwiseConfig`] | H200 |
 /// | `rope` | see [`RopeConfig`] | H200 |
 /// | `optimizer` | the `elementwise` values (not swept yet) | — |
@@ -226,11 +226,7 @@ impl RowLaunch {
         reduction: ReductionPath,
     ) -> Self {
         let props = client.properties();
-        let vector_size = client
-            .io_optimized_vector_sizes(elem_size)
-            .filter(|v| width % v == 0)
-            .max()
-            .unwrap_or(1);
+        let vector_size = vector_size(client, width, elem_size);
         let vectors = width / vector_size;
         let hw_max = props
             .hardware
@@ -349,6 +345,16 @@ pub fn partial_cubes<R: Runtime>(
         .unwrap_or(32) as usize;
     let per_sm = (config.backward_units_per_sm / units.max(1) as usize).max(1);
     rows.min(sms * per_sm).clamp(1, 65_535) as u32
+}
+
+/// The widest vectorized load of `elem_size`-byte items the device favours that divides
+/// `width` (1 when none does).
+pub fn vector_size<R: Runtime>(client: &ComputeClient<R>, width: usize, elem_size: usize) -> usize {
+    client
+        .io_optimized_vector_sizes(elem_size)
+        .filter(|v| width.is_multiple_of(*v))
+        .max()
+        .unwrap_or(1)
 }
 
 /// Builds an array argument over a contiguous buffer of `len` items.

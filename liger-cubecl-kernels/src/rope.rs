@@ -269,11 +269,7 @@ pub fn rope_vector_size<R: Runtime>(
         RopeKernelLayout::RotateHalf => head_dim / 2,
         RopeKernelLayout::Interleaved => head_dim,
     };
-    client
-        .io_optimized_vector_sizes(elem_size)
-        .filter(|v| unit % v == 0)
-        .max()
-        .unwrap_or(1)
+    crate::launch::vector_size(client, unit, elem_size)
 }
 
 /// One rotated tensor (`[batch, heads, seq, head_dim]`): input view and dense output.

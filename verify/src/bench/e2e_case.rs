@@ -213,7 +213,7 @@ impl OnDevice for CaseRun {
                         attention: args.e2e_liger_attention.on(),
                         head_grad_accumulation: args.e2e_head_grad.accumulation(),
                         // The ids are drawn on the host inside the vocabulary, as
-                        // `liger_train::train` checks its data there before training.
+                        // `liger_train::train` checks its labels there before training.
                         check_targets: false,
                         ..LigerConfig::all()
                     };
@@ -242,7 +242,7 @@ impl OnDevice for CaseRun {
                         attention: args.e2e_liger_attention.on(),
                         head_grad_accumulation: args.e2e_head_grad.accumulation(),
                         // The ids are drawn on the host inside the vocabulary, as
-                        // `liger_train::train` checks its data there before training.
+                        // `liger_train::train` checks its labels there before training.
                         check_targets: false,
                         ..LigerConfig::all()
                     };
