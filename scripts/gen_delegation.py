@@ -47,6 +47,7 @@ FUSED_OVERRIDES = {
     ("ModuleOps", "linear"): "linear",
     ("ModuleOps", "linear_x_backward"): "linear_x_backward",
     ("ModuleOps", "linear_weight_backward"): "linear_weight_backward",
+    ("ModuleOps", "linear_bias_backward"): "linear_bias_backward",
     ("ModuleOps", "embedding"): "embedding",
     ("ModuleOps", "embedding_backward"): "embedding_backward",
 }

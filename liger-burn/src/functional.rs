@@ -310,6 +310,28 @@ pub fn embedding<B: FusedOps>(
     wrap(B::fused_embedding(prim(weights), indices.into_primitive()))
 }
 
+/// A linear layer, `x · weight (+ bias)`, as `burn::tensor::module::linear` (Burn's
+/// `[d_in, d_out]` weight layout), over the leading dims of `x` folded into rows. With a
+/// bias the product and the bias add are one op: on CUDA one cuBLASLt call that adds the
+/// bias to the f32 accumulator and rounds once, and whose backward sums the bias's
+/// gradient while the weight-gradient product reads the output gradient. On `Liger<_>`
+/// backends `burn::nn::Linear` runs the same.
+///
+/// - `x`: `[..., d_in]` (rank ≥ 2, e.g. `[batch, seq, d_in]`); `weight`: `[d_in, d_out]`;
+///   `bias`: `[d_out]`; one float dtype
+/// - returns `[..., d_out]`
+pub fn linear<B: FusedOps, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+) -> Tensor<B, D> {
+    wrap(crate::backend::overrides::linear::<B>(
+        prim(x),
+        prim(weight),
+        bias.map(prim),
+    ))
+}
+
 /// Exact GELU, `0.5 x (1 + erf(x / sqrt(2)))`, with the exact derivative in the backward.
 /// `x`: any shape (not empty); same shape out. On `Liger<_>` backends Burn's own
 /// `burn::tensor::activation::gelu` runs the same kernel.

@@ -72,6 +72,7 @@ pub mod counters {
         cross_entropy_backward,
         distill_rows,
         matmul_vendor,
+        matmul_vendor_epilogue,
         matmul_backend,
         adamw_step,
         adamw_step_in_place,

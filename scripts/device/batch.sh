@@ -9,8 +9,10 @@
 #                                  [elementwise] [ce] [ce-hold] [flce] [vulkan] [converge]
 #                                  [train] [e2e-llama] [e2e-qwen] [optimizer] [cache-out]
 #                                  [attention-test] [attention] [sdpa] [post] [timeline]
-#                                  [norm-sweep]
+#                                  [norm-sweep] [kernels-vs-lk]
 #
+# kernels-vs-lk: RMSNorm, LayerNorm, SwiGLU and cross entropy by liger-burn between two passes
+# of Liger-Kernel's (scripts/device/anchor_kernels.py), one CSV.
 # norm-sweep: the norms' backward kernels at the models' widths, over the backward geometry,
 # beside Liger-Kernel's (see the step).
 # timeline: where a training step's GPU idles (scripts/device/timeline.py, see there).
@@ -279,6 +281,29 @@ for step in $steps; do
         --shapes "$(echo "$shapes" | tr , '\n' | sed 's/^/rms_norm=/' | paste -sd,),$(echo "$shapes" | tr , '\n' | sed 's/^/layer_norm=/' | paste -sd,)" \
         --no-gemms --copy-gib 0 --matmul-size 0 --csv "$OUT/norm_sweep.csv" >>"$OUT/norm_sweep.log" 2>&1 || status=1
       grep -E "rms_norm|layer_norm" "$OUT/norm_sweep.log" | grep -iE "backward|full" | head -40
+      ;;
+    kernels-vs-lk)
+      # Single kernels beside Liger-Kernel's in one call, same shapes and protocol (bf16;
+      # RMSNorm and LayerNorm 8192x4096, SwiGLU 8192x14336, cross entropy 8192x128256):
+      # Liger-Kernel's, then liger-burn's (`liger bench`, stock Burn beside), then
+      # Liger-Kernel's again, so drift between the passes shows. Rows in one CSV.
+      if ls .whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+          --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+      fi
+      ops=rms_norm,layer_norm,swiglu,cross_entropy
+      for pass in first ours second; do
+        echo "== $pass" >>"$OUT/kernels_vs_lk.log"
+        if [ $pass = ours ]; then
+          $BIN bench --device cuda --dtype bf16 --op $ops --csv "$OUT/kernels_vs_lk.csv" \
+            >>"$OUT/kernels_vs_lk.log" 2>&1 || status=1
+        else
+          python3 scripts/device/anchor_kernels.py --ops $ops --providers liger-kernel --no-gemms \
+            --matmul-size 0 $([ $pass = second ] && echo --copy-gib 0) \
+            --csv "$OUT/kernels_vs_lk.csv" >>"$OUT/kernels_vs_lk.log" 2>&1 || status=1
+        fi
+      done
+      grep -E "forward|full|copy" "$OUT/kernels_vs_lk.log" | head -60
       ;;
     timeline)
       # scripts/device/timeline.py: the kernel timeline of one timed e2e step (liger on,

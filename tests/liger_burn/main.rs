@@ -19,6 +19,7 @@ mod geglu;
 mod gelu;
 mod layer_norm;
 mod liger_chunked_fixture;
+mod linear;
 mod log_softmax;
 mod lora;
 mod matmul;

@@ -14,8 +14,8 @@
 //! was broadcast over `B` batches (each partial rounded to the dtype before the sum, as
 //! Burn's matmul node does), plus one subnormal spacing of the dtype (results that
 //! underflow round absolutely). `c = 8`. `nn::Linear`'s output adds one more rounding (the
-//! product is rounded before the bias is added), and its bias gradient is Burn's own sum,
-//! accumulated in the dtype on some backends (`2⁻²⁴` above becomes the dtype's `u`).
+//! product is rounded before the bias is added, except in cuBLASLt's epilogue), and its
+//! bias gradient is a sum over rows accumulated in f32 in both wrapping orders.
 //!
 //! On CUDA (`LIGER_TEST_DEVICE=cuda`, `--features cuda`) the products run on cuBLASLt and
 //! the launch counters prove it: every product of these tests is counted as a vendor
@@ -30,6 +30,7 @@ use burn::tensor::{DType, Tensor};
 use liger_burn::Liger;
 use liger_burn::cube::matmul_counts;
 use liger_burn::ops::FusedOps;
+use liger_cubecl_kernels::counters::{self, Kernel};
 use liger_tests::BackendVisitor;
 use liger_tests::errors::{assert_mentions, panic_message};
 use liger_tests::tensors::{floats, values};
@@ -528,6 +529,22 @@ fn expect_path(
     }
 }
 
+/// On CUDA, `epilogues` products since `before` ran a cuBLASLt epilogue (the bias added or
+/// summed in the product); none elsewhere.
+fn expect_epilogues(label: &str, before: u64, epilogues: u64, report: &mut Report) {
+    let ran = counters::get(Kernel::matmul_vendor_epilogue) - before;
+    let expected = if label.starts_with("cuda") {
+        epilogues
+    } else {
+        0
+    };
+    if ran != expected {
+        report.failures.push(format!(
+            "{label}: {ran} products ran a cuBLASLt epilogue, expected {expected}"
+        ));
+    }
+}
+
 struct Sweep {
     rng: Rng,
     report: Report,
@@ -674,34 +691,32 @@ fn nn_linear_matches_reference() {
         fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
             for dtype in liger_tests::dtypes::<B>(device) {
                 let before = matmul_counts();
+                let epilogues = counters::get(Kernel::matmul_vendor_epilogue);
                 linear_case::<Liger<Autodiff<B>>>(
                     &mut self.0,
                     &format!("{label} Liger<Autodiff<B>> {dtype:?}"),
                     dtype,
                     device,
                 );
-                // The product and its two gradients, and the bias as `ones · bias` with
-                // its gradient `onesᵀ · grad` (Burn's own linear node in the other order
-                // sums the bias gradient itself).
-                expect_path(
-                    &format!("{label} Liger<Autodiff<B>> {dtype:?} linear path"),
-                    before,
-                    5,
-                    &mut self.0.report,
-                );
+                // The product with its bias, the gradient of x, and the weight's gradient
+                // with the bias's (`fused_linear_weight_backward`); on CUDA the first and
+                // the last add and sum the bias in cuBLASLt's epilogue.
+                let label_ad = format!("{label} Liger<Autodiff<B>> {dtype:?} linear path");
+                expect_path(&label_ad, before, 3, &mut self.0.report);
+                expect_epilogues(&label_ad, epilogues, 2, &mut self.0.report);
                 let before = matmul_counts();
+                let epilogues = counters::get(Kernel::matmul_vendor_epilogue);
                 linear_case::<Autodiff<Liger<B>>>(
                     &mut self.0,
                     &format!("{label} Autodiff<Liger<B>> {dtype:?}"),
                     dtype,
                     device,
                 );
-                expect_path(
-                    &format!("{label} Autodiff<Liger<B>> {dtype:?} linear path"),
-                    before,
-                    3,
-                    &mut self.0.report,
-                );
+                // Burn's own linear node: its forward is ours, its backward sums the
+                // bias's gradient itself.
+                let label_la = format!("{label} Autodiff<Liger<B>> {dtype:?} linear path");
+                expect_path(&label_la, before, 3, &mut self.0.report);
+                expect_epilogues(&label_la, epilogues, 1, &mut self.0.report);
             }
         }
     }
@@ -762,7 +777,8 @@ fn linear_case<AD: AutodiffBackend>(s: &mut Sweep, label: &str, dtype: DType, de
         *v += bias_v;
         ey.abs[i] += bias_v.abs();
     }
-    // The bias gradient: Σ_rows g, Burn's own sum (in the dtype on some backends).
+    // The bias gradient: Σ_rows g, summed in f32 (cuBLASLt's epilogue, or the
+    // composition's f32 sum).
     let egb = Expected {
         shape: vec![d_out],
         value: (0..d_out)
@@ -773,7 +789,7 @@ fn linear_case<AD: AutodiffBackend>(s: &mut Sweep, label: &str, dtype: DType, de
             .collect(),
         partials: vec![0.0; d_out],
         k: b * rows,
-        acc_unit: unit_roundoff(dtype),
+        acc_unit: U32,
     };
     s.report
         .check(format!("{label} linear y"), &ey, &values(y.inner()), dtype);

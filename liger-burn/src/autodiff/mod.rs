@@ -14,6 +14,7 @@ mod fused_linear_preference;
 mod fused_linear_rl;
 mod glu;
 mod layer_norm;
+mod linear;
 mod linear_cross_entropy;
 mod lora;
 mod matmul;
@@ -470,6 +471,22 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
 
     fn fused_matmul_uses_vendor_library(device: &B::Device, dtype: burn::tensor::DType) -> bool {
         B::fused_matmul_uses_vendor_library(device, dtype)
+    }
+
+    fn fused_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        linear::linear::<B, C>(x, weight, bias)
+    }
+
+    fn fused_linear_weight_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (weight, bias) = B::fused_linear_weight_backward(x.primitive, grad.primitive);
+        (Self::from_inner(weight), Self::from_inner(bias))
     }
 
     fn fused_adamw_step(

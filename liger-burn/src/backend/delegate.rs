@@ -329,7 +329,7 @@ impl<B: FusedOps> ModuleOps<Self> for Liger<B> {
     fn linear(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>) -> FloatTensor<Self> { overrides::linear::<B>(x, weight, bias) }  // fused override
     fn linear_x_backward(weight: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self> { overrides::linear_x_backward::<B>(weight, output_grad) }  // fused override
     fn linear_weight_backward(x: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self> { overrides::linear_weight_backward::<B>(x, output_grad) }  // fused override
-    fn linear_bias_backward(output_grad: FloatTensor<Self>) -> FloatTensor<Self> { B::linear_bias_backward(output_grad) }
+    fn linear_bias_backward(output_grad: FloatTensor<Self>) -> FloatTensor<Self> { overrides::linear_bias_backward::<B>(output_grad) }  // fused override
     fn conv1d(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>, options: ConvOptions<1>) -> FloatTensor<Self> { B::conv1d(x, weight, bias, options) }
     fn conv1d_x_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvOptions<1>) -> FloatTensor<Self> { B::conv1d_x_backward(x, weight, output_grad, options) }
     fn conv1d_weight_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvOptions<1>) -> FloatTensor<Self> { B::conv1d_weight_backward(x, weight, output_grad, options) }

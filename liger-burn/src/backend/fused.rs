@@ -466,6 +466,21 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         B::fused_matmul_uses_vendor_library(device, dtype)
     }
 
+    fn fused_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        B::fused_linear(x, weight, bias)
+    }
+
+    fn fused_linear_weight_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        B::fused_linear_weight_backward(x, grad)
+    }
+
     fn fused_adamw_step(
         param: FloatTensor<Self>,
         grad: FloatTensor<Self>,

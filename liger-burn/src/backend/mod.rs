@@ -95,7 +95,7 @@ mod convert;
 #[rustfmt::skip]
 mod delegate;
 mod fused;
-mod overrides;
+pub(crate) mod overrides;
 
 use core::fmt;
 use core::marker::PhantomData;

@@ -223,9 +223,11 @@ pub(crate) fn matmul<B: FusedOps>(lhs: FloatTensor<B>, rhs: FloatTensor<B>) -> F
 }
 
 /// `ModuleOps::linear` (`burn::nn::Linear`): `x [..., d_in] · weight [d_in, d_out]
-/// (+ bias [d_out])` as one `B::fused_matmul` of `[rows, d_in] · [d_in, d_out]`, the
-/// leading dims of `x` folded into rows (Burn's default broadcasts the weight over them
-/// instead, which makes the weight gradient a batch of products and a sum).
+/// (+ bias [d_out])` over folded rows `[rows, d_in]`: `B::fused_matmul` without a bias,
+/// `B::fused_linear` with one (on CUDA one cuBLASLt call adding the bias in its epilogue,
+/// and on `Autodiff<_>` a node whose weight-gradient product also sums the bias's
+/// gradient). Burn's default broadcasts the weight over the leading dims instead, which
+/// makes the weight gradient a batch of products and a sum.
 pub(crate) fn linear<B: FusedOps>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
@@ -237,33 +239,23 @@ pub(crate) fn linear<B: FusedOps>(
     let d_in = last_dim(&shape);
     let d_out = if w.num_dims() == 2 { w[1] } else { 0 };
     let bias_ok = b.as_ref().is_none_or(|b| b.to_vec() == [d_out]);
-    if rank < 2 || w.num_dims() != 2 || w[0] != d_in || !bias_ok {
+    let bias_dtype_ok = bias.as_ref().is_none_or(|b| b.dtype() == x.dtype());
+    if rank < 2 || w.num_dims() != 2 || w[0] != d_in || !bias_ok || !bias_dtype_ok {
         panic!(
-            "linear: x must be [..., d_in] (rank >= 2), weight [d_in, d_out], bias [d_out]; got x {shape:?} ({:?}), weight {w:?} ({:?}), bias {b:?}",
+            "linear: x must be [..., d_in] (rank >= 2), weight [d_in, d_out], bias [d_out], \
+             all of one dtype; got x {shape:?} ({:?}), weight {w:?} ({:?}), bias {b:?} ({:?})",
             x.dtype(),
-            weight.dtype()
+            weight.dtype(),
+            bias.as_ref().map(|b| b.dtype())
         );
     }
     let x = rows::<B>(x, d_in);
     // The shapes agree (checked above); the product's check adds the dtypes.
-    validate::check(validate::matmul_tensors("matmul", &x, &weight).map(|_| ()));
-    let rows = x.shape()[0];
-    let (device, dtype) = (B::float_device(&x), x.dtype());
-    let mut out = B::fused_matmul(x, weight);
-    if let Some(bias) = bias {
-        let bias = B::float_reshape(bias, Shape::new([1, d_out]));
-        let bias = if B::ad_enabled(&device) {
-            // The bias over the rows as the product `ones [rows, 1] · bias [1, d_out]`: the
-            // same values (k = 1), and its gradient is then `onesᵀ · grad`, one product
-            // summed in f32 by the matmul, where the broadcast add's gradient is a sum over
-            // the rows' (non-contiguous) axis, a slow reduction at long sequences.
-            let ones = B::float_ones(Shape::new([rows, 1]), &device, dtype.into());
-            B::fused_matmul(ones, bias)
-        } else {
-            bias
-        };
-        out = B::float_add(out, bias);
-    }
+    validate::check(validate::matmul_tensors("linear", &x, &weight).map(|_| ()));
+    let out = match bias {
+        Some(bias) => B::fused_linear(x, weight, bias),
+        None => B::fused_matmul(x, weight),
+    };
     unfold::<B>(out, &shape, d_out)
 }
 
@@ -292,6 +284,14 @@ pub(crate) fn linear_weight_backward<B: FusedOps>(
     let d_out = last_dim(&output_grad.shape());
     let x = B::float_swap_dims(rows::<B>(x, d_in), 0, 1);
     B::fused_matmul(x, rows::<B>(output_grad, d_out))
+}
+
+/// `ModuleOps::linear_bias_backward` (`Autodiff<Liger<B>>` calls it): `grad [..., d_out]`
+/// summed over its rows in f32 and rounded once, `[d_out]` (Burn's default sums in the
+/// gradient's dtype on some backends).
+pub(crate) fn linear_bias_backward<B: FusedOps>(output_grad: FloatTensor<B>) -> FloatTensor<B> {
+    let d_out = last_dim(&output_grad.shape());
+    crate::ops::compose::linear::bias_grad::<B>(rows::<B>(output_grad, d_out))
 }
 
 /// The last dimension (0 for a scalar).

@@ -156,7 +156,63 @@ pub(crate) struct Product<'a> {
     pub accumulate: bool,
     /// Multiplies the product before it is stored or added (BLAS `alpha`), in f32.
     pub alpha: f32,
+    /// What the product's epilogue does besides storing it.
+    pub epilogue: Epilogue<'a>,
 }
+
+/// A cuBLASLt epilogue on a vector along the output's columns (BLAS `M`: `n` of the
+/// row-major `[m, n]` output), contiguous, in the inputs' dtype, `n` long.
+#[derive(Clone, Copy)]
+pub(crate) enum Epilogue<'a> {
+    /// The product alone.
+    None,
+    /// The vector is added to every row of the output in f32, before the one rounding
+    /// (`CUBLASLT_EPILOGUE_BIAS`). Not with `accumulate`.
+    Bias(&'a CubeTensor<CudaRuntime>),
+    /// The vector is written with the sums of `rhs` over its rows (`k`), accumulated in
+    /// f32 while the product reads them (`CUBLASLT_EPILOGUE_BGRADA`: BLAS `A` is `rhs`).
+    /// Not with `accumulate`.
+    RhsRowSums(&'a CubeTensor<CudaRuntime>),
+}
+
+impl<'a> Epilogue<'a> {
+    fn kind(self) -> EpilogueKind {
+        match self {
+            Epilogue::None => EpilogueKind::None,
+            Epilogue::Bias(_) => EpilogueKind::Bias,
+            Epilogue::RhsRowSums(_) => EpilogueKind::RhsRowSums,
+        }
+    }
+
+    fn vector(self) -> Option<&'a CubeTensor<CudaRuntime>> {
+        match self {
+            Epilogue::None => None,
+            Epilogue::Bias(v) | Epilogue::RhsRowSums(v) => Some(v),
+        }
+    }
+}
+
+/// [`Epilogue`] without its vector, as plans are keyed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum EpilogueKind {
+    None,
+    Bias,
+    RhsRowSums,
+}
+
+impl EpilogueKind {
+    fn cublaslt(self) -> lt_sys::cublasLtEpilogue_t {
+        use lt_sys::cublasLtEpilogue_t as E;
+        match self {
+            EpilogueKind::None => E::CUBLASLT_EPILOGUE_DEFAULT,
+            EpilogueKind::Bias => E::CUBLASLT_EPILOGUE_BIAS,
+            EpilogueKind::RhsRowSums => E::CUBLASLT_EPILOGUE_BGRADA,
+        }
+    }
+}
+
+/// cuBLASLt reads and writes epilogue vectors with 16-byte accesses.
+const EPILOGUE_VECTOR_ALIGN: u64 = 16;
 
 impl Product<'_> {
     /// Bytes per element of BLAS `A` (rhs), `B` (lhs) and the output.
@@ -530,7 +586,7 @@ impl Engine {
         client: &ComputeClient<CudaRuntime>,
         product: &Product<'_>,
         ordering: MatmulOrdering,
-    ) -> Result<([u64; 3], PlanKey), Failure> {
+    ) -> Result<Prepared, Failure> {
         let unavailable = |why: String| Failure::Unavailable(Unavailable::Setup(why));
         self.ctx
             .bind_to_thread()
@@ -548,6 +604,19 @@ impl Engine {
             address(product.lhs)?,
             address(product.out)?,
         ];
+        let vector = match product.epilogue.vector() {
+            Some(v) => {
+                let at = address(v)?;
+                if at % EPILOGUE_VECTOR_ALIGN != 0 || product.accumulate || layout_calls(product) {
+                    return Err(Failure::Unavailable(Unavailable::NoAlgorithm(format!(
+                        "no epilogue vector at address {at:#x} (16-byte aligned), with \
+                         accumulation or over a batch"
+                    ))));
+                }
+                at
+            }
+            None => 0,
+        };
         let dtype = product.lhs.dtype;
         let layout = product.layout;
         let elements = product.element_sizes();
@@ -574,6 +643,7 @@ impl Engine {
             batch_strides: layout.batch_strides,
             aligns,
             sm_count_target: self.sm_count_target(ordering),
+            epilogue: product.epilogue.kind(),
         };
         if !self.plans.contains_key(&key) {
             if self.plans.len() >= MAX_PLANS {
@@ -582,24 +652,24 @@ impl Engine {
             let plan = Plan::new(self.handle.0, &key).map_err(Failure::Unavailable)?;
             self.plans.insert(key, plan);
         }
-        Ok((addresses, key))
+        Ok(Prepared {
+            addresses,
+            vector,
+            key,
+        })
     }
 
     /// Enqueues the product's BLAS calls on liger's stream (no ordering).
-    fn enqueue(
-        &self,
-        product: &Product<'_>,
-        addresses: [u64; 3],
-        key: &PlanKey,
-    ) -> Result<(), String> {
-        let plan = &self.plans[key];
+    fn enqueue(&self, product: &Product<'_>, prepared: &Prepared) -> Result<(), String> {
+        let plan = &self.plans[&prepared.key];
         let elements = product.element_sizes();
         for call in &product.layout.calls {
-            let at = |x: usize| addresses[x] + call[x] * elements[x];
+            let at = |x: usize| prepared.addresses[x] + call[x] * elements[x];
             plan.launch(
                 self.handle.0,
                 product.alpha,
                 [at(0), at(1), at(2)],
+                prepared.vector,
                 &self.workspace,
                 self.stream.cu_stream() as lt_sys::cudaStream_t,
             )?;
@@ -616,14 +686,13 @@ impl Engine {
         product: &Product<'_>,
         repeats: usize,
     ) -> Result<f64, Failure> {
-        let (addresses, key) =
-            self.prepare(client, product, MatmulOrdering::HostSynchronization)?;
+        let prepared = self.prepare(client, product, MatmulOrdering::HostSynchronization)?;
         cubecl::future::block_on(client.sync())
             .map_err(|e| Failure::Launch(format!("synchronizing CubeCL's stream: {e:?}")))?;
         let start = std::time::Instant::now();
         let mut result = Ok(());
         for _ in 0..repeats.max(1) {
-            result = result.and_then(|()| self.enqueue(product, addresses, &key));
+            result = result.and_then(|()| self.enqueue(product, &prepared));
         }
         let sync = unsafe { driver::stream::synchronize(self.stream.cu_stream()) }
             .map_err(|e| format!("synchronizing liger's stream: {e:?}"));
@@ -632,15 +701,11 @@ impl Engine {
     }
 
     /// Enqueues `products` in order (no ordering); stops at the first failure.
-    fn enqueue_all(
-        &self,
-        products: &[Product<'_>],
-        prepared: &[([u64; 3], PlanKey)],
-    ) -> Result<(), String> {
+    fn enqueue_all(&self, products: &[Product<'_>], prepared: &[Prepared]) -> Result<(), String> {
         products
             .iter()
             .zip(prepared)
-            .try_for_each(|(product, (addresses, key))| self.enqueue(product, *addresses, key))
+            .try_for_each(|(product, prepared)| self.enqueue(product, prepared))
     }
 
     /// Runs on CubeCL's device thread (inside `ComputeClient::exclusive`).
@@ -1008,6 +1073,22 @@ struct PlanKey {
     aligns: [u32; 3],
     /// Multiprocessors to plan for (`CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`); 0: all.
     sm_count_target: u32,
+    /// The epilogue (its vector in the inputs' dtype).
+    epilogue: EpilogueKind,
+}
+
+/// A product ready to enqueue: the device addresses of BLAS `A`, `B` and the output, of
+/// the epilogue's vector (0 without one), and its plan's key.
+struct Prepared {
+    addresses: [u64; 3],
+    vector: u64,
+    key: PlanKey,
+}
+
+/// Whether `product` takes more than one BLAS call or a strided batch (no epilogue
+/// vector then: one vector per call would be needed).
+fn layout_calls(product: &Product<'_>) -> bool {
+    product.layout.calls.len() != 1 || product.layout.batch > 1
 }
 
 /// The cuBLASLt descriptors and the algorithm of one [`PlanKey`].
@@ -1018,6 +1099,8 @@ struct Plan {
     layouts: [lt_sys::cublasLtMatrixLayout_t; 3],
     algo: lt_sys::cublasLtMatmulAlgo_t,
     beta: f32,
+    /// Whether the plan has an epilogue vector (set per launch).
+    epilogue: bool,
 }
 
 impl Plan {
@@ -1035,6 +1118,7 @@ impl Plan {
             layouts: [std::ptr::null_mut(); 3],
             algo: lt_sys::cublasLtMatmulAlgo_t { data: [0; 8] },
             beta: if key.accumulate { 1.0 } else { 0.0 },
+            epilogue: key.epilogue != EpilogueKind::None,
         };
         // cublasOperation_t: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
         for (attr, matrix) in [
@@ -1062,6 +1146,28 @@ impl Plan {
                 )
             }
             .map_err(|e| failed("cublasLtMatmulDescSetAttribute (SM count target)", e))?;
+        }
+        if key.epilogue != EpilogueKind::None {
+            let epilogue = key.epilogue.cublaslt() as u32;
+            let vector_type = key.dtype as u32;
+            use lt_sys::cublasLtMatmulDescAttributes_t as Desc;
+            unsafe {
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    Desc::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                    as_ptr(&epilogue),
+                    size_of::<u32>(),
+                )
+                .and_then(|()| {
+                    lt::set_matmul_desc_attribute(
+                        desc,
+                        Desc::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                        as_ptr(&vector_type),
+                        size_of::<u32>(),
+                    )
+                })
+            }
+            .map_err(|e| failed("cublasLtMatmulDescSetAttribute (epilogue)", e))?;
         }
         let stored = [
             (key.a.rows, key.a.cols, key.a.ld),
@@ -1156,16 +1262,33 @@ impl Plan {
         Ok(plan)
     }
 
-    /// Enqueues the product at `[A, B, out]` device addresses on `stream`.
+    /// Enqueues the product at `[A, B, out]` device addresses on `stream`, with the
+    /// epilogue's vector at `vector` when the plan has an epilogue.
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
         handle: lt_sys::cublasLtHandle_t,
         alpha: f32,
         addresses: [u64; 3],
+        vector: u64,
         workspace: &DeviceMemory,
         stream: lt_sys::cudaStream_t,
     ) -> Result<(), String> {
         let beta = self.beta;
+        if self.epilogue {
+            let pointer = vector as *const c_void;
+            // Safety: the descriptor is this plan's, used from one thread at a time (the
+            // engine's lock); cuBLASLt reads the pointer when the matmul is enqueued.
+            unsafe {
+                lt::set_matmul_desc_attribute(
+                    self.desc,
+                    lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    as_ptr(&pointer),
+                    size_of::<*const c_void>(),
+                )
+            }
+            .map_err(|e| format!("cublasLtMatmulDescSetAttribute (bias pointer): {e:?}"))?;
+        }
         let [la, lb, lo] = self.layouts;
         let [a, b, out] = addresses.map(|p| p as *mut c_void);
         // Safety: the descriptors describe the tensors behind the addresses (laid out by

@@ -242,7 +242,7 @@ fn cuda_product(
 /// The operands of a cuBLASLt product into `out_dims` and their layout: an operand whose
 /// strides the BLAS cannot read is made contiguous first (a launch on CubeCL's stream).
 #[cfg(feature = "cuda")]
-fn blas_operands(
+pub(crate) fn blas_operands(
     mut lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
     mut rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
     out_dims: &[usize],
@@ -300,6 +300,7 @@ fn product_into(
         layout: &layout,
         accumulate,
         alpha: 1.0,
+        epilogue: cublaslt::Epilogue::None,
     };
     match cublaslt::run(&device, product, ordering) {
         Ok(_) => Ok(out),
@@ -359,6 +360,7 @@ pub(crate) fn vendor_chain<R: CubeRuntime>(products: Vec<ChainedProduct<R>>) -> 
                 layout,
                 accumulate: *accumulate,
                 alpha: *alpha,
+                epilogue: cublaslt::Epilogue::None,
             })
             .collect::<Vec<_>>();
         cublaslt::run_chain(&device, &chain, None).map_err(|why| why.to_string())?;
@@ -424,6 +426,7 @@ pub fn cublaslt_repeated_products(
         layout: &layout,
         accumulate: false,
         alpha: 1.0,
+        epilogue: cublaslt::Epilogue::None,
     };
     cublaslt::run_repeated(&lhs.device, product, repeats)
 }

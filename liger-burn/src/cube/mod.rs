@@ -20,6 +20,7 @@ mod distill_rows;
 mod embedding;
 mod glu;
 mod layer_norm;
+mod linear;
 mod lora;
 mod matmul;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -271,6 +272,17 @@ where
 
     fn fused_matmul_uses_vendor_library(device: &R::Device, dtype: DType) -> bool {
         matmul::uses_vendor_library::<R>(device, dtype)
+    }
+
+    fn fused_linear(x: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>) -> CubeTensor<R> {
+        linear::linear::<R, F, I, BT>(x, weight, bias)
+    }
+
+    fn fused_linear_weight_backward(
+        x: CubeTensor<R>,
+        grad: CubeTensor<R>,
+    ) -> (CubeTensor<R>, CubeTensor<R>) {
+        linear::weight_backward::<R, F, I, BT>(x, grad)
     }
 
     fn fused_matmul_add(

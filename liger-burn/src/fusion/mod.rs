@@ -14,6 +14,7 @@ mod distill_rows;
 mod embedding;
 mod glu;
 mod layer_norm;
+mod linear;
 mod lora;
 mod matmul;
 mod rms_norm;
@@ -249,6 +250,24 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
 
     fn fused_matmul_uses_vendor_library(device: &B::Device, dtype: DType) -> bool {
         B::fused_matmul_uses_vendor_library(device, dtype)
+    }
+
+    fn fused_linear(
+        x: FusionTensor<B::FusionRuntime>,
+        weight: FusionTensor<B::FusionRuntime>,
+        bias: FusionTensor<B::FusionRuntime>,
+    ) -> FusionTensor<B::FusionRuntime> {
+        linear::linear::<B>(x, weight, bias)
+    }
+
+    fn fused_linear_weight_backward(
+        x: FusionTensor<B::FusionRuntime>,
+        grad: FusionTensor<B::FusionRuntime>,
+    ) -> (
+        FusionTensor<B::FusionRuntime>,
+        FusionTensor<B::FusionRuntime>,
+    ) {
+        linear::weight_backward::<B>(x, grad)
     }
 
     fn fused_matmul_add(

@@ -770,6 +770,35 @@ pub trait FusedOps: Backend {
         compose::matmul_add::<Self>(acc, lhs, rhs)
     }
 
+    /// A linear layer with a bias, `x · weight + bias`: `x: [rows, d_in]`,
+    /// `weight: [d_in, d_out]`, `bias: [d_out]`, of one float dtype (any strides); returns
+    /// `[rows, d_out]` in that dtype, contiguous. The default is
+    /// [`fused_matmul`](FusedOps::fused_matmul) then the bias broadcast and added (the
+    /// product rounded to the dtype before the add); `CubeBackend` on CUDA runs one
+    /// cuBLASLt call whose epilogue adds the bias to the f32 accumulator (one rounding).
+    /// `Autodiff<B>` records a node whose backward is `fused_matmul` for `x` and
+    /// [`fused_linear_weight_backward`](FusedOps::fused_linear_weight_backward) for the
+    /// weight and the bias.
+    fn fused_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        compose::linear::forward::<Self>(x, weight, bias)
+    }
+
+    /// The weight's and the bias's gradients of [`fused_linear`](FusedOps::fused_linear)
+    /// from `x: [rows, d_in]` and `grad: [rows, d_out]` (one float dtype, any strides):
+    /// `(xᵀ · grad, Σ_rows grad)`, `[d_in, d_out]` and `[d_out]` in that dtype, each
+    /// accumulated in f32 and rounded once. `CubeBackend` on CUDA runs one cuBLASLt call
+    /// whose epilogue reduces `grad` while the product reads it.
+    fn fused_linear_weight_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        compose::linear::weight_backward::<Self>(x, grad)
+    }
+
     /// Whether [`fused_matmul`](FusedOps::fused_matmul) of `dtype` tensors on `device`
     /// runs a vendor BLAS library (cuBLASLt) instead of the backend's own matmul. The
     /// fusion backend asks, so that everywhere else it keeps Burn's own matmul operation,

@@ -27,6 +27,7 @@ pub mod fused_linear_preference;
 pub mod fused_linear_rl;
 pub mod glu;
 pub mod glu_linear;
+pub mod linear;
 pub mod linear_cross_entropy;
 pub mod lora_linear;
 pub mod matmul_add;
@@ -151,11 +152,14 @@ pub enum Op {
     /// The embedding lookup and its table's gradient (repeated indices summed); rows =
     /// positions, width = the table's row width.
     Embedding,
+    /// A linear layer with a bias (`linear`, which `burn::nn::Linear` runs on `Liger<_>`)
+    /// and its three gradients; rows = tokens, width = d_out.
+    Linear,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 46] = [
+    pub const ALL: [Op; 47] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -202,6 +206,7 @@ impl Op {
         Op::LoraLinear,
         Op::LoraLinearDropout,
         Op::Embedding,
+        Op::Linear,
     ];
 
     /// Name used in reports and filters.
@@ -253,6 +258,7 @@ impl Op {
             Op::LoraLinear => "lora_linear",
             Op::LoraLinearDropout => "lora_linear_dropout",
             Op::Embedding => "embedding",
+            Op::Linear => "linear",
         }
     }
 
@@ -457,6 +463,9 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
     }
     if op == Op::Embedding {
         return embedding::shapes(quick);
+    }
+    if op == Op::Linear {
+        return linear::shapes(quick);
     }
     shapes
 }
@@ -671,6 +680,9 @@ pub fn host_case(op: Op, rows: usize, width: usize, dtype: DType, rng: &mut Rng)
     if op == Op::Embedding {
         return embedding::host_case(rows, width, dtype, rng);
     }
+    if op == Op::Linear {
+        return linear::host_case(rows, width, dtype, rng);
+    }
     let inputs = draw_row_inputs(op, rows, width, rng);
     let r = |v: &Vec<f32>| host_input(v, dtype);
     let (x, g, w, b, res, g2) = (
@@ -732,6 +744,7 @@ pub fn run_case<B: FusedOps>(
         _ if op.is_matmul_add() => matmul_add::run::<B>(op, rows, width, dtype, device, rng),
         _ if op.is_lora() => lora_linear::run::<B>(op, rows, width, dtype, device, rng),
         Op::Embedding => embedding::run::<B>(rows, width, dtype, device, rng),
+        Op::Linear => linear::run::<B>(rows, width, dtype, device, rng),
         _ => run_row_case::<B>(op, rows, width, dtype, device, rng),
     };
     CaseResult {

@@ -317,3 +317,16 @@ fn embedding_rejects_wrong_outputs_quick_shapes() {
 fn embedding_rejects_wrong_outputs_full_shapes() {
     check_ops(&[Op::Embedding], extreme_shapes);
 }
+
+/// The linear layer with a bias at the quick sweep's shapes.
+#[test]
+fn linear_rejects_wrong_outputs_quick_shapes() {
+    check_ops(&[Op::Linear], |op| shapes(op, true));
+}
+
+/// The linear layer at the full sweep's widest and tallest shapes.
+#[test]
+#[ignore = "minutes in a debug build: run with --release -- --ignored"]
+fn linear_rejects_wrong_outputs_full_shapes() {
+    check_ops(&[Op::Linear], extreme_shapes);
+}

@@ -18,6 +18,7 @@ pub mod fused_linear_kto;
 pub mod fused_linear_preference;
 pub mod glu;
 pub mod layer_norm;
+pub mod linear;
 pub mod linear_cross_entropy;
 pub mod lora;
 pub mod rms_norm;
