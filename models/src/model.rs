@@ -121,7 +121,8 @@ impl<B: FusedOps> CausalLm<B> {
     }
 
     /// The same model with (or without) a memory release point on each decoder layer's
-    /// input: in the backward, once a layer's gradients are done, the device pool's free
+    /// input and on the last one's output: in the backward, once a layer's gradients (or
+    /// the loss's) are done, the device pool's free
     /// buffers go back to the device, so what the layer kept serves the next layer's
     /// gradients whatever their sizes. For a pool that reuses buffers by size only
     /// (`--memory-pool release`); the losses and gradients are unchanged. Off by default.
@@ -253,6 +254,12 @@ impl<B: FusedOps> CausalLm<B> {
                 x = liger_burn::functional::memory_release_point(x);
             }
             x = layer.forward(x, &inputs);
+        }
+        if self.memory_release_per_layer {
+            // Also on the last layer's output: in the backward the loss's and the final
+            // norm's buffers (the LM head's chunks, kept free since the forward) go back
+            // before the last layer's gradients are allocated.
+            x = liger_burn::functional::memory_release_point(x);
         }
         let norm = &self.model.norm;
         kernels::rms_norm(x, norm.gamma.val(), norm.epsilon, self.liger.rms_norm)
