@@ -24,6 +24,9 @@ pub(crate) enum Pass {
     Glu,
     /// `out0 = in0 * in2 * act'(in1)`, `out1 = in0 * act(in1)` (grad, gate, up).
     GluBackward,
+    /// [`Pass::GluBackward`] and `out2 = act(in1) * in2`: the unit the forward computed,
+    /// recomputed from the loads the backward makes anyway.
+    GluBackwardUnit,
     /// `out0 = act(in0)`.
     Unary,
     /// `out0 = in0 * act'(in1)` (grad, saved), `saved` being what
@@ -37,7 +40,7 @@ impl Pass {
         match self {
             Pass::Unary => 1,
             Pass::Glu | Pass::UnaryBackward => 2,
-            Pass::GluBackward => 3,
+            Pass::GluBackward | Pass::GluBackwardUnit => 3,
         }
     }
 
@@ -45,6 +48,7 @@ impl Pass {
     pub(crate) fn outputs(self) -> usize {
         match self {
             Pass::GluBackward => 2,
+            Pass::GluBackwardUnit => 3,
             _ => 1,
         }
     }
@@ -140,6 +144,7 @@ fn elementwise_kernel<F: Float, N: Size>(
     in2: &Array<Vector<F, N>>,
     out0: &mut Array<Vector<F, N>>,
     out1: &mut Array<Vector<F, N>>,
+    out2: &mut Array<Vector<F, N>>,
     len: u32,
     #[comptime] pass: Pass,
     #[comptime] act: Activation,
@@ -159,6 +164,7 @@ fn elementwise_kernel<F: Float, N: Size>(
                 in2,
                 out0,
                 out1,
+                out2,
                 start,
                 len,
                 pass,
@@ -174,6 +180,7 @@ fn elementwise_kernel<F: Float, N: Size>(
                 in2,
                 out0,
                 out1,
+                out2,
                 start,
                 len,
                 pass,
@@ -196,6 +203,7 @@ fn elementwise_block<F: Float, N: Size>(
     in2: &Array<Vector<F, N>>,
     out0: &mut Array<Vector<F, N>>,
     out1: &mut Array<Vector<F, N>>,
+    out2: &mut Array<Vector<F, N>>,
     start: usize,
     len: usize,
     #[comptime] pass: Pass,
@@ -243,6 +251,16 @@ fn elementwise_block<F: Float, N: Size>(
                     pointwise::glu_backward::<N>(a, gate, up, &mut grad_gate, &mut grad_up, act);
                     out0[i] = Vector::<F, N>::cast_from(grad_gate);
                     out1[i] = Vector::<F, N>::cast_from(grad_up);
+                }
+                Pass::GluBackwardUnit => {
+                    let gate = Vector::<f32, N>::cast_from(r1[k as usize]);
+                    let up = Vector::<f32, N>::cast_from(r2[k as usize]);
+                    let mut grad_gate = Vector::<f32, N>::new(0.0);
+                    let mut grad_up = Vector::<f32, N>::new(0.0);
+                    pointwise::glu_backward::<N>(a, gate, up, &mut grad_gate, &mut grad_up, act);
+                    out0[i] = Vector::<F, N>::cast_from(grad_gate);
+                    out1[i] = Vector::<F, N>::cast_from(grad_up);
+                    out2[i] = Vector::<F, N>::cast_from(pointwise::glu_forward::<N>(gate, up, act));
                 }
                 Pass::Unary => {
                     out0[i] = Vector::<F, N>::cast_from(pointwise::value::<N>(a, act));
@@ -328,6 +346,7 @@ pub(crate) fn launch<R: Runtime>(
                 input(2),
                 output(0),
                 output(1),
+                output(2),
                 count as u32,
                 pass,
                 act,

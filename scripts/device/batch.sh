@@ -307,14 +307,16 @@ for step in $steps; do
       ;;
     timeline)
       # scripts/device/timeline.py: the kernel timeline of one timed e2e step (liger on,
-      # release pool, one warm-up step) of each of TIMELINE_MODELS (default
+      # release pool, two warm-up steps as the e2e bench: the second compiles AdamW's
+      # kernel with its moments, about 80 ms of host time when CubeCL's on-disk cache does
+      # not have it yet) of each of TIMELINE_MODELS (default
       # llama3.2-1b,qwen2.5-1.5b) at TIMELINE_SEQ tokens (default 16384), from
       # .gpu/libliger_timeline.so (`cargo build --release -p liger-timeline --features cuda`).
       for m in $(echo "${TIMELINE_MODELS:-llama3.2-1b,qwen2.5-1.5b}" | tr , ' '); do
         seq=${TIMELINE_SEQ:-16384}
         timeout "${TIMELINE_TIMEOUT:-240}" python3 scripts/device/timeline.py "$TIMELINE_LIB" \
           "$OUT/timeline_${m}_${seq}" -- --e2e-case "$m:$seq:1:on" --device cuda --dtype bf16 \
-          --e2e-warmup 1 --e2e-steps 1 --e2e-profile-range on --memory-pool release \
+          --e2e-warmup 2 --e2e-steps 1 --e2e-profile-range on --memory-pool release \
           >"$OUT/timeline_${m}_${seq}.log" 2>&1 || status=1
         head -n 50 "$OUT/timeline_${m}_${seq}.txt" 2>/dev/null || tail -n 20 "$OUT/timeline_${m}_${seq}.log"
       done

@@ -103,25 +103,40 @@ impl<B: FusedOps> Backward<B, 3> for GluLinearBackward {
         let (gate, dims) = as_rows::<B>(gate);
         let (up, _) = as_rows::<B>(up);
         let back = |x: FloatTensor<B>| B::float_reshape(x, Shape::from(dims.clone()));
-        if let Some(node) = weight_node {
-            let unit = B::fused_glu(gate.clone(), up.clone(), self.activation);
-            let g = B::fused_matmul(transposed::<B>(unit), grad.clone());
-            grads.register::<B>(node.id, g);
-        }
+        // The weight's gradient `unitᵀ · grad` reads the unit, recomputed: with the gate's
+        // gradient in the same pass over `gate` and `up` when both are wanted.
+        let weight_grad = |unit: FloatTensor<B>, grad: FloatTensor<B>, grads: &mut Gradients| {
+            if let Some(node) = &weight_node {
+                grads.register::<B>(node.id, B::fused_matmul(transposed::<B>(unit), grad));
+            }
+        };
         if gate_node.is_none() && up_node.is_none() {
+            let unit = B::fused_glu(gate, up, self.activation);
+            weight_grad(unit, grad, grads);
             return;
         }
         let weight = weight.expect("the weight is kept when gate or up is tracked");
-        let grad_unit = B::fused_matmul(grad, transposed::<B>(weight));
+        let grad_unit = B::fused_matmul(grad.clone(), transposed::<B>(weight));
         match (gate_node, up_node) {
             (Some(gate_node), up_node) => {
-                let g = B::fused_glu_backward(grad_unit, gate, up, self.activation);
+                let g = if weight_node.is_some() {
+                    let (g, unit) =
+                        B::fused_glu_backward_with_unit(grad_unit, gate, up, self.activation);
+                    weight_grad(unit, grad, grads);
+                    g
+                } else {
+                    B::fused_glu_backward(grad_unit, gate, up, self.activation)
+                };
                 grads.register::<B>(gate_node.id, back(g.grad_gate));
                 if let Some(up_node) = up_node {
                     grads.register::<B>(up_node.id, back(g.grad_up));
                 }
             }
             (None, Some(up_node)) => {
+                if weight_node.is_some() {
+                    let unit = B::fused_glu(gate.clone(), up, self.activation);
+                    weight_grad(unit, grad, grads);
+                }
                 let g = B::fused_glu(gate, grad_unit, self.activation);
                 grads.register::<B>(up_node.id, back(g));
             }

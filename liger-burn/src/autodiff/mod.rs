@@ -169,6 +169,26 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         glu::glu_backward::<B, C>(grad_output, gate, up, activation)
     }
 
+    fn fused_glu_backward_with_unit(
+        grad_output: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        activation: crate::ops::GluActivation,
+    ) -> (crate::ops::GluGrads<Self>, FloatTensor<Self>) {
+        // A backward's own op: B's, untracked.
+        let (g, unit) = B::fused_glu_backward_with_unit(
+            grad_output.primitive,
+            gate.primitive,
+            up.primitive,
+            activation,
+        );
+        let grads = crate::ops::GluGrads {
+            grad_gate: Self::from_inner(g.grad_gate),
+            grad_up: Self::from_inner(g.grad_up),
+        };
+        (grads, Self::from_inner(unit))
+    }
+
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
         activation::gelu::<B, C>(x)
     }

@@ -121,6 +121,17 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         GluGrads { grad_gate, grad_up }
     }
 
+    fn fused_glu_backward_with_unit(
+        grad_output: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        activation: GluActivation,
+    ) -> (GluGrads<Self>, FloatTensor<Self>) {
+        let (GluGrads { grad_gate, grad_up }, unit) =
+            B::fused_glu_backward_with_unit(grad_output, gate, up, activation);
+        (GluGrads { grad_gate, grad_up }, unit)
+    }
+
     fn fused_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
         B::fused_gelu(x)
     }

@@ -44,18 +44,20 @@ pub(crate) fn forward<R: CubeRuntime>(
     output
 }
 
-/// `(grad_gate, grad_up)`.
+/// `(grad_gate, grad_up)`, and the unit `act(gate) · up` from the same pass when `unit`.
 pub(crate) fn backward<R: CubeRuntime>(
     grad: CubeTensor<R>,
     gate: CubeTensor<R>,
     up: CubeTensor<R>,
     activation: GluActivation,
-) -> (CubeTensor<R>, CubeTensor<R>) {
+    unit: bool,
+) -> (CubeTensor<R>, CubeTensor<R>, Option<CubeTensor<R>>) {
     let [gate, up, grad] = prepare([gate, up, grad]);
     let shape = gate.shape();
     let len = shape.num_elements();
     let grad_gate = empty_like(&gate, shape.clone(), gate.dtype);
-    let grad_up = empty_like(&gate, shape, gate.dtype);
+    let grad_up = empty_like(&gate, shape.clone(), gate.dtype);
+    let unit = unit.then(|| empty_like(&gate, shape, gate.dtype));
     launched(glu_backward::<R>(
         &gate.client,
         &super::launch_config(&gate.client),
@@ -64,9 +66,10 @@ pub(crate) fn backward<R: CubeRuntime>(
         &up.handle,
         &grad_gate.handle,
         &grad_up.handle,
+        unit.as_ref().map(|u| &u.handle),
         len,
         kernel_activation(activation),
         gate.dtype.into(),
     ));
-    (grad_gate, grad_up)
+    (grad_gate, grad_up, unit)
 }

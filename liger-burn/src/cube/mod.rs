@@ -141,8 +141,19 @@ where
         up: CubeTensor<R>,
         activation: crate::ops::GluActivation,
     ) -> crate::ops::GluGrads<Self> {
-        let (grad_gate, grad_up) = glu::backward(grad_output, gate, up, activation);
+        let (grad_gate, grad_up, _) = glu::backward(grad_output, gate, up, activation, false);
         crate::ops::GluGrads { grad_gate, grad_up }
+    }
+
+    fn fused_glu_backward_with_unit(
+        grad_output: CubeTensor<R>,
+        gate: CubeTensor<R>,
+        up: CubeTensor<R>,
+        activation: crate::ops::GluActivation,
+    ) -> (crate::ops::GluGrads<Self>, CubeTensor<R>) {
+        let (grad_gate, grad_up, unit) = glu::backward(grad_output, gate, up, activation, true);
+        let unit = unit.expect("the unit was asked for");
+        (crate::ops::GluGrads { grad_gate, grad_up }, unit)
     }
 
     fn fused_gelu(x: CubeTensor<R>) -> CubeTensor<R> {

@@ -13,6 +13,7 @@ use burn_ir::TensorIr;
 pub(crate) enum ElementwiseKind {
     Glu(GluActivation),
     GluBackward(GluActivation),
+    GluBackwardUnit(GluActivation),
     Gelu,
     GeluBackward,
     Sigmoid,
@@ -27,6 +28,10 @@ impl ElementwiseKind {
             ElementwiseKind::Glu(GluActivation::GeluTanh) => "liger_geglu",
             ElementwiseKind::GluBackward(GluActivation::Silu) => "liger_swiglu_backward",
             ElementwiseKind::GluBackward(GluActivation::GeluTanh) => "liger_geglu_backward",
+            ElementwiseKind::GluBackwardUnit(GluActivation::Silu) => "liger_swiglu_backward_unit",
+            ElementwiseKind::GluBackwardUnit(GluActivation::GeluTanh) => {
+                "liger_geglu_backward_unit"
+            }
             ElementwiseKind::Gelu => "liger_gelu",
             ElementwiseKind::GeluBackward => "liger_gelu_backward",
             ElementwiseKind::Sigmoid => "liger_sigmoid",
@@ -37,6 +42,7 @@ impl ElementwiseKind {
     fn outputs(self) -> usize {
         match self {
             ElementwiseKind::GluBackward(_) => 2,
+            ElementwiseKind::GluBackwardUnit(_) => 3,
             _ => 1,
         }
     }
@@ -52,6 +58,11 @@ impl<B: FusionBackend + FusedOps> CustomKernel<B> for ElementwiseKind {
                 let (g, gate, up) = (next(), next(), next());
                 let grads = B::fused_glu_backward(g, gate, up, act);
                 vec![grads.grad_gate, grads.grad_up]
+            }
+            ElementwiseKind::GluBackwardUnit(act) => {
+                let (g, gate, up) = (next(), next(), next());
+                let (grads, unit) = B::fused_glu_backward_with_unit(g, gate, up, act);
+                vec![grads.grad_gate, grads.grad_up, unit]
             }
             ElementwiseKind::Gelu => vec![B::fused_gelu(next())],
             ElementwiseKind::GeluBackward => vec![B::fused_gelu_backward(next(), next())],
@@ -94,6 +105,21 @@ pub(crate) fn glu_backward<B: FusionBackend + FusedOps>(
     .try_into()
     .unwrap();
     GluGrads { grad_gate, grad_up }
+}
+
+pub(crate) fn glu_backward_with_unit<B: FusionBackend + FusedOps>(
+    grad_output: Tensor<B>,
+    gate: Tensor<B>,
+    up: Tensor<B>,
+    activation: GluActivation,
+) -> (GluGrads<Fusion<B>>, Tensor<B>) {
+    let [grad_gate, grad_up, unit]: [_; 3] = register::<B>(
+        ElementwiseKind::GluBackwardUnit(activation),
+        vec![grad_output, gate, up],
+    )
+    .try_into()
+    .unwrap();
+    (GluGrads { grad_gate, grad_up }, unit)
 }
 
 /// `kind` is [`ElementwiseKind::Gelu`] or [`ElementwiseKind::Sigmoid`].

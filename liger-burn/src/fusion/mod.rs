@@ -119,6 +119,15 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         glu::glu_backward::<B>(grad_output, gate, up, activation)
     }
 
+    fn fused_glu_backward_with_unit(
+        grad_output: FusionTensor<B::FusionRuntime>,
+        gate: FusionTensor<B::FusionRuntime>,
+        up: FusionTensor<B::FusionRuntime>,
+        activation: crate::ops::GluActivation,
+    ) -> (crate::ops::GluGrads<Self>, FusionTensor<B::FusionRuntime>) {
+        glu::glu_backward_with_unit::<B>(grad_output, gate, up, activation)
+    }
+
     fn fused_gelu(x: FusionTensor<B::FusionRuntime>) -> FusionTensor<B::FusionRuntime> {
         activation::gelu::<B>(x)
     }

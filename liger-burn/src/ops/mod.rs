@@ -267,6 +267,26 @@ pub trait FusedOps: Backend {
         compose::glu::backward::<Self>(grad_output, gate, up, activation)
     }
 
+    /// [`fused_glu_backward`](FusedOps::fused_glu_backward) and the unit
+    /// `act(gate) · up` the forward computed, `(grads, unit)`: for the gated MLP's down
+    /// projection, whose weight gradient reads the unit. The default runs the two ops;
+    /// the CubeCL backends compute the unit in the backward's own pass over `gate` and
+    /// `up` (the same values: the same f32 math, rounded once to the dtype).
+    ///
+    /// `grad_output, gate, up: [..., d_ff]`, same shape and dtype; the unit is too.
+    fn fused_glu_backward_with_unit(
+        grad_output: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        activation: GluActivation,
+    ) -> (GluGrads<Self>, FloatTensor<Self>) {
+        let unit = Self::fused_glu(gate.clone(), up.clone(), activation);
+        (
+            Self::fused_glu_backward(grad_output, gate, up, activation),
+            unit,
+        )
+    }
+
     /// The gated MLP's down projection on its gated unit: `(act(gate) * up) · weight`, the
     /// gated unit as [`fused_glu`](FusedOps::fused_glu) computes it (rounded once to the
     /// input dtype), the product as [`fused_matmul`](FusedOps::fused_matmul).
