@@ -214,6 +214,7 @@ fn elementwise_block<F: Float, N: Size>(
 ) {
     let two = comptime!(pass.inputs() >= 2);
     let three = comptime!(pass.inputs() >= 3);
+    let unit = comptime!(pass == Pass::GluBackwardUnit);
     let mut r0 = Array::<Vector<F, N>>::new(vectors_per_unit as usize);
     let mut r1 = Array::<Vector<F, N>>::new(vectors_per_unit as usize);
     let mut r2 = Array::<Vector<F, N>>::new(vectors_per_unit as usize);
@@ -243,7 +244,7 @@ fn elementwise_block<F: Float, N: Size>(
                     let u = Vector::<f32, N>::cast_from(r1[k as usize]);
                     out0[i] = Vector::<F, N>::cast_from(pointwise::glu_forward::<N>(a, u, act));
                 }
-                Pass::GluBackward => {
+                Pass::GluBackward | Pass::GluBackwardUnit => {
                     let gate = Vector::<f32, N>::cast_from(r1[k as usize]);
                     let up = Vector::<f32, N>::cast_from(r2[k as usize]);
                     let mut grad_gate = Vector::<f32, N>::new(0.0);
@@ -251,16 +252,10 @@ fn elementwise_block<F: Float, N: Size>(
                     pointwise::glu_backward::<N>(a, gate, up, &mut grad_gate, &mut grad_up, act);
                     out0[i] = Vector::<F, N>::cast_from(grad_gate);
                     out1[i] = Vector::<F, N>::cast_from(grad_up);
-                }
-                Pass::GluBackwardUnit => {
-                    let gate = Vector::<f32, N>::cast_from(r1[k as usize]);
-                    let up = Vector::<f32, N>::cast_from(r2[k as usize]);
-                    let mut grad_gate = Vector::<f32, N>::new(0.0);
-                    let mut grad_up = Vector::<f32, N>::new(0.0);
-                    pointwise::glu_backward::<N>(a, gate, up, &mut grad_gate, &mut grad_up, act);
-                    out0[i] = Vector::<F, N>::cast_from(grad_gate);
-                    out1[i] = Vector::<F, N>::cast_from(grad_up);
-                    out2[i] = Vector::<F, N>::cast_from(pointwise::glu_forward::<N>(gate, up, act));
+                    if unit {
+                        out2[i] =
+                            Vector::<F, N>::cast_from(pointwise::glu_forward::<N>(gate, up, act));
+                    }
                 }
                 Pass::Unary => {
                     out0[i] = Vector::<F, N>::cast_from(pointwise::value::<N>(a, act));

@@ -607,10 +607,10 @@ impl Engine {
         let vector = match product.epilogue.vector() {
             Some(v) => {
                 let at = address(v)?;
-                if at % EPILOGUE_VECTOR_ALIGN != 0 || product.accumulate || layout_calls(product) {
+                if at % EPILOGUE_VECTOR_ALIGN != 0 || product.accumulate || is_batched(product) {
                     return Err(Failure::Unavailable(Unavailable::NoAlgorithm(format!(
-                        "no epilogue vector at address {at:#x} (16-byte aligned), with \
-                         accumulation or over a batch"
+                        "an epilogue vector needs a {EPILOGUE_VECTOR_ALIGN}-byte aligned address \
+                         (this one: {at:#x}), no accumulation and a single BLAS call"
                     ))));
                 }
                 at
@@ -1087,7 +1087,7 @@ struct Prepared {
 
 /// Whether `product` takes more than one BLAS call or a strided batch (no epilogue
 /// vector then: one vector per call would be needed).
-fn layout_calls(product: &Product<'_>) -> bool {
+fn is_batched(product: &Product<'_>) -> bool {
     product.layout.calls.len() != 1 || product.layout.batch > 1
 }
 

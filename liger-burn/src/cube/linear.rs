@@ -52,9 +52,9 @@ where
 
 #[cfg(feature = "cuda")]
 mod vendor {
-    use super::super::cublaslt::{self, Epilogue, Product, Unavailable};
+    use super::super::cublaslt::{Epilogue, Unavailable};
     use super::super::empty_like;
-    use super::super::matmul::blas_operands;
+    use super::super::matmul::cuda_product;
     use burn::tensor::{Shape, TensorMetadata};
     use burn_cubecl::CubeRuntime;
     use burn_cubecl::kernel::into_contiguous;
@@ -67,7 +67,7 @@ mod vendor {
 
     /// `Ok` from the CUDA path, or the operands back (boxed as they came) when `R` is not
     /// CUDA or cuBLASLt declined (the reason logged).
-    fn on_cuda<R: CubeRuntime, In: 'static, InCuda: 'static, Out: 'static, OutCuda: 'static>(
+    fn on_cuda<In: 'static, InCuda: 'static, Out: 'static, OutCuda: 'static>(
         op: &str,
         operands: In,
         run: impl FnOnce(InCuda) -> Result<OutCuda, (Unavailable, InCuda)>,
@@ -93,12 +93,6 @@ mod vendor {
             .expect("the operands as they were boxed"))
     }
 
-    /// Whether cuBLASLt is set up for `t`'s dtype on its device.
-    fn usable(t: &Cuda) -> Result<(), Unavailable> {
-        cublaslt::data_type(t.dtype)?;
-        cublaslt::device_support(&t.device).map(|_| ())
-    }
-
     /// A `[len]` vector as the epilogue reads it: contiguous.
     fn dense_vector(v: Cuda) -> Cuda {
         if v.meta.strides().to_vec() == [1] {
@@ -108,72 +102,38 @@ mod vendor {
         }
     }
 
-    #[allow(clippy::type_complexity)]
+    #[allow(clippy::type_complexity, clippy::result_large_err)]
     pub(super) fn forward<R: CubeRuntime>(
         x: CubeTensor<R>,
         weight: CubeTensor<R>,
         bias: CubeTensor<R>,
     ) -> Result<CubeTensor<R>, (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>)> {
-        on_cuda::<R, _, (Cuda, Cuda, Cuda), _, Cuda>("linear", (x, weight, bias), |(x, w, b)| {
-            let (rows, d_in, d_out) = (x.shape()[0], x.shape()[1], w.shape()[1]);
-            if rows == 0 || d_in == 0 || d_out == 0 {
-                let why = Unavailable::NoAlgorithm("an empty product".into());
-                return Err((why, (x, w, b)));
-            }
-            if let Err(why) = usable(&x) {
-                return Err((why, (x, w, b)));
-            }
+        on_cuda::<_, (Cuda, Cuda, Cuda), _, Cuda>("linear", (x, weight, bias), |(x, w, b)| {
             let b = dense_vector(b);
-            let out = empty_like(&x, Shape::new([rows, d_out]), x.dtype);
-            let (x, w, layout) = blas_operands(x, w, &[rows, d_out]);
-            let product = Product {
-                lhs: &x,
-                rhs: &w,
-                out: &out,
-                layout: &layout,
-                accumulate: false,
-                alpha: 1.0,
-                epilogue: Epilogue::Bias(&b),
-            };
-            match cublaslt::run(&x.device.clone(), product, None) {
-                Ok(_) => Ok(out),
-                Err(why) => Err((why, (x, w, b))),
+            let out_shape = Shape::new([x.shape()[0], w.shape()[1]]);
+            match cuda_product(x, w, out_shape, None, None, Epilogue::Bias(&b)) {
+                Ok(out) => Ok(out),
+                Err((why, x, w, _)) => Err((why, (x, w, b))),
             }
         })
     }
 
-    #[allow(clippy::type_complexity)]
+    #[allow(clippy::type_complexity, clippy::result_large_err)]
     pub(super) fn weight_backward<R: CubeRuntime>(
         x_t: CubeTensor<R>,
         grad: CubeTensor<R>,
     ) -> Result<(CubeTensor<R>, CubeTensor<R>), (CubeTensor<R>, CubeTensor<R>)> {
-        on_cuda::<R, _, (Cuda, Cuda), _, (Cuda, Cuda)>(
+        on_cuda::<_, (Cuda, Cuda), _, (Cuda, Cuda)>(
             "linear weight backward",
             (x_t, grad),
             |(x_t, g)| {
-                let (d_in, rows, d_out) = (x_t.shape()[0], x_t.shape()[1], g.shape()[1]);
-                if rows == 0 || d_in == 0 || d_out == 0 {
-                    let why = Unavailable::NoAlgorithm("an empty product".into());
-                    return Err((why, (x_t, g)));
-                }
-                if let Err(why) = usable(&g) {
-                    return Err((why, (x_t, g)));
-                }
-                let g_weight = empty_like(&g, Shape::new([d_in, d_out]), g.dtype);
+                let (d_in, d_out) = (x_t.shape()[0], g.shape()[1]);
                 let g_bias = empty_like(&g, Shape::new([d_out]), g.dtype);
-                let (x_t, g, layout) = blas_operands(x_t, g, &[d_in, d_out]);
-                let product = Product {
-                    lhs: &x_t,
-                    rhs: &g,
-                    out: &g_weight,
-                    layout: &layout,
-                    accumulate: false,
-                    alpha: 1.0,
-                    epilogue: Epilogue::RhsRowSums(&g_bias),
-                };
-                match cublaslt::run(&g.device.clone(), product, None) {
-                    Ok(_) => Ok((g_weight, g_bias)),
-                    Err(why) => Err((why, (x_t, g))),
+                let out_shape = Shape::new([d_in, d_out]);
+                let sums = Epilogue::RhsRowSums(&g_bias);
+                match cuda_product(x_t, g, out_shape, None, None, sums) {
+                    Ok(g_weight) => Ok((g_weight, g_bias)),
+                    Err((why, x_t, g, _)) => Err((why, (x_t, g))),
                 }
             },
         )
@@ -185,7 +145,7 @@ mod vendor {
     use burn_cubecl::CubeRuntime;
     use burn_cubecl::tensor::CubeTensor;
 
-    #[allow(clippy::type_complexity)]
+    #[allow(clippy::type_complexity, clippy::result_large_err)]
     pub(super) fn forward<R: CubeRuntime>(
         x: CubeTensor<R>,
         weight: CubeTensor<R>,
@@ -194,7 +154,7 @@ mod vendor {
         Err((x, weight, bias))
     }
 
-    #[allow(clippy::type_complexity)]
+    #[allow(clippy::type_complexity, clippy::result_large_err)]
     pub(super) fn weight_backward<R: CubeRuntime>(
         x_t: CubeTensor<R>,
         grad: CubeTensor<R>,

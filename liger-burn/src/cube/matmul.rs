@@ -5,6 +5,8 @@
 //! algorithm for). Each reason for Burn's matmul is logged once.
 
 #[cfg(feature = "cuda")]
+use super::cublaslt::Epilogue;
+#[cfg(feature = "cuda")]
 use super::matmul_layout::{NeedsContiguous, contiguous_strides, gemm_layout};
 use crate::ops::matmul_shape;
 #[cfg(feature = "cuda")]
@@ -110,7 +112,7 @@ fn vendor_add<R: CubeRuntime>(
             Ok(cuda) if writable => {
                 let (acc, lhs, rhs) = *cuda;
                 let out_shape = acc.shape();
-                match cuda_product(lhs, rhs, out_shape, None, Some(acc)) {
+                match cuda_product(lhs, rhs, out_shape, None, Some(acc), Epilogue::None) {
                     Ok(out) => {
                         let out: Box<dyn Any> = Box::new(out);
                         return Ok(*out.downcast::<CubeTensor<R>>().expect("R is CUDA"));
@@ -163,7 +165,7 @@ fn vendor<R: CubeRuntime>(
         let inputs = match inputs.downcast::<CudaPair>() {
             Ok(cuda) => {
                 let (lhs, rhs) = *cuda;
-                match cuda_product(lhs, rhs, out_shape, None, None) {
+                match cuda_product(lhs, rhs, out_shape, None, None, Epilogue::None) {
                     Ok(out) => {
                         let out: Box<dyn Any> = Box::new(out);
                         return Ok(*out.downcast::<CubeTensor<R>>().expect("R is CUDA"));
@@ -191,24 +193,26 @@ fn vendor<R: CubeRuntime>(
 
 /// Why a CUDA product went back to Burn's matmul, with its inputs (and the accumulator).
 #[cfg(feature = "cuda")]
-type Declined = (
+pub(crate) type Declined = (
     super::cublaslt::Unavailable,
     CubeTensor<cubecl::cuda::CudaRuntime>,
     CubeTensor<cubecl::cuda::CudaRuntime>,
     Option<CubeTensor<cubecl::cuda::CudaRuntime>>,
 );
 
-/// The product on cuBLASLt with `ordering` (`None`: the device's default): into a new
-/// tensor, or added to `acc` in place (`acc`: contiguous, f32 or the inputs' dtype,
-/// `out_shape`, nothing else holding its buffer).
+/// The product on cuBLASLt with `ordering` (`None`: the device's default) and `epilogue`:
+/// into a new tensor, or added to `acc` in place (`acc`: contiguous, f32 or the inputs'
+/// dtype, `out_shape`, nothing else holding its buffer). An empty product with an
+/// epilogue is declined (its vector would be left unwritten).
 #[cfg(feature = "cuda")]
 #[allow(clippy::result_large_err)]
-fn cuda_product(
+pub(crate) fn cuda_product(
     lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
     rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
     out_shape: Shape,
     ordering: Option<super::cublaslt::MatmulOrdering>,
     acc: Option<CubeTensor<cubecl::cuda::CudaRuntime>>,
+    epilogue: Epilogue<'_>,
 ) -> Result<CubeTensor<cubecl::cuda::CudaRuntime>, Declined> {
     use super::cublaslt;
     let dtype = lhs.dtype;
@@ -220,13 +224,18 @@ fn cuda_product(
         return Err((why, lhs, rhs, acc));
     }
     let out_dims = out_shape.to_vec();
+    let empty = out_shape.num_elements() == 0 || lhs.meta.shape()[out_dims.len() - 1] == 0;
+    if empty && !matches!(epilogue, Epilogue::None) {
+        let why = cublaslt::Unavailable::NoAlgorithm("an empty product with an epilogue".into());
+        return Err((why, lhs, rhs, acc));
+    }
     if let Some(acc) = acc {
-        if out_shape.num_elements() == 0 || lhs.meta.shape()[out_dims.len() - 1] == 0 {
+        if empty {
             return Ok(acc); // Nothing to add.
         }
-        return product_into(lhs, rhs, &out_dims, ordering, acc, true);
+        return product_into(lhs, rhs, &out_dims, ordering, acc, true, epilogue);
     }
-    if out_shape.num_elements() == 0 || lhs.meta.shape()[out_dims.len() - 1] == 0 {
+    if empty {
         // Nothing to multiply: an empty product, or zeros (k = 0).
         return Ok(burn_cubecl::ops::numeric::zeros_client(
             lhs.client.clone(),
@@ -236,13 +245,13 @@ fn cuda_product(
         ));
     }
     let out = super::empty_like(&lhs, out_shape, dtype);
-    product_into(lhs, rhs, &out_dims, ordering, out, false)
+    product_into(lhs, rhs, &out_dims, ordering, out, false, epilogue)
 }
 
 /// The operands of a cuBLASLt product into `out_dims` and their layout: an operand whose
 /// strides the BLAS cannot read is made contiguous first (a launch on CubeCL's stream).
 #[cfg(feature = "cuda")]
-pub(crate) fn blas_operands(
+fn blas_operands(
     mut lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
     mut rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
     out_dims: &[usize],
@@ -289,6 +298,7 @@ fn product_into(
     ordering: Option<super::cublaslt::MatmulOrdering>,
     out: CubeTensor<cubecl::cuda::CudaRuntime>,
     accumulate: bool,
+    epilogue: Epilogue<'_>,
 ) -> Result<CubeTensor<cubecl::cuda::CudaRuntime>, Declined> {
     use super::cublaslt::{self, Product};
     let device = lhs.device.clone();
@@ -300,7 +310,7 @@ fn product_into(
         layout: &layout,
         accumulate,
         alpha: 1.0,
-        epilogue: cublaslt::Epilogue::None,
+        epilogue,
     };
     match cublaslt::run(&device, product, ordering) {
         Ok(_) => Ok(out),
@@ -390,7 +400,8 @@ pub fn cublaslt_matmul(
         Ok(shape) => shape,
         Err(e) => panic!("{e}"),
     };
-    let out = cuda_product(lhs, rhs, out_shape, ordering, None).map_err(|(why, ..)| why)?;
+    let out = cuda_product(lhs, rhs, out_shape, ordering, None, Epilogue::None)
+        .map_err(|(why, ..)| why)?;
     counters::record(Kernel::matmul_vendor);
     Ok(out)
 }
