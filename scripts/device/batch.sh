@@ -307,9 +307,9 @@ for step in $steps; do
       ;;
     timeline)
       # scripts/device/timeline.py: the kernel timeline of one timed e2e step (liger on,
-      # release pool, two warm-up steps as the e2e bench: the second compiles AdamW's
-      # kernel with its moments, about 80 ms of host time when CubeCL's on-disk cache does
-      # not have it yet) of each of TIMELINE_MODELS (default
+      # release pool, two warm-up steps as the e2e bench: after one, the profiled step is
+      # the first with AdamW's moments and waited about 80 ms on the host, likely compiling
+      # that kernel variant) of each of TIMELINE_MODELS (default
       # llama3.2-1b,qwen2.5-1.5b) at TIMELINE_SEQ tokens (default 16384), from
       # .gpu/libliger_timeline.so (`cargo build --release -p liger-timeline --features cuda`).
       for m in $(echo "${TIMELINE_MODELS:-llama3.2-1b,qwen2.5-1.5b}" | tr , ' '); do
