@@ -15,7 +15,7 @@
 //! | `ActivationOps::gelu_backward(x, g)`   | `B::fused_gelu_backward(g, x)` (exact derivative)   |
 //! | `ActivationOps::sigmoid(x)`            | `B::fused_sigmoid(x)`                               |
 //! | `ActivationOps::sigmoid_backward(y, g)`| `B::fused_sigmoid_backward(g, y)`                   |
-//! | `FloatTensorOps::float_matmul(a, b)`   | `B::fused_matmul(a, b)` (cuBLASLt on CUDA)          |
+//! | `FloatTensorOps::float_matmul(a, b)`   | `B::fused_matmul(a, b)` (cuBLASLt on CUDA, hipBLASLt on ROCm) |
 //! | `ModuleOps::linear(x, w, b)` (`nn::Linear`) | `B::fused_matmul` of `x` folded to `[rows, d_in]`, then `+ b` |
 //! | `ModuleOps::linear_x_backward` / `linear_weight_backward` | `B::fused_matmul` over folded rows |
 //!

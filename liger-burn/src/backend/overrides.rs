@@ -213,7 +213,7 @@ fn check_embedding(
     }
 }
 
-/// `FloatTensorOps::float_matmul`: `B::fused_matmul` (cuBLASLt on CUDA, `B`'s own matmul
+/// `FloatTensorOps::float_matmul`: `B::fused_matmul` (cuBLASLt on CUDA, hipBLASLt on ROCm, `B`'s own matmul
 /// elsewhere; same semantics: `[..., m, k] · [..., k, n]`, batch dims broadcast). Burn's
 /// `Tensor::matmul` checks the inner dimensions only; the ranks, the dtypes and the batch
 /// dimensions are checked here.

@@ -1,24 +1,27 @@
 //! [`FusedOps::fused_matmul`](crate::ops::FusedOps::fused_matmul) on `CubeBackend`:
-//! cuBLASLt on the CUDA runtime (cargo feature `cuda`; see [`super::cublaslt`]), Burn's
-//! own matmul everywhere else, and for what cuBLASLt is not used for (dtypes other than
+//! cuBLASLt on the CUDA runtime (cargo feature `cuda`; see [`super::cublaslt`]), hipBLASLt
+//! on the ROCm runtime (cargo feature `rocm`; see [`super::hipblaslt`]), Burn's own matmul
+//! everywhere else, and for what the vendor library is not used for (dtypes other than
 //! f32, f16 and bf16; a library that does not load; a product its heuristic has no
-//! algorithm for). Each reason for Burn's matmul is logged once.
+//! algorithm for). A library that does not load is logged once, as a warning.
 
 #[cfg(feature = "cuda")]
 use super::cublaslt::Epilogue;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "rocm"))]
 use super::matmul_layout::{NeedsContiguous, contiguous_strides, gemm_layout};
 use crate::ops::matmul_shape;
 #[cfg(feature = "cuda")]
 use crate::ops::validate;
 use burn::tensor::{DType, Shape, TensorMetadata, ops::FloatTensorOps};
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "rocm"))]
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use liger_cubecl_kernels::counters::{self, Kernel};
 #[cfg(feature = "cuda")]
-use std::any::Any;
+use cubecl::cuda::CudaRuntime;
+#[cfg(feature = "rocm")]
+use cubecl::hip::HipRuntime;
+use liger_cubecl_kernels::counters::{self, Kernel};
 
 /// How many `fused_matmul` calls of `CubeBackend` ran so far in the caller's counting
 /// scope, per path (so tests and benchmarks can prove which path ran; zero unless the
@@ -26,7 +29,7 @@ use std::any::Any;
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MatmulCounts {
-    /// Products run on a vendor library (cuBLASLt).
+    /// Products run on a vendor library (cuBLASLt, hipBLASLt).
     pub vendor: u64,
     /// Products run on Burn's own matmul.
     pub backend: u64,
@@ -63,7 +66,7 @@ where
 
 /// `acc + lhs · rhs` for `acc: [m, n]` (f32 or the inputs' dtype), `lhs: [m, k]`,
 /// `rhs: [k, n]` (see
-/// [`FusedOps::fused_matmul_add`](crate::ops::FusedOps::fused_matmul_add)): on cuBLASLt
+/// [`FusedOps::fused_matmul_add`](crate::ops::FusedOps::fused_matmul_add)): on the vendor library
 /// into `acc`'s own buffer (BLAS `beta = 1`, the product accumulated and added in f32,
 /// rounded once to `acc`'s dtype) when nothing else holds it and it is contiguous;
 /// otherwise the default composition (the product rounded to the inputs' dtype, cast and
@@ -89,68 +92,97 @@ where
     crate::ops::compose::matmul_add::<CubeBackend<R, F, I, BT>>(acc, lhs, rhs)
 }
 
-/// [`matmul_add`] on cuBLASLt in place, or the operands back.
+/// `value` as type `To` when it is one (`R` is the runtime `To` is written for), or back.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn same_type<From: 'static, To: 'static>(value: From) -> Result<To, From> {
+    let boxed: Box<dyn std::any::Any> = Box::new(value);
+    match boxed.downcast::<To>() {
+        Ok(to) => Ok(*to),
+        Err(boxed) => Err(*boxed.downcast::<From>().expect("the value as it was boxed")),
+    }
+}
+
+/// `value` as type `To`, which it is (a runtime's tensors converted back after
+/// [`same_type`] matched them).
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn known_type<From: 'static, To: 'static>(value: From) -> To {
+    same_type(value).unwrap_or_else(|_| panic!("a value of the runtime it was matched as"))
+}
+
+/// [`matmul_add`] on the vendor library in place, or the operands back.
 #[allow(clippy::result_large_err, clippy::type_complexity)]
 fn vendor_add<R: CubeRuntime>(
     acc: CubeTensor<R>,
     lhs: CubeTensor<R>,
     rhs: CubeTensor<R>,
 ) -> Result<CubeTensor<R>, (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>)> {
+    #[cfg(any(feature = "cuda", feature = "rocm"))]
+    let writable = acc.can_mut()
+        && (acc.dtype == DType::F32 || acc.dtype == lhs.dtype)
+        && acc.meta.strides().to_vec() == contiguous_strides(acc.meta.shape());
     #[cfg(feature = "cuda")]
-    {
-        use cubecl::cuda::CudaRuntime;
-        type CudaTriple = (
-            CubeTensor<CudaRuntime>,
-            CubeTensor<CudaRuntime>,
-            CubeTensor<CudaRuntime>,
-        );
-        let writable = acc.can_mut()
-            && (acc.dtype == DType::F32 || acc.dtype == lhs.dtype)
-            && acc.meta.strides().to_vec() == contiguous_strides(acc.meta.shape());
-        let operands: Box<dyn Any> = Box::new((acc, lhs, rhs));
-        let operands = match operands.downcast::<CudaTriple>() {
-            Ok(cuda) if writable => {
-                let (acc, lhs, rhs) = *cuda;
-                let out_shape = acc.shape();
-                match cuda_product(lhs, rhs, out_shape, None, Some(acc), Epilogue::None) {
-                    Ok(out) => {
-                        let out: Box<dyn Any> = Box::new(out);
-                        return Ok(*out.downcast::<CubeTensor<R>>().expect("R is CUDA"));
-                    }
-                    Err((why, lhs, rhs, acc)) => {
-                        log::debug!("liger matmul_add: Burn's matmul on CUDA: {why}");
-                        let acc = acc.expect("the accumulator comes back with a declined product");
-                        Box::new((acc, lhs, rhs)) as Box<dyn Any>
-                    }
+    let (acc, lhs, rhs) = match same_type::<_, [CubeTensor<CudaRuntime>; 3]>([acc, lhs, rhs]) {
+        Ok([acc, lhs, rhs]) if writable => {
+            let out_shape = acc.shape();
+            match cuda_product(lhs, rhs, out_shape, None, Some(acc), Epilogue::None) {
+                Ok(out) => return Ok(known_type(out)),
+                Err((why, lhs, rhs, acc)) => {
+                    log::debug!("liger matmul_add: Burn's matmul on CUDA: {why}");
+                    let acc = acc.expect("the accumulator comes back with a declined product");
+                    let [acc, lhs, rhs] = known_type([acc, lhs, rhs]);
+                    (acc, lhs, rhs)
                 }
             }
-            Ok(cuda) => cuda as Box<dyn Any>,
-            Err(other) => other,
-        };
-        Err(*operands
-            .downcast::<(CubeTensor<R>, CubeTensor<R>, CubeTensor<R>)>()
-            .expect("the operands as they were boxed"))
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Err((acc, lhs, rhs))
-    }
+        }
+        Ok(operands) => {
+            let [acc, lhs, rhs] = known_type(operands);
+            (acc, lhs, rhs)
+        }
+        Err([acc, lhs, rhs]) => (acc, lhs, rhs),
+    };
+    #[cfg(feature = "rocm")]
+    let (acc, lhs, rhs) = match same_type::<_, [CubeTensor<HipRuntime>; 3]>([acc, lhs, rhs]) {
+        Ok([acc, lhs, rhs]) if writable => {
+            let out_shape = acc.shape();
+            match rocm_product(lhs, rhs, out_shape, Some(acc)) {
+                Ok(out) => return Ok(known_type(out)),
+                Err((why, lhs, rhs, acc)) => {
+                    log::debug!("liger matmul_add: Burn's matmul on ROCm: {why}");
+                    let acc = acc.expect("the accumulator comes back with a declined product");
+                    let [acc, lhs, rhs] = known_type([acc, lhs, rhs]);
+                    (acc, lhs, rhs)
+                }
+            }
+        }
+        Ok(operands) => {
+            let [acc, lhs, rhs] = known_type(operands);
+            (acc, lhs, rhs)
+        }
+        Err([acc, lhs, rhs]) => (acc, lhs, rhs),
+    };
+    Err((acc, lhs, rhs))
 }
 
 /// Whether [`matmul`] runs `dtype` products on a vendor library on `device`.
 pub(crate) fn uses_vendor_library<R: CubeRuntime>(device: &R::Device, dtype: DType) -> bool {
+    let device = device as &dyn std::any::Any;
     #[cfg(feature = "cuda")]
-    if let Some(device) = (device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>()
-    {
+    if let Some(device) = device.downcast_ref::<cubecl::cuda::CudaDevice>() {
         return super::cublaslt::data_type(dtype).is_ok()
             && super::cublaslt::device_support(device).is_ok();
+    }
+    #[cfg(feature = "rocm")]
+    if let Some(device) = device.downcast_ref::<cubecl::hip::AmdDevice>() {
+        return super::hipblaslt::data_type(dtype).is_ok()
+            && super::hipblaslt::device_support(device).is_ok();
     }
     let _ = (device, dtype);
     false
 }
 
-/// The product on the vendor library, or the inputs back for Burn's matmul (the reason
-/// logged once).
+/// The product on the vendor library, or the inputs back for Burn's matmul (a library
+/// that failed to load is logged once, as a warning, when the device's engine is set up;
+/// per-product reasons at debug level).
 #[allow(clippy::result_large_err)]
 fn vendor<R: CubeRuntime>(
     lhs: CubeTensor<R>,
@@ -158,36 +190,82 @@ fn vendor<R: CubeRuntime>(
     out_shape: Shape,
 ) -> Result<CubeTensor<R>, (CubeTensor<R>, CubeTensor<R>)> {
     #[cfg(feature = "cuda")]
-    {
-        use cubecl::cuda::CudaRuntime;
-        type CudaPair = (CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>);
-        let inputs: Box<dyn Any> = Box::new((lhs, rhs));
-        let inputs = match inputs.downcast::<CudaPair>() {
-            Ok(cuda) => {
-                let (lhs, rhs) = *cuda;
-                match cuda_product(lhs, rhs, out_shape, None, None, Epilogue::None) {
-                    Ok(out) => {
-                        let out: Box<dyn Any> = Box::new(out);
-                        return Ok(*out.downcast::<CubeTensor<R>>().expect("R is CUDA"));
-                    }
-                    Err((why, lhs, rhs, _)) => {
-                        // A library that failed to load is logged once, as a warning, when
-                        // the device's engine is set up; per-product reasons at debug level.
-                        log::debug!("liger matmul: Burn's matmul on CUDA: {why}");
-                        Box::new((lhs, rhs)) as Box<dyn Any>
-                    }
+    let [lhs, rhs] = match same_type::<_, [CubeTensor<CudaRuntime>; 2]>([lhs, rhs]) {
+        Ok([lhs, rhs]) => {
+            match cuda_product(lhs, rhs, out_shape.clone(), None, None, Epilogue::None) {
+                Ok(out) => return Ok(known_type(out)),
+                Err((why, lhs, rhs, _)) => {
+                    log::debug!("liger matmul: Burn's matmul on CUDA: {why}");
+                    known_type([lhs, rhs])
                 }
             }
-            Err(other) => other,
-        };
-        Err(*inputs
-            .downcast::<(CubeTensor<R>, CubeTensor<R>)>()
-            .expect("the inputs as they were boxed"))
+        }
+        Err(inputs) => inputs,
+    };
+    #[cfg(feature = "rocm")]
+    let [lhs, rhs] = match same_type::<_, [CubeTensor<HipRuntime>; 2]>([lhs, rhs]) {
+        Ok([lhs, rhs]) => match rocm_product(lhs, rhs, out_shape.clone(), None) {
+            Ok(out) => return Ok(known_type(out)),
+            Err((why, lhs, rhs, _)) => {
+                log::debug!("liger matmul: Burn's matmul on ROCm: {why}");
+                known_type([lhs, rhs])
+            }
+        },
+        Err(inputs) => inputs,
+    };
+    let _ = out_shape;
+    Err((lhs, rhs))
+}
+
+/// Why a ROCm product went back to Burn's matmul, with its inputs (and the accumulator).
+#[cfg(feature = "rocm")]
+type RocmDeclined = (
+    super::hipblaslt::Unavailable,
+    CubeTensor<HipRuntime>,
+    CubeTensor<HipRuntime>,
+    Option<CubeTensor<HipRuntime>>,
+);
+
+/// The product on hipBLASLt: into a new tensor, or added to `acc` in place (`acc`:
+/// contiguous, f32 or the inputs' dtype, `out_shape`, nothing else holding its buffer).
+#[cfg(feature = "rocm")]
+#[allow(clippy::result_large_err)]
+fn rocm_product(
+    lhs: CubeTensor<HipRuntime>,
+    rhs: CubeTensor<HipRuntime>,
+    out_shape: Shape,
+    acc: Option<CubeTensor<HipRuntime>>,
+) -> Result<CubeTensor<HipRuntime>, RocmDeclined> {
+    use super::hipblaslt::{self, Product};
+    let dtype = lhs.dtype;
+    if let Err(why) = hipblaslt::data_type(dtype) {
+        return Err((why, lhs, rhs, acc));
     }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = out_shape;
-        Err((lhs, rhs))
+    let device = lhs.device.clone();
+    if let Err(why) = hipblaslt::device_support(&device) {
+        return Err((why, lhs, rhs, acc));
+    }
+    let out_dims = out_shape.to_vec();
+    if out_shape.num_elements() == 0 || lhs.meta.shape()[out_dims.len() - 1] == 0 {
+        // Nothing to multiply: an empty product, or zeros (k = 0).
+        return Ok(acc.unwrap_or_else(|| {
+            burn_cubecl::ops::numeric::zeros_client(lhs.client.clone(), device, out_shape, dtype)
+        }));
+    }
+    let accumulate = acc.is_some();
+    let out = acc.unwrap_or_else(|| super::empty_like(&lhs, out_shape, dtype));
+    let (lhs, rhs, layout) = blas_operands(lhs, rhs, &out_dims);
+    let product = Product {
+        lhs: &lhs,
+        rhs: &rhs,
+        out: &out,
+        layout: &layout,
+        accumulate,
+        alpha: 1.0,
+    };
+    match hipblaslt::run_chain(&device, &[product]) {
+        Ok(()) => Ok(out),
+        Err(why) => Err((why, lhs, rhs, accumulate.then_some(out))),
     }
 }
 
@@ -248,16 +326,16 @@ pub(crate) fn cuda_product(
     product_into(lhs, rhs, &out_dims, ordering, out, false, epilogue)
 }
 
-/// The operands of a cuBLASLt product into `out_dims` and their layout: an operand whose
+/// The operands of a vendor product into `out_dims` and their layout: an operand whose
 /// strides the BLAS cannot read is made contiguous first (a launch on CubeCL's stream).
-#[cfg(feature = "cuda")]
-fn blas_operands(
-    mut lhs: CubeTensor<cubecl::cuda::CudaRuntime>,
-    mut rhs: CubeTensor<cubecl::cuda::CudaRuntime>,
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn blas_operands<R: CubeRuntime>(
+    mut lhs: CubeTensor<R>,
+    mut rhs: CubeTensor<R>,
     out_dims: &[usize],
 ) -> (
-    CubeTensor<cubecl::cuda::CudaRuntime>,
-    CubeTensor<cubecl::cuda::CudaRuntime>,
+    CubeTensor<R>,
+    CubeTensor<R>,
     super::matmul_layout::GemmLayout,
 ) {
     loop {
@@ -322,7 +400,7 @@ fn product_into(
 /// `out += alpha·(lhs · rhs)` when `accumulate` (summed in f32, rounded once to `out`'s
 /// dtype). `lhs: [m, k]` and `rhs: [k, n]` of one dtype, any strides; `out: [m, n]`
 /// contiguous, in their dtype or f32, allocated by the caller and held by nothing else.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 pub(crate) struct ChainedProduct<R: CubeRuntime> {
     pub lhs: CubeTensor<R>,
     pub rhs: CubeTensor<R>,
@@ -336,54 +414,92 @@ pub(crate) fn chain_supported<R: CubeRuntime>(device: &R::Device, dtypes: &[DTyp
     dtypes.iter().all(|d| uses_vendor_library::<R>(device, *d))
 }
 
-/// `products` in order on the vendor library (cuBLASLt) under one ordering against
-/// CubeCL's stream, so a later product may read an earlier one's output: one
-/// synchronization protocol for the whole chain instead of one per product. `Err` says
-/// why it did not run (nothing was launched but operands made contiguous).
+/// `products` in order on the vendor library under one ordering against CubeCL's stream
+/// (cuBLASLt's device-side protocol, or hipBLASLt's host synchronization), so a later
+/// product may read an earlier one's output: one ordering for the whole chain instead of
+/// one per product. `Err` says why it did not run (nothing was launched but operands made
+/// contiguous).
 pub(crate) fn vendor_chain<R: CubeRuntime>(products: Vec<ChainedProduct<R>>) -> Result<(), String> {
     #[cfg(feature = "cuda")]
-    {
-        use super::cublaslt::{self, Product};
-        use cubecl::cuda::CudaRuntime;
-        let boxed: Box<dyn Any> = Box::new(products);
-        let Ok(cuda) = boxed.downcast::<Vec<ChainedProduct<CudaRuntime>>>() else {
-            return Err("not a CUDA device".into());
-        };
-        let Some(first) = cuda.first() else {
+    let products = match same_type::<_, Vec<ChainedProduct<CudaRuntime>>>(products) {
+        Ok(cuda) => {
+            use super::cublaslt::{self, Product};
+            let Some(device) = cuda.first().map(|p| p.out.device.clone()) else {
+                return Ok(());
+            };
+            let laid_out = lay_out_chain(cuda);
+            let chain = laid_out
+                .iter()
+                .map(|(lhs, rhs, out, layout, alpha, accumulate)| Product {
+                    lhs,
+                    rhs,
+                    out,
+                    layout,
+                    accumulate: *accumulate,
+                    alpha: *alpha,
+                    epilogue: cublaslt::Epilogue::None,
+                })
+                .collect::<Vec<_>>();
+            cublaslt::run_chain(&device, &chain, None).map_err(|why| why.to_string())?;
+            for _ in 0..chain.len() {
+                counters::record(Kernel::matmul_vendor);
+            }
             return Ok(());
-        };
-        let device = first.out.device.clone();
-        let laid_out = cuda
-            .into_iter()
-            .map(|p| {
-                let dims = p.out.meta.shape().to_vec();
-                let (lhs, rhs, layout) = blas_operands(p.lhs, p.rhs, &dims);
-                (lhs, rhs, p.out, layout, p.alpha, p.accumulate)
-            })
-            .collect::<Vec<_>>();
-        let chain = laid_out
-            .iter()
-            .map(|(lhs, rhs, out, layout, alpha, accumulate)| Product {
-                lhs,
-                rhs,
-                out,
-                layout,
-                accumulate: *accumulate,
-                alpha: *alpha,
-                epilogue: cublaslt::Epilogue::None,
-            })
-            .collect::<Vec<_>>();
-        cublaslt::run_chain(&device, &chain, None).map_err(|why| why.to_string())?;
-        for _ in 0..chain.len() {
-            counters::record(Kernel::matmul_vendor);
         }
-        Ok(())
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = products;
-        Err("no vendor library in this build".into())
-    }
+        Err(other) => other,
+    };
+    #[cfg(feature = "rocm")]
+    let products = match same_type::<_, Vec<ChainedProduct<HipRuntime>>>(products) {
+        Ok(rocm) => {
+            use super::hipblaslt::{self, Product};
+            let Some(device) = rocm.first().map(|p| p.out.device.clone()) else {
+                return Ok(());
+            };
+            let laid_out = lay_out_chain(rocm);
+            let chain = laid_out
+                .iter()
+                .map(|(lhs, rhs, out, layout, alpha, accumulate)| Product {
+                    lhs,
+                    rhs,
+                    out,
+                    layout,
+                    accumulate: *accumulate,
+                    alpha: *alpha,
+                })
+                .collect::<Vec<_>>();
+            hipblaslt::run_chain(&device, &chain).map_err(|why| why.to_string())?;
+            for _ in 0..chain.len() {
+                counters::record(Kernel::matmul_vendor);
+            }
+            return Ok(());
+        }
+        Err(other) => other,
+    };
+    let _ = products;
+    Err("no vendor library for this runtime in this build".into())
+}
+
+/// A chain's products with their BLAS layouts.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+#[allow(clippy::type_complexity)]
+fn lay_out_chain<R: CubeRuntime>(
+    products: Vec<ChainedProduct<R>>,
+) -> Vec<(
+    CubeTensor<R>,
+    CubeTensor<R>,
+    CubeTensor<R>,
+    super::matmul_layout::GemmLayout,
+    f32,
+    bool,
+)> {
+    products
+        .into_iter()
+        .map(|p| {
+            let dims = p.out.meta.shape().to_vec();
+            let (lhs, rhs, layout) = blas_operands(p.lhs, p.rhs, &dims);
+            (lhs, rhs, p.out, layout, p.alpha, p.accumulate)
+        })
+        .collect()
 }
 
 /// `lhs [..., m, k] · rhs [..., k, n]` on cuBLASLt with an explicit `ordering` (`None`:

@@ -221,6 +221,7 @@ pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
 
 /// The largest power of two, at most 256, dividing `address` and every one of `steps`
 /// (byte offsets between the matrices a call reads): the alignment BLAS may assume.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn alignment(address: u64, steps: impl IntoIterator<Item = u64>) -> u32 {
     let all = steps.into_iter().fold(address | 256, |acc, s| acc | s);
     1 << all.trailing_zeros().min(8)

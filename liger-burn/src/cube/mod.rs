@@ -19,11 +19,13 @@ mod cudnn;
 mod distill_rows;
 mod embedding;
 mod glu;
+#[cfg(feature = "rocm")]
+mod hipblaslt;
 mod layer_norm;
 mod linear;
 mod lora;
 mod matmul;
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 mod matmul_layout;
 mod rms_norm;
 mod rope;

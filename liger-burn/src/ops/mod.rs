@@ -766,8 +766,8 @@ pub trait FusedOps: Backend {
     /// or 1 (broadcast), any strides (transposed views included); returns
     /// `[...batch, m, n]` in that dtype, contiguous.
     ///
-    /// The default is the backend's own `float_matmul`. `CubeBackend` on CUDA runs cuBLASLt
-    /// (f32 accumulation; true f32 for f32, no TF32) where
+    /// The default is the backend's own `float_matmul`. `CubeBackend` runs cuBLASLt on CUDA
+    /// and hipBLASLt on ROCm (f32 accumulation; true f32 for f32, no TF32) where
     /// [`fused_matmul_uses_vendor_library`](FusedOps::fused_matmul_uses_vendor_library)
     /// says so; `Liger<B>` routes Burn's `float_matmul` here, and `Autodiff<B>` records a
     /// backward node whose two products are `fused_matmul` of the inner backend.
@@ -779,7 +779,7 @@ pub trait FusedOps: Backend {
     /// `rhs: [k, n]` of one float dtype (any strides); returns `[m, n]` in `acc`'s dtype.
     /// For gradients summed over chunks (the chunked losses' weight gradients): the
     /// default rounds the product to the inputs' dtype, casts and adds; `CubeBackend` on
-    /// CUDA runs one cuBLASLt call that adds the f32-accumulated product to `acc` in f32
+    /// CUDA and ROCm runs one cuBLASLt (hipBLASLt) call that adds the f32-accumulated product to `acc` in f32
     /// inside `acc`'s buffer (`beta = 1`, one rounding to `acc`'s dtype) when nothing else
     /// holds it, so no product-sized temporary exists.
     fn fused_matmul_add(
@@ -820,7 +820,7 @@ pub trait FusedOps: Backend {
     }
 
     /// Whether [`fused_matmul`](FusedOps::fused_matmul) of `dtype` tensors on `device`
-    /// runs a vendor BLAS library (cuBLASLt) instead of the backend's own matmul. The
+    /// runs a vendor BLAS library (cuBLASLt, hipBLASLt) instead of the backend's own matmul. The
     /// fusion backend asks, so that everywhere else it keeps Burn's own matmul operation,
     /// which its optimizer can fuse with neighbouring elementwise work.
     fn fused_matmul_uses_vendor_library(device: &Device<Self>, dtype: DType) -> bool {
