@@ -49,6 +49,7 @@
 
 use super::matmul_layout::{BlasMatrix, GemmLayout, alignment};
 use super::sequence;
+use super::vendor_engines::{PerDevice, panic_text};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::{CudaDevice, CudaRuntime};
@@ -58,7 +59,7 @@ use cudarc::cublaslt::{result as lt, sys as lt_sys};
 use cudarc::driver::{CudaContext, CudaStream, result as driver, sys as driver_sys};
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// cuBLASLt workspace per device: NVIDIA's recommendation for Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -391,40 +392,21 @@ pub(crate) fn run_ordered(
     }
 }
 
-/// Per-device engines, created on first use (once: a failed setup is remembered).
-type Engines = Mutex<HashMap<usize, Result<Arc<Mutex<Engine>>, String>>>;
-
 fn engine(device: &CudaDevice) -> Result<Arc<Mutex<Engine>>, Unavailable> {
-    static ENGINES: OnceLock<Engines> = OnceLock::new();
-    let mut engines = ENGINES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    engines
-        .entry(device.index)
-        .or_insert_with(|| {
-            // cudarc panics on a library or symbol it cannot load: a setup failure here.
-            let engine = std::panic::catch_unwind(|| Engine::new(device))
-                .unwrap_or_else(|p| Err(panic_text(p.as_ref())))
-                .map(|e| Arc::new(Mutex::new(e)));
-            if let Err(why) = &engine {
-                log::warn!(
-                    "liger matmul: cuBLASLt is unavailable on CUDA device {}, so matmuls run on                      Burn's own kernels ({why}); install CUDA's libcublasLt to use it",
+    static ENGINES: PerDevice<Engine> = PerDevice::new();
+    ENGINES
+        .get(
+            device.index,
+            || Engine::new(device),
+            |why| {
+                format!(
+                    "liger matmul: cuBLASLt is unavailable on CUDA device {}, so matmuls run on \
+                     Burn's own kernels ({why}); install CUDA's libcublasLt to use it",
                     device.index
-                );
-            }
-            engine
-        })
-        .clone()
+                )
+            },
+        )
         .map_err(Unavailable::Setup)
-}
-
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Why a product failed, before (nothing launched) or after the ordering started.

@@ -17,6 +17,7 @@
 //! true f32, not TF32); 16-bit outputs are rounded once.
 
 use super::matmul_layout::{BlasMatrix, GemmLayout};
+use super::vendor_engines::PerDevice;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::hip::{AmdDevice, HipRuntime};
@@ -24,7 +25,7 @@ use cubecl::prelude::ComputeClient;
 use cubecl_hip_sys as hip;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// hipBLASLt workspace per device.
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -106,41 +107,21 @@ pub(crate) fn run_chain(device: &AmdDevice, products: &[Product<'_>]) -> Result<
     }
 }
 
-/// Per-device engines, created on first use (once: a failed setup is remembered).
-type Engines = Mutex<HashMap<usize, Result<Arc<Mutex<Engine>>, String>>>;
-
 fn engine(device: &AmdDevice) -> Result<Arc<Mutex<Engine>>, Unavailable> {
-    static ENGINES: OnceLock<Engines> = OnceLock::new();
-    let mut engines = ENGINES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    engines
-        .entry(device.index)
-        .or_insert_with(|| {
-            // cubecl-hip-sys panics on a HIP runtime or symbol it cannot load.
-            let engine = std::panic::catch_unwind(|| Engine::new(device))
-                .unwrap_or_else(|p| Err(panic_text(p.as_ref())))
-                .map(|e| Arc::new(Mutex::new(e)));
-            if let Err(why) = &engine {
-                log::warn!(
+    static ENGINES: PerDevice<Engine> = PerDevice::new();
+    ENGINES
+        .get(
+            device.index,
+            || Engine::new(device),
+            |why| {
+                format!(
                     "liger matmul: hipBLASLt is unavailable on ROCm device {}, so matmuls run on \
                      Burn's own kernels ({why}); install ROCm's hipBLASLt (libhipblaslt.so) to use it",
                     device.index
-                );
-            }
-            engine
-        })
-        .clone()
+                )
+            },
+        )
         .map_err(Unavailable::Setup)
-}
-
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Why a product failed, before (nothing launched) or after the ordering started.

@@ -109,6 +109,20 @@ fn known_type<From: 'static, To: 'static>(value: From) -> To {
     same_type(value).unwrap_or_else(|_| panic!("a value of the runtime it was matched as"))
 }
 
+/// `run` on `operands` when `R` is the runtime `S` (a vendor library's), or the operands
+/// back: for another runtime, or when `run` gives them back (the library declined).
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+#[allow(clippy::result_large_err)]
+fn on_runtime<R: CubeRuntime, S: CubeRuntime, const N: usize>(
+    operands: [CubeTensor<R>; N],
+    run: impl FnOnce([CubeTensor<S>; N]) -> Result<CubeTensor<S>, [CubeTensor<S>; N]>,
+) -> Result<CubeTensor<R>, [CubeTensor<R>; N]> {
+    match same_type::<_, [CubeTensor<S>; N]>(operands) {
+        Ok(operands) => run(operands).map(known_type).map_err(known_type),
+        Err(operands) => Err(operands),
+    }
+}
+
 /// [`matmul_add`] on the vendor library in place, or the operands back.
 #[allow(clippy::result_large_err, clippy::type_complexity)]
 fn vendor_add<R: CubeRuntime>(
@@ -120,46 +134,38 @@ fn vendor_add<R: CubeRuntime>(
     let writable = acc.can_mut()
         && (acc.dtype == DType::F32 || acc.dtype == lhs.dtype)
         && acc.meta.strides().to_vec() == contiguous_strides(acc.meta.shape());
+    let operands = [acc, lhs, rhs];
     #[cfg(feature = "cuda")]
-    let (acc, lhs, rhs) = match same_type::<_, [CubeTensor<CudaRuntime>; 3]>([acc, lhs, rhs]) {
-        Ok([acc, lhs, rhs]) if writable => {
-            let out_shape = acc.shape();
-            match cuda_product(lhs, rhs, out_shape, None, Some(acc), Epilogue::None) {
-                Ok(out) => return Ok(known_type(out)),
-                Err((why, lhs, rhs, acc)) => {
-                    log::debug!("liger matmul_add: Burn's matmul on CUDA: {why}");
-                    let acc = acc.expect("the accumulator comes back with a declined product");
-                    let [acc, lhs, rhs] = known_type([acc, lhs, rhs]);
-                    (acc, lhs, rhs)
-                }
-            }
+    let operands = match on_runtime::<R, CudaRuntime, 3>(operands, |[acc, lhs, rhs]| {
+        if !writable {
+            return Err([acc, lhs, rhs]);
         }
-        Ok(operands) => {
-            let [acc, lhs, rhs] = known_type(operands);
-            (acc, lhs, rhs)
-        }
-        Err([acc, lhs, rhs]) => (acc, lhs, rhs),
+        let out_shape = acc.shape();
+        cuda_product(lhs, rhs, out_shape, None, Some(acc), Epilogue::None).map_err(
+            |(why, lhs, rhs, acc)| {
+                log::debug!("liger matmul_add: Burn's matmul on CUDA: {why}");
+                [acc.expect("the accumulator comes back"), lhs, rhs]
+            },
+        )
+    }) {
+        Ok(out) => return Ok(out),
+        Err(operands) => operands,
     };
     #[cfg(feature = "rocm")]
-    let (acc, lhs, rhs) = match same_type::<_, [CubeTensor<HipRuntime>; 3]>([acc, lhs, rhs]) {
-        Ok([acc, lhs, rhs]) if writable => {
-            let out_shape = acc.shape();
-            match rocm_product(lhs, rhs, out_shape, Some(acc)) {
-                Ok(out) => return Ok(known_type(out)),
-                Err((why, lhs, rhs, acc)) => {
-                    log::debug!("liger matmul_add: Burn's matmul on ROCm: {why}");
-                    let acc = acc.expect("the accumulator comes back with a declined product");
-                    let [acc, lhs, rhs] = known_type([acc, lhs, rhs]);
-                    (acc, lhs, rhs)
-                }
-            }
+    let operands = match on_runtime::<R, HipRuntime, 3>(operands, |[acc, lhs, rhs]| {
+        if !writable {
+            return Err([acc, lhs, rhs]);
         }
-        Ok(operands) => {
-            let [acc, lhs, rhs] = known_type(operands);
-            (acc, lhs, rhs)
-        }
-        Err([acc, lhs, rhs]) => (acc, lhs, rhs),
+        let out_shape = acc.shape();
+        rocm_product(lhs, rhs, out_shape, Some(acc)).map_err(|(why, lhs, rhs, acc)| {
+            log::debug!("liger matmul_add: Burn's matmul on ROCm: {why}");
+            [acc.expect("the accumulator comes back"), lhs, rhs]
+        })
+    }) {
+        Ok(out) => return Ok(out),
+        Err(operands) => operands,
     };
+    let [acc, lhs, rhs] = operands;
     Err((acc, lhs, rhs))
 }
 
@@ -189,31 +195,31 @@ fn vendor<R: CubeRuntime>(
     rhs: CubeTensor<R>,
     out_shape: Shape,
 ) -> Result<CubeTensor<R>, (CubeTensor<R>, CubeTensor<R>)> {
+    let inputs = [lhs, rhs];
     #[cfg(feature = "cuda")]
-    let [lhs, rhs] = match same_type::<_, [CubeTensor<CudaRuntime>; 2]>([lhs, rhs]) {
-        Ok([lhs, rhs]) => {
-            match cuda_product(lhs, rhs, out_shape.clone(), None, None, Epilogue::None) {
-                Ok(out) => return Ok(known_type(out)),
-                Err((why, lhs, rhs, _)) => {
-                    log::debug!("liger matmul: Burn's matmul on CUDA: {why}");
-                    known_type([lhs, rhs])
-                }
-            }
-        }
+    let inputs = match on_runtime::<R, CudaRuntime, 2>(inputs, |[lhs, rhs]| {
+        cuda_product(lhs, rhs, out_shape.clone(), None, None, Epilogue::None).map_err(
+            |(why, lhs, rhs, _)| {
+                log::debug!("liger matmul: Burn's matmul on CUDA: {why}");
+                [lhs, rhs]
+            },
+        )
+    }) {
+        Ok(out) => return Ok(out),
         Err(inputs) => inputs,
     };
     #[cfg(feature = "rocm")]
-    let [lhs, rhs] = match same_type::<_, [CubeTensor<HipRuntime>; 2]>([lhs, rhs]) {
-        Ok([lhs, rhs]) => match rocm_product(lhs, rhs, out_shape.clone(), None) {
-            Ok(out) => return Ok(known_type(out)),
-            Err((why, lhs, rhs, _)) => {
-                log::debug!("liger matmul: Burn's matmul on ROCm: {why}");
-                known_type([lhs, rhs])
-            }
-        },
+    let inputs = match on_runtime::<R, HipRuntime, 2>(inputs, |[lhs, rhs]| {
+        rocm_product(lhs, rhs, out_shape.clone(), None).map_err(|(why, lhs, rhs, _)| {
+            log::debug!("liger matmul: Burn's matmul on ROCm: {why}");
+            [lhs, rhs]
+        })
+    }) {
+        Ok(out) => return Ok(out),
         Err(inputs) => inputs,
     };
     let _ = out_shape;
+    let [lhs, rhs] = inputs;
     Err((lhs, rhs))
 }
 
@@ -423,55 +429,43 @@ pub(crate) fn vendor_chain<R: CubeRuntime>(products: Vec<ChainedProduct<R>>) -> 
     #[cfg(feature = "cuda")]
     let products = match same_type::<_, Vec<ChainedProduct<CudaRuntime>>>(products) {
         Ok(cuda) => {
-            use super::cublaslt::{self, Product};
-            let Some(device) = cuda.first().map(|p| p.out.device.clone()) else {
-                return Ok(());
-            };
-            let laid_out = lay_out_chain(cuda);
-            let chain = laid_out
-                .iter()
-                .map(|(lhs, rhs, out, layout, alpha, accumulate)| Product {
-                    lhs,
-                    rhs,
-                    out,
-                    layout,
-                    accumulate: *accumulate,
-                    alpha: *alpha,
-                    epilogue: cublaslt::Epilogue::None,
-                })
-                .collect::<Vec<_>>();
-            cublaslt::run_chain(&device, &chain, None).map_err(|why| why.to_string())?;
-            for _ in 0..chain.len() {
-                counters::record(Kernel::matmul_vendor);
-            }
-            return Ok(());
+            return run_laid_out(cuda, |device, chain| {
+                use super::cublaslt::{self, Epilogue, Product};
+                let chain = chain
+                    .iter()
+                    .map(|p| Product {
+                        lhs: &p.lhs,
+                        rhs: &p.rhs,
+                        out: &p.out,
+                        layout: &p.layout,
+                        accumulate: p.accumulate,
+                        alpha: p.alpha,
+                        epilogue: Epilogue::None,
+                    })
+                    .collect::<Vec<_>>();
+                cublaslt::run_chain(device, &chain, None).map(|_| ())
+            });
         }
         Err(other) => other,
     };
     #[cfg(feature = "rocm")]
     let products = match same_type::<_, Vec<ChainedProduct<HipRuntime>>>(products) {
         Ok(rocm) => {
-            use super::hipblaslt::{self, Product};
-            let Some(device) = rocm.first().map(|p| p.out.device.clone()) else {
-                return Ok(());
-            };
-            let laid_out = lay_out_chain(rocm);
-            let chain = laid_out
-                .iter()
-                .map(|(lhs, rhs, out, layout, alpha, accumulate)| Product {
-                    lhs,
-                    rhs,
-                    out,
-                    layout,
-                    accumulate: *accumulate,
-                    alpha: *alpha,
-                })
-                .collect::<Vec<_>>();
-            hipblaslt::run_chain(&device, &chain).map_err(|why| why.to_string())?;
-            for _ in 0..chain.len() {
-                counters::record(Kernel::matmul_vendor);
-            }
-            return Ok(());
+            return run_laid_out(rocm, |device, chain| {
+                use super::hipblaslt::{self, Product};
+                let chain = chain
+                    .iter()
+                    .map(|p| Product {
+                        lhs: &p.lhs,
+                        rhs: &p.rhs,
+                        out: &p.out,
+                        layout: &p.layout,
+                        accumulate: p.accumulate,
+                        alpha: p.alpha,
+                    })
+                    .collect::<Vec<_>>();
+                hipblaslt::run_chain(device, &chain)
+            });
         }
         Err(other) => other,
     };
@@ -479,27 +473,47 @@ pub(crate) fn vendor_chain<R: CubeRuntime>(products: Vec<ChainedProduct<R>>) -> 
     Err("no vendor library for this runtime in this build".into())
 }
 
-/// A chain's products with their BLAS layouts.
+/// A [`ChainedProduct`] with its operands laid out for the BLAS.
 #[cfg(any(feature = "cuda", feature = "rocm"))]
-#[allow(clippy::type_complexity)]
-fn lay_out_chain<R: CubeRuntime>(
+struct LaidOut<R: CubeRuntime> {
+    lhs: CubeTensor<R>,
+    rhs: CubeTensor<R>,
+    out: CubeTensor<R>,
+    layout: super::matmul_layout::GemmLayout,
+    alpha: f32,
+    accumulate: bool,
+}
+
+/// Lays `products` out and hands them to `run` (the library's chain), counting them as
+/// vendor products when it ran them.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn run_laid_out<R: CubeRuntime, E: core::fmt::Display>(
     products: Vec<ChainedProduct<R>>,
-) -> Vec<(
-    CubeTensor<R>,
-    CubeTensor<R>,
-    CubeTensor<R>,
-    super::matmul_layout::GemmLayout,
-    f32,
-    bool,
-)> {
-    products
+    run: impl FnOnce(&R::Device, &[LaidOut<R>]) -> Result<(), E>,
+) -> Result<(), String> {
+    let Some(device) = products.first().map(|p| p.out.device.clone()) else {
+        return Ok(());
+    };
+    let laid_out = products
         .into_iter()
         .map(|p| {
             let dims = p.out.meta.shape().to_vec();
             let (lhs, rhs, layout) = blas_operands(p.lhs, p.rhs, &dims);
-            (lhs, rhs, p.out, layout, p.alpha, p.accumulate)
+            LaidOut {
+                lhs,
+                rhs,
+                out: p.out,
+                layout,
+                alpha: p.alpha,
+                accumulate: p.accumulate,
+            }
         })
-        .collect()
+        .collect::<Vec<_>>();
+    run(&device, &laid_out).map_err(|why| why.to_string())?;
+    for _ in 0..laid_out.len() {
+        counters::record(Kernel::matmul_vendor);
+    }
+    Ok(())
 }
 
 /// `lhs [..., m, k] · rhs [..., k, n]` on cuBLASLt with an explicit `ordering` (`None`:

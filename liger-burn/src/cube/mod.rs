@@ -32,6 +32,8 @@ mod rope;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod sequence;
 mod softmax;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+mod vendor_engines;
 
 pub use attention::vendor_attention_calls;
 pub use matmul::{MatmulCounts, matmul_counts};
