@@ -702,21 +702,19 @@ pub(crate) struct TargetCheck<B: FusedOps> {
 }
 
 /// Queues the [`TargetCheck`] of `targets` against a vocabulary of `vocab`: elementwise
-/// comparisons and one float sum (a float count is exact to 2²⁴ rows and never rounds a
-/// positive count to 0, in any float dtype).
+/// comparisons and one f32 sum (exact to 2²⁴ rows; an f32 sum is also the one Burn's CUDA
+/// backend reduces by atomics in one short kernel, where a 16-bit or integer one takes a
+/// generic reduction).
 pub(crate) fn target_bounds<B: FusedOps>(
     targets: &Tensor<B, 1, burn::tensor::Int>,
     vocab: usize,
     ignore_index: i64,
 ) -> TargetCheck<B> {
-    let outside = targets
-        .clone()
-        .lower_elem(0)
-        .bool_or(targets.clone().greater_equal_elem(vocab as i64));
-    let invalid = outside
-        .bool_and(targets.clone().not_equal_elem(ignore_index))
-        .float()
-        .sum();
+    let valid =
+        crate::ops::compose::cross_entropy::valid_rows(targets.clone(), vocab, ignore_index);
+    let ignored = targets.clone().equal_elem(ignore_index);
+    let invalid =
+        crate::ops::compose::cross_entropy::mask_f32(valid.bool_or(ignored).bool_not()).sum();
     TargetCheck {
         invalid,
         targets: targets.clone(),
@@ -735,7 +733,12 @@ pub(crate) fn check_target_bounds<B: FusedOps>(
     ignore_index: i64,
     logits_shape: &burn::tensor::Shape,
 ) {
-    let invalid = check.invalid.into_data().iter::<f64>().next().unwrap_or(0.0);
+    let invalid = check
+        .invalid
+        .into_data()
+        .iter::<f64>()
+        .next()
+        .unwrap_or(0.0);
     // NaN cannot arise (a sum of zeros and ones); anything else above 0 is a bad target.
     if invalid == 0.0 {
         return;
