@@ -454,8 +454,9 @@ pub(crate) fn ignore_index_scalar(
     (has_ignore, scalar)
 }
 
-/// One cube per row (grid-strided), the forward softmax geometry: shared by the loss and
-/// its backward, which walk the same `[rows, vocab]` buffers.
+/// One cube per row (grid-strided; at most `cross_entropy_cubes_per_sm` cubes a
+/// multiprocessor when set), the forward softmax geometry: shared by the loss and its
+/// backward, which walk the same `[rows, vocab]` buffers.
 fn row_launch<R: Runtime>(
     client: &ComputeClient<R>,
     config: &LaunchConfig,
@@ -463,12 +464,22 @@ fn row_launch<R: Runtime>(
     vocab: usize,
     dtype: StorageType,
 ) -> RowLaunch {
+    let max_cubes = config
+        .cross_entropy_cubes_per_sm
+        .map_or(usize::MAX, |per_sm| {
+            let sms = client
+                .properties()
+                .hardware
+                .num_streaming_multiprocessors
+                .unwrap_or(32) as usize;
+            (sms * per_sm).max(1)
+        });
     RowLaunch::new(
         client,
         rows,
         vocab,
         dtype.size(),
-        usize::MAX,
+        max_cubes,
         config.softmax_forward_vectors_per_unit,
         config.reduction,
     )

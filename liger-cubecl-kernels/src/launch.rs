@@ -82,6 +82,7 @@ pub const MAX_CACHED_CHUNKS: usize = 8;
 /// | `reduction` | `Auto` (plane ops where the device has them, else shared memory) | every device |
 /// | `forward_vectors_per_unit` | 4 | H200, RMSNorm/LayerNorm 8192×4096 bf16 |
 /// | `softmax_forward_vectors_per_unit` | 16 (0.447 ms against 0.566 ms with 4, softmax 8192×32768 bf16) | H200 |
+/// | `cross_entropy_cubes_per_sm` | `None`: one cube per row (not swept yet) | — |
 /// | `backward_vectors_per_unit` | 2 (RMSNorm backward 8192×4096 bf16: 0.164 ms against 0.224 ms with 1 and 4 cubes per SM) | H200 |
 /// | `backward_units_per_sm` | 512 (`batch.sh norm-sweep`, bf16 at widths 1536, 2048 and 4096 against 256 and 1024: the fastest for LayerNorm at all three and RMSNorm at 1536; RMSNorm at 2048 and 4096 is faster at 1024) | H200 |
 /// | `elementwise` | see [`ElementwiseConfig`] | H200 |
@@ -99,6 +100,10 @@ pub struct LaunchConfig {
     pub forward_vectors_per_unit: usize,
     /// Softmax and cross-entropy forwards over wide rows: fewer, busier units.
     pub softmax_forward_vectors_per_unit: usize,
+    /// Cross entropy (loss and backward): at most this many cubes per multiprocessor, each
+    /// walking rows in turn (`None`: one cube per row). Fewer rows in flight keep each row
+    /// in L2 between the kernel's two passes over it.
+    pub cross_entropy_cubes_per_sm: Option<usize>,
     /// Row-kernel backwards, which walk many rows per cube for the weight-gradient partials.
     pub backward_vectors_per_unit: usize,
     /// Units per multiprocessor of a row-kernel backward: its cubes per multiprocessor are
@@ -173,6 +178,7 @@ impl Default for LaunchConfig {
             reduction: ReductionPath::Auto,
             forward_vectors_per_unit: 4,
             softmax_forward_vectors_per_unit: 16,
+            cross_entropy_cubes_per_sm: None,
             backward_vectors_per_unit: 2,
             backward_units_per_sm: 512,
             elementwise: ElementwiseConfig {

@@ -29,6 +29,17 @@ fn cross_entropy_sum_ignore_index_matches_reference() {
     liger_tests::check_op(Op::CrossEntropySum);
 }
 
+/// One cube per multiprocessor walks the rows in turn (`cross_entropy_cubes_per_sm`): the
+/// 300-row cases have more rows than cubes on every device.
+#[test]
+fn cross_entropy_with_rows_walked_by_fewer_cubes_matches_reference() {
+    let mut geometry = liger_tests::current_geometry();
+    geometry.cross_entropy_cubes_per_sm = Some(1);
+    let _geometry = liger_burn::test_hooks::override_launch_config(geometry);
+    liger_tests::check_op(Op::CrossEntropy);
+    liger_tests::check_op(Op::CrossEntropyZLossSoftcap);
+}
+
 use burn::backend::Autodiff;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Shape, Tensor};

@@ -177,6 +177,11 @@ pub struct BenchArgs {
     /// records a value given here.
     #[arg(long, value_name = "N")]
     pub backward_units_per_sm: Option<usize>,
+    /// Cubes per multiprocessor of the cross-entropy kernels (`LaunchConfig::
+    /// cross_entropy_cubes_per_sm`; default: one cube per row), to sweep it; the CSV config
+    /// records a value given here.
+    #[arg(long, value_name = "N")]
+    pub cross_entropy_cubes_per_sm: Option<usize>,
     /// cross_entropy / fused_linear_cross_entropy (liger): validate the targets before the
     /// kernel (`CrossEntropyOptions::check_targets`, on by default: one device-to-host read
     /// per call). `off` measures what that check costs; the CSV config says which ran.

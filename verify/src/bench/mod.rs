@@ -77,6 +77,7 @@ pub fn run(mut args: BenchArgs) -> Result<ExitCode> {
     }
     ops::set_check_targets(args.check_targets.on());
     ops::set_backward_units_per_sm(args.backward_units_per_sm);
+    ops::set_cross_entropy_cubes_per_sm(args.cross_entropy_cubes_per_sm);
     if args.iters == 0 || args.repeats == 0 {
         bail!("--iters and --repeats must be at least 1");
     }
@@ -179,6 +180,9 @@ impl OnDevice for Bench {
         let mut geometry = LaunchConfig::default().with_reduction(path);
         if let Some(units) = args.backward_units_per_sm {
             geometry.backward_units_per_sm = units.max(1);
+        }
+        if let Some(cubes) = args.cross_entropy_cubes_per_sm {
+            geometry.cross_entropy_cubes_per_sm = Some(cubes.max(1));
         }
         let _geometry = override_launch_config(geometry);
         ctx.describe(Some(path));
@@ -541,6 +545,9 @@ fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize 
                 config.push_str(&format!(" reduction={}", notes.path));
                 if let Some(units) = ops::backward_units_per_sm() {
                     config.push_str(&format!(" backward_units_per_sm={units}"));
+                }
+                if let Some(cubes) = ops::cross_entropy_cubes_per_sm() {
+                    config.push_str(&format!(" cross_entropy_cubes_per_sm={cubes}"));
                 }
                 if matches!(
                     g.op,

@@ -506,6 +506,23 @@ pub fn backward_units_per_sm() -> Option<usize> {
     }
 }
 
+/// `--cross-entropy-cubes-per-sm`, when given (0: not given).
+static CROSS_ENTROPY_CUBES_PER_SM: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// Records what `--cross-entropy-cubes-per-sm` asked for (for the CSV's config column).
+pub fn set_cross_entropy_cubes_per_sm(cubes: Option<usize>) {
+    CROSS_ENTROPY_CUBES_PER_SM.store(cubes.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `--cross-entropy-cubes-per-sm`, when given.
+pub fn cross_entropy_cubes_per_sm() -> Option<usize> {
+    match CROSS_ENTROPY_CUBES_PER_SM.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => None,
+        cubes => Some(cubes),
+    }
+}
+
 /// The cross-entropy options the benchmark runs liger with.
 fn ce_options() -> CrossEntropyOptions {
     CrossEntropyOptions::default().with_check_targets(check_targets())
