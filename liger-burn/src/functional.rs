@@ -581,9 +581,8 @@ pub struct CrossEntropyOutput<B: burn::tensor::backend::Backend> {
 ///
 /// The math, the mean's denominator, the all-ignored case and the target check are
 /// documented on [`CrossEntropyOptions`](crate::ops::CrossEntropyOptions). With
-/// `check_targets` (default) this reads one number back from the device (how many
-/// targets are out of range), once the kernel is queued (the device computes while the
-/// host waits).
+/// `check_targets` (default) this reads 2 integers back from the device, once the
+/// kernel is queued (the device computes while the host waits).
 ///
 /// The backward costs nothing when the loss is reduced (mean or sum) and the upstream
 /// gradient is exactly 1 (plain `loss.backward()`): the gradient was computed in the
@@ -628,7 +627,7 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
     let logits_shape = logits.shape();
     let bounds = options
         .check_targets
-        .then(|| target_bounds(&targets, vocab, options.ignore_index));
+        .then(|| target_bounds(&targets, options.ignore_index));
     // Class weights are constants of the loss.
     let class_weight = class_weight.map(|w| w.detach());
     // A mean divides the z-loss by the non-ignored rows and the rest by the denominator
@@ -693,67 +692,43 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
     out
 }
 
-/// A target check queued on the device: how many targets lie outside `[0, V)` without
-/// being `ignore_index` (`[1]`, float), read by [`check_target_bounds`] once the loss's
-/// kernels are queued too, so the device works while the host waits for one number.
-pub(crate) struct TargetCheck<B: FusedOps> {
-    invalid: Tensor<B, 1>,
-    targets: Tensor<B, 1, burn::tensor::Int>,
-}
-
-/// Queues the [`TargetCheck`] of `targets` against a vocabulary of `vocab`: elementwise
-/// comparisons and one f32 sum (exact to 2²⁴ rows; an f32 sum is also the one Burn's CUDA
-/// backend reduces by atomics in one short kernel, where a 16-bit or integer one takes a
-/// generic reduction).
+/// The smallest and largest target that is not `ignore_index` (`[2]`, on the device, 0
+/// for an all-ignored batch): queued now, read by [`check_target_bounds`] once the loss's
+/// kernels are queued too, so the device works while the host waits for the two integers.
+///
+/// Few stock operations on purpose: the read synchronizes, so the host's time for each
+/// operation before the loss's kernel is on the clock while the device idles. A float
+/// count of the out-of-range mask (7 and 11 operations instead of these 5) saved device
+/// time but made the checked loss slower on the H200 (forward 1.71 and 1.86 ms against
+/// 1.56 ms, cross entropy 8192×128256 bf16).
 pub(crate) fn target_bounds<B: FusedOps>(
     targets: &Tensor<B, 1, burn::tensor::Int>,
-    vocab: usize,
     ignore_index: i64,
-) -> TargetCheck<B> {
-    let valid =
-        crate::ops::compose::cross_entropy::valid_rows(targets.clone(), vocab, ignore_index);
+) -> Tensor<B, 1, burn::tensor::Int> {
     let ignored = targets.clone().equal_elem(ignore_index);
-    let invalid =
-        crate::ops::compose::cross_entropy::mask_f32(valid.bool_or(ignored).bool_not()).sum();
-    TargetCheck {
-        invalid,
-        targets: targets.clone(),
-    }
+    let kept = targets.clone().mask_fill(ignored, 0);
+    Tensor::cat(vec![kept.clone().min(), kept.max()], 0)
 }
 
 /// Panics naming `op`, the value and `V` when a target is outside `[0, V)` and is not
-/// `ignore_index`, from [`target_bounds`]: one device-to-host read of one number (and,
-/// only to name the offending value, a second one before the panic). The kernels already
-/// queued treat such a row as ignored (its target is never an index), so nothing has read
-/// out of bounds before the panic.
+/// `ignore_index`, from [`target_bounds`]. One device-to-host read of two integers. The
+/// kernels already queued treat such a row as ignored (its target is never an index), so
+/// nothing has read out of bounds before the panic.
 pub(crate) fn check_target_bounds<B: FusedOps>(
     op: &str,
-    check: TargetCheck<B>,
+    bounds: Tensor<B, 1, burn::tensor::Int>,
     vocab: usize,
     ignore_index: i64,
     logits_shape: &burn::tensor::Shape,
 ) {
-    let invalid = check
-        .invalid
-        .into_data()
-        .iter::<f64>()
-        .next()
-        .unwrap_or(0.0);
-    // NaN cannot arise (a sum of zeros and ones); anything else above 0 is a bad target.
-    if invalid == 0.0 {
-        return;
+    let bounds: Vec<i64> = bounds.into_data().iter::<i64>().collect();
+    let (min, max) = (bounds[0], bounds[1]);
+    let bad = if min < 0 { min } else { max };
+    if min < 0 || max >= vocab as i64 {
+        panic!(
+            "{op}: target {bad} is out of range [0, {vocab}) for logits {logits_shape:?} (and is not ignore_index {ignore_index})"
+        );
     }
-    let targets = check.targets;
-    let ignored = targets.clone().equal_elem(ignore_index);
-    let kept = targets.mask_fill(ignored, 0);
-    let bounds: Vec<i64> = Tensor::cat(vec![kept.clone().min(), kept.max()], 0)
-        .into_data()
-        .iter::<i64>()
-        .collect();
-    let bad = if bounds[0] < 0 { bounds[0] } else { bounds[1] };
-    panic!(
-        "{op}: target {bad} is out of range [0, {vocab}) for logits {logits_shape:?} (and is not ignore_index {ignore_index})"
-    );
 }
 
 /// Linear layer then cross entropy, fused: `cross_entropy(x weightᵀ + bias, targets)`
@@ -800,7 +775,7 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
     let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
     let bounds = options
         .check_targets
-        .then(|| target_bounds(&targets, vocab, options.ignore_index));
+        .then(|| target_bounds(&targets, options.ignore_index));
     let compute_grad = x.is_require_grad()
         || weight.is_require_grad()
         || bias.as_ref().is_some_and(|b| b.is_require_grad());
@@ -902,7 +877,7 @@ pub fn fused_linear_cross_entropy_lora<B: FusedOps>(
     let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
     let bounds = options
         .check_targets
-        .then(|| target_bounds(&targets, vocab, options.ignore_index));
+        .then(|| target_bounds(&targets, options.ignore_index));
     // Outside autodiff: the gradients of the inputs marked as requiring one.
     let wanted = crate::ops::LinearCrossEntropyGradsWanted {
         x: x.is_require_grad(),

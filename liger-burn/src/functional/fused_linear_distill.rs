@@ -29,7 +29,7 @@ pub struct DistillLossOutput<B: burn::tensor::backend::Backend> {
 /// - `targets`: `[N]`, token ids in `[0, V)` or `options.ignore_index`
 ///
 /// Panics before any work on mismatched shapes, dtypes or vocabularies and on bad
-/// options, and, once the work is queued (one read of one number), on a target outside
+/// options, and, once the work is queued (one read of two integers), on a target outside
 /// `[0, V)`.
 #[allow(clippy::too_many_arguments)]
 pub fn fused_linear_distill<B: FusedOps>(
@@ -68,7 +68,7 @@ pub fn fused_linear_distill<B: FusedOps>(
     check_logits_dtype(OP, &x);
     let vocab = weight.dims()[0];
     let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
-    let bounds = target_bounds(&targets, vocab, options.ignore_index);
+    let bounds = target_bounds(&targets, options.ignore_index);
     let compute_grad = x.is_require_grad()
         || weight.is_require_grad()
         || bias.as_ref().is_some_and(|b| b.is_require_grad());

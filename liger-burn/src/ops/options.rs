@@ -208,8 +208,8 @@ pub enum Reduction {
 ///
 /// Targets must lie in `[0, V)` unless they equal `ignore_index`. With `check_targets`
 /// (the default) every call checks that and panics naming the op, the offending value
-/// and `V`; this costs one small device-to-host read (how many targets are out of range,
-/// one number) per call, which synchronizes with the device. The read comes after the
+/// and `V`; this costs one small device-to-host read (the min and max of the targets, 2
+/// integers) per call, which synchronizes with the device. The read comes after the
 /// loss's kernels are queued, so the device computes while the host waits; the kernels
 /// never use an out-of-range target as an index, so the panic follows no out-of-bounds
 /// access. Without the check, such rows are treated exactly like ignored rows (loss 0,
