@@ -21,7 +21,9 @@
 //! read and then written by the same unit, after every read of the row's first pass.
 
 use crate::counters::{self, Kernel};
-use crate::launch::{KernelError, LaunchConfig, RowLaunch, array, check_float_dtype};
+use crate::launch::{
+    KernelError, LaunchConfig, RowLaunch, array, check_float_dtype, multiprocessors,
+};
 use crate::reduce::{
     ReduceOp, cube_reduce, nan_max, rescale_running_max, shifted_exp, vector_max, vector_sum,
 };
@@ -467,12 +469,7 @@ fn row_launch<R: Runtime>(
     let max_cubes = config
         .cross_entropy_cubes_per_sm
         .map_or(usize::MAX, |per_sm| {
-            let sms = client
-                .properties()
-                .hardware
-                .num_streaming_multiprocessors
-                .unwrap_or(32) as usize;
-            (sms * per_sm).max(1)
+            (multiprocessors(client) * per_sm).max(1)
         });
     RowLaunch::new(
         client,

@@ -104,8 +104,9 @@ impl ElementwiseLaunch {
         // By default one block per cube (cubes retire as they finish, no loop); a cap in
         // cubes per multiprocessor makes a persistent grid that strides instead.
         if let Some(per_sm) = config.cubes_per_sm.filter(|c| *c > 0) {
-            let sms = props.hardware.num_streaming_multiprocessors.unwrap_or(32) as usize;
-            max_cubes = max_cubes.min(sms * per_sm).max(1);
+            max_cubes = max_cubes
+                .min(crate::launch::multiprocessors(client) * per_sm)
+                .max(1);
         }
         let max_cubes = config
             .max_cubes

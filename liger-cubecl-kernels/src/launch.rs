@@ -101,8 +101,9 @@ pub struct LaunchConfig {
     /// Softmax and cross-entropy forwards over wide rows: fewer, busier units.
     pub softmax_forward_vectors_per_unit: usize,
     /// Cross entropy (loss and backward): at most this many cubes per multiprocessor, each
-    /// walking rows in turn (`None`: one cube per row). Fewer rows in flight keep each row
-    /// in L2 between the kernel's two passes over it.
+    /// walking rows in turn (`None`: one cube per row). Fewer rows in flight let a row stay
+    /// in L2 between the kernel's two passes over it, but also keep fewer loads in flight
+    /// (see the table for which wins).
     pub cross_entropy_cubes_per_sm: Option<usize>,
     /// Row-kernel backwards, which walk many rows per cube for the weight-gradient partials.
     pub backward_vectors_per_unit: usize,
@@ -335,6 +336,16 @@ impl RowLaunch {
     }
 }
 
+/// The device's multiprocessors, for grids sized per multiprocessor (32 where the device
+/// does not report them, as wgpu's adapters do not).
+pub fn multiprocessors<R: Runtime>(client: &ComputeClient<R>) -> usize {
+    client
+        .properties()
+        .hardware
+        .num_streaming_multiprocessors
+        .unwrap_or(32) as usize
+}
+
 /// Upper bound on cubes of `units` units for kernels that accumulate per-cube partials
 /// (weight gradients): `backward_units_per_sm` units per multiprocessor, so narrow rows
 /// (small cubes) still keep enough loads in flight, and the partial buffer stays small.
@@ -344,11 +355,7 @@ pub fn partial_cubes<R: Runtime>(
     rows: usize,
     units: u32,
 ) -> u32 {
-    let sms = client
-        .properties()
-        .hardware
-        .num_streaming_multiprocessors
-        .unwrap_or(32) as usize;
+    let sms = multiprocessors(client);
     let per_sm = (config.backward_units_per_sm / units.max(1) as usize).max(1);
     rows.min(sms * per_sm).clamp(1, 65_535) as u32
 }

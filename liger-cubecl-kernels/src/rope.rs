@@ -368,8 +368,7 @@ pub fn rope<R: Runtime>(
         .min(props.hardware.max_units_per_cube)
         .min(props.hardware.max_cube_dim.0)
         .max(1);
-    let sms = props.hardware.num_streaming_multiprocessors.unwrap_or(32) as usize;
-    let max_cubes = (sms * config.rope.cubes_per_sm.max(1))
+    let max_cubes = (crate::launch::multiprocessors(client) * config.rope.cubes_per_sm.max(1))
         .min(props.hardware.max_cube_count.0.max(1) as usize)
         .min(65_535);
     let cubes = items.div_ceil(units as usize).clamp(1, max_cubes) as u32;

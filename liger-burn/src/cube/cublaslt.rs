@@ -49,7 +49,7 @@
 
 use super::matmul_layout::{BlasMatrix, GemmLayout, alignment};
 use super::sequence;
-use super::vendor_engines::{PerDevice, panic_text};
+use super::vendor_engines::{PerDevice, as_ptr, panic_text};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::{CudaDevice, CudaRuntime};
@@ -410,10 +410,7 @@ fn engine(device: &CudaDevice) -> Result<Arc<Mutex<Engine>>, Unavailable> {
 }
 
 /// Why a product failed, before (nothing launched) or after the ordering started.
-enum Failure {
-    Unavailable(Unavailable),
-    Launch(String),
-}
+type Failure = super::vendor_engines::Failure<Unavailable>;
 
 /// The resources of one device.
 struct Engine {
@@ -1322,8 +1319,4 @@ impl Drop for Preference {
         // Safety: created by `cublasLtMatmulPreferenceCreate`, destroyed once.
         let _ = unsafe { lt::destroy_matmul_pref(self.0) };
     }
-}
-
-fn as_ptr<T>(value: &T) -> *const c_void {
-    value as *const T as *const c_void
 }

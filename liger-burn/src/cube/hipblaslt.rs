@@ -17,7 +17,7 @@
 //! true f32, not TF32); 16-bit outputs are rounded once.
 
 use super::matmul_layout::{BlasMatrix, GemmLayout};
-use super::vendor_engines::PerDevice;
+use super::vendor_engines::{PerDevice, as_ptr};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::hip::{AmdDevice, HipRuntime};
@@ -125,10 +125,7 @@ fn engine(device: &AmdDevice) -> Result<Arc<Mutex<Engine>>, Unavailable> {
 }
 
 /// Why a product failed, before (nothing launched) or after the ordering started.
-enum Failure {
-    Unavailable(Unavailable),
-    Launch(String),
-}
+type Failure = super::vendor_engines::Failure<Unavailable>;
 
 /// The resources of one device.
 struct Engine {
@@ -495,10 +492,6 @@ impl Drop for Plan {
     }
 }
 
-fn as_ptr<T>(value: &T) -> *const c_void {
-    value as *const T as *const c_void
-}
-
 /// The part of hipBLASLt's C API (`hipblaslt.h`, ROCm 6 and 7) the products use, resolved
 /// from the shared library at run time.
 mod ffi {
@@ -634,11 +627,14 @@ mod ffi {
     /// The library, loaded once per process.
     pub fn library() -> Result<&'static Library, String> {
         static LIBRARY: OnceLock<Result<Library, String>> = OnceLock::new();
-        LIBRARY.get_or_init(load).as_ref().map_err(Clone::clone)
+        LIBRARY
+            .get_or_init(|| load_from(&candidates()))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
-    fn load() -> Result<Library, String> {
-        let tried = candidates();
+    /// The library from the first of `tried` that loads, or why none did.
+    pub(super) fn load_from(tried: &[String]) -> Result<Library, String> {
         // Safety: loading hipBLASLt runs its initializers, as linking it would.
         let lib = tried
             .iter()
@@ -686,11 +682,15 @@ mod tests {
         assert_eq!(size_of::<ffi::HeuristicResult>(), 24 + 8 + 4 + 4 + 16);
     }
 
-    /// A machine without ROCm reports the missing library by name instead of panicking.
+    /// A library that is not there is an error naming it and where it was looked for,
+    /// not a panic.
     #[test]
     fn a_missing_library_is_an_error_naming_it() {
-        if let Err(why) = ffi::library() {
-            assert!(why.contains("libhipblaslt"), "{why}");
-        }
+        let tried = ["/nonexistent/rocm/lib/libhipblaslt.so".to_string()];
+        let why = ffi::load_from(&tried)
+            .err()
+            .expect("no library at a path that does not exist");
+        assert!(why.contains("libhipblaslt was not found"), "{why}");
+        assert!(why.contains(&tried[0]), "{why}");
     }
 }

@@ -54,14 +54,13 @@ where
 mod vendor {
     use super::super::cublaslt::{Epilogue, Unavailable};
     use super::super::empty_like;
-    use super::super::matmul::cuda_product;
+    use super::super::matmul::{cuda_product, known_type, same_type};
     use burn::tensor::{Shape, TensorMetadata};
     use burn_cubecl::CubeRuntime;
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::cuda::CudaRuntime;
     use liger_cubecl_kernels::counters::{self, Kernel};
-    use std::any::Any;
 
     type Cuda = CubeTensor<CudaRuntime>;
 
@@ -72,25 +71,17 @@ mod vendor {
         operands: In,
         run: impl FnOnce(InCuda) -> Result<OutCuda, (Unavailable, InCuda)>,
     ) -> Result<Out, In> {
-        let boxed: Box<dyn Any> = Box::new(operands);
-        let back: Box<dyn Any> = match boxed.downcast::<InCuda>() {
-            Ok(cuda) => match run(*cuda) {
-                Ok(out) => {
-                    counters::record(Kernel::matmul_vendor);
-                    counters::record(Kernel::matmul_vendor_epilogue);
-                    let out: Box<dyn Any> = Box::new(out);
-                    return Ok(*out.downcast::<Out>().expect("R is CUDA"));
-                }
-                Err((why, operands)) => {
-                    log::debug!("liger {op}: the default composition on CUDA: {why}");
-                    Box::new(operands)
-                }
-            },
-            Err(other) => other,
-        };
-        Err(*back
-            .downcast::<In>()
-            .expect("the operands as they were boxed"))
+        match run(same_type::<In, InCuda>(operands)?) {
+            Ok(out) => {
+                counters::record(Kernel::matmul_vendor);
+                counters::record(Kernel::matmul_vendor_epilogue);
+                Ok(known_type(out))
+            }
+            Err((why, operands)) => {
+                log::debug!("liger {op}: the default composition on CUDA: {why}");
+                Err(known_type(operands))
+            }
+        }
     }
 
     /// A `[len]` vector as the epilogue reads it: contiguous.

@@ -94,7 +94,7 @@ where
 
 /// `value` as type `To` when it is one (`R` is the runtime `To` is written for), or back.
 #[cfg(any(feature = "cuda", feature = "rocm"))]
-fn same_type<From: 'static, To: 'static>(value: From) -> Result<To, From> {
+pub(crate) fn same_type<From: 'static, To: 'static>(value: From) -> Result<To, From> {
     let boxed: Box<dyn std::any::Any> = Box::new(value);
     match boxed.downcast::<To>() {
         Ok(to) => Ok(*to),
@@ -105,7 +105,7 @@ fn same_type<From: 'static, To: 'static>(value: From) -> Result<To, From> {
 /// `value` as type `To`, which it is (a runtime's tensors converted back after
 /// [`same_type`] matched them).
 #[cfg(any(feature = "cuda", feature = "rocm"))]
-fn known_type<From: 'static, To: 'static>(value: From) -> To {
+pub(crate) fn known_type<From: 'static, To: 'static>(value: From) -> To {
     same_type(value).unwrap_or_else(|_| panic!("a value of the runtime it was matched as"))
 }
 

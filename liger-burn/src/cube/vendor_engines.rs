@@ -1,6 +1,7 @@
-//! One engine of a vendor library per device (cuBLASLt on CUDA, hipBLASLt on ROCm), set up
-//! on first use. A failed setup is remembered, logged once as a warning, and answered from
-//! then on without trying again.
+//! What the vendor libraries' engines share (cuBLASLt on CUDA, hipBLASLt on ROCm): one
+//! engine per device, set up on first use (a failed setup is remembered, logged once as a
+//! warning, and answered from then on without trying again), and how their failures and
+//! attribute pointers are passed.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -44,6 +45,18 @@ impl<E> PerDevice<E> {
             })
             .clone()
     }
+}
+
+/// Why a vendor library's work failed: before anything was launched (`Unavailable`, and
+/// the caller falls back) or after (`Launch`, and the caller panics with it).
+pub(crate) enum Failure<U> {
+    Unavailable(U),
+    Launch(String),
+}
+
+/// `value` as the `const void*` the libraries' attribute setters take.
+pub(crate) fn as_ptr<T>(value: &T) -> *const std::ffi::c_void {
+    value as *const T as *const std::ffi::c_void
 }
 
 /// The message of a caught panic.
