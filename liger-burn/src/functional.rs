@@ -6,7 +6,7 @@
 //! the shapes and the dtypes (Burn's convention for invalid tensor input): this is where
 //! validation runs, once; the [`FusedOps`] primitives it calls assume valid input.
 
-use crate::ops::compose::cross_entropy::{non_ignored_weight, reciprocal_or_zero};
+use crate::ops::compose::cross_entropy::reciprocal_or_zero;
 use crate::ops::validate::{self, NormInputs, kernel_dtypes};
 use crate::ops::{FusedOps, RmsNormOptions};
 use burn::tensor::{Tensor, TensorPrimitive};
@@ -625,29 +625,22 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
     ));
     let vocab = logits.dims()[1];
     let logits_shape = logits.shape();
-    let bounds = options
-        .check_targets
-        .then(|| target_bounds(&targets, options.ignore_index));
     // Class weights are constants of the loss.
     let class_weight = class_weight.map(|w| w.detach());
     // A mean divides the z-loss by the non-ignored rows and the rest by the denominator
     // (`Σ w[y]` by default): they differ with class weights or another denominator.
-    let z_scale = (options.reduction == Reduction::Mean
+    let z_scaled = options.reduction == Reduction::Mean
         && options.lse_square_scale != 0.0
-        && (class_weight.is_some() || denominator.is_some()))
-    .then(|| {
-        reciprocal_or_zero(non_ignored_weight(
-            &targets,
-            None,
-            vocab,
-            options.ignore_index,
-        ))
-    });
-    let scale = match options.reduction {
-        Reduction::Mean => Some(reciprocal_or_zero(denominator.unwrap_or_else(|| {
-            non_ignored_weight(&targets, class_weight.as_ref(), vocab, options.ignore_index)
-        }))),
-        Reduction::Sum | Reduction::None => None,
+        && (class_weight.is_some() || denominator.is_some());
+    let mean_of_targets = options.reduction == Reduction::Mean && denominator.is_none();
+    let stats = (options.check_targets || z_scaled || mean_of_targets)
+        .then(|| target_stats(&targets, class_weight.as_ref(), vocab, options.ignore_index));
+    let checked_targets = options.check_targets.then(|| targets.clone());
+    let z_scale = z_scaled.then(|| stats.as_ref().expect("statistics").row_scale.clone());
+    let scale = match (options.reduction, denominator) {
+        (Reduction::Mean, Some(d)) => Some(reciprocal_or_zero(d)),
+        (Reduction::Mean, None) => Some(stats.as_ref().expect("statistics").weight_scale.clone()),
+        (Reduction::Sum | Reduction::None, _) => None,
     };
     // Asked only when autodiff tracks the logits (the Autodiff backend decides too).
     let grad_scale = logits.is_require_grad().then(|| {
@@ -686,18 +679,82 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
             .filter(|_| options.return_z_loss)
             .map(|z| reduce(z, &z_loss_scale)),
     };
-    if let Some(bounds) = bounds {
-        check_target_bounds(OP, bounds, vocab, options.ignore_index, &logits_shape);
+    if let (Some(stats), Some(targets)) = (stats, checked_targets) {
+        check_targets_in_range(
+            OP,
+            stats.out_of_range,
+            targets,
+            vocab,
+            options.ignore_index,
+            &logits_shape,
+        );
     }
     out
 }
 
+/// [`FusedOps::fused_target_stats`] on tensors: one launch on the fused backends, queued
+/// before the loss so that its scales are on the device when the loss's kernels run.
+pub(crate) fn target_stats<B: FusedOps>(
+    targets: &Tensor<B, 1, burn::tensor::Int>,
+    class_weight: Option<&Tensor<B, 1>>,
+    vocab: usize,
+    ignore_index: i64,
+) -> TargetStats<B> {
+    let stats = B::fused_target_stats(
+        targets.clone().into_primitive(),
+        class_weight.map(|w| prim(w.clone())),
+        vocab,
+        ignore_index,
+    );
+    TargetStats {
+        weight_scale: wrap(stats.weight_scale),
+        row_scale: wrap(stats.row_scale),
+        out_of_range: wrap(stats.out_of_range),
+    }
+}
+
+/// [`crate::ops::TargetStats`] as tensors.
+pub(crate) struct TargetStats<B: burn::tensor::backend::Backend> {
+    pub(crate) weight_scale: Tensor<B, 1>,
+    pub(crate) row_scale: Tensor<B, 1>,
+    pub(crate) out_of_range: Tensor<B, 1>,
+}
+
+/// Panics naming `op`, the offending target and `V` when `out_of_range` (from
+/// [`target_stats`]) counts a target outside
+/// `[0, V)` that is not `ignore_index`. Call it once the loss's kernels are queued: it reads
+/// one number back (the device computes while the host waits). The kernels already queued
+/// treat such a row as ignored (its target is never an index), so nothing has read out of
+/// bounds before the panic. Only then are the targets' bounds computed, to name a value.
+pub(crate) fn check_targets_in_range<B: FusedOps>(
+    op: &str,
+    out_of_range: Tensor<B, 1>,
+    targets: Tensor<B, 1, burn::tensor::Int>,
+    vocab: usize,
+    ignore_index: i64,
+    logits_shape: &burn::tensor::Shape,
+) {
+    let out_of_range = out_of_range
+        .into_data()
+        .iter::<f32>()
+        .next()
+        .expect("one count");
+    if out_of_range != 0.0 {
+        check_target_bounds(
+            op,
+            target_bounds(&targets, ignore_index),
+            vocab,
+            ignore_index,
+            logits_shape,
+        );
+        panic!(
+            "{op}: {out_of_range} targets are out of range [0, {vocab}) for logits {logits_shape:?} (and are not ignore_index {ignore_index})"
+        );
+    }
+}
+
 /// The smallest and largest target that is not `ignore_index` (`[2]`, on the device, 0
-/// for an all-ignored batch): queued now, read by [`check_target_bounds`] once the loss's
-/// kernels are queued too, so the device works while the host waits for the two integers.
-///
-/// Few stock operations on purpose: the read synchronizes, so the host's time for each
-/// operation queued before the loss's kernel is on the clock while the device idles.
+/// for an all-ignored batch), for naming a bad target in [`check_target_bounds`].
 pub(crate) fn target_bounds<B: FusedOps>(
     targets: &Tensor<B, 1, burn::tensor::Int>,
     ignore_index: i64,
@@ -708,10 +765,8 @@ pub(crate) fn target_bounds<B: FusedOps>(
 }
 
 /// Panics naming `op`, the value and `V` when a target is outside `[0, V)` and is not
-/// `ignore_index`, from [`target_bounds`]. One device-to-host read of two integers. The
-/// kernels already queued treat such a row as ignored (its target is never an index), so
-/// nothing has read out of bounds before the panic.
-pub(crate) fn check_target_bounds<B: FusedOps>(
+/// `ignore_index`, from [`target_bounds`] (two integers read back).
+fn check_target_bounds<B: FusedOps>(
     op: &str,
     bounds: Tensor<B, 1, burn::tensor::Int>,
     vocab: usize,
@@ -770,9 +825,10 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
     check_logits_dtype(OP, &x);
     let vocab = weight.dims()[0];
     let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
-    let bounds = options
-        .check_targets
-        .then(|| target_bounds(&targets, options.ignore_index));
+    let check = options.check_targets.then(|| {
+        let stats = target_stats(&targets, None, vocab, options.ignore_index);
+        (stats.out_of_range, targets.clone())
+    });
     let compute_grad = x.is_require_grad()
         || weight.is_require_grad()
         || bias.as_ref().is_some_and(|b| b.is_require_grad());
@@ -785,8 +841,15 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
         compute_grad,
         options,
     );
-    if let Some(bounds) = bounds {
-        check_target_bounds(OP, bounds, vocab, options.ignore_index, &logits_shape);
+    if let Some((out_of_range, targets)) = check {
+        check_targets_in_range(
+            OP,
+            out_of_range,
+            targets,
+            vocab,
+            options.ignore_index,
+            &logits_shape,
+        );
     }
     CrossEntropyOutput {
         loss: wrap(out.loss),
@@ -872,9 +935,10 @@ pub fn fused_linear_cross_entropy_lora<B: FusedOps>(
         }));
     }
     let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
-    let bounds = options
-        .check_targets
-        .then(|| target_bounds(&targets, options.ignore_index));
+    let check = options.check_targets.then(|| {
+        let stats = target_stats(&targets, None, vocab, options.ignore_index);
+        (stats.out_of_range, targets.clone())
+    });
     // Outside autodiff: the gradients of the inputs marked as requiring one.
     let wanted = crate::ops::LinearCrossEntropyGradsWanted {
         x: x.is_require_grad(),
@@ -902,8 +966,15 @@ pub fn fused_linear_cross_entropy_lora<B: FusedOps>(
         wanted,
         options,
     );
-    if let Some(bounds) = bounds {
-        check_target_bounds(OP, bounds, vocab, options.ignore_index, &logits_shape);
+    if let Some((out_of_range, targets)) = check {
+        check_targets_in_range(
+            OP,
+            out_of_range,
+            targets,
+            vocab,
+            options.ignore_index,
+            &logits_shape,
+        );
     }
     CrossEntropyOutput {
         loss: wrap(out.loss),

@@ -670,3 +670,116 @@ pub fn cross_entropy_backward<R: Runtime>(
     counters::record(Kernel::cross_entropy_backward);
     Ok(())
 }
+
+/// What a loss over integer targets needs of them before its rows run, summed over the
+/// `rows` targets by one cube: `weight_scale = 1 / Σ w[y_i]` and `row_scale = 1 / n` over
+/// the `n` rows whose target is in `[0, vocab)` and is not `ignore_index` (`w` all one
+/// without class weights; each 0 when no row counts), and `out_of_range`, the number of
+/// rows whose target is neither `ignore_index` nor in `[0, vocab)`. Counts are f32, exact
+/// below 2²⁴ rows.
+#[cube(launch_unchecked)]
+fn target_stats_kernel<I: Int>(
+    targets: &Array<I>,
+    class_weight: &Array<f32>,
+    weight_scale: &mut Array<f32>,
+    row_scale: &mut Array<f32>,
+    out_of_range_count: &mut Array<f32>,
+    rows: u32,
+    vocab: u32,
+    ignore_index: InputScalar,
+    #[comptime] has_ignore: bool,
+    #[comptime] weighted: bool,
+    #[comptime] units: u32,
+    #[comptime] use_plane: bool,
+    #[define(I)] _target: StorageType,
+) {
+    let mut scratch = SharedMemory::<f32>::new(units as usize);
+    let mut weight = 0.0f32;
+    let mut counted = 0.0f32;
+    let mut out_of_range = 0.0f32;
+    let mut i = UNIT_POS as usize;
+    while i < rows as usize {
+        let t = targets[i];
+        let mut ignored = false;
+        if has_ignore {
+            ignored = t == ignore_index.get::<I>();
+        }
+        let in_range = t >= I::new(0) && t < I::cast_from(vocab);
+        if !ignored {
+            if in_range {
+                counted += 1.0;
+                if weighted {
+                    weight += class_weight[usize::cast_from(t)];
+                } else {
+                    weight += 1.0;
+                }
+            } else {
+                out_of_range += 1.0;
+            }
+        }
+        i += CUBE_DIM as usize;
+    }
+    let weight = cube_reduce(weight, &mut scratch, ReduceOp::Sum, use_plane);
+    let counted = cube_reduce(counted, &mut scratch, ReduceOp::Sum, use_plane);
+    let out_of_range = cube_reduce(out_of_range, &mut scratch, ReduceOp::Sum, use_plane);
+    if UNIT_POS == 0 {
+        weight_scale[0] = select(weight == 0.0, 0.0f32, 1.0f32 / weight);
+        row_scale[0] = select(counted == 0.0, 0.0f32, 1.0f32 / counted);
+        out_of_range_count[0] = out_of_range;
+    }
+}
+
+/// The statistics of `rows` integer `targets` (i32 or i64, `target_dtype`) a loss needs
+/// before its rows run (see [`target_stats_kernel`]), written to `stats` (three `[1]` f32
+/// buffers): the mean's scale `1 / Σ w[y]`, the z-loss mean's `1 / n`, and the count of
+/// targets that are neither in `[0, vocab)` nor `ignore_index`. `class_weight`: `[vocab]`
+/// f32.
+pub fn target_stats<R: Runtime>(
+    client: &ComputeClient<R>,
+    config: &LaunchConfig,
+    targets: &Handle,
+    class_weight: Option<&Handle>,
+    stats: [&Handle; 3],
+    rows: usize,
+    vocab: usize,
+    ignore_index: i64,
+    target_dtype: StorageType,
+) -> Result<(), KernelError> {
+    const OP: &str = "target_stats";
+    check_target_dtype(OP, target_dtype)?;
+    let vocab = u32::try_from(vocab).map_err(|_| KernelError::Unsupported {
+        op: OP,
+        reason: format!("a vocabulary of {vocab} classes (at most {})", u32::MAX),
+    })?;
+    // One cube walks every target: a few thousand integers, read once.
+    let launch = RowLaunch::new(client, 1, rows.max(1), 4, 1, 8, config.reduction);
+    let w_dummy = client.empty(4);
+    let (has_ignore, ignore) = ignore_index_scalar(ignore_index, target_dtype);
+    // Safety: `targets` holds `rows` items, `class_weight` `vocab` (validated by the
+    // callers) and is indexed only by targets in `[0, vocab)`; each of `stats` holds 1.
+    unsafe {
+        target_stats_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(1, 1, 1),
+            launch.dim(),
+            array::<R>(targets, rows.max(1)),
+            match class_weight {
+                Some(w) => array::<R>(w, vocab as usize),
+                None => array::<R>(&w_dummy, 1),
+            },
+            array::<R>(stats[0], 1),
+            array::<R>(stats[1], 1),
+            array::<R>(stats[2], 1),
+            rows as u32,
+            vocab,
+            ignore,
+            has_ignore,
+            class_weight.is_some(),
+            launch.units,
+            launch.use_plane,
+            target_dtype,
+        );
+    }
+    counters::record(Kernel::target_stats);
+    Ok(())
+}

@@ -70,6 +70,7 @@ pub mod counters {
         rope_backward,
         cross_entropy,
         cross_entropy_backward,
+        target_stats,
         distill_rows,
         matmul_vendor,
         matmul_vendor_epilogue,

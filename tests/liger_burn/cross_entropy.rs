@@ -487,6 +487,116 @@ impl BackendVisitor for BadInputs {
     }
 }
 
+/// `FusedOps::fused_target_stats` against f64 sums over the targets: the mean's `1 / Σ w[y]`
+/// and `1 / n` and the count of out-of-range targets, with and without class weights, a
+/// custom `ignore_index`, an all-ignored batch, and more targets than a cube has units.
+struct TargetStatsCases {
+    rng: Rng,
+}
+
+/// `[weight_scale, row_scale, out_of_range]` over `targets`, in f64, with their f32 bounds:
+/// `Σ w` summed in f32 in any order, then one division (2 ulp).
+fn target_stats_reference(
+    targets: &[i64],
+    weights: Option<&[f32]>,
+    vocab: usize,
+    ignore_index: i64,
+) -> [Expected; 3] {
+    let counted: Vec<usize> = targets
+        .iter()
+        .filter(|&&t| t != ignore_index && (0..vocab as i64).contains(&t))
+        .map(|&t| t as usize)
+        .collect();
+    let out_of_range = targets
+        .iter()
+        .filter(|&&t| t != ignore_index && !(0..vocab as i64).contains(&t))
+        .count() as f64;
+    let w: f64 = counted
+        .iter()
+        .map(|&t| weights.map_or(1.0, |w| f64::from(w[t])))
+        .sum();
+    let n = counted.len() as f64;
+    let reciprocal = |d: f64, sum_error: f64| {
+        if d == 0.0 {
+            (0.0, 0.0)
+        } else {
+            (1.0 / d, (sum_error / d + 2.0 * ULP32) / d)
+        }
+    };
+    let (ws, ws_bound) = reciprocal(w, accumulation(counted.len(), w.abs()));
+    let (rs, rs_bound) = reciprocal(n, 0.0);
+    [
+        Expected::new("weight_scale", vec![ws], vec![ws_bound], 1),
+        Expected::new("row_scale", vec![rs], vec![rs_bound], 1),
+        Expected::new("out_of_range", vec![out_of_range], vec![0.0], 1),
+    ]
+}
+
+impl BackendVisitor for TargetStatsCases {
+    fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+        let rng = &mut self.rng;
+        for (rows, ignore_index, weighted, all_ignored) in [
+            (23, -100, false, false),
+            (23, -100, true, false),
+            (3001, 3, true, false),
+            (3001, -100, false, false),
+            (17, -100, true, true),
+        ] {
+            let case = format!("{rows} rows, ignore_index {ignore_index}, weighted {weighted}");
+            let targets: Vec<i64> = (0..rows)
+                .map(|_| match rng.below(10) {
+                    _ if all_ignored => ignore_index,
+                    0 => ignore_index,
+                    1 => -100,
+                    2 => V as i64 + rng.below(5) as i64,
+                    3 => -1 - rng.below(5) as i64,
+                    _ => rng.below(V) as i64,
+                })
+                .collect();
+            let weights = rng.vec(V, 0.5, 2.0, 0.0);
+            let weights = weighted.then_some(weights.as_slice());
+            let expected = target_stats_reference(&targets, weights, V, ignore_index);
+            liger_verify::conformance::poison::<B>(&[1], DType::F32, device);
+            let stats = B::fused_target_stats(
+                ints::<B>(&targets, device).into_primitive(),
+                weights.map(|w| floats::<B, 1>(w, [V], device).into_primitive().tensor()),
+                V,
+                ignore_index,
+            );
+            let wrap = |t| Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(t));
+            // The reference without the last tenth of the targets: what a kernel that
+            // skipped rows would give.
+            let kept = rows - (rows / 10).max(1);
+            let dropped = target_stats_reference(&targets[..kept], weights, V, ignore_index);
+            for ((expected, actual), dropped) in expected
+                .iter()
+                .zip([stats.weight_scale, stats.row_scale, stats.out_of_range])
+                .zip(&dropped)
+            {
+                check(label, &case, expected.check(&values(wrap(actual))));
+                if expected.values[0] != 0.0 {
+                    assert_rejects_wrong(expected, &format!("{label} {case}"));
+                }
+                if dropped.values != expected.values {
+                    assert!(
+                        !expected.check(&dropped.values).passed,
+                        "{label} {case} {}: the bounds accept the targets' last rows dropped",
+                        expected.tensor
+                    );
+                }
+            }
+        }
+        eprintln!("{label}: target statistics ok");
+    }
+}
+
+#[test]
+fn target_stats_match_reference() {
+    liger_tests::for_each_backend(&mut TargetStatsCases {
+        rng: liger_tests::fresh_rng(),
+    });
+}
+
 #[test]
 fn bad_inputs_are_rejected_with_clear_errors() {
     liger_tests::for_each_backend(&mut BadInputs);

@@ -284,6 +284,26 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         ))
     }
 
+    /// Not tracked: statistics of integer targets (class weights get no gradient).
+    fn fused_target_stats(
+        targets: burn::tensor::ops::IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> crate::ops::TargetStats<Self> {
+        let stats = B::fused_target_stats(
+            targets,
+            class_weight.map(|w| w.primitive),
+            vocab,
+            ignore_index,
+        );
+        crate::ops::TargetStats {
+            weight_scale: Self::from_inner(stats.weight_scale),
+            row_scale: Self::from_inner(stats.row_scale),
+            out_of_range: Self::from_inner(stats.out_of_range),
+        }
+    }
+
     fn fused_linear_cross_entropy(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,

@@ -212,6 +212,24 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         B::fused_cross_entropy_backward(grad, grad_rows, grad_scale)
     }
 
+    fn fused_target_stats(
+        targets: burn::tensor::ops::IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> crate::ops::TargetStats<Self> {
+        let crate::ops::TargetStats {
+            weight_scale,
+            row_scale,
+            out_of_range,
+        } = B::fused_target_stats(targets, class_weight, vocab, ignore_index);
+        crate::ops::TargetStats {
+            weight_scale,
+            row_scale,
+            out_of_range,
+        }
+    }
+
     fn fused_linear_cross_entropy(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,

@@ -8,7 +8,7 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use liger_cubecl_kernels::cross_entropy::{
     CrossEntropyBuffers, CrossEntropyKernelOptions, GradTarget, cross_entropy,
-    cross_entropy_backward,
+    cross_entropy_backward, target_stats,
 };
 
 /// `x` in f32, dense.
@@ -22,6 +22,54 @@ where
         B::float_cast(x, burn::tensor::FloatDType::F32)
     };
     into_contiguous(x)
+}
+
+/// i32 or i64 targets, dense: narrower or unsigned ones are widened to i32.
+fn kernel_targets<B, R: CubeRuntime>(targets: CubeTensor<R>) -> CubeTensor<R>
+where
+    B: Backend<IntTensorPrimitive = CubeTensor<R>>,
+{
+    let targets = match targets.dtype {
+        DType::I32 | DType::I64 => targets,
+        _ => B::int_cast(targets, IntDType::I32),
+    };
+    into_contiguous(targets)
+}
+
+/// See [`FusedOps::fused_target_stats`](crate::ops::FusedOps::fused_target_stats).
+pub(crate) fn stats<B, R: CubeRuntime>(
+    targets: CubeTensor<R>,
+    class_weight: Option<CubeTensor<R>>,
+    vocab: usize,
+    ignore_index: i64,
+) -> crate::ops::TargetStats<B>
+where
+    B: Backend<FloatTensorPrimitive = CubeTensor<R>, IntTensorPrimitive = CubeTensor<R>>,
+{
+    let targets = kernel_targets::<B, R>(targets);
+    let class_weight = class_weight.map(to_f32::<B, R>);
+    let scalar = || empty_like(&targets, Shape::new([1]), DType::F32);
+    let (weight_scale, row_scale, out_of_range) = (scalar(), scalar(), scalar());
+    launched(target_stats::<R>(
+        &targets.client,
+        &super::launch_config(&targets.client),
+        &targets.handle,
+        class_weight.as_ref().map(|w| &w.handle),
+        [
+            &weight_scale.handle,
+            &row_scale.handle,
+            &out_of_range.handle,
+        ],
+        targets.shape().num_elements(),
+        vocab,
+        ignore_index,
+        targets.dtype.into(),
+    ));
+    crate::ops::TargetStats {
+        weight_scale,
+        row_scale,
+        out_of_range,
+    }
 }
 
 pub(crate) fn forward<B, R: CubeRuntime>(
@@ -38,12 +86,7 @@ where
     let logits = into_contiguous(logits);
     let shape = logits.shape();
     let (rows, vocab) = (shape[0], shape[1]);
-    // The kernel reads i32 or i64 targets; narrower or unsigned ones are widened to i32.
-    let targets = match targets.dtype {
-        DType::I32 | DType::I64 => targets,
-        _ => B::int_cast(targets, IntDType::I32),
-    };
-    let targets = into_contiguous(targets);
+    let targets = kernel_targets::<B, R>(targets);
     // Class weights in f32 (a `[V]` vector) and their sum, both on the device.
     let class_weight = class_weight.map(|w| {
         let w = to_f32::<B, R>(w);

@@ -235,6 +235,15 @@ where
         cross_entropy::backward::<Self, R>(grad, grad_rows, grad_scale)
     }
 
+    fn fused_target_stats(
+        targets: CubeTensor<R>,
+        class_weight: Option<CubeTensor<R>>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> crate::ops::TargetStats<Self> {
+        cross_entropy::stats::<Self, R>(targets, class_weight, vocab, ignore_index)
+    }
+
     fn fused_distill_rows(
         student: CubeTensor<R>,
         teacher: CubeTensor<R>,

@@ -1,7 +1,8 @@
-//! Cross entropy in the fusion stream: one custom operation with float and int inputs.
+//! Cross entropy in the fusion stream: custom operations with float and int inputs (the
+//! loss, its backward, and the targets' statistics).
 
 use super::custom_op::{self, CustomKernel, Handles};
-use crate::ops::{CrossEntropyOptions, CrossEntropyRows, FusedOps};
+use crate::ops::{CrossEntropyOptions, CrossEntropyRows, FusedOps, TargetStats};
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_fusion::{FusionBackend, FusionTensor};
 use burn_ir::TensorIr;
@@ -122,4 +123,53 @@ pub(crate) fn backward<B: FusionBackend + FusedOps>(
     )
     .pop()
     .expect("one output")
+}
+
+#[derive(Clone, Debug)]
+struct TargetStatsKernel {
+    vocab: usize,
+    ignore_index: i64,
+    weighted: bool,
+}
+
+impl<B: FusionBackend + FusedOps> CustomKernel<B> for TargetStatsKernel {
+    fn run(&self, inputs: &[TensorIr], handles: &mut Handles<B>) -> Vec<B::FloatTensorPrimitive> {
+        // Inputs: targets (int), [class_weight].
+        let targets = handles.get_int_tensor::<B>(&inputs[0]);
+        let class_weight = self
+            .weighted
+            .then(|| handles.get_float_tensor::<B>(&inputs[1]));
+        let stats = B::fused_target_stats(targets, class_weight, self.vocab, self.ignore_index);
+        vec![stats.weight_scale, stats.row_scale, stats.out_of_range]
+    }
+}
+
+/// See [`FusedOps::fused_target_stats`].
+pub(crate) fn target_stats<B: FusionBackend + FusedOps>(
+    targets: FusionTensor<B::FusionRuntime>,
+    class_weight: Option<FusionTensor<B::FusionRuntime>>,
+    vocab: usize,
+    ignore_index: i64,
+) -> TargetStats<burn_fusion::Fusion<B>> {
+    let kernel = TargetStatsKernel {
+        vocab,
+        ignore_index,
+        weighted: class_weight.is_some(),
+    };
+    let mut inputs = vec![targets];
+    inputs.extend(class_weight);
+    let scalar = (Shape::new([1]), DType::F32);
+    let [weight_scale, row_scale, out_of_range]: [_; 3] = custom_op::register::<B, _>(
+        "liger_target_stats",
+        inputs,
+        &[scalar.clone(), scalar.clone(), scalar],
+        kernel,
+    )
+    .try_into()
+    .expect("three outputs");
+    TargetStats {
+        weight_scale,
+        row_scale,
+        out_of_range,
+    }
 }

@@ -214,6 +214,15 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         cross_entropy::backward::<B>(grad, grad_rows, grad_scale)
     }
 
+    fn fused_target_stats(
+        targets: FusionTensor<B::FusionRuntime>,
+        class_weight: Option<FusionTensor<B::FusionRuntime>>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> crate::ops::TargetStats<Self> {
+        cross_entropy::target_stats::<B>(targets, class_weight, vocab, ignore_index)
+    }
+
     fn fused_lora_linear_parts(
         x: FusionTensor<B::FusionRuntime>,
         weight: FusionTensor<B::FusionRuntime>,

@@ -89,6 +89,20 @@ pub struct CrossEntropyRows<B: Backend> {
     pub grad_logits: Option<FloatTensor<B>>,
 }
 
+/// What a loss over integer targets needs of them before its rows run
+/// ([`FusedOps::fused_target_stats`]); each `[1]`, f32. A row *counts* when its target is
+/// in `[0, V)` and is not `ignore_index`.
+#[derive(Debug, Clone)]
+pub struct TargetStats<B: Backend> {
+    /// `1 / Σ w[y_i]` over the counted rows (their number without class weights), 0 when
+    /// none counts: a mean's scale.
+    pub weight_scale: FloatTensor<B>,
+    /// `1 / n` for the `n` counted rows, 0 when none counts: the z-loss mean's scale.
+    pub row_scale: FloatTensor<B>,
+    /// How many targets are neither `ignore_index` nor in `[0, V)` (exact below 2²⁴ rows).
+    pub out_of_range: FloatTensor<B>,
+}
+
 /// Output of [`FusedOps::fused_attention`].
 #[derive(Debug, Clone)]
 pub struct AttentionOutput<B: Backend> {
@@ -438,6 +452,20 @@ pub trait FusedOps: Backend {
         grad_scale: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         compose::cross_entropy::backward::<Self>(grad, grad_rows, grad_scale)
+    }
+
+    /// The statistics of integer `targets: [N]` a loss over `V` classes needs before its
+    /// rows run (see [`TargetStats`]), with optional `class_weight: [V]` (no gradient; any
+    /// float dtype): the mean's scales and the count of out-of-range targets, all on the
+    /// device, so the caller reads back at most one number (the count, to reject bad
+    /// targets). The default composes stock ops; the fused kernel is one launch.
+    fn fused_target_stats(
+        targets: IntTensor<Self>,
+        class_weight: Option<FloatTensor<Self>>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> TargetStats<Self> {
+        compose::cross_entropy::target_stats::<Self>(targets, class_weight, vocab, ignore_index)
     }
 
     /// Linear layer then cross entropy without the `[N, V]` logits: `x: [N, H]`,

@@ -181,6 +181,32 @@ pub fn backward<B: Backend>(
     prim((g * factor.reshape([n, 1])).cast(dtype))
 }
 
+/// See [`FusedOps::fused_target_stats`](crate::ops::FusedOps::fused_target_stats).
+pub fn target_stats<B: crate::ops::FusedOps>(
+    targets: IntTensor<B>,
+    class_weight: Option<FloatTensor<B>>,
+    vocab: usize,
+    ignore_index: i64,
+) -> crate::ops::TargetStats<B> {
+    let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
+    let class_weight = class_weight.map(float::<B, 1>);
+    let weight_scale = reciprocal_or_zero(non_ignored_weight(
+        &targets,
+        class_weight.as_ref(),
+        vocab,
+        ignore_index,
+    ));
+    let row_scale = reciprocal_or_zero(non_ignored_weight(&targets, None, vocab, ignore_index));
+    let out_of_range = valid_rows(targets.clone(), vocab, ignore_index)
+        .bool_not()
+        .bool_and(targets.not_equal_elem(ignore_index));
+    crate::ops::TargetStats {
+        weight_scale: prim(weight_scale),
+        row_scale: prim(row_scale),
+        out_of_range: prim(mask_f32(out_of_range).sum()),
+    }
+}
+
 /// `1 / d`, and `0` where `d = 0` (an all-ignored batch has loss 0 and zero gradients).
 pub(crate) fn reciprocal_or_zero<B: crate::ops::FusedOps>(d: Tensor<B, 1>) -> Tensor<B, 1> {
     let zero = d.clone().equal_elem(0.0);

@@ -39,7 +39,6 @@
 use super::chunked_linear::{LinearGrads, float, logits as chunk_logits, matmul, prim};
 use super::lora::{add_adapter, cast};
 use super::{to_dtype, to_f32};
-use crate::ops::compose::cross_entropy::{non_ignored_weight, reciprocal_or_zero};
 use crate::ops::{
     AdapterPrecision, CrossEntropyOptions, FusedOps, LinearCrossEntropyGradsWanted,
     LinearCrossEntropyOutput, LoraHead, LoraHeadGrads, Reduction,
@@ -170,20 +169,22 @@ pub(crate) fn chunked<B: FusedOps>(
     let device = x.device();
 
     // The gradient scale of every chunk: 1/W (W over all rows) for a mean, else 1.
-    let scale: Tensor<B, 1> = match options.reduction {
-        Reduction::Mean => reciprocal_or_zero(non_ignored_weight(
-            &targets,
-            class_weight.as_ref(),
+    let stats = (options.reduction == Reduction::Mean).then(|| {
+        B::fused_target_stats(
+            targets.clone().into_primitive(),
+            class_weight.clone().map(|w| w.into_primitive().tensor()),
             v,
             options.ignore_index,
-        )),
-        Reduction::Sum | Reduction::None => Tensor::<B, 1>::ones([1], &device).cast(DType::F32),
+        )
+    });
+    let scale: Tensor<B, 1> = match &stats {
+        Some(stats) => float(stats.weight_scale.clone()),
+        None => Tensor::<B, 1>::ones([1], &device).cast(DType::F32),
     };
     // A mean divides the z-loss by the non-ignored rows, the rest by their weights.
-    let z_scale: Option<Tensor<B, 1>> = (options.reduction == Reduction::Mean
-        && options.lse_square_scale != 0.0
-        && class_weight.is_some())
-    .then(|| reciprocal_or_zero(non_ignored_weight(&targets, None, v, options.ignore_index)));
+    let z_scale: Option<Tensor<B, 1>> = stats
+        .filter(|_| options.lse_square_scale != 0.0 && class_weight.is_some())
+        .map(|stats| float(stats.row_scale));
     let kernel_options = options.with_return_z_loss(options.return_z_loss || z_scale.is_some());
     let (with_grad, row_factors) = match grads {
         Gradients::Skip => (false, None),
