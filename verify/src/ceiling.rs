@@ -65,7 +65,8 @@ pub fn copy<P: Backend>(device: &P::Device, spec: &CopySpec) -> CopyResult {
     let samples = measure::time(spec.timing, usize::MAX, &sync, |_| match &y {
         Some(y) => drop(x.clone() + y.clone()),
         None => drop(x.clone() + 1.0),
-    });
+    })
+    .wall;
     let inputs = if y.is_some() { 2 } else { 1 };
     CopyResult {
         samples,

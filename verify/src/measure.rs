@@ -2,7 +2,9 @@
 //!
 //! One sample: synchronize the device, start the clock, run `iters` iterations,
 //! synchronize, stop: the sample is the elapsed time over `iters`. Warm-up iterations
-//! run first (JIT compilation and autotune stay out of the numbers).
+//! run first (JIT compilation and autotune stay out of the numbers). Beside it, the host's
+//! time inside the iterations (queueing work, without the synchronizations): when it
+//! comes near the sample, the host, not the device, sets the pace.
 //!
 //! Outputs are *held* until a synchronization: Burn's fusion backend does not write
 //! a fused output that is dropped before its kernel runs, so dropping each
@@ -26,6 +28,16 @@ pub struct Timing {
 /// Seconds per iteration, one value per sample.
 #[derive(Clone, Debug, Default)]
 pub struct Samples(pub Vec<f64>);
+
+/// Per-iteration times of a measurement: wall-clock, and the host's share.
+#[derive(Clone, Debug, Default)]
+pub struct Timed {
+    /// Wall-clock seconds per iteration, one value per sample.
+    pub wall: Samples,
+    /// Seconds per iteration the host spent inside the iterations (not waiting in a
+    /// synchronization), one value per sample.
+    pub host: Samples,
+}
 
 impl Samples {
     /// The `q`-quantile (0..=1), linearly interpolated between order statistics.
@@ -60,35 +72,41 @@ pub fn time<H>(
     hold: usize,
     sync: &dyn Fn(),
     mut step: impl FnMut(usize) -> H,
-) -> Samples {
+) -> Timed {
     let hold = hold.max(1);
     let mut held: Vec<H> = Vec::with_capacity(hold.min(timing.iters.max(timing.warmup)));
     let mut index = 0usize;
+    // Returns the seconds spent inside `step`.
     let mut run = |n: usize, held: &mut Vec<H>| {
+        let mut host = 0.0;
         for _ in 0..n {
+            let start = Instant::now();
             held.push(step(index));
+            host += start.elapsed().as_secs_f64();
             index += 1;
             if held.len() >= hold {
                 sync();
                 held.clear();
             }
         }
+        host
     };
     run(timing.warmup, &mut held);
     sync();
     held.clear();
     let iters = timing.iters.max(1);
-    let mut samples = Vec::with_capacity(timing.repeats);
+    let mut timed = Timed::default();
     for _ in 0..timing.repeats.max(1) {
         sync();
         let start = Instant::now();
-        run(iters, &mut held);
+        let host = run(iters, &mut held);
         sync();
         let elapsed = start.elapsed().as_secs_f64();
         held.clear();
-        samples.push(elapsed / iters as f64);
+        timed.wall.0.push(elapsed / iters as f64);
+        timed.host.0.push(host / iters as f64);
     }
-    Samples(samples)
+    timed
 }
 
 #[cfg(test)]

@@ -265,7 +265,7 @@ impl OnDevice for MatmulBench {
             let time = |hold: usize, step: &mut dyn FnMut(usize) -> Box<dyn std::any::Any>| {
                 catch_unwind(AssertUnwindSafe(|| {
                     let before = matmul_counts().vendor;
-                    let samples = measure::time(timing, hold, &sync, step);
+                    let samples = measure::time(timing, hold, &sync, step).wall;
                     sync();
                     let iterations = timing.warmup + timing.iters.max(1) * timing.repeats.max(1);
                     Measured {
@@ -525,6 +525,7 @@ mod cuda {
                         let (a, b) = pick(&xs, &ws, &gs, i % sets);
                         product(&a, &b, ordering)
                     })
+                    .wall
                     .p50_20_80()
                 }))
                 .map_err(|p| crate::device::payload_text(p.as_ref()));
@@ -594,7 +595,7 @@ mod cuda {
             .chain([None])
         {
             let name = ordering.map_or("burn".to_string(), provider);
-            let samples = measure::time(tiny, calls, &sync, |_| product(&x, &w, ordering));
+            let samples = measure::time(tiny, calls, &sync, |_| product(&x, &w, ordering)).wall;
             let q = samples.p50_20_80().map(|s| s * 1e6);
             rows.push(row(&name, "us", q, ""));
             if ordering.is_some() {

@@ -103,6 +103,8 @@ struct MemGrowth {
 #[derive(Clone, Debug)]
 struct Measured {
     samples: Samples,
+    /// The host's seconds per iteration inside the iterations ([`measure::Timed::host`]).
+    host: Samples,
     mem: Option<MemGrowth>,
     /// liger-cubecl-kernels launches per iteration (from its launch counters): proves
     /// which path ran (the stock provider must show 0; the fused one on a CubeCL device > 0).
@@ -131,7 +133,10 @@ fn measure_step<B: Backend, H>(
 ) -> Measured {
     let sync = || ctx.sync();
     let launches_before = fused_launches();
-    let samples = measure::time(timing, hold, &sync, &mut step);
+    let measure::Timed {
+        wall: samples,
+        host,
+    } = measure::time(timing, hold, &sync, &mut step);
     ctx.sync();
     let iterations = timing.warmup + timing.iters.max(1) * timing.repeats.max(1);
     let launches = (fused_launches() - launches_before) as f64 / iterations as f64;
@@ -151,6 +156,7 @@ fn measure_step<B: Backend, H>(
     });
     Measured {
         samples,
+        host,
         mem,
         launches,
     }
@@ -517,6 +523,16 @@ fn mode_times(p: &ProviderResult, mode: Mode) -> Option<[f64; 3]> {
     }
 }
 
+/// The host's time quantiles `[p50, p20, p80]` per iteration of a measured mode
+/// (`None` for the derived backward).
+fn mode_host(p: &ProviderResult, mode: Mode) -> Option<[f64; 3]> {
+    match mode {
+        Mode::Forward => p.forward.as_ref().ok().map(|m| m.host.p50_20_80()),
+        Mode::Full => p.full.as_ref().ok().map(|m| m.host.p50_20_80()),
+        Mode::Backward => None,
+    }
+}
+
 fn mode_mem(p: &ProviderResult, mode: Mode) -> Option<MemGrowth> {
     match mode {
         Mode::Forward => p.forward.as_ref().ok()?.mem,
@@ -576,6 +592,15 @@ fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize 
                 x: &x,
             };
             rows.push(key.row("ms", ms(t), config.clone()));
+            if let Some(h) = mode_host(res, mode) {
+                rows.push(key.row(
+                    "host ms",
+                    ms(h),
+                    format!(
+                        "{config} host=seconds inside the iterations, synchronizations excluded"
+                    ),
+                ));
+            }
             if let Some((b, formula)) = bytes(g.op, mode, &g.shape, e) {
                 rows.push(key.row(
                     "GB/s",
@@ -635,6 +660,7 @@ fn render(
         ("liger GB/s", Align::Right),
         ("burn GB/s", Align::Right),
         ("liger %copy", Align::Right),
+        ("liger host ms", Align::Right),
     ]);
     for g in groups {
         table.title(format!("{} {}", g.op.name(), g.shape.label()));
@@ -683,6 +709,7 @@ fn render(
                 num(bw(tb), 1),
                 pct.map(|p| format!("{p:.0}%"))
                     .unwrap_or_else(|| "-".into()),
+                num(mode_host(&g.liger, mode).map(|h| h[0] * 1e3), 4),
             ]);
         }
     }

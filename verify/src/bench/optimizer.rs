@@ -146,7 +146,8 @@ fn time_provider<B: FusedOps, O: SimpleOptimizer<B>>(
         timing.iters.max(timing.warmup).max(1),
         &|| ctx.sync(),
         |_| step_all(optim, &mut owned, grads, &mut states),
-    );
+    )
+    .wall;
     drop((owned, states));
     ctx.sync();
     samples
