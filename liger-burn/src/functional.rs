@@ -581,8 +581,8 @@ pub struct CrossEntropyOutput<B: burn::tensor::backend::Backend> {
 ///
 /// The math, the mean's denominator, the all-ignored case and the target check are
 /// documented on [`CrossEntropyOptions`](crate::ops::CrossEntropyOptions). With
-/// `check_targets` (default) this reads 2 integers back from the device, once the
-/// kernel is queued (the device computes while the host waits).
+/// `check_targets` (default) this reads one number back from the device (the count of
+/// bad targets), once the kernel is queued (the device computes while the host waits).
 ///
 /// The backward costs nothing when the loss is reduced (mean or sum) and the upstream
 /// gradient is exactly 1 (plain `loss.backward()`): the gradient was computed in the

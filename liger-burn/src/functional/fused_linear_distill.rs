@@ -29,7 +29,7 @@ pub struct DistillLossOutput<B: burn::tensor::backend::Backend> {
 /// - `targets`: `[N]`, token ids in `[0, V)` or `options.ignore_index`
 ///
 /// Panics before any work on mismatched shapes, dtypes or vocabularies and on bad
-/// options, and, once the work is queued (one read of two integers), on a target outside
+/// options, and, once the work is queued (one read of one number), on a target outside
 /// `[0, V)`.
 #[allow(clippy::too_many_arguments)]
 pub fn fused_linear_distill<B: FusedOps>(

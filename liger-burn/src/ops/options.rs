@@ -208,12 +208,13 @@ pub enum Reduction {
 ///
 /// Targets must lie in `[0, V)` unless they equal `ignore_index`. With `check_targets`
 /// (the default) every call checks that and panics naming the op, the offending value
-/// and `V`; this costs one small device-to-host read (the min and max of the targets, 2
-/// integers) per call, which synchronizes with the device. The read comes after the
-/// loss's kernels are queued, so the device computes while the host waits; the kernels
-/// never use an out-of-range target as an index, so the panic follows no out-of-bounds
-/// access. Without the check, such rows are treated exactly like ignored rows (loss 0,
-/// zero gradient, not counted in `W`).
+/// and `V`; this costs one device-to-host read of one number per call (the count of bad
+/// targets, from [`FusedOps::fused_target_stats`](crate::ops::FusedOps::fused_target_stats),
+/// one launch that also gives the mean's denominator), which synchronizes with the device.
+/// The read comes after the loss's kernels are queued, so the device computes while the
+/// host waits; the kernels never use an out-of-range target as an index, so the panic
+/// follows no out-of-bounds access. Without the check, such rows are treated exactly like
+/// ignored rows (loss 0, zero gradient, not counted in `W`).
 ///
 /// NaN/Inf, as PyTorch (`F.cross_entropy` on `z`, z-loss with `torch.logsumexp(z)`): a row
 /// holding NaN or +∞, or only −∞, has a NaN loss and a NaN gradient (log-softmax is NaN
