@@ -635,7 +635,17 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
     let mean_of_targets = options.reduction == Reduction::Mean && denominator.is_none();
     let stats = (options.check_targets || z_scaled || mean_of_targets)
         .then(|| target_stats(&targets, class_weight.as_ref(), vocab, options.ignore_index));
-    let checked_targets = options.check_targets.then(|| targets.clone());
+    let check = stats
+        .as_ref()
+        .filter(|_| options.check_targets)
+        .map(|stats| {
+            TargetCheck::new(
+                stats.out_of_range.clone(),
+                &targets,
+                vocab,
+                options.ignore_index,
+            )
+        });
     let z_scale = z_scaled.then(|| stats.as_ref().expect("statistics").row_scale.clone());
     let scale = match (options.reduction, denominator) {
         (Reduction::Mean, Some(d)) => Some(reciprocal_or_zero(d)),
@@ -679,15 +689,8 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
             .filter(|_| options.return_z_loss)
             .map(|z| reduce(z, &z_loss_scale)),
     };
-    if let (Some(stats), Some(targets)) = (stats, checked_targets) {
-        check_targets_in_range(
-            OP,
-            stats.out_of_range,
-            targets,
-            vocab,
-            options.ignore_index,
-            &logits_shape,
-        );
+    if let Some(check) = check {
+        check.finish(OP, &logits_shape);
     }
     out
 }
@@ -720,36 +723,70 @@ pub(crate) struct TargetStats<B: burn::tensor::backend::Backend> {
     pub(crate) out_of_range: Tensor<B, 1>,
 }
 
-/// Panics naming `op`, the offending target and `V` when `out_of_range` (from
-/// [`target_stats`]) counts a target outside
-/// `[0, V)` that is not `ignore_index`. Call it once the loss's kernels are queued: it reads
-/// one number back (the device computes while the host waits). The kernels already queued
-/// treat such a row as ignored (its target is never an index), so nothing has read out of
-/// bounds before the panic. Only then are the targets' bounds computed, to name a value.
-pub(crate) fn check_targets_in_range<B: FusedOps>(
-    op: &str,
+/// A check that every target is in `[0, V)` or `ignore_index`, queued before a loss: the
+/// count of bad targets from [`target_stats`], read by [`TargetCheck::finish`] once the
+/// loss's kernels are queued (one number; the device computes while the host waits). The
+/// kernels treat a bad target's row as ignored (its target is never an index), so nothing
+/// has read out of bounds before the panic.
+pub(crate) struct TargetCheck<B: FusedOps> {
     out_of_range: Tensor<B, 1>,
     targets: Tensor<B, 1, burn::tensor::Int>,
     vocab: usize,
     ignore_index: i64,
-    logits_shape: &burn::tensor::Shape,
-) {
-    let out_of_range = out_of_range
-        .into_data()
-        .iter::<f32>()
-        .next()
-        .expect("one count");
-    if out_of_range != 0.0 {
-        check_target_bounds(
-            op,
-            target_bounds(&targets, ignore_index),
+}
+
+impl<B: FusedOps> TargetCheck<B> {
+    /// The check of `targets` on the count `out_of_range` of [`target_stats`].
+    pub(crate) fn new(
+        out_of_range: Tensor<B, 1>,
+        targets: &Tensor<B, 1, burn::tensor::Int>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> Self {
+        Self {
+            out_of_range,
+            targets: targets.clone(),
             vocab,
             ignore_index,
-            logits_shape,
-        );
-        panic!(
-            "{op}: {out_of_range} targets are out of range [0, {vocab}) for logits {logits_shape:?} (and are not ignore_index {ignore_index})"
-        );
+        }
+    }
+
+    /// Queues the statistics the check reads (no class weights: only the count is used).
+    pub(crate) fn queue(
+        targets: &Tensor<B, 1, burn::tensor::Int>,
+        vocab: usize,
+        ignore_index: i64,
+    ) -> Self {
+        let stats = target_stats(targets, None, vocab, ignore_index);
+        Self::new(stats.out_of_range, targets, vocab, ignore_index)
+    }
+
+    /// Panics naming `op`, the offending target and `V` when a target is bad; only then
+    /// are the targets' bounds computed, to name a value.
+    pub(crate) fn finish(self, op: &str, logits_shape: &burn::tensor::Shape) {
+        let Self {
+            out_of_range,
+            targets,
+            vocab,
+            ignore_index,
+        } = self;
+        let out_of_range = out_of_range
+            .into_data()
+            .iter::<f32>()
+            .next()
+            .expect("one count");
+        if out_of_range != 0.0 {
+            check_target_bounds(
+                op,
+                target_bounds(&targets, ignore_index),
+                vocab,
+                ignore_index,
+                logits_shape,
+            );
+            panic!(
+                "{op}: {out_of_range} targets are out of range [0, {vocab}) for logits {logits_shape:?} (and are not ignore_index {ignore_index})"
+            );
+        }
     }
 }
 
@@ -825,10 +862,9 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
     check_logits_dtype(OP, &x);
     let vocab = weight.dims()[0];
     let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
-    let check = options.check_targets.then(|| {
-        let stats = target_stats(&targets, None, vocab, options.ignore_index);
-        (stats.out_of_range, targets.clone())
-    });
+    let check = options
+        .check_targets
+        .then(|| TargetCheck::queue(&targets, vocab, options.ignore_index));
     let compute_grad = x.is_require_grad()
         || weight.is_require_grad()
         || bias.as_ref().is_some_and(|b| b.is_require_grad());
@@ -841,15 +877,8 @@ pub fn fused_linear_cross_entropy<B: FusedOps>(
         compute_grad,
         options,
     );
-    if let Some((out_of_range, targets)) = check {
-        check_targets_in_range(
-            OP,
-            out_of_range,
-            targets,
-            vocab,
-            options.ignore_index,
-            &logits_shape,
-        );
+    if let Some(check) = check {
+        check.finish(OP, &logits_shape);
     }
     CrossEntropyOutput {
         loss: wrap(out.loss),
@@ -935,10 +964,9 @@ pub fn fused_linear_cross_entropy_lora<B: FusedOps>(
         }));
     }
     let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
-    let check = options.check_targets.then(|| {
-        let stats = target_stats(&targets, None, vocab, options.ignore_index);
-        (stats.out_of_range, targets.clone())
-    });
+    let check = options
+        .check_targets
+        .then(|| TargetCheck::queue(&targets, vocab, options.ignore_index));
     // Outside autodiff: the gradients of the inputs marked as requiring one.
     let wanted = crate::ops::LinearCrossEntropyGradsWanted {
         x: x.is_require_grad(),
@@ -966,15 +994,8 @@ pub fn fused_linear_cross_entropy_lora<B: FusedOps>(
         wanted,
         options,
     );
-    if let Some((out_of_range, targets)) = check {
-        check_targets_in_range(
-            OP,
-            out_of_range,
-            targets,
-            vocab,
-            options.ignore_index,
-            &logits_shape,
-        );
+    if let Some(check) = check {
+        check.finish(OP, &logits_shape);
     }
     CrossEntropyOutput {
         loss: wrap(out.loss),

@@ -1,6 +1,6 @@
 //! [`fused_linear_distill`]: distillation from a frozen teacher over linear heads, chunked.
 
-use super::{check_logits_dtype, check_targets_in_range, prim, target_stats, wrap};
+use super::{TargetCheck, check_logits_dtype, prim, wrap};
 use crate::ops::{DistillOptions, FusedOps, TeacherHead, validate};
 use burn::tensor::{Int, Tensor, TensorMetadata};
 
@@ -68,8 +68,7 @@ pub fn fused_linear_distill<B: FusedOps>(
     check_logits_dtype(OP, &x);
     let vocab = weight.dims()[0];
     let logits_shape = burn::tensor::Shape::new([x.dims()[0], vocab]);
-    let out_of_range = target_stats(&targets, None, vocab, options.ignore_index).out_of_range;
-    let checked_targets = targets.clone();
+    let check = TargetCheck::queue(&targets, vocab, options.ignore_index);
     let compute_grad = x.is_require_grad()
         || weight.is_require_grad()
         || bias.as_ref().is_some_and(|b| b.is_require_grad());
@@ -82,14 +81,7 @@ pub fn fused_linear_distill<B: FusedOps>(
         compute_grad,
         options,
     );
-    check_targets_in_range(
-        OP,
-        out_of_range,
-        checked_targets,
-        vocab,
-        options.ignore_index,
-        &logits_shape,
-    );
+    check.finish(OP, &logits_shape);
     DistillLossOutput {
         loss: wrap(out.loss),
         soft_loss: wrap(out.soft_loss),
