@@ -60,6 +60,13 @@ where
         validate::kernel_dtype(dtype)
     }
 
+    fn fused_submit(device: &R::Device) {
+        // A flush is a blocking call on the device thread: it runs every queued task.
+        if let Err(e) = R::client(device).flush() {
+            panic!("liger: submitting the queued device work failed: {e:?}");
+        }
+    }
+
     fn fused_rms_norm(
         x: CubeTensor<R>,
         weight: CubeTensor<R>,

@@ -165,6 +165,15 @@ pub trait FusedOps: Backend {
         dtype.is_float()
     }
 
+    /// Starts the device work queued on `device` so far instead of leaving it to the
+    /// runtime's batching: CubeCL 0.10 runs the tasks queued for a device (allocations,
+    /// launches) on its device thread 32 at a time, or at the next blocking call. `Fusion<B>`
+    /// calls it after each fused primitive it runs, so a lone fused kernel starts at once
+    /// rather than when unrelated work fills the queue or the caller synchronizes. Returns
+    /// once the queued tasks are submitted, not when the device has run them. Default:
+    /// nothing (the backend submits as it goes).
+    fn fused_submit(_device: &Self::Device) {}
+
     /// RMSNorm over the last dimension: `x * rstd * (offset + weight)`.
     ///
     /// `x: [..., d]`, `weight: [d]`.
