@@ -659,6 +659,7 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
         })
     });
     let kernel_options = options.with_return_z_loss(options.return_z_loss || z_scale.is_some());
+    let device = logits.device();
     let rows = B::fused_cross_entropy(
         prim(logits),
         targets.into_primitive(),
@@ -667,6 +668,11 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
         grad_scale.and(z_scale.clone()).map(prim),
         kernel_options,
     );
+    if check.is_some() {
+        // The check reads back soon anyway: start the loss now, while the host queues the
+        // rest, rather than at that read.
+        B::submit_queued(&device);
+    }
     let reduce = |t: Tensor<B, 1>, s: &Option<Tensor<B, 1>>| match (s, options.reduction) {
         (Some(s), _) => t.sum() * s.clone(),
         (None, Reduction::Sum) => t.sum(),

@@ -751,8 +751,9 @@ pub fn target_stats<R: Runtime>(
         op: OP,
         reason: format!("a vocabulary of {vocab} classes (at most {})", u32::MAX),
     })?;
-    // One cube walks every target: a few thousand integers, read once.
-    let launch = RowLaunch::new(client, 1, rows.max(1), 4, 1, 8, config.reduction);
+    // One cube walks every target (a few thousand integers, read once), as wide as the
+    // device allows: each unit's loads wait on the last, so fewer per unit is faster.
+    let launch = RowLaunch::new(client, 1, rows.max(1), 4, 1, 1, config.reduction);
     let w_dummy = client.empty(4);
     let (has_ignore, ignore) = ignore_index_scalar(ignore_index, target_dtype);
     // Safety: `targets` holds `rows` items, `class_weight` `vocab` (validated by the

@@ -271,6 +271,10 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         )
     }
 
+    fn submit_queued(device: &B::Device) {
+        B::submit_queued(device)
+    }
+
     /// Not tracked (nothing differentiates a backward): `B`'s on the inner tensors.
     fn fused_cross_entropy_backward(
         grad: FloatTensor<Self>,

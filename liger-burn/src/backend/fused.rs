@@ -204,6 +204,10 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         }
     }
 
+    fn submit_queued(device: &B::Device) {
+        B::submit_queued(device)
+    }
+
     fn fused_cross_entropy_backward(
         grad: FloatTensor<Self>,
         grad_rows: FloatTensor<Self>,

@@ -60,7 +60,7 @@ where
         validate::kernel_dtype(dtype)
     }
 
-    fn fused_submit(device: &R::Device) {
+    fn submit_queued(device: &R::Device) {
         // A flush is a blocking call on the device thread: it runs every queued task.
         if let Err(e) = R::client(device).flush() {
             panic!("liger: submitting the queued device work failed: {e:?}");

@@ -1,7 +1,6 @@
 //! The one piece every fused primitive shares in the fusion stream: a custom operation
 //! (`CustomOpIr`) that, when the stream reaches it, runs `B`'s fused primitive on the
-//! handles of its declared inputs, registers the results as its declared outputs, and
-//! submits the queued device work ([`FusedOps::fused_submit`](crate::ops::FusedOps::fused_submit)).
+//! handles of its declared inputs and registers the results as its declared outputs.
 
 use burn::tensor::{DType, Shape};
 use burn_fusion::stream::{Operation, OperationStreams};
@@ -44,9 +43,7 @@ struct CustomOp<B, K> {
     _backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend + crate::ops::FusedOps, K: CustomKernel<B>> Operation<B::FusionRuntime>
-    for CustomOp<B, K>
-{
+impl<B: FusionBackend, K: CustomKernel<B>> Operation<B::FusionRuntime> for CustomOp<B, K> {
     fn execute(&self, handles: &mut Handles<B>) {
         #[cfg(feature = "test-hooks")]
         let outputs =
@@ -59,12 +56,8 @@ impl<B: FusionBackend + crate::ops::FusedOps, K: CustomKernel<B>> Operation<B::F
             "custom op {}: the kernel returned another number of outputs than declared",
             self.desc.id
         );
-        let device = outputs.first().map(B::float_device);
         for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
             handles.register_float_tensor::<B>(&ir.id, tensor);
-        }
-        if let Some(device) = device {
-            B::fused_submit(&device);
         }
     }
 }
@@ -72,7 +65,7 @@ impl<B: FusionBackend + crate::ops::FusedOps, K: CustomKernel<B>> Operation<B::F
 /// Registers `kernel` as the custom operation `id` on `inputs` (validated at the API entry,
 /// eagerly: the stream runs later); returns its outputs, of the given shapes and dtypes,
 /// in order.
-pub(crate) fn register<B: FusionBackend + crate::ops::FusedOps, K: CustomKernel<B>>(
+pub(crate) fn register<B: FusionBackend, K: CustomKernel<B>>(
     id: &'static str,
     inputs: Vec<FusionTensor<B::FusionRuntime>>,
     outputs: &[(Shape, DType)],
@@ -86,7 +79,7 @@ pub(crate) fn register<B: FusionBackend + crate::ops::FusedOps, K: CustomKernel<
         .collect::<Vec<_>>();
     let inputs = inputs.into_iter().map(|t| t.into_ir()).collect::<Vec<_>>();
     let desc = CustomOpIr::new(id, &inputs, &outputs);
-    let outputs = client.register(
+    client.register(
         streams,
         OperationIr::Custom(desc.clone()),
         CustomOp::<B, K> {
@@ -96,9 +89,5 @@ pub(crate) fn register<B: FusionBackend + crate::ops::FusedOps, K: CustomKernel<
             hooks: crate::test_hooks::capture(),
             _backend: PhantomData,
         },
-    );
-    // The stream's thread takes queued operations 32 at a time: hand it this one now (and
-    // what came before), so the kernel starts without waiting for unrelated work.
-    client.flush_queue();
-    outputs
+    )
 }

@@ -206,6 +206,12 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         distill_rows::forward::<B>(student, teacher, targets, grad_scale, options)
     }
 
+    fn submit_queued(device: &B::Device) {
+        // The stream's thread runs what is queued, then submits the inner backend's queue.
+        let inner = device.clone();
+        burn_fusion::get_client::<B>(device).sync(move || B::submit_queued(&inner));
+    }
+
     fn fused_cross_entropy_backward(
         grad: FusionTensor<B::FusionRuntime>,
         grad_rows: FusionTensor<B::FusionRuntime>,

@@ -165,14 +165,15 @@ pub trait FusedOps: Backend {
         dtype.is_float()
     }
 
-    /// Starts the device work queued on `device` so far instead of leaving it to the
-    /// runtime's batching: CubeCL 0.10 runs the tasks queued for a device (allocations,
-    /// launches) on its device thread 32 at a time, or at the next blocking call. `Fusion<B>`
-    /// calls it after each fused primitive it runs, so a lone fused kernel starts at once
-    /// rather than when unrelated work fills the queue or the caller synchronizes. Returns
-    /// once the queued tasks are submitted, not when the device has run them. Default:
-    /// nothing (the backend submits as it goes).
-    fn fused_submit(_device: &Self::Device) {}
+    /// Submits the work queued for `device` so far (without waiting for the device to run
+    /// it). CubeCL 0.10 hands a device's queued tasks (allocations, launches) to its device
+    /// thread 32 at a time or at the next blocking call, and Burn's fusion stream queues
+    /// operations the same way, so a lone fused kernel may wait for unrelated work or the
+    /// next synchronization before it starts; a training step's stream of operations keeps
+    /// those queues moving. The losses call it before a read they make anyway (the target
+    /// check), and `liger bench` after each timed iteration. Default: nothing (the backend
+    /// runs operations as they come).
+    fn submit_queued(_device: &Self::Device) {}
 
     /// RMSNorm over the last dimension: `x * rstd * (offset + weight)`.
     ///

@@ -210,7 +210,7 @@ fn measure<B: FusedOps, H>(
     };
     // One iteration's outputs held at a time beyond the first: attention's outputs and
     // gradients are large at long sequences.
-    (super::measure_step(ctx, timing, 2, step), iters)
+    (super::measure_step(ctx, timing, 2, false, step), iters)
 }
 
 /// The measurements of one shape.

@@ -43,7 +43,6 @@ use crate::measure::{self, Samples, Timing};
 use crate::table::{Align, Table, num};
 use anyhow::{Result, bail};
 use burn::backend::Autodiff;
-use burn::tensor::backend::Backend;
 use indicatif::{ProgressBar, ProgressStyle};
 use liger_burn::ops::FusedOps;
 use liger_burn::test_hooks::override_launch_config;
@@ -125,13 +124,22 @@ struct ProviderResult {
 }
 
 /// Times `step` and measures one iteration's pool growth.
-fn measure_step<B: Backend, H>(
+fn measure_step<B: FusedOps, H>(
     ctx: &Ctx<B>,
     timing: Timing,
     hold: usize,
+    submit: bool,
     mut step: impl FnMut(usize) -> H,
 ) -> Measured {
     let sync = || ctx.sync();
+    // The submission is host work of the iteration: the host column includes it.
+    let mut step = |i| {
+        let held = step(i);
+        if submit {
+            B::submit_queued(&ctx.device);
+        }
+        held
+    };
     let launches_before = fused_launches();
     let measure::Timed {
         wall: samples,
@@ -287,6 +295,7 @@ impl OnDevice for Bench {
             timing,
             autotune,
             path: format!("{path:?}").to_lowercase(),
+            submit: args.submit_each_iteration.on(),
         };
         let run = RunInfo {
             gpu: args.gpu.clone().unwrap_or_else(|| B::name(&ctx.device)),
@@ -323,6 +332,7 @@ impl OnDevice for Bench {
             let max_hold = args.iters.max(args.warmup).max(1);
             // Outputs held before a synchronization (see [`crate::measure`]).
             let hold_bytes = args.hold_gib << 30;
+            let submit = notes.submit;
             let hold_fwd = (hold_bytes / (out_elems * e).max(1)).clamp(1, max_hold);
             let hold_full =
                 (hold_bytes / ((out_elems + 2 * in_elems) * e).max(1)).clamp(1, max_hold);
@@ -345,7 +355,7 @@ impl OnDevice for Bench {
                 let label = format!("{} {} {}", op.name(), shape.label(), provider.name());
                 pb.set_message(format!("{label} forward"));
                 let forward = catch_unwind(AssertUnwindSafe(|| {
-                    measure_step(&ctx, timing, hold_fwd, |i| {
+                    measure_step(&ctx, timing, hold_fwd, submit, |i| {
                         let k = i % sets;
                         apply::<B>(op, provider, &inner[k], &stock_inner[k])
                     })
@@ -357,7 +367,7 @@ impl OnDevice for Bench {
                 }
                 pb.set_message(format!("{label} full"));
                 let full = catch_unwind(AssertUnwindSafe(|| {
-                    measure_step(&ctx, timing, hold_full, |i| {
+                    measure_step(&ctx, timing, hold_full, submit, |i| {
                         let k = i % sets;
                         let outs = apply::<Autodiff<B>>(op, provider, &ad[k], &stock_ad[k]);
                         let grads = backward_root(op, &outs).backward();
@@ -418,6 +428,8 @@ struct Notes {
     timing: Timing,
     autotune: bool,
     path: String,
+    /// Each timed iteration's queued work submitted at its end (`--submit-each-iteration`).
+    submit: bool,
 }
 
 impl Notes {
@@ -556,7 +568,17 @@ fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize 
             } else {
                 g.hold_full
             };
-            let mut config = format!("{} sets={} hold={}", notes.base(), g.sets, hold);
+            let mut config = format!(
+                "{} sets={} hold={} submit={}",
+                notes.base(),
+                g.sets,
+                hold,
+                if notes.submit {
+                    "each-iteration"
+                } else {
+                    "runtime"
+                }
+            );
             if provider == Provider::Liger {
                 config.push_str(&format!(" reduction={}", notes.path));
                 if let Some(units) = ops::backward_units_per_sm() {
