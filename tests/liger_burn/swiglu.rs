@@ -43,3 +43,42 @@ liger_tests::glu_mlp_tests!(
     swiglu_mlp_loads_stock_record_and_matches,
     swiglu_mlp_defaults_and_any_rank
 );
+
+/// `FusedOps::submit_queued` between queueing work and reading it back changes nothing but
+/// when the work starts, on every backend (the fusion stream's, CubeCL's and Autodiff's).
+struct SubmitQueued;
+
+impl liger_tests::BackendVisitor for SubmitQueued {
+    fn visit<B: liger_burn::ops::FusedOps>(&mut self, label: &str, device: &B::Device) {
+        use burn::backend::Autodiff;
+        use liger_tests::tensors::{floats, values};
+        let mut rng = liger_tests::fresh_rng();
+        let (gate, up) = (
+            rng.vec(6 * 37, -3.0, 3.0, 0.0),
+            rng.vec(6 * 37, -3.0, 3.0, 0.0),
+        );
+        let run = |submit: bool| {
+            let gate = floats::<Autodiff<B>, 2>(&gate, [6, 37], device).require_grad();
+            let up = floats::<Autodiff<B>, 2>(&up, [6, 37], device);
+            let y = liger_burn::functional::swiglu(gate.clone(), up);
+            if submit {
+                <Autodiff<B> as liger_burn::ops::FusedOps>::submit_queued(device);
+            }
+            let grads = y.clone().backward();
+            if submit {
+                B::submit_queued(device);
+            }
+            (values(y.inner()), values(gate.grad(&grads).unwrap()))
+        };
+        assert_eq!(
+            run(true),
+            run(false),
+            "{label}: submitting queued work changed a result"
+        );
+    }
+}
+
+#[test]
+fn submitting_queued_work_changes_no_result() {
+    liger_tests::for_each_backend(&mut SubmitQueued);
+}
