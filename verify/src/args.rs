@@ -187,12 +187,13 @@ pub struct BenchArgs {
     /// per call). `off` measures what that check costs; the CSV config says which ran.
     #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
     pub check_targets: OnOff,
-    /// Single ops: submit each timed iteration's queued work at its end
+    /// Single ops: `on` submits each timed iteration's queued work at its end
     /// (`FusedOps::submit_queued`, both providers), as the stream of other operations in a
-    /// training step does. `off` leaves it to CubeCL 0.10, which hands a device's queued
-    /// tasks to its thread 32 at a time or at a synchronization, so a loop of one op keeps
-    /// the device idle until the timing loop's synchronization. The CSV config says which ran.
-    #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
+    /// training step keeps the queues moving; the host then pays a blocking hand-off per
+    /// iteration. `off` (default) leaves it to Burn's fusion stream and CubeCL 0.10, which
+    /// hand queued tasks to their device threads 32 at a time or at a synchronization, as
+    /// a user's loop of one op gets them. The CSV config says which ran.
+    #[arg(long, value_enum, default_value_t = OnOff::Off, value_name = "on|off")]
     pub submit_each_iteration: OnOff,
     /// End-to-end training steps instead of single ops: for each --e2e-models model
     /// (random weights), each --e2e-seq length and liger off / on, time

@@ -170,9 +170,11 @@ pub trait FusedOps: Backend {
     /// thread 32 at a time or at the next blocking call, and Burn's fusion stream queues
     /// operations the same way, so a lone fused kernel may wait for unrelated work or the
     /// next synchronization before it starts; a training step's stream of operations keeps
-    /// those queues moving. The losses call it before a read they make anyway (the target
-    /// check), and `liger bench` after each timed iteration. Default: nothing (the backend
-    /// runs operations as they come).
+    /// those queues moving. Submitting is a blocking hand-off to those threads (not a wait
+    /// for the device), so calling it after every op costs host time: the checked cross
+    /// entropy calls it before the read it makes anyway, `liger bench
+    /// --submit-each-iteration on` after each timed iteration. Default: nothing (the
+    /// backend runs operations as they come).
     fn submit_queued(_device: &Self::Device) {}
 
     /// RMSNorm over the last dimension: `x * rstd * (offset + weight)`.
