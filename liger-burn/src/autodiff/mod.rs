@@ -295,17 +295,13 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         vocab: usize,
         ignore_index: i64,
     ) -> crate::ops::TargetStats<Self> {
-        let stats = B::fused_target_stats(
+        B::fused_target_stats(
             targets,
             class_weight.map(|w| w.primitive),
             vocab,
             ignore_index,
-        );
-        crate::ops::TargetStats {
-            weight_scale: Self::from_inner(stats.weight_scale),
-            row_scale: Self::from_inner(stats.row_scale),
-            out_of_range: Self::from_inner(stats.out_of_range),
-        }
+        )
+        .map(Self::from_inner)
     }
 
     fn fused_linear_cross_entropy(

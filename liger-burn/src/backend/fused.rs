@@ -222,16 +222,7 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         vocab: usize,
         ignore_index: i64,
     ) -> crate::ops::TargetStats<Self> {
-        let crate::ops::TargetStats {
-            weight_scale,
-            row_scale,
-            out_of_range,
-        } = B::fused_target_stats(targets, class_weight, vocab, ignore_index);
-        crate::ops::TargetStats {
-            weight_scale,
-            row_scale,
-            out_of_range,
-        }
+        B::fused_target_stats(targets, class_weight, vocab, ignore_index).map(|t| t)
     }
 
     fn fused_linear_cross_entropy(

@@ -103,6 +103,20 @@ pub struct TargetStats<B: Backend> {
     pub out_of_range: FloatTensor<B>,
 }
 
+impl<B: Backend> TargetStats<B> {
+    /// The same statistics as another backend's tensors.
+    pub(crate) fn map<C: Backend>(
+        self,
+        f: impl Fn(FloatTensor<B>) -> FloatTensor<C>,
+    ) -> TargetStats<C> {
+        TargetStats {
+            weight_scale: f(self.weight_scale),
+            row_scale: f(self.row_scale),
+            out_of_range: f(self.out_of_range),
+        }
+    }
+}
+
 /// Output of [`FusedOps::fused_attention`].
 #[derive(Debug, Clone)]
 pub struct AttentionOutput<B: Backend> {
