@@ -640,16 +640,18 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
         .filter(|_| options.check_targets)
         .map(|stats| {
             TargetCheck::new(
-                stats.out_of_range.clone(),
+                wrap(stats.out_of_range.clone()),
                 &targets,
                 vocab,
                 options.ignore_index,
             )
         });
-    let z_scale = z_scaled.then(|| stats.as_ref().expect("statistics").row_scale.clone());
+    let z_scale = z_scaled.then(|| wrap(stats.as_ref().expect("statistics").row_scale.clone()));
     let scale = match (options.reduction, denominator) {
         (Reduction::Mean, Some(d)) => Some(reciprocal_or_zero(d)),
-        (Reduction::Mean, None) => Some(stats.as_ref().expect("statistics").weight_scale.clone()),
+        (Reduction::Mean, None) => Some(wrap(
+            stats.as_ref().expect("statistics").weight_scale.clone(),
+        )),
         (Reduction::Sum | Reduction::None, _) => None,
     };
     // Asked only when autodiff tracks the logits (the Autodiff backend decides too).
@@ -701,32 +703,20 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
     out
 }
 
-/// [`FusedOps::fused_target_stats`] on tensors: one launch on the fused backends, queued
+/// [`FusedOps::fused_target_stats`] of tensors: one launch on the fused backends, queued
 /// before the loss so that its scales are on the device when the loss's kernels run.
 pub(crate) fn target_stats<B: FusedOps>(
     targets: &Tensor<B, 1, burn::tensor::Int>,
     class_weight: Option<&Tensor<B, 1>>,
     vocab: usize,
     ignore_index: i64,
-) -> TargetStats<B> {
-    let stats = B::fused_target_stats(
+) -> crate::ops::TargetStats<B> {
+    B::fused_target_stats(
         targets.clone().into_primitive(),
         class_weight.map(|w| prim(w.clone())),
         vocab,
         ignore_index,
-    );
-    TargetStats {
-        weight_scale: wrap(stats.weight_scale),
-        row_scale: wrap(stats.row_scale),
-        out_of_range: wrap(stats.out_of_range),
-    }
-}
-
-/// [`crate::ops::TargetStats`] as tensors.
-pub(crate) struct TargetStats<B: burn::tensor::backend::Backend> {
-    pub(crate) weight_scale: Tensor<B, 1>,
-    pub(crate) row_scale: Tensor<B, 1>,
-    pub(crate) out_of_range: Tensor<B, 1>,
+    )
 }
 
 /// A check that every target is in `[0, V)` or `ignore_index`, queued before a loss: the
@@ -764,7 +754,7 @@ impl<B: FusedOps> TargetCheck<B> {
         ignore_index: i64,
     ) -> Self {
         let stats = target_stats(targets, None, vocab, ignore_index);
-        Self::new(stats.out_of_range, targets, vocab, ignore_index)
+        Self::new(wrap(stats.out_of_range), targets, vocab, ignore_index)
     }
 
     /// Panics naming `op`, the offending target and `V` when a target is bad; only then
@@ -782,22 +772,21 @@ impl<B: FusedOps> TargetCheck<B> {
             .next()
             .expect("one count");
         if out_of_range != 0.0 {
-            check_target_bounds(
-                op,
-                target_bounds(&targets, ignore_index),
-                vocab,
-                ignore_index,
-                logits_shape,
-            );
+            let bounds: Vec<i64> = target_bounds(&targets, ignore_index)
+                .into_data()
+                .iter::<i64>()
+                .collect();
+            // A bad target lies below 0 (then it is the smallest) or at V or above.
+            let bad = if bounds[0] < 0 { bounds[0] } else { bounds[1] };
             panic!(
-                "{op}: {out_of_range} targets are out of range [0, {vocab}) for logits {logits_shape:?} (and are not ignore_index {ignore_index})"
+                "{op}: target {bad} is out of range [0, {vocab}) for logits {logits_shape:?} (and is not ignore_index {ignore_index})"
             );
         }
     }
 }
 
 /// The smallest and largest target that is not `ignore_index` (`[2]`, on the device, 0
-/// for an all-ignored batch), for naming a bad target in [`check_target_bounds`].
+/// for an all-ignored batch), for naming a bad target in [`TargetCheck::finish`].
 pub(crate) fn target_bounds<B: FusedOps>(
     targets: &Tensor<B, 1, burn::tensor::Int>,
     ignore_index: i64,
@@ -805,25 +794,6 @@ pub(crate) fn target_bounds<B: FusedOps>(
     let ignored = targets.clone().equal_elem(ignore_index);
     let kept = targets.clone().mask_fill(ignored, 0);
     Tensor::cat(vec![kept.clone().min(), kept.max()], 0)
-}
-
-/// Panics naming `op`, the value and `V` when a target is outside `[0, V)` and is not
-/// `ignore_index`, from [`target_bounds`] (two integers read back).
-fn check_target_bounds<B: FusedOps>(
-    op: &str,
-    bounds: Tensor<B, 1, burn::tensor::Int>,
-    vocab: usize,
-    ignore_index: i64,
-    logits_shape: &burn::tensor::Shape,
-) {
-    let bounds: Vec<i64> = bounds.into_data().iter::<i64>().collect();
-    let (min, max) = (bounds[0], bounds[1]);
-    let bad = if min < 0 { min } else { max };
-    if min < 0 || max >= vocab as i64 {
-        panic!(
-            "{op}: target {bad} is out of range [0, {vocab}) for logits {logits_shape:?} (and is not ignore_index {ignore_index})"
-        );
-    }
 }
 
 /// Linear layer then cross entropy, fused: `cross_entropy(x weightᵀ + bias, targets)`

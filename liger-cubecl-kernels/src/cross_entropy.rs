@@ -752,7 +752,7 @@ pub fn target_stats<R: Runtime>(
         reason: format!("a vocabulary of {vocab} classes (at most {})", u32::MAX),
     })?;
     // One cube walks every target (a few thousand integers, read once), as wide as the
-    // device allows: each unit's loads wait on the last, so fewer per unit is faster.
+    // device allows, so each unit walks few of them.
     let launch = RowLaunch::new(client, 1, rows.max(1), 4, 1, 1, config.reduction);
     let w_dummy = client.empty(4);
     let (has_ignore, ignore) = ignore_index_scalar(ignore_index, target_dtype);
