@@ -19,6 +19,7 @@ std::thread_local! {
     static LAUNCH_CONFIG: Cell<Option<LaunchConfig>> = const { Cell::new(None) };
     static ATTENTION_BLOCK: Cell<Option<usize>> = const { Cell::new(None) };
     static CHUNK_ROWS: Cell<Option<usize>> = const { Cell::new(None) };
+    static HAND_OFF: Cell<Option<bool>> = const { Cell::new(None) };
     static MEMORY_RELEASES: Cell<u64> = const { Cell::new(0) };
 }
 
@@ -90,6 +91,18 @@ pub fn override_chunk_rows(rows: usize) -> OverrideGuard<usize> {
 /// The calling thread's chunk-rows override, if any.
 pub fn chunk_rows_override() -> Option<usize> {
     CHUNK_ROWS.with(|s| s.get())
+}
+
+/// Fused operations this thread queues on a fusion backend hand the queued work to the
+/// device's threads as they are queued (`eager`) or leave it to the runtime's batching
+/// (instead of [`EAGER_HAND_OFF`](crate::fusion::EAGER_HAND_OFF)), to measure both.
+pub fn override_hand_off(eager: bool) -> OverrideGuard<bool> {
+    scoped_override(&HAND_OFF, eager)
+}
+
+/// The calling thread's hand-off override, if any.
+pub fn hand_off_override() -> Option<bool> {
+    HAND_OFF.with(|s| s.get())
 }
 
 /// Everything above as the calling thread has it, for work that runs on another thread on

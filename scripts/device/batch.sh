@@ -42,6 +42,7 @@
 # E2E_HEAD_GRAD=f32 sums the LM head's weight gradient in f32 (default weight-dtype).
 # E2E_MODES (default off,on) picks the modes (on alone against the PyTorch anchor);
 # E2E_CHECKPOINTING=on runs both with Burn's balanced gradient checkpointing.
+# E2E_EAGER_HAND_OFF=off leaves the fused ops' queued work to the runtime's batching.
 #
 # E2E_MODEL overrides the model (e.g. llama3-8b) and E2E_LORA_RANK gives LoRA steps
 # (`--e2e-lora-rank`; the anchor's counterpart: ANCHOR_E2E_ARGS="--lora-rank N").
@@ -213,14 +214,15 @@ for step in $steps; do
       lora=${E2E_LORA_RANK:+--e2e-lora-rank $E2E_LORA_RANK}
       attention=${E2E_LIGER_ATTENTION:-on}
       pool=${E2E_MEMORY_POOL:-default}
-      log="$OUT/bench_e2e_$model${E2E_LORA_RANK:+_lora$E2E_LORA_RANK}$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool")$([ "${E2E_CHECKPOINTING:-off}" = off ] || echo _ckpt)$([ "${E2E_HEAD_GRAD:-weight-dtype}" = weight-dtype ] || echo "_head_$E2E_HEAD_GRAD").log"
+      log="$OUT/bench_e2e_$model${E2E_LORA_RANK:+_lora$E2E_LORA_RANK}$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool")$([ "${E2E_CHECKPOINTING:-off}" = off ] || echo _ckpt)$([ "${E2E_HEAD_GRAD:-weight-dtype}" = weight-dtype ] || echo "_head_$E2E_HEAD_GRAD")$([ "${E2E_EAGER_HAND_OFF:-on}" = on ] || echo _batched).log"
       timeout "${E2E_WALL:-585}" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 --e2e-models "$model" \
         --e2e-seq "${E2E_SEQ:-1024,2048,4096,8192,16384,32768}" --e2e-batch "${E2E_BATCH:-1}" \
         --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget "${E2E_BUDGET:-550}" $layers $lora \
         --e2e-liger-attention "$attention" --memory-pool "$pool" \
         --e2e-master-weights "${E2E_MASTER_WEIGHTS:-off}" --e2e-modes "${E2E_MODES:-off,on}" \
         --e2e-head-grad "${E2E_HEAD_GRAD:-weight-dtype}" \
-        --e2e-gradient-checkpointing "${E2E_CHECKPOINTING:-off}" --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
+        --e2e-gradient-checkpointing "${E2E_CHECKPOINTING:-off}" \
+        --eager-hand-off "${E2E_EAGER_HAND_OFF:-on}" --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
       tail -n 30 "$log"
       ;;
     post)
@@ -287,15 +289,22 @@ for step in $steps; do
       # RMSNorm and LayerNorm 8192x4096, SwiGLU 8192x14336, cross entropy 8192x128256):
       # Liger-Kernel's, then liger-burn's (`liger bench`, stock Burn beside), then
       # Liger-Kernel's again, so drift between the passes shows. Rows in one CSV.
+      # As the anchor synchronizes once per sample of --iters iterations, liger bench
+      # holds up to KVL_HOLD_GIB (default 64) of outputs, so that it synchronizes once
+      # per sample where they fit; KVL_HAND_OFF (default "on off") runs liger bench once
+      # per --eager-hand-off value.
       if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
           --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
       fi
       ops=rms_norm,layer_norm,swiglu,cross_entropy
-      for pass in first ours second; do
+      passes="first"
+      for h in ${KVL_HAND_OFF:-on off}; do passes="$passes ours-$h"; done
+      for pass in $passes second; do
         echo "== $pass" >>"$OUT/kernels_vs_lk.log"
-        if [ $pass = ours ]; then
+        if [ "${pass#ours-}" != "$pass" ]; then
           $BIN bench --device cuda --dtype bf16 --op $ops --csv "$OUT/kernels_vs_lk.csv" \
+            --hold-gib "${KVL_HOLD_GIB:-64}" --eager-hand-off "${pass#ours-}" \
             >>"$OUT/kernels_vs_lk.log" 2>&1 || status=1
         else
           python3 scripts/device/anchor_kernels.py --ops $ops --providers liger-kernel --no-gemms \

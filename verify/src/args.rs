@@ -195,6 +195,12 @@ pub struct BenchArgs {
     /// a user's loop of one op gets them. The CSV config says which ran.
     #[arg(long, value_enum, default_value_t = OnOff::Off, value_name = "on|off")]
     pub submit_each_iteration: OnOff,
+    /// Fused ops on a fusion backend hand the queued work to the device's threads as they
+    /// are queued (`on`, liger-burn's default: `liger_burn::fusion::EAGER_HAND_OFF`) or
+    /// leave it to the runtime's batching of 32 tasks (`off`), for single ops and the
+    /// liger-on e2e steps alike. The CSV config says which ran.
+    #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
+    pub eager_hand_off: OnOff,
     /// End-to-end training steps instead of single ops: for each --e2e-models model
     /// (random weights), each --e2e-seq length and liger off / on, time
     /// forward + loss + backward + AdamW step (synchronized) and read the peak pool memory;

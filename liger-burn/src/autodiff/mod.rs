@@ -275,6 +275,10 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         B::submit_queued(device)
     }
 
+    fn hand_off_queued(device: &B::Device) {
+        B::hand_off_queued(device)
+    }
+
     /// Not tracked (nothing differentiates a backward): `B`'s on the inner tensors.
     fn fused_cross_entropy_backward(
         grad: FloatTensor<Self>,

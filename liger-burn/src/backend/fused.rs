@@ -208,6 +208,10 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         B::submit_queued(device)
     }
 
+    fn hand_off_queued(device: &B::Device) {
+        B::hand_off_queued(device)
+    }
+
     fn fused_cross_entropy_backward(
         grad: FloatTensor<Self>,
         grad_rows: FloatTensor<Self>,

@@ -67,6 +67,13 @@ where
         }
     }
 
+    fn hand_off_queued(device: &R::Device) {
+        use cubecl::device::Device as _;
+        // The device thread runs the partial batch now: its queue is the one `R::client`
+        // uses (one per device and server type).
+        cubecl::device_handle::DeviceHandle::<R::Server>::new(device.to_id()).flush_queue();
+    }
+
     fn fused_rms_norm(
         x: CubeTensor<R>,
         weight: CubeTensor<R>,

@@ -1,13 +1,24 @@
 //! The one piece every fused primitive shares in the fusion stream: a custom operation
 //! (`CustomOpIr`) that, when the stream reaches it, runs `B`'s fused primitive on the
 //! handles of its declared inputs and registers the results as its declared outputs.
+//!
+//! Hand-off: Burn's fusion client and CubeCL 0.10's device client queue tasks and hand
+//! them to their device threads 32 at a time or at a blocking call. A fused kernel is
+//! large and is often what the device waits for, so with [`EAGER_HAND_OFF`] each fused
+//! operation hands on the queue it joins (the fusion stream's when it is registered, the
+//! inner backend's when its kernel is queued), without waiting for either thread.
 
+use crate::ops::FusedOps;
+use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape};
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 use core::fmt::Debug;
 use core::marker::PhantomData;
+
+/// Whether fused operations hand queued work on as they are queued (see the module docs).
+pub const EAGER_HAND_OFF: bool = true;
 
 /// The handles of a running custom operation.
 pub(crate) type Handles<B> =
@@ -40,10 +51,14 @@ struct CustomOp<B, K> {
     /// The registering thread's test overrides: the stream runs on another thread.
     #[cfg(feature = "test-hooks")]
     hooks: crate::test_hooks::Captured,
+    /// Hand the inner backend's queue on once the kernel is queued.
+    eager: bool,
     _backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend, K: CustomKernel<B>> Operation<B::FusionRuntime> for CustomOp<B, K> {
+impl<B: FusionBackend + FusedOps, K: CustomKernel<B>> Operation<B::FusionRuntime>
+    for CustomOp<B, K>
+{
     fn execute(&self, handles: &mut Handles<B>) {
         #[cfg(feature = "test-hooks")]
         let outputs =
@@ -56,8 +71,15 @@ impl<B: FusionBackend, K: CustomKernel<B>> Operation<B::FusionRuntime> for Custo
             "custom op {}: the kernel returned another number of outputs than declared",
             self.desc.id
         );
+        let device = self
+            .eager
+            .then(|| outputs.first().map(B::float_device))
+            .flatten();
         for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
             handles.register_float_tensor::<B>(&ir.id, tensor);
+        }
+        if let Some(device) = device {
+            B::hand_off_queued(&device);
         }
     }
 }
@@ -65,7 +87,7 @@ impl<B: FusionBackend, K: CustomKernel<B>> Operation<B::FusionRuntime> for Custo
 /// Registers `kernel` as the custom operation `id` on `inputs` (validated at the API entry,
 /// eagerly: the stream runs later); returns its outputs, of the given shapes and dtypes,
 /// in order.
-pub(crate) fn register<B: FusionBackend, K: CustomKernel<B>>(
+pub(crate) fn register<B: FusionBackend + FusedOps, K: CustomKernel<B>>(
     id: &'static str,
     inputs: Vec<FusionTensor<B::FusionRuntime>>,
     outputs: &[(Shape, DType)],
@@ -79,7 +101,11 @@ pub(crate) fn register<B: FusionBackend, K: CustomKernel<B>>(
         .collect::<Vec<_>>();
     let inputs = inputs.into_iter().map(|t| t.into_ir()).collect::<Vec<_>>();
     let desc = CustomOpIr::new(id, &inputs, &outputs);
-    client.register(
+    #[cfg(feature = "test-hooks")]
+    let eager = crate::test_hooks::hand_off_override().unwrap_or(EAGER_HAND_OFF);
+    #[cfg(not(feature = "test-hooks"))]
+    let eager = EAGER_HAND_OFF;
+    let outputs = client.register(
         streams,
         OperationIr::Custom(desc.clone()),
         CustomOp::<B, K> {
@@ -87,7 +113,12 @@ pub(crate) fn register<B: FusionBackend, K: CustomKernel<B>>(
             kernel,
             #[cfg(feature = "test-hooks")]
             hooks: crate::test_hooks::capture(),
+            eager,
             _backend: PhantomData,
         },
-    )
+    );
+    if eager {
+        client.flush_queue();
+    }
+    outputs
 }

@@ -5,6 +5,8 @@
 //! Inputs arrive validated: the API entry checks them where the user called the op, before
 //! anything is registered (the stream executes later, possibly on another thread).
 
+pub use custom_op::EAGER_HAND_OFF;
+
 mod activation;
 mod adamw;
 mod attention;
@@ -210,6 +212,12 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         // The stream's thread runs what is queued, then submits the inner backend's queue.
         let inner = device.clone();
         burn_fusion::get_client::<B>(device).sync(move || B::submit_queued(&inner));
+    }
+
+    fn hand_off_queued(device: &B::Device) {
+        // The stream's thread takes the operations queued so far; a fused operation hands
+        // the inner backend's queue on when it runs there (`custom_op`).
+        burn_fusion::get_client::<B>(device).flush_queue();
     }
 
     fn fused_cross_entropy_backward(

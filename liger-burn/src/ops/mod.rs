@@ -191,6 +191,14 @@ pub trait FusedOps: Backend {
     /// backend runs operations as they come).
     fn submit_queued(_device: &Self::Device) {}
 
+    /// Hands the work queued for `device` so far to the device's threads without waiting
+    /// for them: the non-blocking counterpart of [`FusedOps::submit_queued`], which the
+    /// fusion stream's fused operations call as they are queued and run, so a fused kernel
+    /// does not wait for 31 more tasks or a synchronization (see `submit_queued`). The
+    /// host pays a few atomic writes; the next task queued may wait for the device thread
+    /// to take the batch. Default: nothing.
+    fn hand_off_queued(_device: &Self::Device) {}
+
     /// RMSNorm over the last dimension: `x * rstd * (offset + weight)`.
     ///
     /// `x: [..., d]`, `weight: [d]`.

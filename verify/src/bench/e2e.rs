@@ -519,6 +519,9 @@ fn child_args(args: &BenchArgs, case: E2eCase) -> Vec<String> {
         a.extend(["--e2e-matmul-ordering".into(), v.get_name().into()]);
     }
     a.extend(["--memory-pool".into(), args.memory_pool.name().into()]);
+    if !args.eager_hand_off.on() {
+        a.extend(["--eager-hand-off".into(), "off".into()]);
+    }
     a
 }
 
@@ -730,7 +733,15 @@ fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
         },
         args.memory_pool.name(),
         if r.case.liger == LigerMode::On {
-            format!(" head_grad={}", args.e2e_head_grad.name())
+            format!(
+                " head_grad={} hand_off={}",
+                args.e2e_head_grad.name(),
+                if args.eager_hand_off.on() {
+                    "eager"
+                } else {
+                    "batched"
+                }
+            )
         } else {
             String::new()
         }

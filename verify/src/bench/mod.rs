@@ -7,7 +7,8 @@
 //! Modes:
 //! - `forward`: inner backend `B`, no autodiff, inputs without gradient.
 //! - `full`: forward + backward on `Autodiff<B>`: inputs and weights require grad,
-//!   `y.backward()` (Burn seeds a non-scalar root with ones of its shape).
+//!   the backward starts from gradients of the outputs made once per input set, as the
+//!   PyTorch anchor's `grad_outputs` (see [`upstream`]); a scalar loss from Burn's seed.
 //! - `backward`: derived, full − forward: quantiles of the differences of every pair of
 //!   full and forward samples.
 //!
@@ -31,6 +32,7 @@ pub(crate) mod e2e_case;
 mod matmul;
 mod ops;
 mod optimizer;
+mod upstream;
 
 pub use ops::{BenchOp, Shape};
 
@@ -47,7 +49,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use liger_burn::ops::FusedOps;
 use liger_burn::test_hooks::override_launch_config;
 use liger_cubecl_kernels::LaunchConfig;
-use ops::{Inputs, Mode, Provider, Stock, apply, backward_root, bytes, elements, flops};
+use ops::{Inputs, Mode, Provider, Stock, apply, bytes, differentiated, elements, flops};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
 
@@ -62,6 +64,8 @@ pub fn run(mut args: BenchArgs) -> Result<ExitCode> {
     // A concrete pool, which the rows name and the e2e cases' processes are given.
     args.memory_pool = args.memory_pool.resolve(args.device);
     crate::pool::configure(args.memory_pool)?;
+    // Fused ops register on this thread (single ops and e2e cases alike).
+    let _hand_off = liger_burn::test_hooks::override_hand_off(args.eager_hand_off.on());
     if args.optimizer_step {
         return optimizer::run(args);
     }
@@ -296,6 +300,7 @@ impl OnDevice for Bench {
             autotune,
             path: format!("{path:?}").to_lowercase(),
             submit: args.submit_each_iteration.on(),
+            eager_hand_off: args.eager_hand_off.on(),
         };
         let run = RunInfo {
             gpu: args.gpu.clone().unwrap_or_else(|| B::name(&ctx.device)),
@@ -349,6 +354,14 @@ impl OnDevice for Bench {
                 .iter()
                 .map(|i| Stock::new(op, i, shape, &ctx.device))
                 .collect();
+            // The upstream gradients of each set, made once, as the anchor's.
+            let upstream: Vec<Vec<Option<_>>> = inner
+                .iter()
+                .zip(&stock_inner)
+                .map(|(i, s)| {
+                    upstream::ones(differentiated(op, &apply::<B>(op, Provider::Liger, i, s)))
+                })
+                .collect();
             ctx.sync();
 
             let run_provider = |provider: Provider| -> ProviderResult {
@@ -370,7 +383,8 @@ impl OnDevice for Bench {
                     measure_step(&ctx, timing, hold_full, submit, |i| {
                         let k = i % sets;
                         let outs = apply::<Autodiff<B>>(op, provider, &ad[k], &stock_ad[k]);
-                        let grads = backward_root(op, &outs).backward();
+                        let grads =
+                            upstream::root(differentiated(op, &outs), &upstream[k]).backward();
                         (outs, grads)
                     })
                 }))
@@ -383,7 +397,7 @@ impl OnDevice for Bench {
             };
             let liger = run_provider(Provider::Liger);
             let burn = run_provider(Provider::Burn);
-            drop((inner, ad, stock_inner, stock_ad));
+            drop((inner, ad, stock_inner, stock_ad, upstream));
             if let Some(cube) = &ctx.cube {
                 ctx.sync();
                 cube.cleanup();
@@ -430,6 +444,8 @@ struct Notes {
     path: String,
     /// Each timed iteration's queued work submitted at its end (`--submit-each-iteration`).
     submit: bool,
+    /// Fused ops hand queued work on as they are queued (`--eager-hand-off`).
+    eager_hand_off: bool,
 }
 
 impl Notes {
@@ -569,7 +585,7 @@ fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize 
                 g.hold_full
             };
             let mut config = format!(
-                "{} sets={} hold={} submit={}",
+                "{} sets={} hold={} submit={} hand_off={}",
                 notes.base(),
                 g.sets,
                 hold,
@@ -577,8 +593,18 @@ fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize 
                     "each-iteration"
                 } else {
                     "runtime"
+                },
+                if notes.eager_hand_off {
+                    "eager"
+                } else {
+                    "batched"
                 }
             );
+            if mode != Mode::Forward {
+                // The backward starts from gradients made once per set (`upstream`), not
+                // from Burn's seed of ones filled in each iteration.
+                config.push_str(" upstream=given");
+            }
             if provider == Provider::Liger {
                 config.push_str(&format!(" reduction={}", notes.path));
                 if let Some(units) = ops::backward_units_per_sm() {

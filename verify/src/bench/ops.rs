@@ -2,7 +2,7 @@
 //! (`liger_burn::functional`) and stock Burn forward, and the bytes it must move.
 //!
 //! Every op's forward returns its outputs flattened to 1-D (a free reshape), the first
-//! being the root of the backward (`backward_root`); the rest are held like outputs.
+//! the one the backward differentiates (`differentiated`); the rest are held like outputs.
 
 use burn::backend::Autodiff;
 use burn::module::Param;
@@ -719,16 +719,13 @@ fn rotate_half<BB: Backend>(x: Tensor<BB, 4>) -> Tensor<BB, 4> {
     Tensor::cat(vec![x2.neg(), x1], 3)
 }
 
-/// What `backward()` is called on: the first output (Burn seeds a non-scalar root with
-/// ones of its shape); for RoPE, whose two outputs both need a gradient, their
-/// concatenation (one copy on both providers). A root of `q.sum() + k.sum()` was tried
-/// first and measured 19 ms on the H200 for both providers: the cost of Burn's backward
-/// of that root, which hid RoPE's own.
-pub fn backward_root<BB: Backend>(op: BenchOp, outputs: &[Tensor<BB, 1>]) -> Tensor<BB, 1> {
+/// The outputs the timed backward differentiates: the first; for RoPE, both (q and k).
+/// The rest are held like outputs. Each gets a given gradient ([`super::upstream`]).
+pub fn differentiated<BB: Backend>(op: BenchOp, outputs: &[Tensor<BB, 1>]) -> &[Tensor<BB, 1>] {
     if op == BenchOp::Rope {
-        Tensor::cat(outputs.to_vec(), 0)
+        &outputs[..2]
     } else {
-        outputs[0].clone()
+        &outputs[..1]
     }
 }
 
