@@ -11,6 +11,7 @@
 //! on the calling thread) and lasts as long as its guard, so concurrent tests do not see
 //! each other's. Without the feature none of this exists.
 
+use crate::fusion::HandOff;
 use liger_cubecl_kernels::LaunchConfig;
 use std::cell::Cell;
 use std::thread::LocalKey;
@@ -19,7 +20,7 @@ std::thread_local! {
     static LAUNCH_CONFIG: Cell<Option<LaunchConfig>> = const { Cell::new(None) };
     static ATTENTION_BLOCK: Cell<Option<usize>> = const { Cell::new(None) };
     static CHUNK_ROWS: Cell<Option<usize>> = const { Cell::new(None) };
-    static HAND_OFF: Cell<Option<bool>> = const { Cell::new(None) };
+    static HAND_OFF: Cell<Option<HandOff>> = const { Cell::new(None) };
     static MEMORY_RELEASES: Cell<u64> = const { Cell::new(0) };
 }
 
@@ -93,15 +94,14 @@ pub fn chunk_rows_override() -> Option<usize> {
     CHUNK_ROWS.with(|s| s.get())
 }
 
-/// Fused operations this thread queues on a fusion backend hand the queued work to the
-/// device's threads as they are queued (`eager`) or leave it to the runtime's batching
-/// (instead of [`EAGER_HAND_OFF`](crate::fusion::EAGER_HAND_OFF)), to measure both.
-pub fn override_hand_off(eager: bool) -> OverrideGuard<bool> {
-    scoped_override(&HAND_OFF, eager)
+/// Fused operations this thread queues on a fusion backend use `hand_off` (instead of
+/// [`HAND_OFF`](crate::fusion::HAND_OFF)), to measure each.
+pub fn override_hand_off(hand_off: HandOff) -> OverrideGuard<HandOff> {
+    scoped_override(&HAND_OFF, hand_off)
 }
 
 /// The calling thread's hand-off override, if any.
-pub fn hand_off_override() -> Option<bool> {
+pub fn hand_off_override() -> Option<HandOff> {
     HAND_OFF.with(|s| s.get())
 }
 

@@ -42,7 +42,7 @@
 # E2E_HEAD_GRAD=f32 sums the LM head's weight gradient in f32 (default weight-dtype).
 # E2E_MODES (default off,on) picks the modes (on alone against the PyTorch anchor);
 # E2E_CHECKPOINTING=on runs both with Burn's balanced gradient checkpointing.
-# E2E_EAGER_HAND_OFF=off leaves the fused ops' queued work to the runtime's batching.
+# E2E_HAND_OFF (runtime, kernels or operations) sets `--hand-off` (default: liger-burn's).
 #
 # E2E_MODEL overrides the model (e.g. llama3-8b) and E2E_LORA_RANK gives LoRA steps
 # (`--e2e-lora-rank`; the anchor's counterpart: ANCHOR_E2E_ARGS="--lora-rank N").
@@ -214,7 +214,7 @@ for step in $steps; do
       lora=${E2E_LORA_RANK:+--e2e-lora-rank $E2E_LORA_RANK}
       attention=${E2E_LIGER_ATTENTION:-on}
       pool=${E2E_MEMORY_POOL:-default}
-      log="$OUT/bench_e2e_$model${E2E_LORA_RANK:+_lora$E2E_LORA_RANK}$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool")$([ "${E2E_CHECKPOINTING:-off}" = off ] || echo _ckpt)$([ "${E2E_HEAD_GRAD:-weight-dtype}" = weight-dtype ] || echo "_head_$E2E_HEAD_GRAD")$([ "${E2E_EAGER_HAND_OFF:-on}" = on ] || echo _batched).log"
+      log="$OUT/bench_e2e_$model${E2E_LORA_RANK:+_lora$E2E_LORA_RANK}$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool")$([ "${E2E_CHECKPOINTING:-off}" = off ] || echo _ckpt)$([ "${E2E_HEAD_GRAD:-weight-dtype}" = weight-dtype ] || echo "_head_$E2E_HEAD_GRAD")${E2E_HAND_OFF:+_$E2E_HAND_OFF}.log"
       timeout "${E2E_WALL:-585}" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 --e2e-models "$model" \
         --e2e-seq "${E2E_SEQ:-1024,2048,4096,8192,16384,32768}" --e2e-batch "${E2E_BATCH:-1}" \
         --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget "${E2E_BUDGET:-550}" $layers $lora \
@@ -222,7 +222,7 @@ for step in $steps; do
         --e2e-master-weights "${E2E_MASTER_WEIGHTS:-off}" --e2e-modes "${E2E_MODES:-off,on}" \
         --e2e-head-grad "${E2E_HEAD_GRAD:-weight-dtype}" \
         --e2e-gradient-checkpointing "${E2E_CHECKPOINTING:-off}" \
-        --eager-hand-off "${E2E_EAGER_HAND_OFF:-on}" --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
+        ${E2E_HAND_OFF:+--hand-off $E2E_HAND_OFF} --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
       tail -n 30 "$log"
       ;;
     post)
@@ -291,20 +291,20 @@ for step in $steps; do
       # Liger-Kernel's again, so drift between the passes shows. Rows in one CSV.
       # As the anchor synchronizes once per sample of --iters iterations, liger bench
       # holds up to KVL_HOLD_GIB (default 64) of outputs, so that it synchronizes once
-      # per sample where they fit; KVL_HAND_OFF (default "on off") runs liger bench once
-      # per --eager-hand-off value.
+      # per sample where they fit; KVL_HAND_OFF (a list of `--hand-off` values, default
+      # liger-burn's own) runs liger bench once per value.
       if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
           --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
       fi
       ops=rms_norm,layer_norm,swiglu,cross_entropy
       passes="first"
-      for h in ${KVL_HAND_OFF:-on off}; do passes="$passes ours-$h"; done
+      for h in ${KVL_HAND_OFF:-default}; do passes="$passes ours-$h"; done
       for pass in $passes second; do
         echo "== $pass" >>"$OUT/kernels_vs_lk.log"
         if [ "${pass#ours-}" != "$pass" ]; then
           $BIN bench --device cuda --dtype bf16 --op $ops --csv "$OUT/kernels_vs_lk.csv" \
-            --hold-gib "${KVL_HOLD_GIB:-64}" --eager-hand-off "${pass#ours-}" \
+            --hold-gib "${KVL_HOLD_GIB:-64}" $([ "$pass" = ours-default ] || echo --hand-off "${pass#ours-}") \
             >>"$OUT/kernels_vs_lk.log" 2>&1 || status=1
         else
           python3 scripts/device/anchor_kernels.py --ops $ops --providers liger-kernel --no-gemms \

@@ -23,6 +23,40 @@ impl OnOff {
     }
 }
 
+/// `--hand-off`: [`liger_burn::fusion::HandOff`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum HandOffArg {
+    /// The runtimes' batching.
+    Runtime,
+    /// Each fused kernel's launch.
+    Kernels,
+    /// Each fused op as it is queued, and its kernel's launch.
+    Operations,
+}
+
+impl HandOffArg {
+    /// The hand-off `arg` asks for, or liger-burn's default.
+    pub fn resolve(arg: Option<Self>) -> liger_burn::fusion::HandOff {
+        use liger_burn::fusion::HandOff;
+        match arg {
+            None => liger_burn::fusion::HAND_OFF,
+            Some(HandOffArg::Runtime) => HandOff::Runtime,
+            Some(HandOffArg::Kernels) => HandOff::Kernels,
+            Some(HandOffArg::Operations) => HandOff::Operations,
+        }
+    }
+
+    /// The CSV's name of `hand_off`.
+    pub fn name(hand_off: liger_burn::fusion::HandOff) -> &'static str {
+        use liger_burn::fusion::HandOff;
+        match hand_off {
+            HandOff::Runtime => "runtime",
+            HandOff::Kernels => "kernels",
+            HandOff::Operations => "operations",
+        }
+    }
+}
+
 /// The dtype the fused linear cross entropy sums the LM head's weight gradient in over its
 /// chunks (`liger_burn::ops::WeightGradAccumulation`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -195,12 +229,13 @@ pub struct BenchArgs {
     /// a user's loop of one op gets them. The CSV config says which ran.
     #[arg(long, value_enum, default_value_t = OnOff::Off, value_name = "on|off")]
     pub submit_each_iteration: OnOff,
-    /// Fused ops on a fusion backend hand the queued work to the device's threads as they
-    /// are queued (`on`, liger-burn's default: `liger_burn::fusion::EAGER_HAND_OFF`) or
-    /// leave it to the runtime's batching of 32 tasks (`off`), for single ops and the
-    /// liger-on e2e steps alike. The CSV config says which ran.
-    #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
-    pub eager_hand_off: OnOff,
+    /// When fused ops on a fusion backend hand queued work to the device's threads
+    /// (`liger_burn::fusion::HandOff`): `runtime` leaves it to the runtimes' batching of
+    /// 32 tasks, `kernels` hands on each fused kernel's launch, `operations` also each
+    /// fused op as it is queued. Default: liger-burn's (`liger_burn::fusion::HAND_OFF`).
+    /// For single ops and the liger-on e2e steps alike; the CSV config says which ran.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    pub hand_off: Option<HandOffArg>,
     /// End-to-end training steps instead of single ops: for each --e2e-models model
     /// (random weights), each --e2e-seq length and liger off / on, time
     /// forward + loss + backward + AdamW step (synchronized) and read the peak pool memory;

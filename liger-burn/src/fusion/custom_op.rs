@@ -4,12 +4,10 @@
 //!
 //! Hand-off: Burn's fusion client and CubeCL 0.10's device client queue tasks and hand
 //! them to their device threads 32 at a time or at a blocking call. A fused kernel is
-//! large and is often what the device waits for, so with [`EAGER_HAND_OFF`] each fused
-//! operation hands on the queue it joins (the fusion stream's when it is registered, the
-//! inner backend's when its kernel is queued), without waiting for either thread.
+//! large and is often what the device waits for, so a fused operation can hand on the
+//! queue it joins without waiting for the thread that takes it ([`HandOff`]).
 
 use crate::ops::FusedOps;
-use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape};
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{FusionBackend, FusionRuntime, FusionTensor};
@@ -17,8 +15,22 @@ use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 use core::fmt::Debug;
 use core::marker::PhantomData;
 
-/// Whether fused operations hand queued work on as they are queued (see the module docs).
-pub const EAGER_HAND_OFF: bool = true;
+/// When a fused operation hands queued work to the device's threads (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandOff {
+    /// As the runtimes batch it: 32 tasks at a time or at a blocking call.
+    Runtime,
+    /// Its kernel's launch: when the stream runs the operation, the inner backend's queue
+    /// is handed on from the stream's thread.
+    Kernels,
+    /// Also the operation itself: the fusion stream's queue is handed on from the
+    /// caller's thread when it is registered; the caller's next task may then wait for
+    /// the stream's thread to take the batch.
+    Operations,
+}
+
+/// The hand-off fused operations use.
+pub const HAND_OFF: HandOff = HandOff::Kernels;
 
 /// The handles of a running custom operation.
 pub(crate) type Handles<B> =
@@ -52,7 +64,7 @@ struct CustomOp<B, K> {
     #[cfg(feature = "test-hooks")]
     hooks: crate::test_hooks::Captured,
     /// Hand the inner backend's queue on once the kernel is queued.
-    eager: bool,
+    hand_off_kernel: bool,
     _backend: PhantomData<B>,
 }
 
@@ -72,7 +84,7 @@ impl<B: FusionBackend + FusedOps, K: CustomKernel<B>> Operation<B::FusionRuntime
             self.desc.id
         );
         let device = self
-            .eager
+            .hand_off_kernel
             .then(|| outputs.first().map(B::float_device))
             .flatten();
         for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
@@ -102,9 +114,9 @@ pub(crate) fn register<B: FusionBackend + FusedOps, K: CustomKernel<B>>(
     let inputs = inputs.into_iter().map(|t| t.into_ir()).collect::<Vec<_>>();
     let desc = CustomOpIr::new(id, &inputs, &outputs);
     #[cfg(feature = "test-hooks")]
-    let eager = crate::test_hooks::hand_off_override().unwrap_or(EAGER_HAND_OFF);
+    let hand_off = crate::test_hooks::hand_off_override().unwrap_or(HAND_OFF);
     #[cfg(not(feature = "test-hooks"))]
-    let eager = EAGER_HAND_OFF;
+    let hand_off = HAND_OFF;
     let outputs = client.register(
         streams,
         OperationIr::Custom(desc.clone()),
@@ -113,11 +125,11 @@ pub(crate) fn register<B: FusionBackend + FusedOps, K: CustomKernel<B>>(
             kernel,
             #[cfg(feature = "test-hooks")]
             hooks: crate::test_hooks::capture(),
-            eager,
+            hand_off_kernel: hand_off != HandOff::Runtime,
             _backend: PhantomData,
         },
     );
-    if eager {
+    if hand_off == HandOff::Operations {
         client.flush_queue();
     }
     outputs

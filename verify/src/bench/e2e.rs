@@ -519,8 +519,8 @@ fn child_args(args: &BenchArgs, case: E2eCase) -> Vec<String> {
         a.extend(["--e2e-matmul-ordering".into(), v.get_name().into()]);
     }
     a.extend(["--memory-pool".into(), args.memory_pool.name().into()]);
-    if !args.eager_hand_off.on() {
-        a.extend(["--eager-hand-off".into(), "off".into()]);
+    if let Some(v) = args.hand_off.and_then(|h| h.to_possible_value()) {
+        a.extend(["--hand-off".into(), v.get_name().into()]);
     }
     a
 }
@@ -736,11 +736,7 @@ fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
             format!(
                 " head_grad={} hand_off={}",
                 args.e2e_head_grad.name(),
-                if args.eager_hand_off.on() {
-                    "eager"
-                } else {
-                    "batched"
-                }
+                crate::args::HandOffArg::name(crate::args::HandOffArg::resolve(args.hand_off))
             )
         } else {
             String::new()

@@ -36,7 +36,7 @@ mod upstream;
 
 pub use ops::{BenchOp, Shape};
 
-use crate::args::BenchArgs;
+use crate::args::{BenchArgs, HandOffArg};
 use crate::ceiling::CopySpec;
 use crate::csv::{self, Row, RunInfo};
 use crate::device::{self, Ctx, OnDevice, PoolUsage};
@@ -65,7 +65,7 @@ pub fn run(mut args: BenchArgs) -> Result<ExitCode> {
     args.memory_pool = args.memory_pool.resolve(args.device);
     crate::pool::configure(args.memory_pool)?;
     // Fused ops register on this thread (single ops and e2e cases alike).
-    let _hand_off = liger_burn::test_hooks::override_hand_off(args.eager_hand_off.on());
+    let _hand_off = liger_burn::test_hooks::override_hand_off(HandOffArg::resolve(args.hand_off));
     if args.optimizer_step {
         return optimizer::run(args);
     }
@@ -300,7 +300,7 @@ impl OnDevice for Bench {
             autotune,
             path: format!("{path:?}").to_lowercase(),
             submit: args.submit_each_iteration.on(),
-            eager_hand_off: args.eager_hand_off.on(),
+            hand_off: HandOffArg::resolve(args.hand_off),
         };
         let run = RunInfo {
             gpu: args.gpu.clone().unwrap_or_else(|| B::name(&ctx.device)),
@@ -444,8 +444,8 @@ struct Notes {
     path: String,
     /// Each timed iteration's queued work submitted at its end (`--submit-each-iteration`).
     submit: bool,
-    /// Fused ops hand queued work on as they are queued (`--eager-hand-off`).
-    eager_hand_off: bool,
+    /// When fused ops hand queued work on (`--hand-off`).
+    hand_off: liger_burn::fusion::HandOff,
 }
 
 impl Notes {
@@ -594,11 +594,7 @@ fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize 
                 } else {
                     "runtime"
                 },
-                if notes.eager_hand_off {
-                    "eager"
-                } else {
-                    "batched"
-                }
+                HandOffArg::name(notes.hand_off)
             );
             if mode != Mode::Forward {
                 // The backward starts from gradients made once per set (`upstream`), not
