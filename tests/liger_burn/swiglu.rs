@@ -44,37 +44,48 @@ liger_tests::glu_mlp_tests!(
     swiglu_mlp_defaults_and_any_rank
 );
 
-/// `FusedOps::submit_queued` between queueing work and reading it back changes nothing but
-/// when the work starts, on every backend (the fusion stream's, CubeCL's and Autodiff's).
+/// `FusedOps::submit_queued` and `FusedOps::hand_off_queued` between queueing work and
+/// reading it back, and each `HandOff` of the fusion stream's fused operations, change
+/// nothing but when the work starts, on every backend (the fusion stream's, CubeCL's and
+/// Autodiff's).
 struct SubmitQueued;
 
 impl liger_tests::BackendVisitor for SubmitQueued {
     fn visit<B: liger_burn::ops::FusedOps>(&mut self, label: &str, device: &B::Device) {
         use burn::backend::Autodiff;
+        use liger_burn::fusion::HandOff;
+        use liger_burn::ops::FusedOps;
         use liger_tests::tensors::{floats, values};
         let mut rng = liger_tests::fresh_rng();
         let (gate, up) = (
             rng.vec(6 * 37, -3.0, 3.0, 0.0),
             rng.vec(6 * 37, -3.0, 3.0, 0.0),
         );
-        let run = |submit: bool| {
+        let run = |submit: bool, hand_off: HandOff| {
+            let _hand_off = liger_burn::test_hooks::override_hand_off(hand_off);
             let gate = floats::<Autodiff<B>, 2>(&gate, [6, 37], device).require_grad();
             let up = floats::<Autodiff<B>, 2>(&up, [6, 37], device);
             let y = liger_burn::functional::swiglu(gate.clone(), up);
             if submit {
-                <Autodiff<B> as liger_burn::ops::FusedOps>::submit_queued(device);
+                <Autodiff<B> as FusedOps>::submit_queued(device);
             }
             let grads = y.clone().backward();
             if submit {
                 B::submit_queued(device);
+                B::hand_off_queued(device);
             }
             (values(y.inner()), values(gate.grad(&grads).unwrap()))
         };
-        assert_eq!(
-            run(true),
-            run(false),
-            "{label}: submitting queued work changed a result"
-        );
+        let reference = run(false, HandOff::Runtime);
+        for hand_off in [HandOff::Runtime, HandOff::Kernels, HandOff::Operations] {
+            for submit in [false, true] {
+                assert_eq!(
+                    run(submit, hand_off),
+                    reference,
+                    "{label}: {hand_off:?} hand-off (submitting: {submit}) changed a result"
+                );
+            }
+        }
     }
 }
 

@@ -89,3 +89,70 @@ pub fn ones<B: Backend>(outputs: &[Tensor<B, 1>]) -> Vec<Option<Tensor<B, 1>>> {
         .map(|o| (o.dims()[0] > 1).then(|| Tensor::ones(o.shape(), (&o.device(), o.dtype()))))
         .collect()
 }
+
+#[cfg(all(test, feature = "ndarray"))]
+mod tests {
+    use super::{ones, root};
+    use burn::backend::{Autodiff, NdArray};
+    use burn::tensor::{Tensor, TensorData, Tolerance};
+
+    type B = NdArray<f32>;
+
+    #[test]
+    fn each_output_gets_its_given_gradient() {
+        let device = Default::default();
+        let xs = [1.0f32, -2.0, 0.5];
+        let x = Tensor::<Autodiff<B>, 1>::from_floats(xs, &device).require_grad();
+        let y = x.clone() * 3.0;
+        let z = x.clone().exp();
+        let dy = [0.5f32, 2.0, -1.0];
+        let dz = [-1.5f32, 0.25, 4.0];
+        let upstream = [
+            Some(Tensor::<B, 1>::from_floats(dy, &device)),
+            Some(Tensor::<B, 1>::from_floats(dz, &device)),
+        ];
+        let r = root(&[y, z], &upstream);
+        assert_eq!(r.dims(), [1]);
+        let grad = x.grad(&r.backward()).unwrap().into_data();
+        // d/dx of Σ dy·3x + Σ dz·exp(x), not Burn's seed of ones (3 + exp(x)).
+        let expected: Vec<f32> = (0..3).map(|i| 3.0 * dy[i] + xs[i].exp() * dz[i]).collect();
+        grad.assert_approx_eq::<f32>(&TensorData::from(expected.as_slice()), Tolerance::default());
+        let seeded: Vec<f32> = xs.iter().map(|x| 3.0 + x.exp()).collect();
+        assert!(
+            grad.to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .zip(&seeded)
+                .any(|(g, s)| (g - s).abs() > 1e-3),
+            "the given gradients must differ from Burn's seed for this test to tell them apart"
+        );
+    }
+
+    #[test]
+    fn a_scalar_output_is_its_own_root() {
+        let device = Default::default();
+        let x = Tensor::<Autodiff<B>, 1>::from_floats([1.0f32, 2.0], &device).require_grad();
+        let loss = (x.clone() * 2.0).sum();
+        let upstream = ones(std::slice::from_ref(&loss.clone().inner()));
+        assert!(
+            upstream[0].is_none(),
+            "a one-element output takes Burn's seed"
+        );
+        let grad = x
+            .grad(&root(&[loss], &upstream).backward())
+            .unwrap()
+            .into_data();
+        grad.assert_approx_eq::<f32>(&TensorData::from([2.0f32, 2.0]), Tolerance::default());
+    }
+
+    #[test]
+    fn ones_match_the_outputs() {
+        let device = Default::default();
+        let out = Tensor::<B, 1>::from_floats([1.0f32, 2.0, 3.0, 4.0], &device);
+        let made = ones(&[out]);
+        let dy = made[0]
+            .clone()
+            .expect("a gradient for a four-element output");
+        assert_eq!(dy.to_data().to_vec::<f32>().unwrap(), vec![1.0; 4]);
+    }
+}
