@@ -74,6 +74,7 @@ pub mod counters {
         distill_rows,
         matmul_vendor,
         matmul_vendor_epilogue,
+        matmul_vendor_queued,
         matmul_backend,
         adamw_step,
         adamw_step_in_place,

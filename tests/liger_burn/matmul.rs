@@ -682,6 +682,82 @@ sweep_test!(matmul_2d_matches_reference, CASES_2D);
 sweep_test!(matmul_3d_matches_reference, CASES_3D);
 sweep_test!(matmul_4d_matches_reference, CASES_4D);
 
+/// A product of a layout cuBLASLt has planned is queued on CubeCL's device thread without
+/// the caller waiting (the first of a layout waits, to fall back if cuBLASLt declines
+/// it): on CUDA, of two products of one layout at least the second is queued; both match
+/// the reference, as do an operation of the backend's own that reads the queued product
+/// right after it and a product whose lhs is that queued output.
+#[test]
+fn queued_products_match_reference() {
+    struct V(Sweep);
+    impl BackendVisitor for V {
+        fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+            // A layout no other test uses, so its first product here is the first.
+            let c = case("queued", [41, 67], Plain, [67, 23], Transposed);
+            let next = case("queued, chained", [41, 23], Plain, [23, 19], Plain);
+            for dtype in liger_tests::dtypes::<B>(device) {
+                let before = matmul_counts();
+                let tensors = |i: &Inputs, c: &Case<2>| {
+                    (
+                        device_tensor::<Liger<B>, 2>(&i.lhs, c.lhs, c.lhs_view, dtype, device),
+                        device_tensor::<Liger<B>, 2>(&i.rhs, c.rhs, c.rhs_view, dtype, device),
+                    )
+                };
+                let first = Inputs::new(&c, dtype, &mut self.0.rng);
+                let second = Inputs::new(&c, dtype, &mut self.0.rng);
+                let (l1, r1) = tensors(&first, &c);
+                let (l2, r2) = tensors(&second, &c);
+                let y1 = l1.matmul(r1);
+                let y2 = l2.matmul(r2);
+                // Read right after the product: a negation is exact.
+                let negated = y2.clone().neg();
+                // The chained product's lhs is y2 as stored (rounded to the dtype).
+                let w = Inputs::new(&next, dtype, &mut self.0.rng);
+                let w_tensor =
+                    device_tensor::<Liger<B>, 2>(&w.rhs, next.rhs, next.rhs_view, dtype, device);
+                let chained = y2.clone().matmul(w_tensor);
+                let y2_values = values(y2);
+                let what = |t: &str| format!("{label} {dtype:?} queued: {t}");
+                let (e1, _, _) = reference(&first.lhs_host, &first.rhs_host, &first.g_host);
+                let (e2, _, _) = reference(&second.lhs_host, &second.rhs_host, &second.g_host);
+                self.0.report.check(what("first"), &e1, &values(y1), dtype);
+                self.0.report.check(what("second"), &e2, &y2_values, dtype);
+                let minus: Vec<f64> = values(negated).iter().map(|v| -v).collect();
+                self.0.report.check(what("read after"), &e2, &minus, dtype);
+                let stored_y2 = Host {
+                    shape: vec![41, 23],
+                    data: y2_values,
+                };
+                let (e3, _, _) = reference(&stored_y2, &w.rhs_host, &w.g_host);
+                self.0
+                    .report
+                    .check(what("chained"), &e3, &values(chained), dtype);
+                let queued = matmul_counts().queued - before.queued;
+                if label.starts_with("cuda") && queued < 1 {
+                    self.0.report.failures.push(format!(
+                        "{}: none of three products was queued",
+                        what("path")
+                    ));
+                }
+                if !label.starts_with("cuda") && queued != 0 {
+                    self.0.report.failures.push(format!(
+                        "{}: {queued} products queued off CUDA",
+                        what("path")
+                    ));
+                }
+            }
+        }
+    }
+    let rng = liger_tests::fresh_rng();
+    let seed = rng.seed();
+    let mut v = V(Sweep {
+        rng,
+        report: Report::default(),
+    });
+    for_each_backend(&mut v);
+    finish("queued_products_match_reference", seed, v.0.report);
+}
+
 /// `burn::nn::Linear` on `[2, 7, 33]` input with a bias, both wrapping orders: output
 /// and the gradients of x, the weight and the bias.
 #[test]

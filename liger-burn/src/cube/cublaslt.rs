@@ -24,10 +24,10 @@
 //!    CubeCL operation, including one that reuses the inputs' memory once Burn frees
 //!    them, runs after the product.
 //!
-//! All of it is issued from CubeCL's device thread in one `ComputeClient::exclusive`
-//! task, under the device's lock (CubeCL launches asynchronously from that thread, so
-//! issuing from the caller's would let the driver see our wait before the publish), so
-//! the driver sees every wait after the work that satisfies it. That invariant is what
+//! All of it is issued from CubeCL's device thread in one task (CubeCL launches
+//! asynchronously from that thread, so issuing from the caller's would let the driver see
+//! our wait before the publish), so the driver sees every wait after the work that
+//! satisfies it. That invariant is what
 //! keeps the protocol free of deadlock: whatever the driver does at any point of the
 //! issue order (serialize streams that share a hardware queue, or synchronize the
 //! context to load a module lazily, as CUDA's lazy loading may), everything already
@@ -46,6 +46,18 @@
 //!
 //! **Host synchronization** (where neither works, and on request): synchronize CubeCL's stream, run the product on liger's stream, synchronize
 //! liger's stream.
+//!
+//! **Queued or waited for.** Under the device-side protocols a product whose layout
+//! cuBLASLt has planned before, with no epilogue vector, is queued on CubeCL's device
+//! thread ([`VendorQueue`], in order with CubeCL's own launches) and the caller goes on
+//! at once: nothing about it can fail for want of an algorithm any more (a new alignment
+//! of a known layout falls back to a plan for the elements' own alignment). Everything
+//! else (a layout's first product, epilogue vectors, whose alignment decides whether they
+//! run at all, host synchronization, other libraries' work) runs in a
+//! `ComputeClient::exclusive` task the caller waits for, so that it can fall back to
+//! Burn's kernels when cuBLASLt declines. A queued product that fails to launch, which
+//! no layout cuBLASLt planned should, is logged as an error when it happens and reported
+//! by a panic at the device's next vendor call, as CUDA reports asynchronous errors.
 
 use super::matmul_layout::{BlasMatrix, GemmLayout, alignment};
 use super::sequence;
@@ -53,12 +65,16 @@ use super::vendor_engines::{PerDevice, as_ptr, panic_text};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::{CudaDevice, CudaRuntime};
+use cubecl::device::{Device, DeviceId, DeviceService, ServerUtilitiesHandle};
+use cubecl::device_handle::DeviceHandle;
 use cubecl::prelude::{ComputeClient, Runtime};
 use cubecl::server::Handle;
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
 use cudarc::driver::{CudaContext, CudaStream, result as driver, sys as driver_sys};
-use std::collections::HashMap;
+use liger_cubecl_kernels::counters::{self, Kernel};
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 
 /// cuBLASLt workspace per device: NVIDIA's recommendation for Hopper.
@@ -297,35 +313,127 @@ pub(crate) fn run_chain(
 ) -> Result<MatmulOrdering, Unavailable> {
     let first = products.first().expect("a chain of at least one product");
     let engine = engine(device)?;
-    let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
-    let ordering = ordering.unwrap_or_else(|| engine.default_ordering());
-    if ordering == MatmulOrdering::StreamMemoryOperations
-        && let Err(why) = &engine.stream_memory_operations
-    {
-        return Err(Unavailable::NoStreamMemoryOperations(why.clone()));
-    }
-    if ordering == MatmulOrdering::FlagKernels
-        && let Err(why) = &engine.flag_kernels
-    {
-        return Err(Unavailable::NoFlagKernels(why.clone()));
-    }
     let client = first.out.client.clone();
-    let state: &mut Engine = &mut engine;
+    // The lock is never held while waiting for the device thread: queued tasks take it.
+    let (ordering, queue) = {
+        let mut state = engine.lock().unwrap_or_else(|e| e.into_inner());
+        state.raise_fault();
+        let ordering = ordering.unwrap_or_else(|| state.default_ordering());
+        if ordering == MatmulOrdering::StreamMemoryOperations
+            && let Err(why) = &state.stream_memory_operations
+        {
+            return Err(Unavailable::NoStreamMemoryOperations(why.clone()));
+        }
+        if ordering == MatmulOrdering::FlagKernels
+            && let Err(why) = &state.flag_kernels
+        {
+            return Err(Unavailable::NoFlagKernels(why.clone()));
+        }
+        let queue = state
+            .queueable(products, ordering)
+            .then(|| state.queue.clone());
+        (ordering, queue)
+    };
+    if let Some(queue) = queue {
+        let owned = products.iter().map(QueuedProduct::new).collect::<Vec<_>>();
+        let engine = engine.clone();
+        queue.submit(move |_: &mut VendorQueue| {
+            let mut state = engine.lock().unwrap_or_else(|e| e.into_inner());
+            let products = owned.iter().map(QueuedProduct::product).collect::<Vec<_>>();
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                state.run(&client, &products, ordering)
+            }));
+            let why = match outcome {
+                Ok(Ok(())) => return,
+                Ok(Err(Failure::Unavailable(why))) => why.to_string(),
+                Ok(Err(Failure::Launch(why))) => why,
+                Err(panic) => panic_text(panic.as_ref()),
+            };
+            let first = &owned[0];
+            state.record_fault(format!(
+                "a queued cuBLASLt product failed ({} product(s), the first lhs {:?}, rhs {:?}, {:?}, ordering {}): {why}",
+                owned.len(),
+                first.lhs.meta.shape(),
+                first.rhs.meta.shape(),
+                first.lhs.dtype,
+                ordering.name()
+            ));
+        });
+        queue.flush_queue();
+        counters::record(Kernel::matmul_vendor_queued);
+        return Ok(ordering);
+    }
     let outcome = client
-        .exclusive(|| state.run(&client, products, ordering))
+        .exclusive(|| {
+            let mut state = engine.lock().unwrap_or_else(|e| e.into_inner());
+            state.run(&client, products, ordering)
+        })
         .map_err(|e| Unavailable::Setup(format!("CubeCL's device thread: {e:?}")))?;
     match outcome {
         Ok(()) => Ok(ordering),
         Err(Failure::Unavailable(why)) => Err(why),
         Err(Failure::Launch(why)) => panic!(
             "matmul: cuBLASLt failed on CUDA device {} ({} product(s), the first lhs {:?}, rhs {:?}, {:?}, ordering {}): {why}",
-            engine.ordinal,
+            device.index,
             products.len(),
             first.lhs.meta.shape(),
             first.rhs.meta.shape(),
             first.lhs.dtype,
             ordering.name()
         ),
+    }
+}
+
+/// A [`Product`] without an epilogue vector, owning its tensors, for a queued task.
+struct QueuedProduct {
+    lhs: CubeTensor<CudaRuntime>,
+    rhs: CubeTensor<CudaRuntime>,
+    out: CubeTensor<CudaRuntime>,
+    layout: GemmLayout,
+    accumulate: bool,
+    alpha: f32,
+}
+
+impl QueuedProduct {
+    fn new(product: &Product<'_>) -> Self {
+        debug_assert!(product.epilogue.vector().is_none());
+        Self {
+            lhs: product.lhs.clone(),
+            rhs: product.rhs.clone(),
+            out: product.out.clone(),
+            layout: product.layout.clone(),
+            accumulate: product.accumulate,
+            alpha: product.alpha,
+        }
+    }
+
+    fn product(&self) -> Product<'_> {
+        Product {
+            lhs: &self.lhs,
+            rhs: &self.rhs,
+            out: &self.out,
+            layout: &self.layout,
+            accumulate: self.accumulate,
+            alpha: self.alpha,
+            epilogue: Epilogue::None,
+        }
+    }
+}
+
+/// A service on CubeCL's device thread of each CUDA device (a service of the default
+/// stage shares the thread and the queue of CubeCL's server), so that vendor work can be
+/// queued there in order with CubeCL's launches without the caller waiting. It holds
+/// nothing: a task owns what it needs, and CubeCL's server stays free for the task's own
+/// CubeCL calls, which a task queued on the server itself would find borrowed.
+struct VendorQueue;
+
+impl DeviceService for VendorQueue {
+    fn init(_: DeviceId) -> Self {
+        VendorQueue
+    }
+
+    fn utilities(&self) -> ServerUtilitiesHandle {
+        Arc::new(())
     }
 }
 
@@ -338,11 +446,16 @@ pub(crate) fn run_repeated(
     repeats: usize,
 ) -> Result<f64, Unavailable> {
     let engine = engine(device)?;
-    let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+    engine
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .raise_fault();
     let client = product.out.client.clone();
-    let state: &mut Engine = &mut engine;
     let outcome = client
-        .exclusive(|| state.repeated(&client, &product, repeats))
+        .exclusive(|| {
+            let mut state = engine.lock().unwrap_or_else(|e| e.into_inner());
+            state.repeated(&client, &product, repeats)
+        })
         .map_err(|e| Unavailable::Setup(format!("CubeCL's device thread: {e:?}")))?;
     match outcome {
         Ok(seconds) => Ok(seconds),
@@ -375,18 +488,24 @@ pub(crate) fn run_ordered(
     what: &str,
 ) -> Result<MatmulOrdering, Unavailable> {
     let engine = engine(device)?;
-    let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
-    let ordering = engine.default_ordering();
-    let state: &mut Engine = &mut engine;
+    let ordering = {
+        let mut state = engine.lock().unwrap_or_else(|e| e.into_inner());
+        state.raise_fault();
+        state.default_ordering()
+    };
+    // The lock is taken on the device thread: queued tasks ahead of this one take it too.
     let outcome = client
-        .exclusive(|| state.run_work(client, work, ordering))
+        .exclusive(|| {
+            let mut state = engine.lock().unwrap_or_else(|e| e.into_inner());
+            state.run_work(client, work, ordering)
+        })
         .map_err(|e| Unavailable::Setup(format!("CubeCL's device thread: {e:?}")))?;
     match outcome {
         Ok(()) => Ok(ordering),
         Err(Failure::Unavailable(why)) => Err(why),
         Err(Failure::Launch(why)) => panic!(
             "{what} failed on CUDA device {} (ordering {}): {why}",
-            engine.ordinal,
+            device.index,
             ordering.name()
         ),
     }
@@ -435,6 +554,13 @@ struct Engine {
     /// The ordering asked for by [`set_ordering`], in place of the device's default.
     chosen: Option<MatmulOrdering>,
     plans: HashMap<PlanKey, Plan>,
+    /// Plan keys without their alignments ([`PlanKey::layout_only`]) that cuBLASLt has
+    /// planned: products of these layouts are queued.
+    planned: HashSet<PlanKey>,
+    /// Where products are queued on CubeCL's device thread.
+    queue: DeviceHandle<VendorQueue>,
+    /// Why a queued product failed, until the next call reports it.
+    fault: Option<String>,
 }
 
 // Safety: the raw cuBLASLt and driver handles are used only under the engine's lock,
@@ -517,6 +643,9 @@ impl Engine {
             flag_kernels,
             chosen: None,
             plans: HashMap::new(),
+            planned: HashSet::new(),
+            queue: DeviceHandle::new(device.to_id()),
+            fault: None,
         };
         log::info!(
             "liger matmul: cuBLASLt on CUDA device {} (driver {}), ordering by {}{}",
@@ -529,6 +658,35 @@ impl Engine {
             }
         );
         Ok(engine)
+    }
+
+    /// Whether `products` are queued rather than waited for (see the module docs).
+    fn queueable(&self, products: &[Product<'_>], ordering: MatmulOrdering) -> bool {
+        matches!(
+            ordering,
+            MatmulOrdering::StreamMemoryOperations | MatmulOrdering::FlagKernels
+        ) && products.iter().all(|product| {
+            product.epilogue.vector().is_none()
+                && self
+                    .plan_key(product, [0; 3], ordering)
+                    .is_ok_and(|key| self.planned.contains(&key))
+        })
+    }
+
+    /// Logs a queued product's failure, to be reported by the next call.
+    fn record_fault(&mut self, why: String) {
+        log::error!("CUDA device {}: {why}", self.ordinal);
+        self.fault.get_or_insert(why);
+    }
+
+    /// Panics with a queued product's failure, once.
+    fn raise_fault(&mut self) {
+        if let Some(why) = self.fault.take() {
+            panic!(
+                "matmul on CUDA device {}: {why}; the outputs of that product are wrong",
+                self.ordinal
+            );
+        }
     }
 
     /// The multiprocessors a product may plan for under `ordering` (0: all of them). While
@@ -596,7 +754,6 @@ impl Engine {
             }
             None => 0,
         };
-        let dtype = product.lhs.dtype;
         let layout = product.layout;
         let elements = product.element_sizes();
         let aligns = [0, 1, 2].map(|x| {
@@ -608,9 +765,40 @@ impl Engine {
                 .chain((layout.batch > 1).then(|| layout.batch_strides[x] as u64 * element));
             alignment(addresses[x], steps)
         });
-        let key = PlanKey {
-            dtype: data_type(dtype).map_err(Failure::Unavailable)?,
-            out_dtype: data_type(product.out.dtype).map_err(Failure::Unavailable)?,
+        let key = self
+            .plan_key(product, aligns, ordering)
+            .map_err(Failure::Unavailable)?;
+        if !self.plans.contains_key(&key) {
+            if self.plans.len() >= MAX_PLANS {
+                self.plans.clear();
+                self.planned.clear();
+            }
+            // cuBLASLt's kernels for the elements' own alignment take any address of
+            // them: the plan for an alignment that has no algorithm of its own.
+            let plan = Plan::new(self.handle.0, &key)
+                .or_else(|_| Plan::new(self.handle.0, &key.element_aligned(elements)))
+                .map_err(Failure::Unavailable)?;
+            self.plans.insert(key, plan);
+            self.planned.insert(key.layout_only());
+        }
+        Ok(Prepared {
+            addresses,
+            vector,
+            key,
+        })
+    }
+
+    /// The plan key of `product` with operand alignments `aligns` under `ordering`.
+    fn plan_key(
+        &self,
+        product: &Product<'_>,
+        aligns: [u32; 3],
+        ordering: MatmulOrdering,
+    ) -> Result<PlanKey, Unavailable> {
+        let layout = product.layout;
+        Ok(PlanKey {
+            dtype: data_type(product.lhs.dtype)?,
+            out_dtype: data_type(product.out.dtype)?,
             accumulate: product.accumulate,
             m: layout.m,
             n: layout.n,
@@ -623,18 +811,6 @@ impl Engine {
             aligns,
             sm_count_target: self.sm_count_target(ordering),
             epilogue: product.epilogue.kind(),
-        };
-        if !self.plans.contains_key(&key) {
-            if self.plans.len() >= MAX_PLANS {
-                self.plans.clear();
-            }
-            let plan = Plan::new(self.handle.0, &key).map_err(Failure::Unavailable)?;
-            self.plans.insert(key, plan);
-        }
-        Ok(Prepared {
-            addresses,
-            vector,
-            key,
         })
     }
 
@@ -1054,6 +1230,24 @@ struct PlanKey {
     sm_count_target: u32,
     /// The epilogue (its vector in the inputs' dtype).
     epilogue: EpilogueKind,
+}
+
+impl PlanKey {
+    /// The key with no alignment: what decides whether cuBLASLt plans the layout at all.
+    fn layout_only(self) -> Self {
+        Self {
+            aligns: [0; 3],
+            ..self
+        }
+    }
+
+    /// The key with each operand aligned only to its element size in bytes.
+    fn element_aligned(self, element_sizes: [u64; 3]) -> Self {
+        Self {
+            aligns: element_sizes.map(|e| e as u32),
+            ..self
+        }
+    }
 }
 
 /// A product ready to enqueue: the device addresses of BLAS `A`, `B` and the output, of

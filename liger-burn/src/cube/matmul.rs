@@ -33,6 +33,9 @@ pub struct MatmulCounts {
     pub vendor: u64,
     /// Products run on Burn's own matmul.
     pub backend: u64,
+    /// Of the vendor products, those queued on the device thread without the caller
+    /// waiting (cuBLASLt; see `cube::cublaslt`).
+    pub queued: u64,
 }
 
 /// See [`MatmulCounts`].
@@ -41,6 +44,7 @@ pub fn matmul_counts() -> MatmulCounts {
     MatmulCounts {
         vendor: counters::get(Kernel::matmul_vendor),
         backend: counters::get(Kernel::matmul_backend),
+        queued: counters::get(Kernel::matmul_vendor_queued),
     }
 }
 
