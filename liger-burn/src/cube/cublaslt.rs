@@ -50,8 +50,8 @@
 //! **Queued or waited for.** Under the device-side protocols a product whose layout
 //! cuBLASLt has planned before, with no epilogue vector, is queued on CubeCL's device
 //! thread ([`VendorQueue`], in order with CubeCL's own launches) and the caller goes on
-//! at once: nothing about it can fail for want of an algorithm any more (a new alignment
-//! of a known layout falls back to a plan for the elements' own alignment). Everything
+//! at once: its layout has an algorithm, and a new alignment of it that has none of its
+//! own takes the plan for the elements' own alignment. Everything
 //! else (a layout's first product, epilogue vectors, whose alignment decides whether they
 //! run at all, host synchronization, other libraries' work) runs in a
 //! `ComputeClient::exclusive` task the caller waits for, so that it can fall back to
@@ -863,7 +863,7 @@ impl Engine {
             .try_for_each(|(product, prepared)| self.enqueue(product, prepared))
     }
 
-    /// Runs on CubeCL's device thread (inside `ComputeClient::exclusive`).
+    /// Runs on CubeCL's device thread (in a queued task or `ComputeClient::exclusive`).
     fn run(
         &mut self,
         client: &ComputeClient<CudaRuntime>,
