@@ -551,6 +551,14 @@ struct Sweep {
 }
 
 impl Sweep {
+    /// A sweep on fresh random inputs, and the seed that reproduces them.
+    fn fresh() -> (Self, u64) {
+        let rng = liger_tests::fresh_rng();
+        let seed = rng.seed();
+        let report = Report::default();
+        (Self { rng, report }, seed)
+    }
+
     fn cases<B: FusedOps, const D: usize>(
         &mut self,
         label: &str,
@@ -666,12 +674,8 @@ macro_rules! sweep_test {
                     self.0.cases::<B, _>(label, device, &$cases);
                 }
             }
-            let rng = liger_tests::fresh_rng();
-            let seed = rng.seed();
-            let mut v = V(Sweep {
-                rng,
-                report: Report::default(),
-            });
+            let (sweep, seed) = Sweep::fresh();
+            let mut v = V(sweep);
             for_each_backend(&mut v);
             finish(stringify!($name), seed, v.0.report);
         }
@@ -748,12 +752,8 @@ fn queued_products_match_reference() {
             }
         }
     }
-    let rng = liger_tests::fresh_rng();
-    let seed = rng.seed();
-    let mut v = V(Sweep {
-        rng,
-        report: Report::default(),
-    });
+    let (sweep, seed) = Sweep::fresh();
+    let mut v = V(sweep);
     for_each_backend(&mut v);
     finish("queued_products_match_reference", seed, v.0.report);
 }
@@ -796,12 +796,8 @@ fn nn_linear_matches_reference() {
             }
         }
     }
-    let rng = liger_tests::fresh_rng();
-    let seed = rng.seed();
-    let mut v = V(Sweep {
-        rng,
-        report: Report::default(),
-    });
+    let (sweep, seed) = Sweep::fresh();
+    let mut v = V(sweep);
     for_each_backend(&mut v);
     finish("nn_linear_matches_reference", seed, v.0.report);
 }
