@@ -36,6 +36,8 @@ pub struct MatmulCounts {
     /// Of the vendor products, those queued on the device thread without the caller
     /// waiting (cuBLASLt; see `cube::cublaslt`).
     pub queued: u64,
+    /// Product layouts whose cuBLASLt algorithm was chosen by timing its candidates.
+    pub timed: u64,
 }
 
 /// See [`MatmulCounts`].
@@ -45,6 +47,7 @@ pub fn matmul_counts() -> MatmulCounts {
         vendor: counters::get(Kernel::matmul_vendor),
         backend: counters::get(Kernel::matmul_backend),
         queued: counters::get(Kernel::matmul_vendor_queued),
+        timed: counters::get(Kernel::matmul_vendor_timed),
     }
 }
 

@@ -20,7 +20,8 @@
 //! `64x64x64`, metric `us`): many tiny products in a row with each protocol, with Burn's
 //! matmul, and with no per-call ordering at all (`cublaslt-unordered`: the products back
 //! to back between one host synchronization before and one after); `overhead_us` rows are
-//! a protocol's time per call minus that baseline's.
+//! a protocol's time per call minus that baseline's, and `host_*_us` rows the device
+//! thread's host time per product in each phase of the protocol (`cublaslt::HostTimes`).
 
 use super::ops::Shape;
 use crate::args::BenchArgs;
@@ -32,6 +33,7 @@ use anyhow::{Result, bail};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Tensor, TensorPrimitive};
+use clap::ValueEnum;
 use liger_burn::Liger;
 use liger_burn::cube::matmul_counts;
 use liger_burn::ops::FusedOps;
@@ -139,6 +141,20 @@ impl OnDevice for MatmulBench {
             repeats: args.repeats,
         };
         let vendor = B::fused_matmul_uses_vendor_library(&ctx.device, dtype);
+        #[cfg(feature = "cuda")]
+        if ctx.kind == crate::device::DeviceKind::Cuda {
+            use liger_burn::cube::cublaslt::{AlgorithmSelection, set_algorithm_selection};
+            let selection = match args.matmul_algorithms {
+                crate::args::MatmulAlgorithmsArg::Timed => AlgorithmSelection::Timed,
+                crate::args::MatmulAlgorithmsArg::Heuristic => AlgorithmSelection::Heuristic,
+            };
+            set_algorithm_selection(&Default::default(), selection)
+                .map_err(|why| anyhow::anyhow!("--matmul-algorithms: {why}"))?;
+        }
+        #[cfg(not(feature = "cuda"))]
+        if args.matmul_algorithms != crate::args::MatmulAlgorithmsArg::Timed {
+            bail!("--matmul-algorithms: CUDA only (this build has no CUDA)");
+        }
         println!(
             "matmul:    liger's products on {}",
             if vendor {
@@ -156,7 +172,7 @@ impl OnDevice for MatmulBench {
             date: csv::utc_date(),
         };
         let base = format!(
-            "dtype={} iters={} repeats={} warmup={} autotune={}",
+            "dtype={} iters={} repeats={} warmup={} autotune={} matmul_algorithms={}",
             args.dtype,
             timing.iters,
             timing.repeats,
@@ -165,7 +181,10 @@ impl OnDevice for MatmulBench {
                 "on"
             } else {
                 "off"
-            }
+            },
+            args.matmul_algorithms
+                .to_possible_value()
+                .map_or("?".to_string(), |v| v.get_name().to_string())
         );
         let mut table = Table::new(&[
             ("product", Align::Left),
@@ -195,7 +214,10 @@ impl OnDevice for MatmulBench {
                         num(Some(r.p50), 4),
                         num(tflops, 1),
                     ]);
-                } else if r.metric == "us" || r.metric == "overhead_us" {
+                } else if r.metric == "us"
+                    || r.metric == "overhead_us"
+                    || r.metric.starts_with("host_")
+                {
                     table.row(vec![
                         format!("  {}", r.kernel),
                         r.metric.clone(),
@@ -427,7 +449,7 @@ mod cuda {
     use burn::tensor::backend::Backend;
     use burn::tensor::{DType, Tensor, TensorPrimitive};
     use cubecl::cuda::CudaRuntime;
-    use liger_burn::cube::cublaslt::MatmulOrdering;
+    use liger_burn::cube::cublaslt::{MatmulOrdering, host_times};
     use liger_burn::cube::{cublaslt_matmul, cublaslt_repeated_products};
     use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -595,7 +617,12 @@ mod cuda {
             .chain([None])
         {
             let name = ordering.map_or("burn".to_string(), provider);
+            let host_before = host_times(&device).ok();
             let samples = measure::time(tiny, calls, &sync, |_| product(&x, &w, ordering)).wall;
+            let host = host_times(&device)
+                .ok()
+                .zip(host_before)
+                .map(|(after, before)| after.since(&before));
             let q = samples.p50_20_80().map(|s| s * 1e6);
             rows.push(row(&name, "us", q, ""));
             if ordering.is_some() {
@@ -605,6 +632,28 @@ mod cuda {
                     [q[0] - base_q[0], q[1] - base_q[0], q[2] - base_q[0]],
                     "minus cublaslt-unordered's p50",
                 ));
+            }
+            // Where the device thread's time per product goes (all samples together).
+            if let Some(h) = host.filter(|h| h.products > 0) {
+                let per = |seconds: f64| seconds * 1e6 / h.products as f64;
+                for (metric, seconds) in [
+                    ("host_task_us", h.task),
+                    ("host_prepare_us", h.prepare),
+                    ("host_publish_us", h.publish),
+                    ("host_vendor_us", h.vendor),
+                    ("host_await_us", h.await_kernel),
+                ] {
+                    let us = per(seconds);
+                    rows.push(row(
+                        &name,
+                        metric,
+                        [us, us, us],
+                        &format!(
+                            "device thread's host time per product over {} products (mean; the task's includes the others)",
+                            h.products
+                        ),
+                    ));
+                }
             }
         }
         rows
