@@ -75,7 +75,7 @@ pub mod counters {
         matmul_vendor,
         matmul_vendor_epilogue,
         matmul_vendor_queued,
-        matmul_vendor_timed,
+        matmul_vendor_backward_pair,
         matmul_backend,
         adamw_step,
         adamw_step_in_place,

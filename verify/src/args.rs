@@ -102,17 +102,6 @@ pub enum MatmulOrderingArg {
     StreamMemoryOperations,
 }
 
-/// How cuBLASLt's algorithm is chosen for each product layout on CUDA
-/// (`liger_burn::cube::cublaslt::AlgorithmSelection`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum MatmulAlgorithmsArg {
-    /// Up to eight of the heuristic's algorithms timed on the layout's first product; the
-    /// fastest is kept (liger-burn's default).
-    Timed,
-    /// The heuristic's first algorithm (the same kernel on every run).
-    Heuristic,
-}
-
 /// Which cross-unit reduction the kernels use (CubeCL devices only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ReductionArg {
@@ -214,17 +203,6 @@ pub struct BenchArgs {
     /// does not read a value back every step. The `hold` CSV column records the count.
     #[arg(long, default_value_t = 4, value_name = "GIB")]
     pub hold_gib: usize,
-    /// --op matmul on CUDA: how cuBLASLt's algorithm is chosen for each product layout:
-    /// `timed` (the default) times up to eight of the heuristic's candidates on the
-    /// layout's first product and keeps the fastest; `heuristic` keeps its first choice.
-    /// The CSV's config column records it.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "timed",
-        value_name = "timed|heuristic"
-    )]
-    pub matmul_algorithms: MatmulAlgorithmsArg,
     /// Reduction path of the fused kernels.
     #[arg(long, value_enum, default_value_t = ReductionArg::Auto)]
     pub reduction: ReductionArg,

@@ -2,7 +2,8 @@
 //! two products are `B::fused_matmul` too, `grad_lhs = g · rhsᵀ` and
 //! `grad_rhs = lhsᵀ · g` (transposes are views, which the CUDA path reads through
 //! cuBLASLt's transpose flags), each summed over the batch dimensions its operand was
-//! broadcast in, as Burn's own matmul node does. The node keeps `rhs` only when `lhs`
+//! broadcast in, as Burn's own matmul node does. When both operands are 2-D and both
+//! need a gradient, the two products are one `B::fused_matmul_backward` call. The node keeps `rhs` only when `lhs`
 //! needs a gradient and `lhs` only when `rhs` does.
 
 use crate::ops::FusedOps;
@@ -41,6 +42,18 @@ impl<B: FusedOps> Backward<B, 2> for MatmulBackward {
         let grad = grads.consume::<B>(&ops.node);
         let (lhs, rhs, lhs_shape, rhs_shape) = ops.state;
         let [lhs_node, rhs_node] = ops.parents;
+        // Both gradients of a 2-D product (a linear layer's folded rows) in one call: on
+        // CUDA one chain of cuBLASLt products under one ordering.
+        if let (Some(lhs_node), Some(rhs_node), Some(lhs), Some(rhs)) =
+            (&lhs_node, &rhs_node, &lhs, &rhs)
+            && lhs_shape.num_dims() == 2
+            && rhs_shape.num_dims() == 2
+        {
+            let (grad_lhs, grad_rhs) = B::fused_matmul_backward(lhs.clone(), rhs.clone(), grad);
+            grads.register::<B>(lhs_node.id, grad_lhs);
+            grads.register::<B>(rhs_node.id, grad_rhs);
+            return;
+        }
         if let Some(node) = rhs_node {
             let lhs = lhs.expect("lhs is kept when rhs is tracked");
             let g = B::fused_matmul(transposed::<B>(lhs), grad.clone());

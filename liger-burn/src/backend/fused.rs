@@ -487,6 +487,14 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         B::fused_matmul(lhs, rhs)
     }
 
+    fn fused_matmul_backward(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        B::fused_matmul_backward(lhs, rhs, grad)
+    }
+
     fn fused_matmul_uses_vendor_library(
         device: &burn::tensor::ops::Device<Self>,
         dtype: burn::tensor::DType,

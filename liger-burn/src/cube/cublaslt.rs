@@ -58,12 +58,6 @@
 //! Burn's kernels when cuBLASLt declines. A queued product that fails to launch, which
 //! no layout cuBLASLt planned should, is logged as an error when it happens and reported
 //! by a panic at the device's next vendor call, as CUDA reports asynchronous errors.
-//!
-//! **Algorithms.** A plan asks cuBLASLt's heuristic for up to eight algorithms. Under
-//! [`AlgorithmSelection::Timed`] (the default) the first product of a plan that the caller
-//! waits for, and that neither accumulates nor reads an earlier product of its chain,
-//! times each of them on its own operands, under the ordering, and the plan keeps the
-//! fastest; [`AlgorithmSelection::Heuristic`] keeps the heuristic's first.
 
 use super::matmul_layout::{BlasMatrix, GemmLayout, alignment};
 use super::sequence;
@@ -89,31 +83,12 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 /// Cached product plans per device; beyond this the cache starts over (a model has a few
 /// dozen shapes, so this only bounds pathological shape churn).
 const MAX_PLANS: usize = 1024;
-/// Algorithms asked of cuBLASLt's heuristic per plan, timed under
-/// [`AlgorithmSelection::Timed`].
-const CANDIDATES: usize = 8;
-/// Timed runs per candidate (after one untimed run).
-const TIMED_RUNS: usize = 3;
 
-/// How a product layout's cuBLASLt algorithm is chosen, the first time the layout runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum AlgorithmSelection {
-    /// Up to eight of the heuristic's algorithms, each timed on the product's own operands
-    /// (one untimed and three timed runs on liger's stream, which the caller waits for
-    /// once per layout); the fastest is kept for the life of the process. The heuristic's
-    /// first choice is not always the fastest kernel for a shape. The chosen kernel, and
-    /// so the rounding of a product, can differ from run to run of a program.
-    #[default]
-    Timed,
-    /// The heuristic's first algorithm: the same kernel, and the same rounding, on every
-    /// run.
-    Heuristic,
-}
-
-/// Host time spent on CubeCL's device thread per phase of the ordered products, summed
-/// since the engine was set up (see [`host_times`]). Where the fixed cost of a product
-/// goes: when a phase's share per product comes near the product's own GPU time, the
-/// device thread, not the GPU, sets the pace.
+/// Host time spent on CubeCL's device thread per phase of the ordered vendor work (the
+/// products and [`run_ordered`]'s), summed since the engine was set up (see
+/// [`host_times`]): where the fixed cost of a product goes. When a phase's share per
+/// product comes near the product's own GPU time, the device thread, not the GPU, sets
+/// the pace.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct HostTimes {
     /// Products run under a device-side ordering (queued or waited for).
@@ -124,14 +99,10 @@ pub struct HostTimes {
     pub prepare: f64,
     /// Seconds launching the publish kernel on CubeCL's stream.
     pub publish: f64,
-    /// Seconds enqueueing the wait, the products and the completion flag on liger's
-    /// stream.
+    /// Seconds enqueueing the wait, the work and the completion flag on liger's stream.
     pub vendor: f64,
     /// Seconds launching the await kernel on CubeCL's stream.
     pub await_kernel: f64,
-    /// Seconds timing algorithm candidates ([`AlgorithmSelection::Timed`]), waits
-    /// included.
-    pub selection: f64,
 }
 
 impl HostTimes {
@@ -144,7 +115,6 @@ impl HostTimes {
             publish: self.publish - earlier.publish,
             vendor: self.vendor - earlier.vendor,
             await_kernel: self.await_kernel - earlier.await_kernel,
-            selection: self.selection - earlier.selection,
         }
     }
 }
@@ -356,23 +326,8 @@ pub fn set_ordering(
     Ok(())
 }
 
-/// Makes `selection` the way `fused_matmul` chooses the algorithm of each product layout
-/// on `device` from now on. Layouts planned before are planned again.
-pub fn set_algorithm_selection(
-    device: &CudaDevice,
-    selection: AlgorithmSelection,
-) -> Result<(), Unavailable> {
-    let engine = engine(device)?;
-    let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
-    if engine.selection != selection {
-        engine.selection = selection;
-        engine.plans.clear();
-        engine.planned.clear();
-    }
-    Ok(())
-}
-
-/// The device thread's host time per phase of the products so far (see [`HostTimes`]).
+/// The device thread's host time per phase of the vendor work so far (see
+/// [`HostTimes`]).
 pub fn host_times(device: &CudaDevice) -> Result<HostTimes, Unavailable> {
     let engine = engine(device)?;
     let engine = engine.lock().unwrap_or_else(|e| e.into_inner());
@@ -430,13 +385,12 @@ pub(crate) fn run_chain(
             let start = Instant::now();
             let mut state = engine.lock().unwrap_or_else(|e| e.into_inner());
             let products = owned.iter().map(QueuedProduct::product).collect::<Vec<_>>();
-            // Queued products never time algorithms: that would wait for the GPU here.
             let outcome = catch_unwind(AssertUnwindSafe(|| {
-                state.run(&client, &products, ordering, false)
+                state.run(&client, &products, ordering)
             }));
             state.host.task += start.elapsed().as_secs_f64();
             let why = match outcome {
-                Ok(Ok(_)) => return,
+                Ok(Ok(())) => return,
                 Ok(Err(Failure::Unavailable(why))) => why.to_string(),
                 Ok(Err(Failure::Launch(why))) => why,
                 Err(panic) => panic_text(panic.as_ref()),
@@ -458,16 +412,11 @@ pub(crate) fn run_chain(
     let outcome = client
         .exclusive(|| {
             let mut state = engine.lock().unwrap_or_else(|e| e.into_inner());
-            state.run(&client, products, ordering, true)
+            state.run(&client, products, ordering)
         })
         .map_err(|e| Unavailable::Setup(format!("CubeCL's device thread: {e:?}")))?;
     match outcome {
-        Ok(timed) => {
-            if timed {
-                counters::record(Kernel::matmul_vendor_timed);
-            }
-            Ok(ordering)
-        }
+        Ok(()) => Ok(ordering),
         Err(Failure::Unavailable(why)) => Err(why),
         Err(Failure::Launch(why)) => panic!(
             "matmul: cuBLASLt failed on CUDA device {} ({} product(s), the first lhs {:?}, rhs {:?}, {:?}, ordering {}): {why}",
@@ -658,8 +607,6 @@ struct Engine {
     queue: DeviceHandle<VendorQueue>,
     /// Why a queued product failed, until the next call reports it.
     fault: Option<String>,
-    /// How new layouts' algorithms are chosen.
-    selection: AlgorithmSelection,
     /// Host time per phase (see [`HostTimes`]).
     host: HostTimes,
 }
@@ -747,7 +694,6 @@ impl Engine {
             planned: HashSet::new(),
             queue: DeviceHandle::new(device.to_id()),
             fault: None,
-            selection: AlgorithmSelection::default(),
             host: HostTimes::default(),
         };
         log::info!(
@@ -833,25 +779,20 @@ impl Engine {
             .map_err(|e| unavailable(format!("binding the CUDA context: {e:?}")))?;
         // Device addresses; asking for them also makes CubeCL's stream wait for inputs
         // produced on its other streams.
-        let resource = |t: &CubeTensor<CudaRuntime>| {
+        let address = |t: &CubeTensor<CudaRuntime>| {
             client
                 .get_resource(t.handle.clone())
-                .map(|r| {
-                    let r = r.resource();
-                    (r.ptr, r.size)
-                })
+                .map(|r| r.resource().ptr)
                 .map_err(|e| unavailable(format!("device address of a tensor: {e:?}")))
         };
-        let [(b, b_size), (a, a_size), (o, o_size)] = [
-            resource(product.rhs)?,
-            resource(product.lhs)?,
-            resource(product.out)?,
+        let addresses = [
+            address(product.rhs)?,
+            address(product.lhs)?,
+            address(product.out)?,
         ];
-        let addresses = [b, a, o];
-        let extents = [b_size, a_size, o_size];
         let vector = match product.epilogue.vector() {
             Some(v) => {
-                let (at, _) = resource(v)?;
+                let at = address(v)?;
                 if at % EPILOGUE_VECTOR_ALIGN != 0 || product.accumulate || is_batched(product) {
                     return Err(Failure::Unavailable(Unavailable::NoAlgorithm(format!(
                         "an epilogue vector needs a {EPILOGUE_VECTOR_ALIGN}-byte aligned address \
@@ -891,7 +832,6 @@ impl Engine {
         }
         Ok(Prepared {
             addresses,
-            extents,
             vector,
             key,
         })
@@ -926,23 +866,11 @@ impl Engine {
     /// Enqueues the product's BLAS calls on liger's stream (no ordering).
     fn enqueue(&self, product: &Product<'_>, prepared: &Prepared) -> Result<(), String> {
         let plan = &self.plans[&prepared.key];
-        self.enqueue_with(product, prepared, &plan.algo)
-    }
-
-    /// [`Self::enqueue`] with `algo`, one of the plan's candidates.
-    fn enqueue_with(
-        &self,
-        product: &Product<'_>,
-        prepared: &Prepared,
-        algo: &lt_sys::cublasLtMatmulAlgo_t,
-    ) -> Result<(), String> {
-        let plan = &self.plans[&prepared.key];
         let elements = product.element_sizes();
         for call in &product.layout.calls {
             let at = |x: usize| prepared.addresses[x] + call[x] * elements[x];
             plan.launch(
                 self.handle.0,
-                algo,
                 product.alpha,
                 [at(0), at(1), at(2)],
                 prepared.vector,
@@ -985,15 +913,12 @@ impl Engine {
     }
 
     /// Runs on CubeCL's device thread (in a queued task or `ComputeClient::exclusive`).
-    /// `may_time`: the caller waits for this run, so a lone product of a new plan may
-    /// time its algorithms first ([`AlgorithmSelection::Timed`]). `Ok(true)` when it did.
     fn run(
         &mut self,
         client: &ComputeClient<CudaRuntime>,
         products: &[Product<'_>],
         ordering: MatmulOrdering,
-        may_time: bool,
-    ) -> Result<bool, Failure> {
+    ) -> Result<(), Failure> {
         // A chain's plans must all stay cached until it is enqueued.
         if self.plans.len() + products.len() > MAX_PLANS {
             self.plans.clear();
@@ -1004,122 +929,12 @@ impl Engine {
             .map(|product| self.prepare(client, product, ordering))
             .collect::<Result<Vec<_>, _>>()?;
         self.host.prepare += start.elapsed().as_secs_f64();
-        let mut timed = false;
-        for (i, (product, ready)) in products.iter().zip(&prepared).enumerate() {
-            // The candidates run before the chain: not on inputs an earlier product of
-            // the chain writes.
-            let overlaps = |x: usize, earlier: &Prepared| {
-                let (start, end) = (ready.addresses[x], ready.addresses[x] + ready.extents[x]);
-                let (o_start, o_end) = (
-                    earlier.addresses[2],
-                    earlier.addresses[2] + earlier.extents[2],
-                );
-                start < o_end && o_start < end
-            };
-            let inputs_ready = prepared[..i]
-                .iter()
-                .all(|earlier| !overlaps(0, earlier) && !overlaps(1, earlier));
-            if may_time
-                && self.selection == AlgorithmSelection::Timed
-                && !product.accumulate
-                && inputs_ready
-                && !self.plans[&ready.key].settled
-            {
-                let start = Instant::now();
-                self.select_algorithm(client, product, ready, ordering)?;
-                self.host.selection += start.elapsed().as_secs_f64();
-                timed = true;
-            }
-        }
         if ordering != MatmulOrdering::HostSynchronization {
             self.host.products += products.len() as u64;
         }
         self.ordered(client, ordering, &mut |engine: &Engine| {
             engine.enqueue_all(products, &prepared)
-        })?;
-        Ok(timed)
-    }
-
-    /// Times each candidate algorithm of `prepared`'s plan on `product`'s own operands and
-    /// keeps the fastest ([`AlgorithmSelection::Timed`]). The candidates run under the
-    /// ordering like the product itself (so on its real inputs) and write its output,
-    /// which the product overwrites after (so never for an accumulating product). Waits
-    /// for the GPU, once per plan: only from a run the caller waits for anyway.
-    fn select_algorithm(
-        &mut self,
-        client: &ComputeClient<CudaRuntime>,
-        product: &Product<'_>,
-        prepared: &Prepared,
-        ordering: MatmulOrdering,
-    ) -> Result<(), Failure> {
-        let candidates = self.plans[&prepared.key].candidates.clone();
-        let events = match (0..2 * candidates.len())
-            .map(|_| driver::event::create(driver_sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .collect::<Result<Vec<_>, _>>()
-        {
-            Ok(events) => Events(events),
-            Err(e) => {
-                // Timing is an optimization: without events the heuristic's choice stays.
-                log::warn!("liger matmul: no CUDA events to time cuBLASLt's algorithms: {e:?}");
-                self.plans.get_mut(&prepared.key).expect("prepared").settled = true;
-                return Ok(());
-            }
-        };
-        // A candidate that fails to launch is left out (its events then time nothing).
-        let mut launched = vec![true; candidates.len()];
-        let stream = self.stream.cu_stream();
-        self.ordered(client, ordering, &mut |engine: &Engine| {
-            for (c, algo) in candidates.iter().enumerate() {
-                let run = |n: usize| {
-                    (0..n).try_for_each(|_| engine.enqueue_with(product, prepared, algo))
-                };
-                let timed = run(1).and_then(|()| {
-                    unsafe { driver::event::record(events.0[2 * c], stream) }
-                        .map_err(|e| format!("{e:?}"))?;
-                    let timed = run(TIMED_RUNS);
-                    unsafe { driver::event::record(events.0[2 * c + 1], stream) }
-                        .map_err(|e| format!("{e:?}"))?;
-                    timed
-                });
-                if let Err(why) = timed {
-                    log::debug!("liger matmul: cuBLASLt candidate {c} left out: {why}");
-                    launched[c] = false;
-                }
-            }
-            Ok(())
-        })?;
-        let last = events.0[2 * candidates.len() - 1];
-        unsafe { driver::event::synchronize(last) }
-            .map_err(|e| Failure::Launch(format!("timing cuBLASLt's algorithms: {e:?}")))?;
-        let times = candidates
-            .iter()
-            .enumerate()
-            .map(|(c, _)| {
-                let elapsed =
-                    unsafe { driver::event::elapsed(events.0[2 * c], events.0[2 * c + 1]) };
-                match (launched[c], elapsed) {
-                    (true, Ok(ms)) => ms,
-                    _ => f32::INFINITY,
-                }
-            })
-            .collect::<Vec<_>>();
-        let plan = self.plans.get_mut(&prepared.key).expect("prepared");
-        if let Some((best, ms)) = times
-            .iter()
-            .enumerate()
-            .filter(|(_, ms)| ms.is_finite())
-            .min_by(|a, b| a.1.total_cmp(b.1))
-        {
-            plan.algo = candidates[best];
-            log::debug!(
-                "liger matmul: {} candidates for {:?}: {:?} ms per {TIMED_RUNS} runs; candidate {best} ({ms} ms) kept",
-                candidates.len(),
-                prepared.key,
-                times
-            );
-        }
-        plan.settled = true;
-        Ok(())
+        })
     }
 
     /// Another library's `work` under `ordering`. Runs on CubeCL's device thread.
@@ -1425,19 +1240,6 @@ impl DeviceFlags<'_> {
 }
 
 /// A cuBLASLt handle.
-/// CUDA events, destroyed on drop.
-struct Events(Vec<driver_sys::CUevent>);
-
-impl Drop for Events {
-    fn drop(&mut self) {
-        for event in &self.0 {
-            // Safety: created by `cuEventCreate`, destroyed once (the driver releases an
-            // incomplete event's resources when it completes).
-            let _ = unsafe { driver::event::destroy(*event) };
-        }
-    }
-}
-
 struct LtHandle(lt_sys::cublasLtHandle_t);
 
 impl Drop for LtHandle {
@@ -1515,8 +1317,6 @@ impl PlanKey {
 /// the epilogue's vector (0 without one), and its plan's key.
 struct Prepared {
     addresses: [u64; 3],
-    /// Bytes of the buffers behind `addresses`.
-    extents: [u64; 3],
     vector: u64,
     key: PlanKey,
 }
@@ -1533,14 +1333,7 @@ struct Plan {
     /// Layouts of BLAS `A`, `B` and the output (also used as `C`, with `beta = 0`, or 1
     /// when accumulating).
     layouts: [lt_sys::cublasLtMatrixLayout_t; 3],
-    /// The algorithm launched: the heuristic's first until [`Engine::select_algorithm`]
-    /// has timed the candidates.
     algo: lt_sys::cublasLtMatmulAlgo_t,
-    /// The heuristic's algorithms for this key, its best estimate first (at most
-    /// [`CANDIDATES`]).
-    candidates: Vec<lt_sys::cublasLtMatmulAlgo_t>,
-    /// Whether `algo` is final: chosen by timing, or the only candidate.
-    settled: bool,
     beta: f32,
     /// Whether the plan has an epilogue vector (set per launch).
     epilogue: bool,
@@ -1560,8 +1353,6 @@ impl Plan {
             desc,
             layouts: [std::ptr::null_mut(); 3],
             algo: lt_sys::cublasLtMatmulAlgo_t { data: [0; 8] },
-            candidates: Vec::new(),
-            settled: false,
             beta: if key.accumulate { 1.0 } else { 0.0 },
             epilogue: key.epilogue != EpilogueKind::None,
         };
@@ -1700,47 +1491,19 @@ impl Plan {
                 .map_err(|e| failed("cublasLtMatmulPreferenceSetAttribute", e))?;
         }
         let [la, lb, lo] = plan.layouts;
-        // Safety: a zeroed result is a valid value of this plain C struct; cuBLASLt fills
-        // the first `returned` entries.
-        let mut results: [lt_sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
-            unsafe { std::mem::zeroed() };
-        let mut returned = 0;
-        unsafe {
-            lt_sys::cublasLtMatmulAlgoGetHeuristic(
-                handle,
-                desc,
-                la,
-                lb,
-                lo,
-                lo,
-                pref.0,
-                CANDIDATES as i32,
-                results.as_mut_ptr(),
-                &mut returned,
-            )
-        }
-        .result()
-        .map_err(|e| Unavailable::NoAlgorithm(format!("{e:?} for {key:?}")))?;
-        plan.candidates = results[..returned.clamp(0, CANDIDATES as i32) as usize]
-            .iter()
-            .filter(|r| r.state == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-            .map(|r| r.algo)
-            .collect();
-        plan.algo = *plan.candidates.first().ok_or_else(|| {
-            Unavailable::NoAlgorithm(format!("the heuristic returned none for {key:?}"))
-        })?;
-        plan.settled = plan.candidates.len() == 1;
+        let heuristic =
+            unsafe { lt::get_matmul_algo_heuristic(handle, desc, la, lb, lo, lo, pref.0) }
+                .map_err(|e| Unavailable::NoAlgorithm(format!("{e:?} for {key:?}")))?;
+        plan.algo = heuristic.algo;
         Ok(plan)
     }
 
-    /// Enqueues the product at `[A, B, out]` device addresses on `stream` with `algo` (one
-    /// of the plan's candidates), with the epilogue's vector at `vector` when the plan has
-    /// an epilogue.
+    /// Enqueues the product at `[A, B, out]` device addresses on `stream`, with the
+    /// epilogue's vector at `vector` when the plan has an epilogue.
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
         handle: lt_sys::cublasLtHandle_t,
-        algo: &lt_sys::cublasLtMatmulAlgo_t,
         alpha: f32,
         addresses: [u64; 3],
         vector: u64,
@@ -1781,7 +1544,7 @@ impl Plan {
                 lo,
                 out,
                 lo,
-                algo,
+                &self.algo,
                 workspace.address as *mut c_void,
                 workspace.bytes,
                 stream,

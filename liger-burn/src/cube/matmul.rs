@@ -36,8 +36,9 @@ pub struct MatmulCounts {
     /// Of the vendor products, those queued on the device thread without the caller
     /// waiting (cuBLASLt; see `cube::cublaslt`).
     pub queued: u64,
-    /// Product layouts whose cuBLASLt algorithm was chosen by timing its candidates.
-    pub timed: u64,
+    /// Pairs of a 2-D product's gradients run as one chain on the vendor library
+    /// (`fused_matmul_backward`; each product also counts in `vendor`).
+    pub backward_pairs: u64,
 }
 
 /// See [`MatmulCounts`].
@@ -47,7 +48,7 @@ pub fn matmul_counts() -> MatmulCounts {
         vendor: counters::get(Kernel::matmul_vendor),
         backend: counters::get(Kernel::matmul_backend),
         queued: counters::get(Kernel::matmul_vendor_queued),
-        timed: counters::get(Kernel::matmul_vendor_timed),
+        backward_pairs: counters::get(Kernel::matmul_vendor_backward_pair),
     }
 }
 
@@ -69,6 +70,64 @@ where
     };
     counters::record(Kernel::matmul_backend);
     CubeBackend::<R, F, I, BT>::float_matmul(lhs, rhs)
+}
+
+/// Both gradients of `lhs [m, k] · rhs [k, n]` from `grad [m, n]` (see
+/// [`FusedOps::fused_matmul_backward`](crate::ops::FusedOps::fused_matmul_backward)): on
+/// a vendor library one [`vendor_chain`] of the two products into outputs allocated
+/// here, so one ordering against CubeCL's stream for both; else two [`matmul`] calls.
+pub(crate) fn matmul_backward<R, F, I, BT>(
+    lhs: CubeTensor<R>,
+    rhs: CubeTensor<R>,
+    grad: CubeTensor<R>,
+) -> (CubeTensor<R>, CubeTensor<R>)
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    type Cube<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+    crate::ops::compose::check_matmul_backward(&lhs, &rhs, &grad);
+    let (m, k, n) = (
+        lhs.meta.shape()[0],
+        lhs.meta.shape()[1],
+        rhs.meta.shape()[1],
+    );
+    let dtype = lhs.dtype;
+    if m > 0 && k > 0 && n > 0 && chain_supported::<R>(&lhs.device, &[dtype]) {
+        let grad_lhs = super::empty_like(&lhs, Shape::new([m, k]), dtype);
+        let grad_rhs = super::empty_like(&rhs, Shape::new([k, n]), dtype);
+        let chain = vec![
+            ChainedProduct {
+                lhs: grad.clone(),
+                rhs: Cube::<R, F, I, BT>::float_swap_dims(rhs.clone(), 0, 1),
+                out: grad_lhs.clone(),
+                alpha: 1.0,
+                accumulate: false,
+            },
+            ChainedProduct {
+                lhs: Cube::<R, F, I, BT>::float_swap_dims(lhs.clone(), 0, 1),
+                rhs: grad.clone(),
+                out: grad_rhs.clone(),
+                alpha: 1.0,
+                accumulate: false,
+            },
+        ];
+        match vendor_chain(chain) {
+            Ok(()) => {
+                counters::record(Kernel::matmul_vendor_backward_pair);
+                return (grad_lhs, grad_rhs);
+            }
+            Err(why) => log::debug!("liger matmul backward: one product at a time: {why}"),
+        }
+    }
+    let grad_lhs = matmul::<R, F, I, BT>(
+        grad.clone(),
+        Cube::<R, F, I, BT>::float_swap_dims(rhs, 0, 1),
+    );
+    let grad_rhs = matmul::<R, F, I, BT>(Cube::<R, F, I, BT>::float_swap_dims(lhs, 0, 1), grad);
+    (grad_lhs, grad_rhs)
 }
 
 /// `acc + lhs · rhs` for `acc: [m, n]` (f32 or the inputs' dtype), `lhs: [m, k]`,

@@ -312,6 +312,14 @@ where
         matmul::uses_vendor_library::<R>(device, dtype)
     }
 
+    fn fused_matmul_backward(
+        lhs: CubeTensor<R>,
+        rhs: CubeTensor<R>,
+        grad: CubeTensor<R>,
+    ) -> (CubeTensor<R>, CubeTensor<R>) {
+        matmul::matmul_backward::<R, F, I, BT>(lhs, rhs, grad)
+    }
+
     fn fused_linear(x: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>) -> CubeTensor<R> {
         linear::linear::<R, F, I, BT>(x, weight, bias)
     }

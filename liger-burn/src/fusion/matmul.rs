@@ -47,6 +47,46 @@ pub(crate) fn matmul<B: FusionBackend + FusedOps>(
     .remove(0)
 }
 
+/// The custom operation: `B::fused_matmul_backward` on its three inputs.
+#[derive(Clone, Copy, Debug)]
+struct MatmulBackward;
+
+impl<B: FusionBackend + FusedOps> CustomKernel<B> for MatmulBackward {
+    fn run(&self, inputs: &[TensorIr], handles: &mut Handles<B>) -> Vec<B::FloatTensorPrimitive> {
+        let mut inputs = float_inputs::<B>(inputs, handles);
+        let mut next = || inputs.next().expect("custom op declared lhs, rhs, grad");
+        let (lhs, rhs, grad) = (next(), next(), next());
+        let (grad_lhs, grad_rhs) = B::fused_matmul_backward(lhs, rhs, grad);
+        vec![grad_lhs, grad_rhs]
+    }
+}
+
+/// Both gradients of a 2-D product (see [`FusedOps::fused_matmul_backward`]): one custom
+/// operation on the vendor library, else the default composition (Burn's matmul
+/// operations, which the fusion optimizer may fuse with their neighbours).
+pub(crate) fn matmul_backward<B: FusionBackend + FusedOps>(
+    lhs: FusionTensor<B::FusionRuntime>,
+    rhs: FusionTensor<B::FusionRuntime>,
+    grad: FusionTensor<B::FusionRuntime>,
+) -> (
+    FusionTensor<B::FusionRuntime>,
+    FusionTensor<B::FusionRuntime>,
+) {
+    let dtype = lhs.dtype();
+    if !B::fused_matmul_uses_vendor_library(lhs.client.device(), dtype) {
+        return crate::ops::compose::matmul_backward::<Fusion<B>>(lhs, rhs, grad);
+    }
+    let outputs = [(lhs.shape(), dtype), (rhs.shape(), dtype)];
+    let mut out = custom_op::register::<B, _>(
+        "liger_matmul_backward",
+        vec![lhs, rhs, grad],
+        &outputs,
+        MatmulBackward,
+    );
+    let grad_rhs = out.pop().expect("two outputs");
+    (out.pop().expect("two outputs"), grad_rhs)
+}
+
 /// The custom operation: `B::fused_matmul_add` on its three inputs.
 #[derive(Clone, Copy, Debug)]
 struct MatmulAdd;

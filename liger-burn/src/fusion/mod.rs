@@ -280,6 +280,17 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         matmul::matmul::<B>(lhs, rhs)
     }
 
+    fn fused_matmul_backward(
+        lhs: FusionTensor<B::FusionRuntime>,
+        rhs: FusionTensor<B::FusionRuntime>,
+        grad: FusionTensor<B::FusionRuntime>,
+    ) -> (
+        FusionTensor<B::FusionRuntime>,
+        FusionTensor<B::FusionRuntime>,
+    ) {
+        matmul::matmul_backward::<B>(lhs, rhs, grad)
+    }
+
     fn fused_matmul_uses_vendor_library(device: &B::Device, dtype: DType) -> bool {
         B::fused_matmul_uses_vendor_library(device, dtype)
     }

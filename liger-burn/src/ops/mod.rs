@@ -837,6 +837,21 @@ pub trait FusedOps: Backend {
         Self::float_matmul(lhs, rhs)
     }
 
+    /// Both gradients of [`fused_matmul`](FusedOps::fused_matmul) for 2-D operands (a
+    /// linear layer's folded rows): `lhs: [m, k]`, `rhs: [k, n]` and `grad: [m, n]` of one
+    /// float dtype, any strides; returns `(grad · rhsᵀ, lhsᵀ · grad)`, `[m, k]` and
+    /// `[k, n]` in that dtype, contiguous. The default is two `fused_matmul` calls;
+    /// `CubeBackend` on CUDA runs both products as one chain on cuBLASLt, under one
+    /// ordering against CubeCL's stream instead of one per product. `Autodiff<B>`'s matmul
+    /// node calls it when both operands are 2-D and both need a gradient.
+    fn fused_matmul_backward(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        compose::matmul_backward::<Self>(lhs, rhs, grad)
+    }
+
     /// `acc + lhs · rhs`: `acc: [m, n]` f32 or of the inputs' dtype, `lhs: [m, k]` and
     /// `rhs: [k, n]` of one float dtype (any strides); returns `[m, n]` in `acc`'s dtype.
     /// For gradients summed over chunks (the chunked losses' weight gradients): the

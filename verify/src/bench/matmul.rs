@@ -33,7 +33,6 @@ use anyhow::{Result, bail};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Tensor, TensorPrimitive};
-use clap::ValueEnum;
 use liger_burn::Liger;
 use liger_burn::cube::matmul_counts;
 use liger_burn::ops::FusedOps;
@@ -141,20 +140,6 @@ impl OnDevice for MatmulBench {
             repeats: args.repeats,
         };
         let vendor = B::fused_matmul_uses_vendor_library(&ctx.device, dtype);
-        #[cfg(feature = "cuda")]
-        if ctx.kind == crate::device::DeviceKind::Cuda {
-            use liger_burn::cube::cublaslt::{AlgorithmSelection, set_algorithm_selection};
-            let selection = match args.matmul_algorithms {
-                crate::args::MatmulAlgorithmsArg::Timed => AlgorithmSelection::Timed,
-                crate::args::MatmulAlgorithmsArg::Heuristic => AlgorithmSelection::Heuristic,
-            };
-            set_algorithm_selection(&Default::default(), selection)
-                .map_err(|why| anyhow::anyhow!("--matmul-algorithms: {why}"))?;
-        }
-        #[cfg(not(feature = "cuda"))]
-        if args.matmul_algorithms != crate::args::MatmulAlgorithmsArg::Timed {
-            bail!("--matmul-algorithms: CUDA only (this build has no CUDA)");
-        }
         println!(
             "matmul:    liger's products on {}",
             if vendor {
@@ -172,7 +157,7 @@ impl OnDevice for MatmulBench {
             date: csv::utc_date(),
         };
         let base = format!(
-            "dtype={} iters={} repeats={} warmup={} autotune={} matmul_algorithms={}",
+            "dtype={} iters={} repeats={} warmup={} autotune={}",
             args.dtype,
             timing.iters,
             timing.repeats,
@@ -181,10 +166,7 @@ impl OnDevice for MatmulBench {
                 "on"
             } else {
                 "off"
-            },
-            args.matmul_algorithms
-                .to_possible_value()
-                .map_or("?".to_string(), |v| v.get_name().to_string())
+            }
         );
         let mut table = Table::new(&[
             ("product", Align::Left),

@@ -47,6 +47,44 @@ pub fn matmul_add<B: crate::ops::FusedOps>(
     B::float_add(acc, to_dtype::<B>(B::fused_matmul(lhs, rhs), dtype))
 }
 
+/// `(grad · rhsᵀ, lhsᵀ · grad)` for `lhs: [m, k]`, `rhs: [k, n]`, `grad: [m, n]`: the
+/// default body of
+/// [`FusedOps::fused_matmul_backward`](crate::ops::FusedOps::fused_matmul_backward), two
+/// `fused_matmul` calls on transposed views.
+pub fn matmul_backward<B: crate::ops::FusedOps>(
+    lhs: FloatTensor<B>,
+    rhs: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    check_matmul_backward(&lhs, &rhs, &grad);
+    let grad_lhs = B::fused_matmul(grad.clone(), B::float_swap_dims(rhs, 0, 1));
+    let grad_rhs = B::fused_matmul(B::float_swap_dims(lhs, 0, 1), grad);
+    (grad_lhs, grad_rhs)
+}
+
+/// Panics, naming the op, the shapes and the dtypes, unless `lhs: [m, k]`,
+/// `rhs: [k, n]` and `grad: [m, n]` are 2-D of one dtype.
+pub(crate) fn check_matmul_backward<T: TensorMetadata>(lhs: &T, rhs: &T, grad: &T) {
+    let (l, r, g) = (lhs.shape(), rhs.shape(), grad.shape());
+    let ok = l.num_dims() == 2
+        && r.num_dims() == 2
+        && g.num_dims() == 2
+        && l[1] == r[0]
+        && g[0] == l[0]
+        && g[1] == r[1]
+        && lhs.dtype() == rhs.dtype()
+        && grad.dtype() == lhs.dtype();
+    if !ok {
+        panic!(
+            "matmul_backward: lhs must be [m, k], rhs [k, n] and grad [m, n], of one dtype; \
+             got lhs {l:?} ({:?}), rhs {r:?} ({:?}), grad {g:?} ({:?})",
+            lhs.dtype(),
+            rhs.dtype(),
+            grad.dtype()
+        );
+    }
+}
+
 pub(crate) fn to_dtype<B: Backend>(x: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
     if x.dtype() == dtype {
         return x;
