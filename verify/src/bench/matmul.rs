@@ -16,6 +16,10 @@
 //!   `matmul_grad_lhs` (`g·wᵀ`) and `matmul_grad_rhs` (`xᵀ·g`, mode `backward`);
 //!   providers `liger-stream-memory-operations`, `liger-host-synchronization`, `burn`.
 //!
+//! - on CUDA, both gradients (`g·wᵀ`, `xᵀ·g`) as one `fused_matmul_backward` call
+//!   (provider `liger-pair`: one chain under one ordering) and as two products
+//!   (`liger-separate`): kernel `matmul_grads`, mode `backward`.
+//!
 //! And once, on CUDA, the per-call cost of the ordering (kernel `matmul_call`, shape
 //! `64x64x64`, metric `us`): many tiny products in a row with each protocol, with Burn's
 //! matmul, and with no per-call ordering at all (`cublaslt-unordered`: the products back
@@ -369,6 +373,17 @@ impl OnDevice for MatmulBench {
                         record(kernel, provider, mode, result, 1.0, c, &mut rows)
                     },
                 );
+                cuda::gradient_pair(
+                    g,
+                    dtype,
+                    sets,
+                    timing,
+                    hold_fwd,
+                    &config,
+                    &mut |kernel, provider, mode, result, c| {
+                        record(kernel, provider, mode, result, 2.0, c, &mut rows)
+                    },
+                );
             }
             emit(rows, &mut table)?;
         }
@@ -542,6 +557,54 @@ mod cuda {
                     config(&format!("backend=plain-cube product={what} hold={hold}")),
                 );
             }
+        }
+    }
+
+    /// Both gradients of `x·w` from `g` on the device's default ordering: as one
+    /// `fused_matmul_backward` call (one chain of two products under one ordering,
+    /// provider `liger-pair`) and as two `fused_matmul` calls (`liger-separate`); kernel
+    /// `matmul_grads`, mode `backward`.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn gradient_pair(
+        gemm: &Gemm,
+        dtype: DType,
+        sets: usize,
+        timing: Timing,
+        hold: usize,
+        config: &dyn Fn(&str) -> String,
+        record: &mut dyn FnMut(&str, &str, &str, Result<[f64; 3], String>, String),
+    ) {
+        use liger_burn::ops::FusedOps;
+        let device = CudaDevice::default();
+        let (m, k, n) = (gemm.m, gemm.k, gemm.n);
+        let prim = |t: Tensor<Plain, 2>| t.into_primitive().tensor();
+        let xs: Vec<_> = (0..sets).map(|_| prim(random(&device, [m, k], dtype))).collect();
+        let ws: Vec<_> = (0..sets).map(|_| prim(random(&device, [k, n], dtype))).collect();
+        let gs: Vec<_> = (0..sets).map(|_| prim(random(&device, [m, n], dtype))).collect();
+        let sync = || Plain::sync(&device).expect("CUDA synchronization");
+        sync();
+        for (name, paired) in [("liger-pair", true), ("liger-separate", false)] {
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                measure::time(timing, hold, &sync, |i| {
+                    let (x, w, g) = (xs[i % sets].clone(), ws[i % sets].clone(), gs[i % sets].clone());
+                    if paired {
+                        Plain::fused_matmul_backward(x, w, g)
+                    } else {
+                        liger_burn::ops::compose::matmul_backward::<Plain>(x, w, g)
+                    }
+                })
+                .wall
+                .p50_20_80()
+            }))
+            .map_err(|p| crate::device::payload_text(p.as_ref()));
+            sync();
+            record(
+                "matmul_grads",
+                name,
+                "backward",
+                result,
+                config(&format!("backend=plain-cube products=g·wᵀ,xᵀ·g hold={hold}")),
+            );
         }
     }
 
