@@ -498,6 +498,25 @@ mod cuda {
         }
     }
 
+    /// `sets` random `x [m, k]`, `w [k, n]` and `g [m, n]` of `gemm`, synchronized.
+    #[allow(clippy::type_complexity)]
+    fn operand_sets(
+        gemm: &Gemm,
+        dtype: DType,
+        sets: usize,
+        device: &CudaDevice,
+    ) -> (
+        Vec<Tensor<Plain, 2>>,
+        Vec<Tensor<Plain, 2>>,
+        Vec<Tensor<Plain, 2>>,
+    ) {
+        let (m, k, n) = (gemm.m, gemm.k, gemm.n);
+        let set = |shape: [usize; 2]| (0..sets).map(|_| random(device, shape, dtype)).collect();
+        let operands = (set([m, k]), set([k, n]), set([m, n]));
+        Plain::sync(device).expect("CUDA synchronization");
+        operands
+    }
+
     /// Each product of `g` alone: `x·w`, `g·wᵀ`, `xᵀ·g` (transposes are views).
     #[allow(clippy::type_complexity)]
     pub(super) fn products(
@@ -510,12 +529,8 @@ mod cuda {
         record: &mut dyn FnMut(&str, &str, &str, Result<[f64; 3], String>, String),
     ) {
         let device = CudaDevice::default();
-        let (m, k, n) = (gemm.m, gemm.k, gemm.n);
-        let xs: Vec<Tensor<Plain, 2>> = (0..sets).map(|_| random(&device, [m, k], dtype)).collect();
-        let ws: Vec<Tensor<Plain, 2>> = (0..sets).map(|_| random(&device, [k, n], dtype)).collect();
-        let gs: Vec<Tensor<Plain, 2>> = (0..sets).map(|_| random(&device, [m, n], dtype)).collect();
+        let (xs, ws, gs) = operand_sets(gemm, dtype, sets, &device);
         let sync = || Plain::sync(&device).expect("CUDA synchronization");
-        sync();
         type Pick = fn(
             &[Tensor<Plain, 2>],
             &[Tensor<Plain, 2>],
@@ -576,17 +591,14 @@ mod cuda {
     ) {
         use liger_burn::ops::FusedOps;
         let device = CudaDevice::default();
-        let (m, k, n) = (gemm.m, gemm.k, gemm.n);
-        let prim = |t: Tensor<Plain, 2>| t.into_primitive().tensor();
-        let xs: Vec<_> = (0..sets).map(|_| prim(random(&device, [m, k], dtype))).collect();
-        let ws: Vec<_> = (0..sets).map(|_| prim(random(&device, [k, n], dtype))).collect();
-        let gs: Vec<_> = (0..sets).map(|_| prim(random(&device, [m, n], dtype))).collect();
+        let (xs, ws, gs) = operand_sets(gemm, dtype, sets, &device);
         let sync = || Plain::sync(&device).expect("CUDA synchronization");
-        sync();
+        let prim = |t: &Tensor<Plain, 2>| t.clone().into_primitive().tensor();
         for (name, paired) in [("liger-pair", true), ("liger-separate", false)] {
             let result = catch_unwind(AssertUnwindSafe(|| {
                 measure::time(timing, hold, &sync, |i| {
-                    let (x, w, g) = (xs[i % sets].clone(), ws[i % sets].clone(), gs[i % sets].clone());
+                    let k = i % sets;
+                    let (x, w, g) = (prim(&xs[k]), prim(&ws[k]), prim(&gs[k]));
                     if paired {
                         Plain::fused_matmul_backward(x, w, g)
                     } else {
@@ -603,7 +615,9 @@ mod cuda {
                 name,
                 "backward",
                 result,
-                config(&format!("backend=plain-cube products=g·wᵀ,xᵀ·g hold={hold}")),
+                config(&format!(
+                    "backend=plain-cube products=g·wᵀ,xᵀ·g hold={hold}"
+                )),
             );
         }
     }
