@@ -937,6 +937,17 @@ fn bad_inputs_are_rejected() {
                 x.matmul(y);
             });
             assert_mentions(label, &msg, &["matmul", "[2, 3, 4]", "[3, 4, 2]", "batch"]);
+            // Both gradients of a 2-D product: grad must be [m, n].
+            let g = || floats::<Liger<B>, 2>(&[0.0; 6], [3, 2], device);
+            let w = || floats::<Liger<B>, 2>(&[0.0; 12], [4, 3], device);
+            let msg = panic_message(|| {
+                Liger::<B>::fused_matmul_backward(prim(a()), prim(w()), prim(g()));
+            });
+            assert_mentions(
+                label,
+                &msg,
+                &["matmul_backward", "[3, 4]", "[4, 3]", "[3, 2]", "F32"],
+            );
         }
     }
     for_each_backend(&mut V);

@@ -72,6 +72,8 @@ pub(crate) fn matmul_backward<B: FusionBackend + FusedOps>(
     FusionTensor<B::FusionRuntime>,
     FusionTensor<B::FusionRuntime>,
 ) {
+    // Before the operation joins the stream, whose thread would find the error later.
+    crate::ops::compose::check_matmul_backward(&lhs, &rhs, &grad);
     let dtype = lhs.dtype();
     if !B::fused_matmul_uses_vendor_library(lhs.client.device(), dtype) {
         return crate::ops::compose::matmul_backward::<Fusion<B>>(lhs, rhs, grad);
