@@ -3,8 +3,8 @@
 //! `grad_rhs = lhsᵀ · g` (transposes are views, which the CUDA path reads through
 //! cuBLASLt's transpose flags), each summed over the batch dimensions its operand was
 //! broadcast in, as Burn's own matmul node does. When both operands are 2-D and both
-//! need a gradient, the two products are one `B::fused_matmul_backward` call. The node keeps `rhs` only when `lhs`
-//! needs a gradient and `lhs` only when `rhs` does.
+//! need a gradient, the two products are one `B::fused_matmul_backward` call. The node
+//! keeps `rhs` only when `lhs` needs a gradient and `lhs` only when `rhs` does.
 
 use crate::ops::FusedOps;
 use burn::tensor::ops::FloatTensor;

@@ -75,7 +75,8 @@ where
 /// Both gradients of `lhs [m, k] · rhs [k, n]` from `grad [m, n]` (see
 /// [`FusedOps::fused_matmul_backward`](crate::ops::FusedOps::fused_matmul_backward)): on
 /// a vendor library one [`vendor_chain`] of the two products into outputs allocated
-/// here, so one ordering against CubeCL's stream for both; else two [`matmul`] calls.
+/// here, so one ordering against CubeCL's stream for both; else the default composition
+/// (two [`matmul`] calls).
 pub(crate) fn matmul_backward<R, F, I, BT>(
     lhs: CubeTensor<R>,
     rhs: CubeTensor<R>,
@@ -122,12 +123,7 @@ where
             Err(why) => log::debug!("liger matmul backward: one product at a time: {why}"),
         }
     }
-    let grad_lhs = matmul::<R, F, I, BT>(
-        grad.clone(),
-        Cube::<R, F, I, BT>::float_swap_dims(rhs, 0, 1),
-    );
-    let grad_rhs = matmul::<R, F, I, BT>(Cube::<R, F, I, BT>::float_swap_dims(lhs, 0, 1), grad);
-    (grad_lhs, grad_rhs)
+    crate::ops::compose::matmul_backward::<Cube<R, F, I, BT>>(lhs, rhs, grad)
 }
 
 /// `acc + lhs · rhs` for `acc: [m, n]` (f32 or the inputs' dtype), `lhs: [m, k]`,
