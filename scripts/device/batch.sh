@@ -292,19 +292,26 @@ for step in $steps; do
       # As the anchor synchronizes once per sample of --iters iterations, liger bench
       # holds up to KVL_HOLD_GIB (default 64) of outputs, so that it synchronizes once
       # per sample where they fit; KVL_HAND_OFF (a list of `--hand-off` values, default
-      # liger-burn's own) runs liger bench once per value.
+      # liger-burn's own) runs liger bench once per value, and KVL_POOLS (a list of
+      # `--memory-pool` values, default `default`) once per pool.
       if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
           --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
       fi
-      ops=rms_norm,layer_norm,swiglu,cross_entropy
+      ops=${KVL_OPS:-rms_norm,layer_norm,swiglu,cross_entropy}
       passes="first"
-      for h in ${KVL_HAND_OFF:-default}; do passes="$passes ours-$h"; done
+      for pool in ${KVL_POOLS:-default}; do
+        for h in ${KVL_HAND_OFF:-default}; do passes="$passes ours-$pool-$h"; done
+      done
       for pass in $passes second; do
         echo "== $pass" >>"$OUT/kernels_vs_lk.log"
         if [ "${pass#ours-}" != "$pass" ]; then
+          rest=${pass#ours-}
+          pool=${rest%%-*}
+          h=${rest#*-}
           $BIN bench --device cuda --dtype bf16 --op $ops --csv "$OUT/kernels_vs_lk.csv" \
-            --hold-gib "${KVL_HOLD_GIB:-64}" $([ "$pass" = ours-default ] || echo --hand-off "${pass#ours-}") \
+            --hold-gib "${KVL_HOLD_GIB:-64}" --memory-pool "$pool" \
+            $([ "$h" = default ] || echo --hand-off "$h") \
             >>"$OUT/kernels_vs_lk.log" 2>&1 || status=1
         else
           python3 scripts/device/anchor_kernels.py --ops $ops --providers liger-kernel --no-gemms \

@@ -769,7 +769,8 @@ fn queued_products_match_reference() {
 }
 
 /// `burn::nn::Linear` on `[2, 7, 33]` input with a bias, both wrapping orders: output
-/// and the gradients of x, the weight and the bias.
+/// and the gradients of x, the weight and the bias; on CUDA, a layer run again on the same
+/// layouts has all three products queued, the bias epilogues included.
 #[test]
 fn nn_linear_matches_reference() {
     struct V(Sweep);
@@ -803,6 +804,22 @@ fn nn_linear_matches_reference() {
                 let label_la = format!("{label} Autodiff<Liger<B>> {dtype:?} linear path");
                 expect_path(&label_la, before, 3, &mut self.0.report);
                 expect_epilogues(&label_la, epilogues, 1, &mut self.0.report);
+                // The same layouts again: on CUDA all three products are now queued,
+                // the two with a bias epilogue included (their plans exist for these
+                // operands' alignments).
+                let before = matmul_counts();
+                let epilogues = counters::get(Kernel::matmul_vendor_epilogue);
+                let label_q = format!("{label} Liger<Autodiff<B>> {dtype:?} again");
+                linear_case::<Liger<Autodiff<B>>>(&mut self.0, &label_q, dtype, device);
+                expect_path(&label_q, before, 3, &mut self.0.report);
+                expect_epilogues(&label_q, epilogues, 2, &mut self.0.report);
+                let queued = matmul_counts().queued - before.queued;
+                let expected = if label.starts_with("cuda") { 3 } else { 0 };
+                if queued != expected {
+                    self.0.report.failures.push(format!(
+                        "{label_q}: {queued} of 3 products queued, expected {expected}"
+                    ));
+                }
             }
         }
     }

@@ -48,14 +48,16 @@
 //! liger's stream.
 //!
 //! **Queued or waited for.** Under the device-side protocols a product whose layout
-//! cuBLASLt has planned before, with no epilogue vector, is queued on CubeCL's device
-//! thread ([`VendorQueue`], in order with CubeCL's own launches) and the caller goes on
-//! at once: its layout has an algorithm, and a new alignment of it that has none of its
-//! own takes the plan for the elements' own alignment. Everything
-//! else (a layout's first product, epilogue vectors, whose alignment decides whether they
-//! run at all, host synchronization, other libraries' work) runs in a
-//! `ComputeClient::exclusive` task the caller waits for, so that it can fall back to
-//! Burn's kernels when cuBLASLt declines. A queued product that fails to launch, which
+//! cuBLASLt has planned before is queued on CubeCL's device thread ([`VendorQueue`], in
+//! order with CubeCL's own launches) and the caller goes on at once: its layout has an
+//! algorithm, and a new alignment of it that has none of its own takes the plan for the
+//! elements' own alignment. A product with an epilogue vector (a bias, a bias gradient)
+//! is queued only when its exact operand alignments were planned before and its vector
+//! is 16-byte aligned, both read on the caller's thread from the handles' offsets (CubeCL
+//! starts every buffer at a multiple of 512 bytes on CUDA): an epilogue has algorithms
+//! for fewer alignments. Everything else (a layout's first product, host
+//! synchronization, other libraries' work) runs in a `ComputeClient::exclusive` task the
+//! caller waits for, so that it can fall back to Burn's kernels when cuBLASLt declines. A queued product that fails to launch, which
 //! no layout cuBLASLt planned should, is logged as an error when it happens and reported
 //! by a panic at the device's next vendor call, as CUDA reports asynchronous errors.
 
@@ -430,7 +432,7 @@ pub(crate) fn run_chain(
     }
 }
 
-/// A [`Product`] without an epilogue vector, owning its tensors, for a queued task.
+/// A [`Product`] owning its tensors, for a queued task.
 struct QueuedProduct {
     lhs: CubeTensor<CudaRuntime>,
     rhs: CubeTensor<CudaRuntime>,
@@ -438,11 +440,11 @@ struct QueuedProduct {
     layout: GemmLayout,
     accumulate: bool,
     alpha: f32,
+    epilogue: Option<(EpilogueKind, CubeTensor<CudaRuntime>)>,
 }
 
 impl QueuedProduct {
     fn new(product: &Product<'_>) -> Self {
-        debug_assert!(product.epilogue.vector().is_none());
         Self {
             lhs: product.lhs.clone(),
             rhs: product.rhs.clone(),
@@ -450,6 +452,10 @@ impl QueuedProduct {
             layout: product.layout.clone(),
             accumulate: product.accumulate,
             alpha: product.alpha,
+            epilogue: product
+                .epilogue
+                .vector()
+                .map(|v| (product.epilogue.kind(), v.clone())),
         }
     }
 
@@ -461,7 +467,12 @@ impl QueuedProduct {
             layout: &self.layout,
             accumulate: self.accumulate,
             alpha: self.alpha,
-            epilogue: Epilogue::None,
+            epilogue: match &self.epilogue {
+                None => Epilogue::None,
+                Some((EpilogueKind::Bias, v)) => Epilogue::Bias(v),
+                Some((EpilogueKind::RhsRowSums, v)) => Epilogue::RhsRowSums(v),
+                Some((EpilogueKind::None, _)) => unreachable!("a vector without an epilogue"),
+            },
         }
     }
 }
@@ -714,12 +725,24 @@ impl Engine {
         matches!(
             ordering,
             MatmulOrdering::StreamMemoryOperations | MatmulOrdering::FlagKernels
-        ) && products.iter().all(|product| {
-            product.epilogue.vector().is_none()
-                && self
+        ) && products
+            .iter()
+            .all(|product| match product.epilogue.vector() {
+                None => self
                     .plan_key(product, [0; 3], ordering)
-                    .is_ok_and(|key| self.planned.contains(&key))
-        })
+                    .is_ok_and(|key| self.planned.contains(&key)),
+                // An epilogue runs only on a plan made for its operands' own alignments, and
+                // only with an aligned vector: both are read from the handles here, and a
+                // queued task cannot fall back.
+                Some(vector) => {
+                    !product.accumulate
+                        && !is_batched(product)
+                        && handle_offset(vector).is_some_and(|at| at % EPILOGUE_VECTOR_ALIGN == 0)
+                        && caller_aligns(product)
+                            .and_then(|aligns| self.plan_key(product, aligns, ordering).ok())
+                            .is_some_and(|key| self.plans.contains_key(&key))
+                }
+            })
     }
 
     /// Logs a queued product's failure, to be reported by the next call.
@@ -803,17 +826,8 @@ impl Engine {
             }
             None => 0,
         };
-        let layout = product.layout;
         let elements = product.element_sizes();
-        let aligns = [0, 1, 2].map(|x| {
-            let element = elements[x];
-            let steps = layout
-                .calls
-                .iter()
-                .map(|c| c[x] * element)
-                .chain((layout.batch > 1).then(|| layout.batch_strides[x] as u64 * element));
-            alignment(addresses[x], steps)
-        });
+        let aligns = operand_aligns(product, addresses);
         let key = self
             .plan_key(product, aligns, ordering)
             .map_err(Failure::Unavailable)?;
@@ -1325,6 +1339,42 @@ struct Prepared {
 /// vector then: one vector per call would be needed).
 fn is_batched(product: &Product<'_>) -> bool {
     product.layout.calls.len() != 1 || product.layout.batch > 1
+}
+
+/// The byte alignments (at most 256) of BLAS `A`, `B` and the output of `product` whose
+/// buffers start at `addresses`, over every matrix its calls read.
+fn operand_aligns(product: &Product<'_>, addresses: [u64; 3]) -> [u32; 3] {
+    let layout = product.layout;
+    let elements = product.element_sizes();
+    [0, 1, 2].map(|x| {
+        let element = elements[x];
+        let steps = layout
+            .calls
+            .iter()
+            .map(|c| c[x] * element)
+            .chain((layout.batch > 1).then(|| layout.batch_strides[x] as u64 * element));
+        alignment(addresses[x], steps)
+    })
+}
+
+/// A tensor's byte offset within its buffer, standing for its device address's alignment
+/// up to 256 bytes: CubeCL starts every buffer at a multiple of its memory alignment (512
+/// bytes on CUDA). `None` where that alignment is under 256.
+fn handle_offset(t: &CubeTensor<CudaRuntime>) -> Option<u64> {
+    (t.client.properties().memory.alignment % 256 == 0).then(|| t.handle.offset_start.unwrap_or(0))
+}
+
+/// [`operand_aligns`] read from the handles on the caller's thread, without the device
+/// addresses (see [`handle_offset`]).
+fn caller_aligns(product: &Product<'_>) -> Option<[u32; 3]> {
+    Some(operand_aligns(
+        product,
+        [
+            handle_offset(product.rhs)?,
+            handle_offset(product.lhs)?,
+            handle_offset(product.out)?,
+        ],
+    ))
 }
 
 /// The cuBLASLt descriptors and the algorithm of one [`PlanKey`].

@@ -301,6 +301,7 @@ impl OnDevice for Bench {
             path: format!("{path:?}").to_lowercase(),
             submit: args.submit_each_iteration.on(),
             hand_off: HandOffArg::resolve(args.hand_off),
+            memory_pool: args.memory_pool,
         };
         let run = RunInfo {
             gpu: args.gpu.clone().unwrap_or_else(|| B::name(&ctx.device)),
@@ -446,17 +447,20 @@ struct Notes {
     submit: bool,
     /// When fused ops hand queued work on (`--hand-off`).
     hand_off: liger_burn::fusion::HandOff,
+    /// CubeCL's device memory pool (`--memory-pool`, resolved).
+    memory_pool: crate::pool::MemoryPool,
 }
 
 impl Notes {
     fn base(&self) -> String {
         format!(
-            "dtype={} iters={} repeats={} warmup={} autotune={}",
+            "dtype={} iters={} repeats={} warmup={} autotune={} memory_pool={}",
             self.dtype,
             self.timing.iters,
             self.timing.repeats,
             self.timing.warmup,
-            if self.autotune { "on" } else { "off" }
+            if self.autotune { "on" } else { "off" },
+            self.memory_pool.name()
         )
     }
 }
