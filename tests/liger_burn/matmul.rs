@@ -816,7 +816,11 @@ fn nn_linear_matches_reference() {
                 expect_path(&label_q, before, 3, &mut self.0.report);
                 expect_epilogues(&label_q, epilogues, 2, &mut self.0.report);
                 let queued = matmul_counts().queued - before.queued;
-                let expected = if label.starts_with("cuda") { 1..=3 } else { 0..=0 };
+                let expected = if label.starts_with("cuda") {
+                    1..=3
+                } else {
+                    0..=0
+                };
                 if !expected.contains(&queued) {
                     self.0.report.failures.push(format!(
                         "{label_q}: {queued} of 3 products queued, expected {expected:?}"
