@@ -57,9 +57,10 @@
 //! starts every buffer at a multiple of 512 bytes on CUDA): an epilogue has algorithms
 //! for fewer alignments. Everything else (a layout's first product, host
 //! synchronization, other libraries' work) runs in a `ComputeClient::exclusive` task the
-//! caller waits for, so that it can fall back to Burn's kernels when cuBLASLt declines. A queued product that fails to launch, which
-//! no layout cuBLASLt planned should, is logged as an error when it happens and reported
-//! by a panic at the device's next vendor call, as CUDA reports asynchronous errors.
+//! caller waits for, so that it can fall back to Burn's kernels when cuBLASLt declines.
+//! A queued product that fails to launch, which no layout cuBLASLt planned should, is
+//! logged as an error when it happens and reported by a panic at the device's next vendor
+//! call, as CUDA reports asynchronous errors.
 
 use super::matmul_layout::{BlasMatrix, GemmLayout, alignment};
 use super::sequence;
@@ -440,7 +441,14 @@ struct QueuedProduct {
     layout: GemmLayout,
     accumulate: bool,
     alpha: f32,
-    epilogue: Option<(EpilogueKind, CubeTensor<CudaRuntime>)>,
+    epilogue: QueuedEpilogue,
+}
+
+/// An [`Epilogue`] owning its vector.
+enum QueuedEpilogue {
+    None,
+    Bias(CubeTensor<CudaRuntime>),
+    RhsRowSums(CubeTensor<CudaRuntime>),
 }
 
 impl QueuedProduct {
@@ -452,10 +460,11 @@ impl QueuedProduct {
             layout: product.layout.clone(),
             accumulate: product.accumulate,
             alpha: product.alpha,
-            epilogue: product
-                .epilogue
-                .vector()
-                .map(|v| (product.epilogue.kind(), v.clone())),
+            epilogue: match product.epilogue {
+                Epilogue::None => QueuedEpilogue::None,
+                Epilogue::Bias(v) => QueuedEpilogue::Bias(v.clone()),
+                Epilogue::RhsRowSums(v) => QueuedEpilogue::RhsRowSums(v.clone()),
+            },
         }
     }
 
@@ -468,10 +477,9 @@ impl QueuedProduct {
             accumulate: self.accumulate,
             alpha: self.alpha,
             epilogue: match &self.epilogue {
-                None => Epilogue::None,
-                Some((EpilogueKind::Bias, v)) => Epilogue::Bias(v),
-                Some((EpilogueKind::RhsRowSums, v)) => Epilogue::RhsRowSums(v),
-                Some((EpilogueKind::None, _)) => unreachable!("a vector without an epilogue"),
+                QueuedEpilogue::None => Epilogue::None,
+                QueuedEpilogue::Bias(v) => Epilogue::Bias(v),
+                QueuedEpilogue::RhsRowSums(v) => Epilogue::RhsRowSums(v),
             },
         }
     }
@@ -1361,12 +1369,10 @@ fn operand_aligns(product: &Product<'_>, addresses: [u64; 3]) -> [u32; 3] {
 /// up to 256 bytes: CubeCL starts every buffer at a multiple of its memory alignment (512
 /// bytes on CUDA). `None` where that alignment is under 256.
 ///
-/// The prediction is checked where it matters: a queued product's task computes its plan
-/// key from the device addresses, and builds a plan for a key it has not seen (failing,
-/// as a fault reported at the next call, only if cuBLASLt has no algorithm for that
-/// epilogue at the operands' own alignment either). On the H200 the two bias products
-/// of the CUDA test's small `nn::Linear` did not match their planned keys, so they were
-/// waited for; why is not known yet.
+/// Where the prediction is wrong, a product is waited for instead of queued (its key
+/// matches no plan), or a queued task computes another key from the device addresses and
+/// builds its plan there, failing (a fault reported at the next call) only if cuBLASLt has
+/// no algorithm for that epilogue at the operands' own alignment either.
 fn handle_offset(t: &CubeTensor<CudaRuntime>) -> Option<u64> {
     (t.client.properties().memory.alignment % 256 == 0).then(|| t.handle.offset_start.unwrap_or(0))
 }
