@@ -745,7 +745,8 @@ impl Engine {
                 Some(vector) => {
                     !product.accumulate
                         && !is_batched(product)
-                        && handle_offset(vector).is_some_and(|at| at % EPILOGUE_VECTOR_ALIGN == 0)
+                        && handle_offset(vector)
+                            .is_some_and(|at| at.is_multiple_of(EPILOGUE_VECTOR_ALIGN))
                         && caller_aligns(product)
                             .and_then(|aligns| self.plan_key(product, aligns, ordering).ok())
                             .is_some_and(|key| self.plans.contains_key(&key))
@@ -1374,7 +1375,12 @@ fn operand_aligns(product: &Product<'_>, addresses: [u64; 3]) -> [u32; 3] {
 /// builds its plan there, failing (a fault reported at the next call) only if cuBLASLt has
 /// no algorithm for that epilogue at the operands' own alignment either.
 fn handle_offset(t: &CubeTensor<CudaRuntime>) -> Option<u64> {
-    (t.client.properties().memory.alignment % 256 == 0).then(|| t.handle.offset_start.unwrap_or(0))
+    t.client
+        .properties()
+        .memory
+        .alignment
+        .is_multiple_of(256)
+        .then(|| t.handle.offset_start.unwrap_or(0))
 }
 
 /// [`operand_aligns`] read from the handles on the caller's thread, without the device
