@@ -1777,6 +1777,7 @@ const CMMA_PLANE: u32 = 32;
 /// | tensor cores | forward | > 64 | 64 queries | 64 keys | 128 (4 planes, 1 strip each) |
 /// | tensor cores | dK/dV | any | 64 keys | 64 queries | 128 |
 /// | tensor cores | dQ | any | 64 queries | 64 keys | 128 |
+/// | tensor cores, less shared memory | each | any | halved, then quartered ([`cmma_tilings`]) | halved, then quartered | halved, then quartered |
 /// | register mma | forward | ≤ 64 | 128 queries | 64 keys | 256 (8 planes, 1 m-tile each) |
 /// | register mma | forward | > 64 | 128 queries | 64 keys | 128 (4 planes, 2 m-tiles each) |
 /// | register mma | dK/dV | ≤ 64 | 64 keys | 32 queries | 128 (4 planes, 1 m-tile each) |
@@ -1807,7 +1808,8 @@ const CMMA_PLANE: u32 = 32;
 /// more planes per cube hide their latency (each holds half the fragments and softmax
 /// columns of a 2-strip plane). Shared memory per cube ([`shared_bytes`]) at bf16:
 /// forward 91 KiB (head_dim 64) / 95 KiB (128), dK/dV
-/// 90 / 123 KiB, dQ 78 / 113 KiB. The FMA path exists for correctness on devices without
+/// 90 / 123 KiB, dQ 78 / 113 KiB; where a device offers less, each kernel takes the
+/// largest of its smaller tilings that fits ([`cmma_tilings`]). The FMA path exists for correctness on devices without
 /// cooperative matrices: its blocks are the largest of 16, 8 or 4 rows whose tiles fit the
 /// device's shared memory (lavapipe has 32 KiB: 16 rows up to head_dim 64 in f32).
 pub fn flash_geometry(
@@ -1817,14 +1819,11 @@ pub fn flash_geometry(
     vector: usize,
     fma_rows: u32,
 ) -> FlashGeometry {
-    tiled_geometry(
-        kernel,
-        variant,
-        head_dim,
-        vector,
-        fma_rows,
-        MmaTiling::for_head_dim(head_dim),
-    )
+    let tiling = match variant {
+        FlashVariant::TensorCores => MmaTiling::cmma_default(head_dim),
+        FlashVariant::Mma | FlashVariant::Fma => MmaTiling::for_head_dim(head_dim),
+    };
+    tiled_geometry(kernel, variant, head_dim, vector, fma_rows, tiling)
 }
 
 /// [`flash_geometry`] with the register-mma kernels tiled by `tiling`.
@@ -1837,16 +1836,9 @@ fn tiled_geometry(
     tiling: MmaTiling,
 ) -> FlashGeometry {
     let (own, step, planes, tensor_cores) = match variant {
-        FlashVariant::Mma => {
+        FlashVariant::Mma | FlashVariant::TensorCores => {
             let t = tiling.of(kernel);
             (16 * t.planes * t.plane_tiles, t.step_rows, t.planes, true)
-        }
-        FlashVariant::TensorCores => {
-            if kernel == FlashKernel::Forward && head_dim <= 64 {
-                (128, 64, 8, true)
-            } else {
-                (64, 64, 4, true)
-            }
         }
         FlashVariant::Fma => (fma_rows, fma_rows, 2, false),
     };
@@ -1969,9 +1961,11 @@ impl KernelTiling {
     }
 }
 
-/// The tiling of the three register-mma kernels ([`FlashVariant::Mma`]); the other
-/// variants ignore it. [`MmaTiling::for_head_dim`] is the default; others are for tuning
-/// (see [`FlashPlan::with_tiling`]).
+/// The tiling of the three tensor-core kernels, register mma ([`FlashVariant::Mma`]) or
+/// `cmma` ([`FlashVariant::TensorCores`]); the FMA kernels ignore it. For register mma
+/// [`MmaTiling::for_head_dim`] is the default and others are for tuning (see
+/// [`FlashPlan::with_tiling`]); for `cmma`, [`flash_plan`] takes the largest of
+/// [`cmma_tilings`] that fits the device's shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MmaTiling {
     /// The forward: rows are queries, steps keys.
@@ -2010,12 +2004,31 @@ impl MmaTiling {
         }
     }
 
+    /// The `cmma` kernels' default: the first of each kernel's [`cmma_tilings`].
+    pub fn cmma_default(head_dim: usize) -> Self {
+        let first = |kernel| cmma_tilings(kernel, head_dim)[0];
+        Self {
+            forward: first(FlashKernel::Forward),
+            backward_q: first(FlashKernel::BackwardQ),
+            backward_kv: first(FlashKernel::BackwardKv),
+            deferred_dq: false,
+        }
+    }
+
     /// The tiling of `kernel`.
     pub fn of(&self, kernel: FlashKernel) -> KernelTiling {
         match kernel {
             FlashKernel::Forward => self.forward,
             FlashKernel::BackwardQ => self.backward_q,
             FlashKernel::BackwardKv => self.backward_kv,
+        }
+    }
+
+    fn of_mut(&mut self, kernel: FlashKernel) -> &mut KernelTiling {
+        match kernel {
+            FlashKernel::Forward => &mut self.forward,
+            FlashKernel::BackwardQ => &mut self.backward_q,
+            FlashKernel::BackwardKv => &mut self.backward_kv,
         }
     }
 }
@@ -2034,7 +2047,7 @@ pub struct FlashPlan {
     pub fma_rows: u32,
     /// See [`FlashGeometry::fast_exp`].
     pub fast_exp: bool,
-    /// The register-mma kernels' tiling.
+    /// The tensor-core kernels' tiling (register mma or `cmma`).
     pub tiling: MmaTiling,
     /// The register-mma backward sums dQ inside the dK/dV kernel, as FlashAttention-2
     /// does: each step's `dS·K` is added to an f32 buffer by atomic adds, which saves the
@@ -2096,10 +2109,11 @@ impl FlashPlan {
         }
     }
 
-    /// This plan with the register-mma kernels tiled by `tiling`, checked as
-    /// [`flash_plan`] checks its own: m-tiles 1 or 2, steps of 16 to 64 rows in 16s, 4
-    /// planes a cube (8 or 12 also for the forward and dK/dV), and every kernel's units and
-    /// shared memory on this device.
+    /// This plan with its tensor-core kernels tiled by `tiling`, checked as
+    /// [`flash_plan`] checks its own: for register mma, m-tiles 1 or 2, steps of 16 to 64
+    /// rows in 16s, 4 planes a cube (8 or 12 also for the forward and dK/dV); for `cmma`,
+    /// one of [`cmma_tilings`]; for both, every kernel's units and shared memory on this
+    /// device. The FMA kernels take no tiling.
     pub fn with_tiling<R: Runtime>(
         self,
         client: &ComputeClient<R>,
@@ -2109,19 +2123,28 @@ impl FlashPlan {
         let op = "flash_attention";
         for kernel in FLASH_KERNELS {
             let t = tiling.of(kernel);
-            let planes_ok = match kernel {
-                FlashKernel::Forward | FlashKernel::BackwardKv => matches!(t.planes, 4 | 8 | 12),
-                FlashKernel::BackwardQ => t.planes == MMA_PLANES,
+            let taken = match self.variant {
+                FlashVariant::Mma => {
+                    let planes_ok = match kernel {
+                        FlashKernel::Forward | FlashKernel::BackwardKv => {
+                            matches!(t.planes, 4 | 8 | 12)
+                        }
+                        FlashKernel::BackwardQ => t.planes == MMA_PLANES,
+                    };
+                    (1..=2).contains(&t.plane_tiles)
+                        && t.step_rows.is_multiple_of(16)
+                        && (16..=64).contains(&t.step_rows)
+                        && planes_ok
+                }
+                FlashVariant::TensorCores => cmma_tilings(kernel, self.head_dim).contains(&t),
+                FlashVariant::Fma => false,
             };
-            if !(1..=2).contains(&t.plane_tiles)
-                || !t.step_rows.is_multiple_of(16)
-                || !(16..=64).contains(&t.step_rows)
-                || !planes_ok
-            {
+            if !taken {
                 return Err(KernelError::Unsupported {
                     op,
                     reason: format!(
-                        "{kernel:?} tiling {t:?} (1 or 2 m-tiles a plane, steps of 16 to 64 rows in 16s, 4 planes; the forward and dK/dV also 8 or 12)"
+                        "{:?} {kernel:?} tiling {t:?} (register mma: 1 or 2 m-tiles a plane, steps of 16 to 64 rows in 16s, 4 planes, the forward and dK/dV also 8 or 12; cmma: one of cmma_tilings; FMA: none)",
+                        self.variant
                     ),
                 });
             }
@@ -2137,7 +2160,7 @@ impl FlashPlan {
             }
         }
         let plan = FlashPlan { tiling, ..self };
-        match too_big(client, &plan, dtype) {
+        match too_big(&plan, dtype, client.properties().hardware.max_shared_memory_size) {
             None => Ok(plan),
             Some((kernel, bytes)) => Err(KernelError::Unsupported {
                 op,
@@ -2157,13 +2180,8 @@ const FLASH_KERNELS: [FlashKernel; 3] = [
     FlashKernel::BackwardQ,
 ];
 
-/// The first kernel of `plan` whose shared memory exceeds the device's, with its bytes.
-fn too_big<R: Runtime>(
-    client: &ComputeClient<R>,
-    plan: &FlashPlan,
-    dtype: StorageType,
-) -> Option<(FlashKernel, usize)> {
-    let max = client.properties().hardware.max_shared_memory_size;
+/// The first kernel of `plan` whose shared memory exceeds `max` bytes, with its bytes.
+fn too_big(plan: &FlashPlan, dtype: StorageType, max: usize) -> Option<(FlashKernel, usize)> {
     FLASH_KERNELS
         .iter()
         .map(|k| (*k, shared_bytes(&plan.geometry(*k), *k, dtype.size())))
@@ -2179,7 +2197,23 @@ pub fn flash_plan<R: Runtime>(
     dtype: StorageType,
     variant: FlashVariant,
 ) -> Result<FlashPlan, KernelError> {
+    let max_shared = client.properties().hardware.max_shared_memory_size;
+    flash_plan_within(client, head_dim, dtype, variant, max_shared)
+}
+
+/// [`flash_plan`] with every kernel's shared memory held to `max_shared` bytes (at most
+/// the device's): the plan another device with that limit would get (Vulkan on NVIDIA
+/// offers 48 KiB a cube), so that its tilings can be tested where they are not the
+/// default.
+pub fn flash_plan_within<R: Runtime>(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+    dtype: StorageType,
+    variant: FlashVariant,
+    max_shared: usize,
+) -> Result<FlashPlan, KernelError> {
     let op = "flash_attention";
+    let max_shared = max_shared.min(client.properties().hardware.max_shared_memory_size);
     let unsupported = |reason: String| Err(KernelError::Unsupported { op, reason });
     check_float_dtype(op, dtype)?;
     if head_dim == 0 || !head_dim.is_multiple_of(16) || head_dim > MAX_HEAD_DIM {
@@ -2212,6 +2246,19 @@ pub fn flash_plan<R: Runtime>(
         FlashVariant::TensorCores | FlashVariant::Mma => &[16],
         FlashVariant::Fma => &[16, 8, 4],
     };
+    let tiling = match variant {
+        FlashVariant::TensorCores => {
+            cmma_tiling_within(head_dim, vector, dtype.size(), max_shared).map_err(
+                |(kernel, bytes)| KernelError::Unsupported {
+                    op,
+                    reason: format!(
+                        "{kernel:?} needs {bytes} bytes of shared memory at head_dim {head_dim} with its smallest cmma tiling; the limit is {max_shared}"
+                    ),
+                },
+            )?
+        }
+        FlashVariant::Mma | FlashVariant::Fma => MmaTiling::for_head_dim(head_dim),
+    };
     let mut last = None;
     for &fma_rows in candidates {
         let plan = FlashPlan {
@@ -2220,7 +2267,7 @@ pub fn flash_plan<R: Runtime>(
             vector,
             fma_rows,
             fast_exp: fast_exp_supported(client),
-            tiling: MmaTiling::for_head_dim(head_dim),
+            tiling,
             atomic_dq: variant == FlashVariant::Mma && atomic_pairs_supported(client),
         };
         let units = plan.geometry(FlashKernel::Forward).units;
@@ -2230,16 +2277,67 @@ pub fn flash_plan<R: Runtime>(
                 props.hardware.max_units_per_cube
             ));
         }
-        match too_big(client, &plan, dtype) {
+        match too_big(&plan, dtype, max_shared) {
             None => return Ok(plan),
             Some(too_big) => last = Some(too_big),
         }
     }
     let (kernel, bytes) = last.expect("at least one candidate");
     unsupported(format!(
-        "{kernel:?} needs {bytes} bytes of shared memory at head_dim {head_dim}; the device has {}",
-        props.hardware.max_shared_memory_size
+        "{kernel:?} needs {bytes} bytes of shared memory at head_dim {head_dim}; the limit is {max_shared}"
     ))
+}
+
+/// The `cmma` kernels' tilings of `kernel` at `head_dim`, largest first: one 16-row strip
+/// a plane, and as many rows kept as streamed (the forward at head_dim ≤ 64 keeps twice
+/// as many queries, as FlashAttention-2 does, so each key/value tile serves more of them).
+/// The first is the default where it fits; the smaller ones are for devices with less
+/// shared memory a cube (Vulkan on NVIDIA: 48 KiB), the score and accumulator tiles of
+/// a cube shrinking with its rows.
+pub fn cmma_tilings(kernel: FlashKernel, head_dim: usize) -> &'static [KernelTiling] {
+    const fn t(planes: u32, step_rows: u32) -> KernelTiling {
+        KernelTiling::new(1, step_rows).with_planes(planes)
+    }
+    const WIDE_FORWARD: &[KernelTiling] = &[t(8, 64), t(4, 32), t(2, 16)];
+    const SQUARE: &[KernelTiling] = &[t(4, 64), t(2, 32), t(1, 16)];
+    match kernel {
+        FlashKernel::Forward if head_dim <= 64 => WIDE_FORWARD,
+        _ => SQUARE,
+    }
+}
+
+/// The largest [`cmma_tilings`] of each kernel whose shared memory fits `max_shared`
+/// bytes, or the kernel whose smallest does not, with its bytes.
+fn cmma_tiling_within(
+    head_dim: usize,
+    vector: usize,
+    elem: usize,
+    max_shared: usize,
+) -> Result<MmaTiling, (FlashKernel, usize)> {
+    let mut tiling = MmaTiling::cmma_default(head_dim);
+    for kernel in FLASH_KERNELS {
+        let bytes_with = |t: KernelTiling| {
+            let mut candidate = tiling;
+            *candidate.of_mut(kernel) = t;
+            let g = tiled_geometry(
+                kernel,
+                FlashVariant::TensorCores,
+                head_dim,
+                vector,
+                16,
+                candidate,
+            );
+            shared_bytes(&g, kernel, elem)
+        };
+        let tilings = cmma_tilings(kernel, head_dim);
+        let chosen = tilings
+            .iter()
+            .copied()
+            .find(|t| bytes_with(*t) <= max_shared)
+            .ok_or_else(|| (kernel, bytes_with(tilings[tilings.len() - 1])))?;
+        *tiling.of_mut(kernel) = chosen;
+    }
+    Ok(tiling)
 }
 
 /// One attention problem: contiguous `q: [batch, q_heads, seq, head_dim]`,
@@ -2788,3 +2886,84 @@ pub fn flash_attention_backward_planned<R: Runtime>(
 #[cfg(test)]
 #[path = "attention_codegen.rs"]
 mod codegen;
+
+#[cfg(test)]
+mod cmma_tiling_tests {
+    use super::*;
+
+    /// f16/bf16 inputs in vectors of 8, as the plans take them.
+    const ELEM: usize = 2;
+    const VECTOR: usize = 8;
+
+    fn bytes(kernel: FlashKernel, head_dim: usize, tiling: MmaTiling) -> usize {
+        let g = tiled_geometry(
+            kernel,
+            FlashVariant::TensorCores,
+            head_dim,
+            VECTOR,
+            16,
+            tiling,
+        );
+        shared_bytes(&g, kernel, ELEM)
+    }
+
+    #[test]
+    fn each_kernel_takes_the_largest_tiling_that_fits() {
+        // The H200's 227 KiB, Vulkan on NVIDIA's 48 KiB, lavapipe's 32 KiB.
+        for max in [232_448usize, 49_152, 32_768] {
+            for head_dim in [64usize, 128] {
+                let tiling = cmma_tiling_within(head_dim, VECTOR, ELEM, max)
+                    .unwrap_or_else(|e| panic!("head_dim {head_dim}, {max} bytes: {e:?}"));
+                for kernel in FLASH_KERNELS {
+                    let chosen = tiling.of(kernel);
+                    assert!(
+                        bytes(kernel, head_dim, tiling) <= max,
+                        "{kernel:?} head_dim {head_dim}: {chosen:?} exceeds {max} bytes"
+                    );
+                    let tilings = cmma_tilings(kernel, head_dim);
+                    let at = tilings.iter().position(|t| *t == chosen).unwrap();
+                    // Every larger tiling of this kernel would not have fitted.
+                    for larger in &tilings[..at] {
+                        let mut with = tiling;
+                        *with.of_mut(kernel) = *larger;
+                        assert!(
+                            bytes(kernel, head_dim, with) > max,
+                            "{kernel:?} head_dim {head_dim}: {larger:?} fits {max} bytes but {chosen:?} was chosen"
+                        );
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            cmma_tiling_within(128, VECTOR, ELEM, 232_448),
+            Ok(MmaTiling::cmma_default(128))
+        );
+    }
+
+    #[test]
+    fn too_little_shared_memory_names_the_kernel() {
+        let (kernel, needed) = cmma_tiling_within(128, VECTOR, ELEM, 8_192).unwrap_err();
+        assert_eq!(kernel, FlashKernel::Forward);
+        assert!(needed > 8_192);
+    }
+
+    #[test]
+    fn rows_kept_and_streamed_keep_the_kernels_assumptions() {
+        // One 16-row strip a plane; the backward keeps as many rows as it streams, the
+        // forward as many or twice as many.
+        for head_dim in [64usize, 128] {
+            for kernel in FLASH_KERNELS {
+                for t in cmma_tilings(kernel, head_dim) {
+                    let own = 16 * t.planes * t.plane_tiles;
+                    assert_eq!(t.plane_tiles, 1);
+                    match kernel {
+                        FlashKernel::Forward => {
+                            assert!(own == t.step_rows || own == 2 * t.step_rows, "{t:?}")
+                        }
+                        _ => assert_eq!(own, t.step_rows, "{kernel:?} {t:?}"),
+                    }
+                }
+            }
+        }
+    }
+}

@@ -152,19 +152,51 @@ fn geometry(
     }
 }
 
+/// The `cmma` geometry of `kernel` with its `index`th tiling of [`cmma_tilings`].
+fn cmma_geometry(kernel: FlashKernel, head_dim: usize, n: usize, index: usize) -> FlashGeometry {
+    let mut tiling = MmaTiling::cmma_default(head_dim);
+    let t = cmma_tilings(kernel, head_dim)[index];
+    match kernel {
+        FlashKernel::Forward => tiling.forward = t,
+        FlashKernel::BackwardKv => tiling.backward_kv = t,
+        FlashKernel::BackwardQ => tiling.backward_q = t,
+    }
+    FlashGeometry {
+        fast_exp: true,
+        ..tiled_geometry(kernel, FlashVariant::TensorCores, head_dim, n, 16, tiling)
+    }
+}
+
+#[test]
+fn tensor_core_default_geometry_is_the_first_cmma_tiling() {
+    for head_dim in [64usize, 128] {
+        for kernel in FLASH_KERNELS {
+            assert_eq!(
+                geometry(kernel, FlashVariant::TensorCores, head_dim, 8),
+                cmma_geometry(kernel, head_dim, 8, 0)
+            );
+        }
+    }
+}
+
 #[test]
 fn tensor_core_kernels_compile_to_cuda() {
     let client = R::client(&WgpuDevice::DefaultDevice);
     let bf16: StorageType = ElemType::Float(FloatKind::BF16).into();
     let n = 8usize;
-    let v = FlashVariant::TensorCores;
-    for head_dim in [64usize, 128] {
-        for mask in MASKS {
+    // Every tiling of every kernel; the smaller ones (devices with less shared memory)
+    // with the first mask only.
+    for (head_dim, index) in [64usize, 128]
+        .into_iter()
+        .flat_map(|d| (0..cmma_tilings(FlashKernel::BackwardKv, d).len()).map(move |i| (d, i)))
+    {
+        let masks = if index == 0 { &MASKS[..] } else { &MASKS[..1] };
+        for &mask in masks {
             let docs = mask.documents;
             let source = flash_source!(
                 client,
                 flash_forward_kernel::FlashForwardKernel,
-                geometry(FlashKernel::Forward, v, head_dim, n),
+                cmma_geometry(FlashKernel::Forward, head_dim, n, index),
                 bf16,
                 n,
                 false,
@@ -173,11 +205,11 @@ fn tensor_core_kernels_compile_to_cuda() {
                 ],
                 [mask]
             );
-            check_source(&format!("forward_d{head_dim}_{docs}"), &source);
+            check_source(&format!("forward_d{head_dim}_t{index}_{docs}"), &source);
             let source = flash_source!(
                 client,
                 flash_backward_kv_kernel::FlashBackwardKvKernel,
-                geometry(FlashKernel::BackwardKv, v, head_dim, n),
+                cmma_geometry(FlashKernel::BackwardKv, head_dim, n, index),
                 bf16,
                 n,
                 false,
@@ -186,11 +218,11 @@ fn tensor_core_kernels_compile_to_cuda() {
                 ],
                 [mask]
             );
-            check_source(&format!("backward_kv_d{head_dim}_{docs}"), &source);
+            check_source(&format!("backward_kv_d{head_dim}_t{index}_{docs}"), &source);
             let source = flash_source!(
                 client,
                 flash_backward_q_kernel::FlashBackwardQKernel,
-                geometry(FlashKernel::BackwardQ, v, head_dim, n),
+                cmma_geometry(FlashKernel::BackwardQ, head_dim, n, index),
                 bf16,
                 n,
                 false,
@@ -199,7 +231,7 @@ fn tensor_core_kernels_compile_to_cuda() {
                 ],
                 [mask]
             );
-            check_source(&format!("backward_q_d{head_dim}_{docs}"), &source);
+            check_source(&format!("backward_q_d{head_dim}_t{index}_{docs}"), &source);
         }
     }
 }

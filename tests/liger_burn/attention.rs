@@ -396,7 +396,8 @@ mod flash_kernel {
     use liger_cubecl_kernels::attention::{
         AttentionMask, FlashBackwardArgs, FlashForwardArgs, FlashProblem, FlashVariant,
         KernelTiling, MmaTiling, document_ranges, flash_attention_backward_planned,
-        flash_attention_planned, flash_plan, register_mma_supported, tensor_cores_supported,
+        flash_attention_planned, flash_plan, flash_plan_within, register_mma_supported,
+        tensor_cores_supported,
     };
     use liger_tests::attention::{
         Problem, compare_lse, compare_rows, random_documents, reference, row_tolerance,
@@ -547,7 +548,11 @@ mod flash_kernel {
             .map(|ids| contiguous_ids::<R>(ids, b, s, device));
         let problem = flash_problem(p);
         let client = q.client.clone();
-        let mut plan = flash_plan(&client, d, dtype.into(), variant).map_err(|e| e.to_string())?;
+        let mut plan = match run.max_shared {
+            Some(max) => flash_plan_within(&client, d, dtype.into(), variant, max),
+            None => flash_plan(&client, d, dtype.into(), variant),
+        }
+        .map_err(|e| e.to_string())?;
         if let Some(tiling) = run.tiling {
             plan = plan
                 .with_tiling(&client, dtype.into(), tiling(d))
@@ -721,12 +726,16 @@ mod flash_kernel {
     struct PlanRun {
         tiling: Option<Tiling>,
         deterministic: bool,
+        /// Plan as a device with this much shared memory a cube would
+        /// (`flash_plan_within`).
+        max_shared: Option<usize>,
     }
 
     impl PlanRun {
         const DEFAULT: PlanRun = PlanRun {
             tiling: None,
             deterministic: false,
+            max_shared: None,
         };
     }
 
@@ -977,10 +986,26 @@ mod flash_kernel {
         default_plans(FlashVariant::Fma);
     }
 
-    /// The `cmma` kernels (devices with cooperative matrices).
+    /// The `cmma` kernels (devices with cooperative matrices), with the device's plan and
+    /// with the plans of devices with less shared memory a cube: Vulkan on NVIDIA's 48 KiB,
+    /// and 32 KiB, which take each kernel's smaller tilings.
     #[test]
     fn flash_tensor_core_kernels_match_the_f64_reference() {
-        default_plans(FlashVariant::TensorCores);
+        check_all(
+            FlashVariant::TensorCores,
+            |_| {
+                let within = |max| PlanRun {
+                    max_shared: Some(max),
+                    ..PlanRun::DEFAULT
+                };
+                vec![
+                    ("", PlanRun::DEFAULT),
+                    ("within 48 KiB", within(48 << 10)),
+                    ("within 32 KiB", within(32 << 10)),
+                ]
+            },
+            |_| true,
+        );
     }
 
     /// The register-mma kernels with their default tiling (CUDA sm_80+).
