@@ -5,7 +5,8 @@
 //!   kernel's grid-striding and multi-launch paths;
 //! - the blockwise attention's block size: several blocks and a partial last one;
 //! - the fused linear cross entropy's chunk rows: several chunks and a partial last one;
-//! - a count of the memory releases the backward made (`memory_release_point`).
+//! - a count of the memory releases the backward made (`memory_release_point`);
+//! - why products with a cuBLASLt epilogue were waited for instead of queued (CUDA).
 //!
 //! Each override belongs to the calling thread (Burn's fusion and CubeCL backends launch
 //! on the calling thread) and lasts as long as its guard, so concurrent tests do not see
@@ -14,7 +15,30 @@
 use crate::fusion::HandOff;
 use liger_cubecl_kernels::LaunchConfig;
 use std::cell::Cell;
+use std::sync::Mutex;
 use std::thread::LocalKey;
+
+/// Process-wide: the decision is made on whichever thread runs the op (Fusion's or the
+/// caller's).
+static EPILOGUE_NOT_QUEUED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Why each product with a cuBLASLt epilogue was waited for instead of queued since the
+/// last call, oldest first (every thread's).
+pub fn take_epilogue_not_queued() -> Vec<String> {
+    std::mem::take(
+        &mut *EPILOGUE_NOT_QUEUED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()),
+    )
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn record_epilogue_not_queued(why: String) {
+    EPILOGUE_NOT_QUEUED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(why);
+}
 
 std::thread_local! {
     static LAUNCH_CONFIG: Cell<Option<LaunchConfig>> = const { Cell::new(None) };

@@ -2160,7 +2160,11 @@ impl FlashPlan {
             }
         }
         let plan = FlashPlan { tiling, ..self };
-        match too_big(&plan, dtype, client.properties().hardware.max_shared_memory_size) {
+        match too_big(
+            &plan,
+            dtype,
+            client.properties().hardware.max_shared_memory_size,
+        ) {
             None => Ok(plan),
             Some((kernel, bytes)) => Err(KernelError::Unsupported {
                 op,

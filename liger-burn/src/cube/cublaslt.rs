@@ -739,19 +739,58 @@ impl Engine {
                 None => self
                     .plan_key(product, [0; 3], ordering)
                     .is_ok_and(|key| self.planned.contains(&key)),
-                // An epilogue runs only on a plan made for its operands' own alignments, and
-                // only with an aligned vector: both are read from the handles here, and a
-                // queued task cannot fall back.
-                Some(vector) => {
-                    !product.accumulate
-                        && !is_batched(product)
-                        && handle_offset(vector)
-                            .is_some_and(|at| at.is_multiple_of(EPILOGUE_VECTOR_ALIGN))
-                        && caller_aligns(product)
-                            .and_then(|aligns| self.plan_key(product, aligns, ordering).ok())
-                            .is_some_and(|key| self.plans.contains_key(&key))
-                }
+                Some(vector) => match self.epilogue_not_queueable(product, vector, ordering) {
+                    None => true,
+                    Some(why) => {
+                        log::debug!("cuBLASLt: a product with an epilogue is waited for: {why}");
+                        #[cfg(feature = "test-hooks")]
+                        crate::test_hooks::record_epilogue_not_queued(why);
+                        false
+                    }
+                },
             })
+    }
+
+    /// Why `product`, with epilogue vector `vector`, cannot be queued (`None`: it can). An
+    /// epilogue runs only on a plan made for its operands' own alignments, and only with
+    /// an aligned vector: both are read from the handles here, and a queued task cannot
+    /// fall back.
+    fn epilogue_not_queueable(
+        &self,
+        product: &Product<'_>,
+        vector: &CubeTensor<CudaRuntime>,
+        ordering: MatmulOrdering,
+    ) -> Option<String> {
+        if product.accumulate || is_batched(product) {
+            return Some("it accumulates or takes more than one BLAS call".into());
+        }
+        let offsets = [product.rhs, product.lhs, product.out, vector].map(handle_offset);
+        if !offsets[3].is_some_and(|at| at.is_multiple_of(EPILOGUE_VECTOR_ALIGN)) {
+            return Some(format!(
+                "its vector's offset {:?} is not {EPILOGUE_VECTOR_ALIGN}-byte aligned",
+                offsets[3]
+            ));
+        }
+        let Some(aligns) = caller_aligns(product) else {
+            return Some("the memory alignment does not tell the operands' alignments".into());
+        };
+        let key = match self.plan_key(product, aligns, ordering) {
+            Ok(key) => key,
+            Err(why) => return Some(why.to_string()),
+        };
+        if self.plans.contains_key(&key) {
+            return None;
+        }
+        let planned = self
+            .plans
+            .keys()
+            .filter(|k| k.layout_only() == key.layout_only())
+            .map(|k| k.aligns)
+            .collect::<Vec<_>>();
+        Some(format!(
+            "no plan for its predicted alignments {aligns:?} (A, B, out; handle offsets {offsets:?},              m {} n {} k {}); its layout is planned for {planned:?}",
+            key.m, key.n, key.k
+        ))
     }
 
     /// Logs a queued product's failure, to be reported by the next call.
