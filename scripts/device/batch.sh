@@ -9,8 +9,12 @@
 #                                  [elementwise] [ce] [ce-hold] [flce] [vulkan] [converge]
 #                                  [train] [e2e-llama] [e2e-qwen] [optimizer] [cache-out]
 #                                  [attention-test] [attention] [sdpa] [post] [timeline]
-#                                  [norm-sweep] [kernels-vs-lk]
+#                                  [norm-sweep] [kernels-vs-lk] [vulkan-attention-test]
+#                                  [vulkan-attention]
 #
+# vulkan-attention-test / vulkan-attention: the flash kernels' tensor-core test, and
+# `liger bench --attention` (f16; ATTN_SHAPES, ATTN_PROVIDERS default flash), through Vulkan
+# (the loader from .gl/*.deb).
 # kernels-vs-lk: RMSNorm, LayerNorm, SwiGLU and cross entropy by liger-burn between two passes
 # of Liger-Kernel's (scripts/device/anchor_kernels.py), one CSV.
 # norm-sweep: the norms' backward kernels at the models' widths, over the backward geometry,
@@ -58,6 +62,15 @@ set -u
 . "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >"$OUT/gpu.txt" 2>&1
 steps=${*:-check bench}
+
+# The Vulkan loader (the carried Debian packages in .gl/) pointed at the NVIDIA driver's ICD.
+vulkan_loader() {
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+  { ls -l /usr/local/nvidia/share/vulkan/icd.d/ /usr/share/vulkan/icd.d/ 2>&1; ldconfig -p | grep -iE "vulkan|GLX_nvidia"; } >"$OUT/vulkan_env.txt" 2>&1
+}
 status=0
 for step in $steps; do
   case $step in
@@ -342,15 +355,26 @@ for step in $steps; do
       tar -czf "$OUT/cubecl-cache.tgz" -C .gpu cubecl-cache && ls -l "$OUT/cubecl-cache.tgz"
       ;;
     vulkan)
-      for f in .gl/*.deb; do dpkg -x "$f" /; done
-      ldconfig
-      export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-      export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-      { ls -l /usr/local/nvidia/share/vulkan/icd.d/ /usr/share/vulkan/icd.d/ 2>&1; ldconfig -p | grep -iE "vulkan|GLX_nvidia"; } >"$OUT/vulkan_env.txt" 2>&1
+      vulkan_loader
       $BIN check --device vulkan --dtype f32 --quick >"$OUT/check_vulkan_f32.log" 2>&1 || status=1
       tail -n 3 "$OUT/check_vulkan_f32.log"
       $BIN bench --device vulkan --dtype f16 --op all --csv "$OUT/bench_vulkan_f16.csv" >"$OUT/bench_vulkan_f16.log" 2>&1 || status=1
       tail -n 30 "$OUT/bench_vulkan_f16.log"
+      ;;
+    vulkan-attention-test)
+      # The flash kernels' tensor-core (cmma) test against f64 through the H200's Vulkan driver.
+      vulkan_loader
+      LIGER_TEST_DEVICE=vulkan timeout "${TESTS_TIMEOUT:-300}" $TEST_BIN flash_tensor_core \
+        --nocapture >"$OUT/test_attention_vulkan.log" 2>&1 || status=1
+      grep -E "^test |test result|panicked|cases run|^note" "$OUT/test_attention_vulkan.log" | tail -n 20
+      ;;
+    vulkan-attention)
+      # `liger bench --attention` through Vulkan in f16 (ATTN_SHAPES, ATTN_PROVIDERS).
+      vulkan_loader
+      timeout "${ATTN_TIMEOUT:-300}" $BIN -v bench --attention --device vulkan --dtype f16 \
+        ${ATTN_SHAPES:+--attention-shape "$ATTN_SHAPES"} --attention-provider "${ATTN_PROVIDERS:-flash}" \
+        --csv "$OUT/bench_attention_vulkan.csv" >"$OUT/bench_attention_vulkan.log" 2>&1 || status=1
+      tail -n 30 "$OUT/bench_attention_vulkan.log"
       ;;
   esac
 done
