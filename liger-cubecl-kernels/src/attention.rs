@@ -1777,7 +1777,7 @@ const CMMA_PLANE: u32 = 32;
 /// | tensor cores | forward | > 64 | 64 queries | 64 keys | 128 (4 planes, 1 strip each) |
 /// | tensor cores | dK/dV | any | 64 keys | 64 queries | 128 |
 /// | tensor cores | dQ | any | 64 queries | 64 keys | 128 |
-/// | tensor cores, less shared memory | each | any | halved, then quartered ([`cmma_tilings`]) | halved, then quartered | halved, then quartered |
+/// | tensor cores, less shared memory | each | any | halved (the forward also quartered; [`cmma_tilings`]) | halved | halved |
 /// | register mma | forward | ≤ 64 | 128 queries | 64 keys | 256 (8 planes, 1 m-tile each) |
 /// | register mma | forward | > 64 | 128 queries | 64 keys | 128 (4 planes, 2 m-tiles each) |
 /// | register mma | dK/dV | ≤ 64 | 64 keys | 32 queries | 128 (4 planes, 1 m-tile each) |
@@ -2297,16 +2297,20 @@ pub fn flash_plan_within<R: Runtime>(
 /// as many queries, as FlashAttention-2 does, so each key/value tile serves more of them).
 /// The first is the default where it fits; the smaller ones are for devices with less
 /// shared memory a cube (Vulkan on NVIDIA: 48 KiB), the score and accumulator tiles of
-/// a cube shrinking with its rows.
+/// a cube shrinking with its rows. The backward stops at two planes: with one (16 rows)
+/// it measured slower than the FMA kernels (through Vulkan on the H200 at head_dim 128,
+/// `benches/attention.md`), so a device that cannot fit two runs those instead.
 pub fn cmma_tilings(kernel: FlashKernel, head_dim: usize) -> &'static [KernelTiling] {
     const fn t(planes: u32, step_rows: u32) -> KernelTiling {
         KernelTiling::new(1, step_rows).with_planes(planes)
     }
     const WIDE_FORWARD: &[KernelTiling] = &[t(8, 64), t(4, 32), t(2, 16)];
-    const SQUARE: &[KernelTiling] = &[t(4, 64), t(2, 32), t(1, 16)];
+    const FORWARD: &[KernelTiling] = &[t(4, 64), t(2, 32), t(1, 16)];
+    const BACKWARD: &[KernelTiling] = &[t(4, 64), t(2, 32)];
     match kernel {
         FlashKernel::Forward if head_dim <= 64 => WIDE_FORWARD,
-        _ => SQUARE,
+        FlashKernel::Forward => FORWARD,
+        FlashKernel::BackwardKv | FlashKernel::BackwardQ => BACKWARD,
     }
 }
 
@@ -2913,9 +2917,10 @@ mod cmma_tiling_tests {
 
     #[test]
     fn each_kernel_takes_the_largest_tiling_that_fits() {
-        // The H200's 227 KiB, Vulkan on NVIDIA's 48 KiB, lavapipe's 32 KiB.
-        for max in [232_448usize, 49_152, 32_768] {
-            for head_dim in [64usize, 128] {
+        // The H200's 227 KiB; Vulkan on NVIDIA's 48 KiB, where head_dim 128's backward
+        // does not fit two planes.
+        for (max, head_dim) in [(232_448usize, 64usize), (232_448, 128), (49_152, 64)] {
+            {
                 let tiling = cmma_tiling_within(head_dim, VECTOR, ELEM, max)
                     .unwrap_or_else(|e| panic!("head_dim {head_dim}, {max} bytes: {e:?}"));
                 for kernel in FLASH_KERNELS {
@@ -2949,6 +2954,10 @@ mod cmma_tiling_tests {
         let (kernel, needed) = cmma_tiling_within(128, VECTOR, ELEM, 8_192).unwrap_err();
         assert_eq!(kernel, FlashKernel::Forward);
         assert!(needed > 8_192);
+        // 48 KiB: head_dim 128's forward fits, its backward on two planes does not.
+        let (kernel, needed) = cmma_tiling_within(128, VECTOR, ELEM, 49_152).unwrap_err();
+        assert_eq!(kernel, FlashKernel::BackwardKv);
+        assert!(needed > 49_152);
     }
 
     #[test]

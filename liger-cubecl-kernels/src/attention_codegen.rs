@@ -152,10 +152,12 @@ fn geometry(
     }
 }
 
-/// The `cmma` geometry of `kernel` with its `index`th tiling of [`cmma_tilings`].
+/// The `cmma` geometry of `kernel` with its `index`th tiling of [`cmma_tilings`] (its
+/// last where it has fewer).
 fn cmma_geometry(kernel: FlashKernel, head_dim: usize, n: usize, index: usize) -> FlashGeometry {
     let mut tiling = MmaTiling::cmma_default(head_dim);
-    let t = cmma_tilings(kernel, head_dim)[index];
+    let tilings = cmma_tilings(kernel, head_dim);
+    let t = tilings[index.min(tilings.len() - 1)];
     match kernel {
         FlashKernel::Forward => tiling.forward = t,
         FlashKernel::BackwardKv => tiling.backward_kv = t,
@@ -186,9 +188,16 @@ fn tensor_core_kernels_compile_to_cuda() {
     let n = 8usize;
     // Every tiling of every kernel; the smaller ones (devices with less shared memory)
     // with the first mask only.
+    let most = |d| {
+        FLASH_KERNELS
+            .iter()
+            .map(|k| cmma_tilings(*k, d).len())
+            .max()
+            .unwrap()
+    };
     for (head_dim, index) in [64usize, 128]
         .into_iter()
-        .flat_map(|d| (0..cmma_tilings(FlashKernel::BackwardKv, d).len()).map(move |i| (d, i)))
+        .flat_map(|d| (0..most(d)).map(move |i| (d, i)))
     {
         let masks = if index == 0 { &MASKS[..] } else { &MASKS[..1] };
         for &mask in masks {

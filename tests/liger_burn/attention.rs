@@ -932,6 +932,20 @@ mod flash_kernel {
                             if !(self.keep)(&p) {
                                 continue;
                             }
+                            // A device with that little shared memory has no plan for
+                            // this head_dim: the problem runs the other plans only.
+                            if let Some(max) = run.max_shared
+                                && flash_plan_within(
+                                    &client,
+                                    p.head_dim,
+                                    dtype.into(),
+                                    variant,
+                                    max,
+                                )
+                                .is_err()
+                            {
+                                continue;
+                            }
                             match check::<R>(device, &p, dtype, variant, run, &mut self.rng, grow) {
                                 Ok(atomic_dq) => self.atomic_dq += usize::from(atomic_dq),
                                 Err(e) => self.failures.push(format!(
@@ -987,22 +1001,19 @@ mod flash_kernel {
     }
 
     /// The `cmma` kernels (devices with cooperative matrices), with the device's plan and
-    /// with the plans of devices with less shared memory a cube: Vulkan on NVIDIA's 48 KiB,
-    /// and 32 KiB, which take each kernel's smaller tilings.
+    /// with the plan of a device with 48 KiB of shared memory a cube (Vulkan on NVIDIA),
+    /// which takes each kernel's smaller tilings; at head_dim 128 it has none (the
+    /// backward needs more), and those problems run the device's plan only.
     #[test]
     fn flash_tensor_core_kernels_match_the_f64_reference() {
         check_all(
             FlashVariant::TensorCores,
             |_| {
-                let within = |max| PlanRun {
-                    max_shared: Some(max),
+                let within_48_kib = PlanRun {
+                    max_shared: Some(48 << 10),
                     ..PlanRun::DEFAULT
                 };
-                vec![
-                    ("", PlanRun::DEFAULT),
-                    ("within 48 KiB", within(48 << 10)),
-                    ("within 32 KiB", within(32 << 10)),
-                ]
+                vec![("", PlanRun::DEFAULT), ("within 48 KiB", within_48_kib)]
             },
             |_| true,
         );
