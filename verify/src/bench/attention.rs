@@ -328,7 +328,8 @@ impl OnDevice for Bench {
                 results,
             };
             if let Some(path) = &args.csv {
-                csv::append(path, &rows(&group, &args, timing), &run)?;
+                let runtime = ctx.cube.as_ref().map(|c| c.runtime.as_str());
+                csv::append(path, &rows(&group, &args, timing, runtime), &run)?;
             }
             groups.push(group);
         }
@@ -346,8 +347,11 @@ fn tflops(f: f64, t: [f64; 3]) -> [f64; 3] {
     [f / 1e12 / t[0], f / 1e12 / t[2], f / 1e12 / t[1]]
 }
 
-fn rows(g: &Group, args: &BenchArgs, timing: Timing) -> Vec<Row> {
+/// The CSV rows of one shape; `runtime` names the CubeCL runtime where there is one
+/// (`cuda`, `wgpu<spirv>`: the same kernels through Vulkan).
+fn rows(g: &Group, args: &BenchArgs, timing: Timing, runtime: Option<&str>) -> Vec<Row> {
     let x = g.shape.label();
+    let runtime = runtime.map(|r| format!(" runtime={r}")).unwrap_or_default();
     let mut out = Vec::new();
     for (provider, res, iters, vendor) in &g.results {
         for mode in [Mode::Forward, Mode::Backward, Mode::Full] {
@@ -372,7 +376,7 @@ fn rows(g: &Group, args: &BenchArgs, timing: Timing) -> Vec<Row> {
                 _ => "",
             };
             let config = format!(
-                "dtype={} causal=1 iters_fwd={} iters_full={} repeats={} warmup={}{variant} fused_launches_per_iter={} grad={}",
+                "dtype={}{runtime} causal=1 iters_fwd={} iters_full={} repeats={} warmup={}{variant} fused_launches_per_iter={} grad={}",
                 args.dtype,
                 iters[0],
                 iters[1],
