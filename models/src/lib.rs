@@ -27,6 +27,7 @@ pub mod decoder_layer;
 pub mod eager_attention;
 pub mod error;
 pub mod eval;
+pub mod gradient_checkpointing;
 pub mod kernels;
 pub mod liger_config;
 pub mod loading;

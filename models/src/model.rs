@@ -5,6 +5,7 @@ use crate::attention::AttentionInputs;
 use crate::config::ModelConfig;
 use crate::decoder_layer::DecoderLayer;
 use crate::error::ModelError;
+use crate::gradient_checkpointing::LayerTape;
 use crate::kernels::{self, Reduction};
 use crate::liger_config::LigerConfig;
 use crate::lora::LoraConfig;
@@ -61,6 +62,14 @@ pub struct CausalLm<B: FusedOps> {
     /// [`with_memory_release_per_layer`](Self::with_memory_release_per_layer).
     #[module(skip)]
     memory_release_per_layer: bool,
+    /// Whether each decoder layer is recomputed in the backward instead of keeping its
+    /// activations: see [`with_gradient_checkpointing`](Self::with_gradient_checkpointing).
+    #[module(skip)]
+    gradient_checkpointing: bool,
+    /// The layers kept by the forwards since the last [`backward`](Self::backward) when
+    /// checkpointing is on.
+    #[module(skip)]
+    tape: LayerTape,
 }
 
 impl<B: FusedOps> CausalLm<B> {
@@ -117,6 +126,8 @@ impl<B: FusedOps> CausalLm<B> {
             liger,
             lora: None,
             memory_release_per_layer: false,
+            gradient_checkpointing: false,
+            tape: LayerTape::default(),
         })
     }
 
@@ -128,6 +139,22 @@ impl<B: FusedOps> CausalLm<B> {
     /// (`--memory-pool release`); the losses and gradients are unchanged. Off by default.
     pub fn with_memory_release_per_layer(mut self, on: bool) -> Self {
         self.memory_release_per_layer = on;
+        self
+    }
+
+    /// The same model with (or without) gradient checkpointing, as transformers'
+    /// `gradient_checkpointing_enable()`: a decoder layer keeps only its input for the
+    /// backward, which runs the layer's forward again before its own backward (see
+    /// [`crate::gradient_checkpointing`]). The activations of one layer at a time are alive
+    /// in the backward instead of every layer's, for one more forward of each; the losses
+    /// and gradients are unchanged. Take the gradients with [`backward`](Self::backward)
+    /// (`loss.backward()` alone stops at the last layer). Off by default; no effect
+    /// without autodiff.
+    ///
+    /// LoRA adapters with dropout cannot be checkpointed (the recomputed forward would
+    /// draw other masks): the forward panics, saying so, when both are set.
+    pub fn with_gradient_checkpointing(mut self, on: bool) -> Self {
+        self.gradient_checkpointing = on;
         self
     }
 
@@ -249,11 +276,28 @@ impl<B: FusedOps> CausalLm<B> {
                 }
             }
         };
+        if self.gradient_checkpointing
+            && let Some(dropout) = self.lora.as_ref().map(|l| l.dropout).filter(|&p| p > 0.0)
+        {
+            panic!(
+                "CausalLm: gradient checkpointing runs each layer's forward again in the \
+                 backward, which would draw other LoRA dropout masks (dropout {dropout}); set \
+                 the adapters' dropout to 0 (`with_lora_dropout(0.0)`) or turn checkpointing off"
+            );
+        }
+        // Whether `x` needs a gradient (a layer input that is not a leaf does not say so).
+        let mut tracked = crate::gradient_checkpointing::trains(&self.model.embed_tokens);
         for layer in &self.model.layers {
             if self.memory_release_per_layer {
                 x = liger_burn::functional::memory_release_point(x);
             }
-            x = layer.forward(x, &inputs);
+            x = if self.gradient_checkpointing {
+                let (y, y_tracked) = self.tape.forward(layer, x, tracked, &inputs);
+                tracked = y_tracked;
+                y
+            } else {
+                layer.forward(x, &inputs)
+            };
         }
         if self.memory_release_per_layer {
             // Also on the last layer's output: in the backward the loss's and the final
@@ -416,4 +460,25 @@ pub fn packed_mask<B: FusedOps>(
         }
     }
     Tensor::from_data(TensorData::new(masked, [batch, seq, seq]), device)
+}
+
+impl<B: burn::tensor::backend::AutodiffBackend + FusedOps> CausalLm<B>
+where
+    CausalLm<B>: burn::module::AutodiffModule<B>,
+    DecoderLayer<B>: burn::module::AutodiffModule<B>,
+{
+    /// The gradients of every parameter from `loss` (a scalar computed by this model's
+    /// forwards since the last call): `GradientsParams::from_grads(loss.backward(), self)`,
+    /// and with [gradient checkpointing](Self::with_gradient_checkpointing) the kept layers
+    /// run again and are backpropagated one at a time.
+    ///
+    /// - `loss`: `[1]`
+    pub fn backward(&self, loss: Tensor<B, 1>) -> burn::optim::GradientsParams {
+        self.tape.backward(loss, self)
+    }
+
+    /// How many checkpointed layers wait for [`backward`](Self::backward).
+    pub fn checkpointed_layers(&self) -> usize {
+        self.tape.len()
+    }
 }

@@ -41,7 +41,10 @@ Protocol (the same as examples/src/bench/e2e_case.rs):
     dropout, on --lora-targets (default all-linear = q,k,v,o,gate,up,down); the base
     frozen in --dtype, the adapters f32 (PEFT's autocast_adapter_dtype), AdamW over the
     adapters only. Liger-Kernel's fused linear cross entropy reads lm_head.weight only, so
-    an lm_head adapter is refused with the liger provider (it would silently not train).
+    an lm_head adapter is refused with the liger provider (it would silently not train);
+  - with --gradient-checkpointing (the counterpart of `--e2e-gradient-checkpointing on`):
+    transformers' gradient_checkpointing_enable(use_reentrant=False), each decoder layer
+    run again in the backward.
 
 Rows: kernel = model, provider, mode = train_step, x = seq, metric in tokens/s, step_ms,
 peak_reserved_MiB, peak_in_use_MiB, peak_allocated_MiB, loss; config starts with
@@ -209,6 +212,10 @@ def parse_args(argv=None):
                    metavar="LIST",
                    help="with --lora-rank: adapted modules, comma list (q, k, v, o, gate, up, "
                         "down, lm_head, all-linear; default all-linear)")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="model.gradient_checkpointing_enable() (non-reentrant): each decoder "
+                        "layer recomputed in the backward, as `liger bench --e2e "
+                        "--e2e-gradient-checkpointing on`. Recorded in the config column.")
     p.add_argument("--lr", type=float, default=DEFAULT_LR, metavar="LR",
                    help=f"AdamW's learning rate (default {DEFAULT_LR:g}, as --e2e-lr)")
     p.add_argument("--start", default=None, metavar="DIR",
@@ -374,6 +381,9 @@ def run_case(args, model_name, seq, batch, provider):
                 target_modules=list(args.lora_targets), task_type="CAUSAL_LM"))
             out["params"] = sum(p.numel() for p in model.parameters())
         model.train()
+        if args.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         out["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True},
                 "for-loop": {"foreach": False}}[args.adamw_impl]
@@ -510,6 +520,8 @@ def child_argv(args, case):
         a += ["--kernel-profile", args.kernel_profile]
     if args.lora_rank is not None:
         a += ["--lora-rank", str(args.lora_rank), "--lora-targets", ",".join(args.lora_targets)]
+    if args.gradient_checkpointing:
+        a += ["--gradient-checkpointing"]
     return a
 
 
@@ -585,6 +597,9 @@ def config_text(args, provider, r):
              f"adamw_impl={args.adamw_impl}", f"attention={r.get('attn', args.attn)}"]
     if args.layers is not None:
         parts.append(f"layers={args.layers}")
+    if args.gradient_checkpointing:
+        # As `liger bench --e2e --e2e-gradient-checkpointing on` writes it.
+        parts.append("gradient_checkpointing=layers")
     if args.lora_rank is not None:
         # As `liger bench --e2e --e2e-lora-rank` writes it.
         parts.append(f"lora=r{args.lora_rank}:alpha{2 * args.lora_rank}:"

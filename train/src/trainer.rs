@@ -279,8 +279,7 @@ where
             }
         };
         let weighted = raw.mul_scalar(share);
-        let grads = weighted.backward();
-        acc.accumulate(model, GradientsParams::from_grads(grads, model));
+        acc.accumulate(model, model.backward(weighted.clone()));
         let value = weighted.inner();
         loss = Some(match loss {
             None => value,

@@ -370,8 +370,8 @@ pub struct BenchArgs {
     /// nothing of the model's initialization or the other steps.
     #[arg(long, value_enum, default_value = "off", value_name = "on|off")]
     pub e2e_profile_range: OnOff,
-    /// --e2e: both modes with Burn's balanced gradient checkpointing
-    /// (`Autodiff<B, BalancedCheckpointing>`: memory-bound ops recomputed in the backward).
+    /// --e2e: both modes with gradient checkpointing, as `liger train
+    /// --gradient-checkpointing` (each decoder layer recomputed in the backward).
     #[arg(long, value_enum, default_value = "off", value_name = "on|off")]
     pub e2e_gradient_checkpointing: OnOff,
     /// --e2e: LoRA fine-tuning steps instead of full fine-tuning: every model frozen with

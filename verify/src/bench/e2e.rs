@@ -751,7 +751,7 @@ fn csv_rows(r: &CaseResult, args: &BenchArgs) -> Vec<Row> {
         config.push_str(&format!(" layers={n}"));
     }
     if args.e2e_gradient_checkpointing.on() {
-        config.push_str(" gradient_checkpointing=balanced");
+        config.push_str(" gradient_checkpointing=layers");
     }
     if let Some(lora) = e2e_case::lora_config(args) {
         config.push_str(&format!(

@@ -34,9 +34,8 @@ use crate::convergence::SplitMix64;
 use crate::device::{self, Ctx, DevicePoolUsage, OnDevice, PoolUsage, payload_text};
 use anyhow::Result;
 use burn::backend::Autodiff;
-use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::module::AutodiffModule;
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::{AdamWConfig, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::Liger;
@@ -205,38 +204,7 @@ impl OnDevice for CaseRun {
             out.detail = format!("{} not supported on this device", args.dtype);
         } else {
             // The panic hook still prints to stderr, which the parent keeps for the log.
-            type Checkpointed<B> = Autodiff<B, BalancedCheckpointing>;
-            let checkpointing = args.e2e_gradient_checkpointing.on();
             let result = catch_unwind(AssertUnwindSafe(|| match self.case.liger {
-                LigerMode::On if checkpointing => {
-                    let liger = LigerConfig {
-                        attention: args.e2e_liger_attention.on(),
-                        head_grad_accumulation: args.e2e_head_grad.accumulation(),
-                        // The ids are drawn on the host inside the vocabulary, as
-                        // `liger_train::train` checks its labels there before training.
-                        check_targets: false,
-                        ..LigerConfig::all()
-                    };
-                    let optim = liger_burn::optim::AdamWConfig::new()
-                        .with_low_precision(if args.e2e_master_weights.on() {
-                            LowPrecisionUpdate::MasterWeights
-                        } else {
-                            LowPrecisionUpdate::Pure
-                        })
-                        .init::<Liger<Checkpointed<B>>, CausalLm<Liger<Checkpointed<B>>>>();
-                    measure::<Liger<Checkpointed<B>>, B, _>(&ctx, args, &self.case, liger, optim)
-                }
-                LigerMode::Off if checkpointing => {
-                    let optim =
-                        AdamWConfig::new().init::<Checkpointed<B>, CausalLm<Checkpointed<B>>>();
-                    measure::<Checkpointed<B>, B, _>(
-                        &ctx,
-                        args,
-                        &self.case,
-                        LigerConfig::none(),
-                        optim,
-                    )
-                }
                 LigerMode::On => {
                     let liger = LigerConfig {
                         attention: args.e2e_liger_attention.on(),
@@ -322,7 +290,8 @@ where
     A::seed(device, 0xE2E);
     let release = args.memory_pool.releases_in_step();
     let mut model = CausalLm::<A>::init(&config, liger, args.dtype.dtype(), device)
-        .with_memory_release_per_layer(release);
+        .with_memory_release_per_layer(release)
+        .with_gradient_checkpointing(args.e2e_gradient_checkpointing.on());
     let start = args
         .e2e_save_start
         .as_ref()
@@ -363,7 +332,7 @@ where
     let mut step = |model: CausalLm<A>, sample: &mut dyn FnMut()| {
         let loss = model.loss(ids.clone(), labels.clone());
         sample();
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let grads = model.backward(loss.clone());
         sample();
         let model = optim.step(args.e2e_lr, model, grads);
         if release {
