@@ -45,7 +45,7 @@
 # E2E_MASTER_WEIGHTS=on gives the liger-on mode's fused AdamW f32 master weights;
 # E2E_HEAD_GRAD=f32 sums the LM head's weight gradient in f32 (default weight-dtype).
 # E2E_MODES (default off,on) picks the modes (on alone against the PyTorch anchor);
-# E2E_CHECKPOINTING=on runs both with Burn's balanced gradient checkpointing.
+# E2E_CHECKPOINTING=on runs both with gradient checkpointing by decoder layer.
 # E2E_HAND_OFF (runtime, kernels or operations) sets `--hand-off` (default: liger-burn's).
 #
 # E2E_MODEL overrides the model (e.g. llama3-8b) and E2E_LORA_RANK gives LoRA steps
