@@ -1126,6 +1126,12 @@ impl TrainJob {
             parameters_text(&model, self.config.lora.as_ref())
         );
         println!("kernels:   {}", kernels_text(&self.args, &self.liger));
+        if self.args.gradient_checkpointing {
+            println!(
+                "memory:    gradient checkpointing: each decoder layer keeps its input and runs \
+                 again in the backward"
+            );
+        }
         if self.config.method != MethodConfig::Sft {
             println!(
                 "method:    {} {:?}",
