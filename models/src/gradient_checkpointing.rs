@@ -105,7 +105,7 @@ impl LayerTape {
         if kept.is_empty() {
             return GradientsParams::from_grads(loss.backward(), module);
         }
-        let segments: Vec<Segment<B>> = kept
+        let mut segments: Vec<Segment<B>> = kept
             .into_iter()
             .map(|s| {
                 *s.downcast::<Segment<B>>()
@@ -113,31 +113,19 @@ impl LayerTape {
             })
             .collect();
         let mut total = GradientsParams::new();
+        // The gradient reaching each remaining layer's output, by index in `segments`.
         let mut pending: Vec<Option<Tensor<B::InnerBackend, 3>>> = vec![None; segments.len()];
-        // Takes the layers' output gradients out of a backward's gradients, then the
-        // parameters' gradients.
-        let absorb = |mut grads: B::Gradients,
-                      pending: &mut [Option<Tensor<B::InnerBackend, 3>>],
-                      total: &mut GradientsParams| {
-            for (s, p) in segments.iter().zip(pending.iter_mut()) {
-                if let Some(g) = s.output.grad_remove(&mut grads) {
-                    *p = Some(match p.take() {
-                        Some(a) => a + g,
-                        None => g,
-                    });
-                }
-            }
-            add_into(total, GradientsParams::from_grads(grads, module), module);
-        };
-        absorb(loss.backward(), &mut pending, &mut total);
-        for (i, s) in segments.iter().enumerate().rev() {
-            let Some(grad) = pending[i].take() else {
+        absorb(loss.backward(), &segments, &mut pending, &mut total, module);
+        // Last layer first; each layer's kept tensors are dropped once it is done, as the
+        // forward's activations would be (PyTorch frees a checkpoint's input likewise).
+        while let Some(s) = segments.pop() {
+            let Some(grad) = pending.pop().flatten() else {
                 continue;
             };
             let tracked = s.input_tracked;
             let x = untracked(s.input.clone());
             let x = if tracked { x.require_grad() } else { x };
-            let layer = s.layer.clone().map(&mut Leaves { tracked: true });
+            let layer = s.layer.map(&mut Leaves { tracked: true });
             let y = layer.forward(x.clone(), &s.inputs);
             // `sum(y · grad)` has gradient `grad` at `y`.
             let grads = (y * Tensor::from_inner(grad)).sum().backward();
@@ -150,12 +138,41 @@ impl LayerTape {
             if let Some(grad_x) = grad_x {
                 // The input's own graph: the layer before (through its release point), or
                 // the embedding for the first layer.
-                let upstream = (s.input.clone() * Tensor::from_inner(grad_x)).sum();
-                absorb(upstream.backward(), &mut pending, &mut total);
+                let upstream = (s.input * Tensor::from_inner(grad_x)).sum();
+                absorb(
+                    upstream.backward(),
+                    &segments,
+                    &mut pending,
+                    &mut total,
+                    module,
+                );
             }
         }
         total
     }
+}
+
+/// Takes the gradients of the remaining layers' outputs out of a backward's gradients
+/// (adding them to `pending`), then `module`'s parameters' gradients (into `total`).
+fn absorb<B, M>(
+    mut grads: B::Gradients,
+    segments: &[Segment<B>],
+    pending: &mut [Option<Tensor<B::InnerBackend, 3>>],
+    total: &mut GradientsParams,
+    module: &M,
+) where
+    B: AutodiffBackend + FusedOps,
+    M: AutodiffModule<B>,
+{
+    for (s, p) in segments.iter().zip(pending.iter_mut()) {
+        if let Some(g) = s.output.grad_remove(&mut grads) {
+            *p = Some(match p.take() {
+                Some(a) => a + g,
+                None => g,
+            });
+        }
+    }
+    add_into(total, GradientsParams::from_grads(grads, module), module);
 }
 
 /// `x`'s values in a new tensor outside every graph (`detach` keeps a leaf's
