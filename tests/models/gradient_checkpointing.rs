@@ -17,7 +17,9 @@ use liger_tests::{BackendVisitor, for_each_model_backend};
 use liger_train::trainer;
 use liger_verify::conformance::Rng;
 
-use crate::grads::{assert_differences_seen, first_difference, named_grads};
+use crate::grads::{
+    assert_differences_seen, deterministic_kernels, first_difference, named_grads, run_inputs,
+};
 
 type Train<B> = Liger<Autodiff<B>>;
 
@@ -33,17 +35,8 @@ fn gradient_checkpointing_leaves_loss_and_gradients_unchanged() {
             ] {
                 let at = format!("{label} {name}");
                 let config = ModelConfig::tiny(model_type);
-                let (batch, seq) = (2, 11);
-                let ids: Vec<i64> = (0..batch * seq)
-                    .map(|_| self.0.below(config.vocab_size) as i64)
-                    .collect();
-                let seed = self.0.next_u64() >> 1;
-                // Deterministic gradients: the flash backward's atomic dQ sums may otherwise
-                // differ in their last bits from run to run on CUDA.
-                let liger = LigerConfig {
-                    deterministic: true,
-                    ..LigerConfig::all()
-                };
+                let (ids, [batch, seq], seed) = run_inputs(&mut self.0, &config);
+                let liger = deterministic_kernels();
                 // One model for both runs: the backends' generators are shared by the tests
                 // running beside this one, so a second initialization could differ.
                 let mut base =

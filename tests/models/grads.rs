@@ -1,10 +1,31 @@
-//! Every parameter's gradient of a model, named by its module path, and the first one that
-//! differs between two runs.
+//! Two training runs of one model compared: their shared inputs, every parameter's
+//! gradient named by its module path, and the first one that differs between the runs.
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
+use liger_models::{LigerConfig, ModelConfig};
+use liger_verify::conformance::Rng;
+
+/// Shared inputs of two runs: `[2, 11]` random token ids (row-major) and a seed for the
+/// model's initialization, drawn from `rng`.
+pub fn run_inputs(rng: &mut Rng, config: &ModelConfig) -> (Vec<i64>, [usize; 2], u64) {
+    let shape = [2, 11];
+    let ids = (0..shape[0] * shape[1])
+        .map(|_| rng.below(config.vocab_size) as i64)
+        .collect();
+    (ids, shape, rng.next_u64() >> 1)
+}
+
+/// Every kernel on, with deterministic gradients: the flash backward's atomic dQ sums may
+/// otherwise differ in their last bits from run to run on CUDA.
+pub fn deterministic_kernels() -> LigerConfig {
+    LigerConfig {
+        deterministic: true,
+        ..LigerConfig::all()
+    }
+}
 
 /// A parameter's path (`model.layers.0.self_attn.q_proj.weight`) and its gradient as f32
 /// (`None` when it got none: a frozen parameter).

@@ -9,12 +9,14 @@ use burn::optim::GradientsParams;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::ops::FusedOps;
 use liger_burn::test_hooks::memory_releases;
-use liger_models::{LigerConfig, ModelConfig, ModelType};
+use liger_models::{ModelConfig, ModelType};
 use liger_tests::{BackendVisitor, for_each_model_backend};
 use liger_train::trainer;
 use liger_verify::conformance::Rng;
 
-use crate::grads::{assert_differences_seen, first_difference, named_grads};
+use crate::grads::{
+    assert_differences_seen, deterministic_kernels, first_difference, named_grads, run_inputs,
+};
 
 type Ad<B> = Autodiff<B>;
 
@@ -28,17 +30,8 @@ fn memory_release_points_leave_loss_and_gradients_unchanged() {
     impl BackendVisitor for T {
         fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
             let config = ModelConfig::tiny(ModelType::Llama);
-            let (batch, seq) = (2, 11);
-            let ids: Vec<i64> = (0..batch * seq)
-                .map(|_| self.0.below(config.vocab_size) as i64)
-                .collect();
-            let seed = self.0.next_u64() >> 1;
-            // Deterministic gradients: the flash backward's atomic dQ sums may otherwise
-            // differ in their last bits from run to run on CUDA.
-            let liger = LigerConfig {
-                deterministic: true,
-                ..LigerConfig::all()
-            };
+            let (ids, [batch, seq], seed) = run_inputs(&mut self.0, &config);
+            let liger = deterministic_kernels();
             // One model for both runs: the backends' generators are shared by the tests
             // running beside this one, so a second initialization could differ.
             let base = trainer::random_model::<Ad<B>>(&config, liger, DType::F32, device, seed);
