@@ -285,8 +285,10 @@ impl<B: FusedOps> CausalLm<B> {
                  the adapters' dropout to 0 (`with_lora_dropout(0.0)`) or turn checkpointing off"
             );
         }
-        // Whether `x` needs a gradient (a layer input that is not a leaf does not say so).
-        let mut tracked = crate::gradient_checkpointing::trains(&self.model.embed_tokens);
+        // Whether `x` needs a gradient (a layer input that is not a leaf does not say so);
+        // only checkpointing asks.
+        let mut tracked = self.gradient_checkpointing
+            && crate::gradient_checkpointing::trains(&self.model.embed_tokens);
         for layer in &self.model.layers {
             if self.memory_release_per_layer {
                 x = liger_burn::functional::memory_release_point(x);
