@@ -96,6 +96,9 @@ pub enum MatmulOrderingArg {
     /// The host synchronizes the two streams around each product (slower; what a profiler
     /// that serializes launches, such as Nsight Compute, needs).
     HostSynchronization,
+    /// The driver's context-wide events (CUDA 12.5+) wait on the device; no kernel
+    /// takes part.
+    ContextEvents,
     /// Liger's flag kernels spin on the device.
     FlagKernels,
     /// The driver's stream memory operations wait on the device.

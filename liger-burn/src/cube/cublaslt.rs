@@ -6,11 +6,17 @@
 //! stream of its own, a cuBLASLt handle, a 32 MiB workspace and a small buffer of `u32`
 //! flags (allocated through CubeCL, whose kernels can only bind its own buffers, and held
 //! for the life of the process), and orders its products against CubeCL's stream with
-//! one of two protocols ([`MatmulOrdering`]; the device's default is the first where the
-//! driver has stream memory operations, and [`crate::cube::cublaslt_matmul`] takes either
-//! explicitly):
+//! one of the protocols of [`MatmulOrdering`] (the device's default is the first of them
+//! the driver runs; [`crate::cube::cublaslt_matmul`] takes any explicitly):
 //!
-//! **Stream memory operations** (the default where the driver has them; the host never
+//! **Context events** (CUDA 12.5+, the default where the driver has them; the host never
+//! waits): `cuCtxRecordEvent` captures all work issued so far on every stream of the
+//! primary context and liger's stream waits for it; the product follows; an event
+//! recorded after it is passed to `cuCtxWaitEvent`, which makes all work submitted to the
+//! context from then on wait for it (`super::context_events`). No kernel takes part, so
+//! nothing occupies a multiprocessor while the product runs and nothing spins.
+//!
+//! **Stream memory operations** (where context events are missing; the host never
 //! waits). Per product, with a sequence number `s`:
 //! 1. on CubeCL's stream (after the producers of the inputs, and after every reader of the
 //!    memory the output reuses), a one-unit kernel publishes `s` in the `published` flag
@@ -40,7 +46,7 @@
 //! same protocol with two one-thread kernels of liger's own on its stream in place of the
 //! wait and the write ([`MatmulOrdering::FlagKernels`]).
 //!
-//! Under both device-side protocols the await kernel occupies one multiprocessor while the
+//! Under both flag protocols the await kernel occupies one multiprocessor while the
 //! product runs, so products are planned for one multiprocessor fewer
 //! (`CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`; see `Engine::sm_count_target`).
 //!
@@ -62,6 +68,7 @@
 //! logged as an error when it happens and reported by a panic at the device's next vendor
 //! call, as CUDA reports asynchronous errors.
 
+use super::context_events::ContextEvents;
 use super::matmul_layout::{BlasMatrix, GemmLayout, alignment};
 use super::sequence;
 use super::vendor_engines::{PerDevice, as_ptr, panic_text};
@@ -100,11 +107,14 @@ pub struct HostTimes {
     pub task: f64,
     /// Seconds reading device addresses and finding plans.
     pub prepare: f64,
-    /// Seconds launching the publish kernel on CubeCL's stream.
+    /// Seconds ordering liger's stream after CubeCL's work: launching the publish kernel
+    /// on CubeCL's stream, or recording the context event and waiting for it.
     pub publish: f64,
-    /// Seconds enqueueing the wait, the work and the completion flag on liger's stream.
+    /// Seconds enqueueing the work on liger's stream (under the flag protocols, with the
+    /// wait for the published flag and the completion flag).
     pub vendor: f64,
-    /// Seconds launching the await kernel on CubeCL's stream.
+    /// Seconds ordering CubeCL's later work after liger's stream: launching the await
+    /// kernel, or recording the completion event and the context's wait for it.
     pub await_kernel: f64,
 }
 
@@ -125,6 +135,11 @@ impl HostTimes {
 /// How liger's cuBLASLt work is ordered against CubeCL's stream (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatmulOrdering {
+    /// The driver's context-wide events (`cuCtxRecordEvent` / `cuCtxWaitEvent`, CUDA
+    /// 12.5+): liger's stream waits for everything issued before in the context, and
+    /// everything submitted after waits for liger's stream. No kernel takes part; the
+    /// host never blocks.
+    ContextEvents,
     /// Device-side waits on flags (`cuStreamWaitValue32` / `cuStreamWriteValue32` and
     /// two one-unit CubeCL kernels): the host never blocks.
     StreamMemoryOperations,
@@ -141,6 +156,7 @@ impl MatmulOrdering {
     /// Short name for logs and benchmark rows.
     pub fn name(self) -> &'static str {
         match self {
+            MatmulOrdering::ContextEvents => "context-events",
             MatmulOrdering::StreamMemoryOperations => "stream-memory-operations",
             MatmulOrdering::FlagKernels => "flag-kernels",
             MatmulOrdering::HostSynchronization => "host-synchronization",
@@ -155,6 +171,8 @@ pub enum Unavailable {
     Dtype(DType),
     /// The library, the driver or the device resources could not be set up.
     Setup(String),
+    /// Context events were asked for but the driver lacks them.
+    NoContextEvents(String),
     /// Stream memory operations were asked for but the driver or device lacks them.
     NoStreamMemoryOperations(String),
     /// The flag kernels were asked for but could not be loaded or run.
@@ -170,6 +188,9 @@ impl core::fmt::Display for Unavailable {
         match self {
             Unavailable::Dtype(d) => write!(f, "cuBLASLt is not used for dtype {d:?}"),
             Unavailable::Setup(why) => write!(f, "cuBLASLt could not be set up: {why}"),
+            Unavailable::NoContextEvents(why) => {
+                write!(f, "no context events on this device: {why}")
+            }
             Unavailable::NoStreamMemoryOperations(why) => {
                 write!(f, "no stream memory operations on this device: {why}")
             }
@@ -194,6 +215,8 @@ pub struct DeviceSupport {
     pub driver_version: i32,
     /// The ordering `fused_matmul` uses on this device.
     pub default_ordering: MatmulOrdering,
+    /// Why context events are not used, when they are not.
+    pub no_context_events: Option<String>,
     /// Why stream memory operations are not used, when they are not.
     pub no_stream_memory_operations: Option<String>,
     /// Why the flag kernels are not used, when they are not.
@@ -296,6 +319,7 @@ pub fn device_support(device: &CudaDevice) -> Result<DeviceSupport, Unavailable>
         ordinal: engine.ordinal,
         driver_version: engine.driver_version,
         default_ordering: engine.default_ordering(),
+        no_context_events: engine.context_events.as_ref().err().cloned(),
         no_stream_memory_operations: engine.stream_memory_operations.clone().err(),
         no_flag_kernels: engine.flag_kernels.as_ref().err().cloned(),
     })
@@ -312,18 +336,8 @@ pub fn set_ordering(
 ) -> Result<(), Unavailable> {
     let engine = engine(device)?;
     let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
-    match ordering {
-        Some(MatmulOrdering::StreamMemoryOperations) => {
-            if let Err(why) = &engine.stream_memory_operations {
-                return Err(Unavailable::NoStreamMemoryOperations(why.clone()));
-            }
-        }
-        Some(MatmulOrdering::FlagKernels) => {
-            if let Err(why) = &engine.flag_kernels {
-                return Err(Unavailable::NoFlagKernels(why.clone()));
-            }
-        }
-        Some(MatmulOrdering::HostSynchronization) | None => {}
+    if let Some(ordering) = ordering {
+        engine.check_available(ordering)?;
     }
     engine.chosen = ordering;
     Ok(())
@@ -366,16 +380,7 @@ pub(crate) fn run_chain(
         let mut state = engine.lock().unwrap_or_else(|e| e.into_inner());
         state.raise_fault();
         let ordering = ordering.unwrap_or_else(|| state.default_ordering());
-        if ordering == MatmulOrdering::StreamMemoryOperations
-            && let Err(why) = &state.stream_memory_operations
-        {
-            return Err(Unavailable::NoStreamMemoryOperations(why.clone()));
-        }
-        if ordering == MatmulOrdering::FlagKernels
-            && let Err(why) = &state.flag_kernels
-        {
-            return Err(Unavailable::NoFlagKernels(why.clone()));
-        }
+        state.check_available(ordering)?;
         let queue = state
             .queueable(products, ordering)
             .then(|| state.queue.clone());
@@ -616,6 +621,8 @@ struct Engine {
     stream_memory_operations: Result<(), String>,
     /// The flag kernels, or why they could not be loaded and run.
     flag_kernels: Result<FlagKernels, String>,
+    /// The context-event ordering, or why the driver cannot run it.
+    context_events: Result<ContextEvents, String>,
     /// The ordering asked for by [`set_ordering`], in place of the device's default.
     chosen: Option<MatmulOrdering>,
     plans: HashMap<PlanKey, Plan>,
@@ -681,6 +688,15 @@ impl Engine {
             cubecl::future::block_on(client.sync())
                 .map_err(|e| format!("the ordering kernels failed on CubeCL's stream: {e:?}"))
         });
+        let context_events = ctx
+            .bind_to_thread()
+            .map_err(|e| cuda("binding the CUDA context", e))
+            .and_then(|()| {
+                // cudarc's loader panics on a symbol the driver lacks (`cuGetProcAddress_v2`
+                // before CUDA 12).
+                std::panic::catch_unwind(|| ContextEvents::new(ctx.cu_ctx(), stream.cu_stream()))
+                    .unwrap_or_else(|p| Err(panic_text(p.as_ref())))
+            });
         let flag_kernels = match &stream_memory_operations {
             // Not needed: nothing is loaded.
             Ok(()) => Err("stream memory operations are used instead".to_string()),
@@ -708,6 +724,7 @@ impl Engine {
             sequence: 0,
             stream_memory_operations,
             flag_kernels,
+            context_events,
             chosen: None,
             plans: HashMap::new(),
             planned: HashSet::new(),
@@ -720,9 +737,11 @@ impl Engine {
             engine.ordinal,
             engine.driver_version,
             engine.default_ordering().name(),
-            match &engine.stream_memory_operations {
-                Ok(()) => String::new(),
-                Err(why) => format!(" ({why})"),
+            match (&engine.context_events, &engine.stream_memory_operations) {
+                (Ok(_), _) | (_, Ok(())) => String::new(),
+                (Err(events), Err(memory_operations)) => {
+                    format!(" ({events}; {memory_operations})")
+                }
             }
         );
         Ok(engine)
@@ -730,10 +749,8 @@ impl Engine {
 
     /// Whether `products` are queued rather than waited for (see the module docs).
     fn queueable(&self, products: &[Product<'_>], ordering: MatmulOrdering) -> bool {
-        matches!(
-            ordering,
-            MatmulOrdering::StreamMemoryOperations | MatmulOrdering::FlagKernels
-        ) && products
+        ordering != MatmulOrdering::HostSynchronization
+            && products
             .iter()
             .all(|product| match product.epilogue.vector() {
                 None => self
@@ -810,7 +827,7 @@ impl Engine {
     }
 
     /// The multiprocessors a product may plan for under `ordering` (0: all of them). While
-    /// a product runs under the device-side protocols, CubeCL's await kernel spins on one
+    /// a product runs under the flag protocols, CubeCL's await kernel spins on one
     /// multiprocessor; cuBLASLt's persistent kernels launch one block per multiprocessor
     /// with nearly all of its shared memory, so the block that cannot share the spinner's
     /// multiprocessor would wait for another to finish and stretch the product (15-22%
@@ -821,7 +838,7 @@ impl Engine {
             MatmulOrdering::StreamMemoryOperations | MatmulOrdering::FlagKernels => {
                 self.sm_count.saturating_sub(1)
             }
-            MatmulOrdering::HostSynchronization => 0,
+            MatmulOrdering::ContextEvents | MatmulOrdering::HostSynchronization => 0,
         }
     }
 
@@ -829,10 +846,32 @@ impl Engine {
         if let Some(chosen) = self.chosen {
             return chosen;
         }
-        match (&self.stream_memory_operations, &self.flag_kernels) {
-            (Ok(()), _) => MatmulOrdering::StreamMemoryOperations,
-            (Err(_), Ok(_)) => MatmulOrdering::FlagKernels,
-            (Err(_), Err(_)) => MatmulOrdering::HostSynchronization,
+        [
+            MatmulOrdering::ContextEvents,
+            MatmulOrdering::StreamMemoryOperations,
+            MatmulOrdering::FlagKernels,
+        ]
+        .into_iter()
+        .find(|&ordering| self.check_available(ordering).is_ok())
+        .unwrap_or(MatmulOrdering::HostSynchronization)
+    }
+
+    /// `Err` when this device cannot run `ordering`.
+    fn check_available(&self, ordering: MatmulOrdering) -> Result<(), Unavailable> {
+        match ordering {
+            MatmulOrdering::ContextEvents => match &self.context_events {
+                Ok(_) => Ok(()),
+                Err(why) => Err(Unavailable::NoContextEvents(why.clone())),
+            },
+            MatmulOrdering::StreamMemoryOperations => self
+                .stream_memory_operations
+                .clone()
+                .map_err(Unavailable::NoStreamMemoryOperations),
+            MatmulOrdering::FlagKernels => match &self.flag_kernels {
+                Ok(_) => Ok(()),
+                Err(why) => Err(Unavailable::NoFlagKernels(why.clone())),
+            },
+            MatmulOrdering::HostSynchronization => Ok(()),
         }
     }
 
@@ -1028,6 +1067,35 @@ impl Engine {
     ) -> Result<(), Failure> {
         let stream = self.stream.cu_stream();
         match ordering {
+            MatmulOrdering::ContextEvents => {
+                let events = self.context_events.as_ref().map_err(|why| {
+                    Failure::Unavailable(Unavailable::NoContextEvents(why.clone()))
+                })?;
+                let start = Instant::now();
+                // Nothing was enqueued when this fails.
+                events
+                    .before(stream)
+                    .map_err(|why| Failure::Unavailable(Unavailable::NoContextEvents(why)))?;
+                let ordered_at = Instant::now();
+                let work = launch(self);
+                let vendor_done = Instant::now();
+                // Recorded even when the work failed to launch: the event then covers what
+                // did, and later work waits for that.
+                let after = events.after(stream);
+                let host = &mut self.host;
+                host.publish += (ordered_at - start).as_secs_f64();
+                host.vendor += (vendor_done - ordered_at).as_secs_f64();
+                host.await_kernel += vendor_done.elapsed().as_secs_f64();
+                if let Err(e) = after {
+                    // Later work would not wait for ours: the host does instead.
+                    let sync = unsafe { driver::stream::synchronize(stream) };
+                    return Err(Failure::Launch(format!(
+                        "{e} (then synchronizing liger's stream: {sync:?}); {}",
+                        work.err().unwrap_or_default()
+                    )));
+                }
+                work.map_err(Failure::Launch)
+            }
             MatmulOrdering::StreamMemoryOperations | MatmulOrdering::FlagKernels => {
                 let published = self.flags_address + (sequence::PUBLISHED * 4) as u64;
                 let completed = self.flags_address + (sequence::COMPLETED * 4) as u64;

@@ -11,6 +11,8 @@ mod adamw;
 mod attention;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
+mod context_events;
+#[cfg(feature = "cuda")]
 pub mod cublaslt;
 #[cfg(feature = "cuda")]
 pub mod cuda_pool;

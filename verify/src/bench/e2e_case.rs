@@ -488,6 +488,7 @@ fn set_matmul_ordering<B: FusedOps>(
         let chosen = match ordering {
             Arg::Auto => return Ok(()),
             Arg::HostSynchronization => MatmulOrdering::HostSynchronization,
+            Arg::ContextEvents => MatmulOrdering::ContextEvents,
             Arg::FlagKernels => MatmulOrdering::FlagKernels,
             Arg::StreamMemoryOperations => MatmulOrdering::StreamMemoryOperations,
         };

@@ -452,7 +452,8 @@ mod cuda {
 
     type Plain = burn_cubecl::CubeBackend<CudaRuntime, f32, i32, u8>;
 
-    const ORDERINGS: [MatmulOrdering; 3] = [
+    const ORDERINGS: [MatmulOrdering; 4] = [
+        MatmulOrdering::ContextEvents,
         MatmulOrdering::StreamMemoryOperations,
         MatmulOrdering::FlagKernels,
         MatmulOrdering::HostSynchronization,
@@ -472,6 +473,7 @@ mod cuda {
                 (MatmulOrdering::StreamMemoryOperations, Ok(s)) => {
                     s.no_stream_memory_operations.is_none()
                 }
+                (MatmulOrdering::ContextEvents, Ok(s)) => s.no_context_events.is_none(),
                 (MatmulOrdering::FlagKernels, Ok(s)) => s.no_flag_kernels.is_none(),
                 (MatmulOrdering::HostSynchronization, Ok(_)) => true,
             })
