@@ -47,6 +47,7 @@
 # E2E_MODES (default off,on) picks the modes (on alone against the PyTorch anchor);
 # E2E_CHECKPOINTING=on runs both with gradient checkpointing by decoder layer.
 # E2E_HAND_OFF (runtime, kernels or operations) sets `--hand-off` (default: liger-burn's).
+# E2E_ORDERING sets `--e2e-matmul-ordering` (default auto: the device's own).
 #
 # E2E_MODEL overrides the model (e.g. llama3-8b) and E2E_LORA_RANK gives LoRA steps
 # (`--e2e-lora-rank`; the anchor's counterpart: ANCHOR_E2E_ARGS="--lora-rank N").
@@ -227,7 +228,7 @@ for step in $steps; do
       lora=${E2E_LORA_RANK:+--e2e-lora-rank $E2E_LORA_RANK}
       attention=${E2E_LIGER_ATTENTION:-on}
       pool=${E2E_MEMORY_POOL:-default}
-      log="$OUT/bench_e2e_$model${E2E_LORA_RANK:+_lora$E2E_LORA_RANK}$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool")$([ "${E2E_CHECKPOINTING:-off}" = off ] || echo _ckpt)$([ "${E2E_HEAD_GRAD:-weight-dtype}" = weight-dtype ] || echo "_head_$E2E_HEAD_GRAD")${E2E_HAND_OFF:+_$E2E_HAND_OFF}.log"
+      log="$OUT/bench_e2e_$model${E2E_LORA_RANK:+_lora$E2E_LORA_RANK}$([ "$attention" = on ] || echo _eager)$([ "$pool" = default ] || echo "_$pool")$([ "${E2E_CHECKPOINTING:-off}" = off ] || echo _ckpt)$([ "${E2E_HEAD_GRAD:-weight-dtype}" = weight-dtype ] || echo "_head_$E2E_HEAD_GRAD")${E2E_HAND_OFF:+_$E2E_HAND_OFF}${E2E_ORDERING:+_$E2E_ORDERING}.log"
       timeout "${E2E_WALL:-585}" $TRAIN_BIN bench --e2e --device cuda --dtype bf16 --e2e-models "$model" \
         --e2e-seq "${E2E_SEQ:-1024,2048,4096,8192,16384,32768}" --e2e-batch "${E2E_BATCH:-1}" \
         --e2e-timeout "${E2E_TIMEOUT:-240}" --e2e-budget "${E2E_BUDGET:-550}" $layers $lora \
@@ -235,7 +236,7 @@ for step in $steps; do
         --e2e-master-weights "${E2E_MASTER_WEIGHTS:-off}" --e2e-modes "${E2E_MODES:-off,on}" \
         --e2e-head-grad "${E2E_HEAD_GRAD:-weight-dtype}" \
         --e2e-gradient-checkpointing "${E2E_CHECKPOINTING:-off}" \
-        ${E2E_HAND_OFF:+--hand-off $E2E_HAND_OFF} --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
+        ${E2E_HAND_OFF:+--hand-off $E2E_HAND_OFF} ${E2E_ORDERING:+--e2e-matmul-ordering $E2E_ORDERING} --csv "$OUT/bench_e2e.csv" >"$log" 2>&1 || status=1
       tail -n 30 "$log"
       ;;
     post)

@@ -364,8 +364,9 @@ pub struct BenchArgs {
     )]
     pub e2e_head_grad: HeadGradArg,
     /// --e2e on CUDA: how cuBLASLt's products are ordered against CubeCL's stream; `auto`
-    /// is the device's default, `host-synchronization` what Nsight Compute needs (its
-    /// serialized launches never release a device-side wait).
+    /// is the device's default (context events where the driver has them);
+    /// `host-synchronization` runs under any profiler (Nsight Compute's serialized
+    /// launches never release the flag protocols' waits).
     #[arg(long, value_enum, default_value = "auto", value_name = "ORDERING")]
     pub e2e_matmul_ordering: MatmulOrderingArg,
     /// --e2e on CUDA: the timed steps inside the driver's profiler range

@@ -152,6 +152,10 @@ impl OnDevice for MatmulBench {
                 "the backend's own matmul (no vendor library for this device and dtype)"
             }
         );
+        #[cfg(feature = "cuda")]
+        if vendor && ctx.kind == crate::device::DeviceKind::Cuda {
+            println!("ordering:  {}", cuda::orderings_summary());
+        }
         let run = RunInfo {
             gpu: args.gpu.clone().unwrap_or_else(|| B::name(&ctx.device)),
             commit: args
@@ -478,6 +482,26 @@ mod cuda {
                 (MatmulOrdering::HostSynchronization, Ok(_)) => true,
             })
             .collect()
+    }
+
+    /// The device's default ordering (the `liger` rows) and why any other is unavailable.
+    pub(super) fn orderings_summary() -> String {
+        match liger_burn::cube::cublaslt::device_support(&CudaDevice::default()) {
+            Err(why) => format!("none ({why})"),
+            Ok(s) => {
+                let mut line = format!("{} (the liger rows)", s.default_ordering.name());
+                for (ordering, why) in [
+                    (MatmulOrdering::ContextEvents, &s.no_context_events),
+                    (MatmulOrdering::StreamMemoryOperations, &s.no_stream_memory_operations),
+                    (MatmulOrdering::FlagKernels, &s.no_flag_kernels),
+                ] {
+                    if let Some(why) = why {
+                        line.push_str(&format!("; no {}: {why}", ordering.name()));
+                    }
+                }
+                line
+            }
+        }
     }
 
     /// `a · b` with liger's cuBLASLt path and `ordering`, or Burn's matmul (`None`).
