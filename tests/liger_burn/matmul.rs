@@ -768,6 +768,92 @@ fn queued_products_match_reference() {
     finish("queued_products_match_reference", seed, v.0.report);
 }
 
+/// On CUDA, each ordering of cuBLASLt's work against CubeCL's stream that the device runs,
+/// asked for explicitly (every other test runs the device's default): a product, a
+/// product reading it at once, and a CubeCL kernel reading the first, against the
+/// reference. The device's default must be one it runs; the orderings it lacks are named.
+#[cfg(feature = "cuda")]
+#[test]
+fn every_cuda_ordering_matches_reference() {
+    use burn::tensor::TensorPrimitive;
+    use liger_burn::cube::cublaslt::{MatmulOrdering, device_support};
+    use liger_burn::cube::cublaslt_matmul;
+    type Plain = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    if liger_tests::device_name() != "cuda" {
+        eprintln!("every_cuda_ordering_matches_reference: CUDA only (LIGER_TEST_DEVICE=cuda)");
+        return;
+    }
+    let device = burn::backend::cuda::CudaDevice::default();
+    let support = device_support(&device).expect("cuBLASLt on the CUDA test device");
+    let (mut sweep, seed) = Sweep::fresh();
+    let c = case("ordering", [67, 45], View::Plain, [45, 38], View::Plain);
+    let next = case("ordering, chained", [67, 38], View::Plain, [38, 29], View::Plain);
+    let mut ran = Vec::new();
+    for ordering in [
+        MatmulOrdering::ContextEvents,
+        MatmulOrdering::StreamMemoryOperations,
+        MatmulOrdering::FlagKernels,
+        MatmulOrdering::HostSynchronization,
+    ] {
+        let lacking = match ordering {
+            MatmulOrdering::ContextEvents => &support.no_context_events,
+            MatmulOrdering::StreamMemoryOperations => &support.no_stream_memory_operations,
+            MatmulOrdering::FlagKernels => &support.no_flag_kernels,
+            MatmulOrdering::HostSynchronization => &None,
+        };
+        if let Some(why) = lacking {
+            eprintln!("{}: not on this device ({why})", ordering.name());
+            continue;
+        }
+        ran.push(ordering);
+        let product = |lhs: Tensor<Plain, 2>, rhs: Tensor<Plain, 2>| {
+            let out = cublaslt_matmul(
+                lhs.into_primitive().tensor(),
+                rhs.into_primitive().tensor(),
+                Some(ordering),
+            )
+            .unwrap_or_else(|why| panic!("cuBLASLt with {}: {why}", ordering.name()));
+            Tensor::<Plain, 2>::from_primitive(TensorPrimitive::Float(out))
+        };
+        for dtype in liger_tests::dtypes::<Plain>(&device) {
+            let what = |t: &str| format!("cuda/cube {dtype:?} {}: {t}", ordering.name());
+            let first = Inputs::new(&c, dtype, &mut sweep.rng);
+            let lhs = device_tensor::<Plain, 2>(&first.lhs, c.lhs, c.lhs_view, dtype, &device);
+            let rhs = device_tensor::<Plain, 2>(&first.rhs, c.rhs, c.rhs_view, dtype, &device);
+            let y = product(lhs, rhs);
+            let negated = y.clone().neg();
+            let w = Inputs::new(&next, dtype, &mut sweep.rng);
+            let w_tensor =
+                device_tensor::<Plain, 2>(&w.rhs, next.rhs, next.rhs_view, dtype, &device);
+            let chained = product(y.clone(), w_tensor);
+            let y_values = values(y);
+            let (expected, _, _) = reference(&first.lhs_host, &first.rhs_host, &first.g_host);
+            sweep.report.check(what("product"), &expected, &y_values, dtype);
+            let minus: Vec<f64> = values(negated).iter().map(|v| -v).collect();
+            sweep.report.check(what("read by CubeCL"), &expected, &minus, dtype);
+            let stored_y = Host {
+                shape: vec![67, 38],
+                data: y_values,
+            };
+            let (expected, _, _) = reference(&stored_y, &w.rhs_host, &w.g_host);
+            sweep
+                .report
+                .check(what("chained"), &expected, &values(chained), dtype);
+        }
+    }
+    assert!(
+        ran.contains(&support.default_ordering),
+        "the default ordering {} is not one the device runs ({:?})",
+        support.default_ordering.name(),
+        ran.iter().map(|o| o.name()).collect::<Vec<_>>()
+    );
+    eprintln!(
+        "orderings run: {:?}",
+        ran.iter().map(|o| o.name()).collect::<Vec<_>>()
+    );
+    finish("every_cuda_ordering_matches_reference", seed, sweep.report);
+}
+
 /// `burn::nn::Linear` on `[2, 7, 33]` input with a bias, both wrapping orders: output
 /// and the gradients of x, the weight and the bias; on CUDA, a layer run again on the same
 /// layouts has all three products queued, the bias epilogues included.
