@@ -68,9 +68,10 @@ def config_value(config, key):
 
 def variant(provider, config):
     """The provider, named with the settings that make it another line: LoRA steps, a
-    memory pool, an AdamW implementation or gradient checkpointing other than the default."""
+    memory pool, an AdamW implementation, gradient checkpointing or a matmul ordering other
+    than the default."""
     extra = [f"{key.replace('_', ' ')} {value}"
-             for key in ("memory_pool", "adamw_impl", "gradient_checkpointing")
+             for key in ("memory_pool", "adamw_impl", "gradient_checkpointing", "matmul_ordering")
              if (value := config_value(config, key)) not in (None, "default", "none", "off")]
     lora = config_value(config, "lora")
     if lora:
