@@ -14,7 +14,10 @@
 //! primary context and liger's stream waits for it; the product follows; an event
 //! recorded after it is passed to `cuCtxWaitEvent`, which makes all work submitted to the
 //! context from then on wait for it (`super::context_events`). No kernel takes part, so
-//! nothing occupies a multiprocessor while the product runs and nothing spins.
+//! nothing occupies a multiprocessor while the product runs and nothing spins; both waits
+//! are CUDA dependencies, so the driver and the profilers see them. On the H200 a product
+//! costs 14 µs of the device thread's time this way, against 41 µs under the flag kernels
+//! (`liger bench --op matmul`, `matmul_call` rows).
 //!
 //! **Stream memory operations** (where context events are missing; the host never
 //! waits). Per product, with a sequence number `s`:
@@ -39,7 +42,8 @@
 //! context to load a module lazily, as CUDA's lazy loading may), everything already
 //! issued can complete on its own. CUDA's documentation also asks for stream waits to be
 //! mirrored by CUDA-visible dependencies such as events; none can be recorded on a stream
-//! we have no handle to, which is the protocol's residual risk.
+//! we have no handle to, which is the flag protocols' residual risk (context events
+//! record over the whole context instead).
 //!
 //! **Flag kernels** (where the driver refuses stream memory operations, as CUDA 13's does
 //! on the H200 for CubeCL's stream-ordered allocations: `CUDA_ERROR_INVALID_VALUE`): the
