@@ -789,19 +789,8 @@ fn every_cuda_ordering_matches_reference() {
     let c = case("ordering", [67, 45], View::Plain, [45, 38], View::Plain);
     let next = case("ordering, chained", [67, 38], View::Plain, [38, 29], View::Plain);
     let mut ran = Vec::new();
-    for ordering in [
-        MatmulOrdering::ContextEvents,
-        MatmulOrdering::StreamMemoryOperations,
-        MatmulOrdering::FlagKernels,
-        MatmulOrdering::HostSynchronization,
-    ] {
-        let lacking = match ordering {
-            MatmulOrdering::ContextEvents => &support.no_context_events,
-            MatmulOrdering::StreamMemoryOperations => &support.no_stream_memory_operations,
-            MatmulOrdering::FlagKernels => &support.no_flag_kernels,
-            MatmulOrdering::HostSynchronization => &None,
-        };
-        if let Some(why) = lacking {
+    for ordering in MatmulOrdering::ALL {
+        if let Some(why) = support.lacks(ordering) {
             eprintln!("{}: not on this device ({why})", ordering.name());
             continue;
         }

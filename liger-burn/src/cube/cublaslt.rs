@@ -157,6 +157,14 @@ pub enum MatmulOrdering {
 }
 
 impl MatmulOrdering {
+    /// Every ordering, in the order a device's default is chosen.
+    pub const ALL: [MatmulOrdering; 4] = [
+        MatmulOrdering::ContextEvents,
+        MatmulOrdering::StreamMemoryOperations,
+        MatmulOrdering::FlagKernels,
+        MatmulOrdering::HostSynchronization,
+    ];
+
     /// Short name for logs and benchmark rows.
     pub fn name(self) -> &'static str {
         match self {
@@ -225,6 +233,18 @@ pub struct DeviceSupport {
     pub no_stream_memory_operations: Option<String>,
     /// Why the flag kernels are not used, when they are not.
     pub no_flag_kernels: Option<String>,
+}
+
+impl DeviceSupport {
+    /// Why the device cannot run `ordering` (`None`: it can).
+    pub fn lacks(&self, ordering: MatmulOrdering) -> Option<&str> {
+        match ordering {
+            MatmulOrdering::ContextEvents => self.no_context_events.as_deref(),
+            MatmulOrdering::StreamMemoryOperations => self.no_stream_memory_operations.as_deref(),
+            MatmulOrdering::FlagKernels => self.no_flag_kernels.as_deref(),
+            MatmulOrdering::HostSynchronization => None,
+        }
+    }
 }
 
 /// The product `lhs [..., m, k] · rhs [..., k, n]` on cuBLASLt, laid out by
@@ -850,14 +870,10 @@ impl Engine {
         if let Some(chosen) = self.chosen {
             return chosen;
         }
-        [
-            MatmulOrdering::ContextEvents,
-            MatmulOrdering::StreamMemoryOperations,
-            MatmulOrdering::FlagKernels,
-        ]
-        .into_iter()
-        .find(|&ordering| self.check_available(ordering).is_ok())
-        .unwrap_or(MatmulOrdering::HostSynchronization)
+        MatmulOrdering::ALL
+            .into_iter()
+            .find(|&ordering| self.check_available(ordering).is_ok())
+            .unwrap_or(MatmulOrdering::HostSynchronization)
     }
 
     /// `Err` when this device cannot run `ordering`.

@@ -456,13 +456,6 @@ mod cuda {
 
     type Plain = burn_cubecl::CubeBackend<CudaRuntime, f32, i32, u8>;
 
-    const ORDERINGS: [MatmulOrdering; 4] = [
-        MatmulOrdering::ContextEvents,
-        MatmulOrdering::StreamMemoryOperations,
-        MatmulOrdering::FlagKernels,
-        MatmulOrdering::HostSynchronization,
-    ];
-
     fn provider(ordering: MatmulOrdering) -> String {
         format!("liger-{}", ordering.name())
     }
@@ -470,17 +463,9 @@ mod cuda {
     /// The orderings this device runs (the others would only fail, case after case).
     fn available_orderings(device: &CudaDevice) -> Vec<MatmulOrdering> {
         let support = liger_burn::cube::cublaslt::device_support(device);
-        ORDERINGS
+        MatmulOrdering::ALL
             .into_iter()
-            .filter(|o| match (o, &support) {
-                (_, Err(_)) => false,
-                (MatmulOrdering::StreamMemoryOperations, Ok(s)) => {
-                    s.no_stream_memory_operations.is_none()
-                }
-                (MatmulOrdering::ContextEvents, Ok(s)) => s.no_context_events.is_none(),
-                (MatmulOrdering::FlagKernels, Ok(s)) => s.no_flag_kernels.is_none(),
-                (MatmulOrdering::HostSynchronization, Ok(_)) => true,
-            })
+            .filter(|&o| support.as_ref().is_ok_and(|s| s.lacks(o).is_none()))
             .collect()
     }
 
@@ -490,12 +475,8 @@ mod cuda {
             Err(why) => format!("none ({why})"),
             Ok(s) => {
                 let mut line = format!("{} (the liger rows)", s.default_ordering.name());
-                for (ordering, why) in [
-                    (MatmulOrdering::ContextEvents, &s.no_context_events),
-                    (MatmulOrdering::StreamMemoryOperations, &s.no_stream_memory_operations),
-                    (MatmulOrdering::FlagKernels, &s.no_flag_kernels),
-                ] {
-                    if let Some(why) = why {
+                for ordering in MatmulOrdering::ALL {
+                    if let Some(why) = s.lacks(ordering) {
                         line.push_str(&format!("; no {}: {why}", ordering.name()));
                     }
                 }
