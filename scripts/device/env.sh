@@ -20,6 +20,8 @@ for b in "$BIN" "$TRAIN_BIN" "$TEST_BIN" "$TIMELINE_LIB"; do
   if [ ! -x "$b" ] && [ -f "$b.gz" ]; then gunzip -f "$b.gz" && chmod +x "$b"; fi
 done
 [ -x "$TRAIN_BIN" ] || TRAIN_BIN=$BIN
+# A call that carries only the training build runs every step on it.
+[ -x "$BIN" ] || BIN=$TRAIN_BIN
 # CubeCL keeps compiled PTX and autotune results on disk when cubecl.toml asks for it:
 # the e2e cases (one process each) and later steps then reuse the first one's kernels.
 # .gpu/cubecl-cache may come back from an earlier call (carry it) to skip compilation.
