@@ -787,7 +787,13 @@ fn every_cuda_ordering_matches_reference() {
     let support = device_support(&device).expect("cuBLASLt on the CUDA test device");
     let (mut sweep, seed) = Sweep::fresh();
     let c = case("ordering", [67, 45], View::Plain, [45, 38], View::Plain);
-    let next = case("ordering, chained", [67, 38], View::Plain, [38, 29], View::Plain);
+    let next = case(
+        "ordering, chained",
+        [67, 38],
+        View::Plain,
+        [38, 29],
+        View::Plain,
+    );
     let mut ran = Vec::new();
     for ordering in MatmulOrdering::ALL {
         if let Some(why) = support.lacks(ordering) {
@@ -817,9 +823,13 @@ fn every_cuda_ordering_matches_reference() {
             let chained = product(y.clone(), w_tensor);
             let y_values = values(y);
             let (expected, _, _) = reference(&first.lhs_host, &first.rhs_host, &first.g_host);
-            sweep.report.check(what("product"), &expected, &y_values, dtype);
+            sweep
+                .report
+                .check(what("product"), &expected, &y_values, dtype);
             let minus: Vec<f64> = values(negated).iter().map(|v| -v).collect();
-            sweep.report.check(what("read by CubeCL"), &expected, &minus, dtype);
+            sweep
+                .report
+                .check(what("read by CubeCL"), &expected, &minus, dtype);
             let stored_y = Host {
                 shape: vec![67, 38],
                 data: y_values,

@@ -143,7 +143,8 @@ fn new_event() -> Result<driver_sys::CUevent, driver_sys::CUresult> {
 /// The driver's entry point `name` as of CUDA 12.5.
 fn entry_point(name: &CStr) -> Result<ContextEventFn, String> {
     let mut function: *mut c_void = std::ptr::null_mut();
-    let mut found = driver_sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    let mut found =
+        driver_sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     // Safety: a NUL-terminated name; the driver writes one pointer and one status.
     let status = unsafe {
         driver_sys::cuGetProcAddress_v2(

@@ -775,21 +775,23 @@ impl Engine {
     fn queueable(&self, products: &[Product<'_>], ordering: MatmulOrdering) -> bool {
         ordering != MatmulOrdering::HostSynchronization
             && products
-            .iter()
-            .all(|product| match product.epilogue.vector() {
-                None => self
-                    .plan_key(product, [0; 3], ordering)
-                    .is_ok_and(|key| self.planned.contains(&key)),
-                Some(vector) => match self.epilogue_not_queueable(product, vector, ordering) {
-                    None => true,
-                    Some(why) => {
-                        log::debug!("cuBLASLt: a product with an epilogue is waited for: {why}");
-                        #[cfg(feature = "test-hooks")]
-                        crate::test_hooks::record_epilogue_not_queued(why);
-                        false
-                    }
-                },
-            })
+                .iter()
+                .all(|product| match product.epilogue.vector() {
+                    None => self
+                        .plan_key(product, [0; 3], ordering)
+                        .is_ok_and(|key| self.planned.contains(&key)),
+                    Some(vector) => match self.epilogue_not_queueable(product, vector, ordering) {
+                        None => true,
+                        Some(why) => {
+                            log::debug!(
+                                "cuBLASLt: a product with an epilogue is waited for: {why}"
+                            );
+                            #[cfg(feature = "test-hooks")]
+                            crate::test_hooks::record_epilogue_not_queued(why);
+                            false
+                        }
+                    },
+                })
     }
 
     /// Why `product`, with epilogue vector `vector`, cannot be queued (`None`: it can). An

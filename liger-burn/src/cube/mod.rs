@@ -9,9 +9,9 @@
 mod activation;
 mod adamw;
 mod attention;
-mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod context_events;
+mod cross_entropy;
 #[cfg(feature = "cuda")]
 pub mod cublaslt;
 #[cfg(feature = "cuda")]
