@@ -307,7 +307,8 @@ for step in $steps; do
       # holds up to KVL_HOLD_GIB (default 64) of outputs, so that it synchronizes once
       # per sample where they fit; KVL_HAND_OFF (a list of `--hand-off` values, default
       # liger-burn's own) runs liger bench once per value, and KVL_POOLS (a list of
-      # `--memory-pool` values, default `default`) once per pool.
+      # `--memory-pool` values, default `default`) once per pool. KVL_ITERS (default 50) sets
+      # the iterations of a sample on both sides.
       if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
           --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -324,12 +325,12 @@ for step in $steps; do
           pool=${rest%%-*}
           h=${rest#*-}
           $BIN bench --device cuda --dtype bf16 --op $ops --csv "$OUT/kernels_vs_lk.csv" \
-            --hold-gib "${KVL_HOLD_GIB:-64}" --memory-pool "$pool" \
+            --hold-gib "${KVL_HOLD_GIB:-64}" --memory-pool "$pool" --iters "${KVL_ITERS:-50}" \
             $([ "$h" = default ] || echo --hand-off "$h") \
             >>"$OUT/kernels_vs_lk.log" 2>&1 || status=1
         else
           python3 scripts/device/anchor_kernels.py --ops $ops --providers liger-kernel --no-gemms \
-            --matmul-size 0 $([ $pass = second ] && echo --copy-gib 0) \
+            --matmul-size 0 --iters "${KVL_ITERS:-50}" $([ $pass = second ] && echo --copy-gib 0) \
             --csv "$OUT/kernels_vs_lk.csv" >>"$OUT/kernels_vs_lk.log" 2>&1 || status=1
         fi
       done
