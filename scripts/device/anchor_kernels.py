@@ -113,6 +113,11 @@ def parse_args(argv=None):
                    help="iterations per timed sample (default 50, as `liger bench`)")
     p.add_argument("--repeats", type=int, default=10, metavar="N",
                    help="timed samples; p50/p20/p80 over them (default 10, as `liger bench`)")
+    p.add_argument("--hold-gib", type=float, default=0.0, metavar="GIB",
+                   help="keep the iterations' outputs (and gradients) alive within a sample up to "
+                        "this many GiB, as `liger bench --hold-gib` does, so each iteration writes "
+                        "memory of its own instead of the block the caching allocator hands back "
+                        "(default 0: released at once)")
     p.add_argument("--copy-gib", type=float, default=4.0, metavar="GIB",
                    help="size of the copy ceiling's tensor (default 4 GiB); 0 skips it")
     p.add_argument("--matmul-size", type=int, default=8192, metavar="N",
@@ -211,6 +216,13 @@ def op_bytes(op, mode, shape, e):
     return fwd[0] + bwd[0], f"fwd({fwd[1]})+bwd({bwd[1]})"
 
 
+def tensor_bytes(value):
+    """Bytes of the tensors in a (nested) tuple or list of outputs."""
+    if isinstance(value, (tuple, list)):
+        return sum(tensor_bytes(v) for v in value)
+    return value.numel() * value.element_size() if hasattr(value, "numel") else 0
+
+
 def op_flops(op, mode, shape):
     if op != "fused_linear_cross_entropy" or mode == "backward":
         return None
@@ -247,12 +259,19 @@ class Bench:
         for _ in range(repeats):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
+            held, held_bytes = [], 0
             start.record()
             for _ in range(iters):
-                fn(k % sets)
+                out = fn(k % sets)
+                if a.hold_gib > 0:
+                    held.append(out)
+                    held_bytes += tensor_bytes(out)
+                    if held_bytes > a.hold_gib * 2**30:
+                        held, held_bytes = [], 0
                 k += 1
             end.record()
             end.synchronize()
+            held.clear()
             samples.append(start.elapsed_time(end) / 1e3 / iters)
         return samples
 
@@ -382,7 +401,8 @@ class Bench:
         data = [self.inputs(op, shape) for _ in range(sets)]
         grad_sets = [self.leaves(op, d) for d in data]
         base = (f"dtype={self.args.dtype} iters={self.args.iters} repeats={self.args.repeats} "
-                f"warmup={self.args.warmup} sets={sets}")
+                f"warmup={self.args.warmup} sets={sets}"
+                + (f" hold_gib={self.args.hold_gib:g}" if self.args.hold_gib > 0 else ""))
         rows = []
         x = label(shape)
         for provider in providers:
