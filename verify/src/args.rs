@@ -93,6 +93,9 @@ impl HeadGradArg {
 pub enum MatmulOrderingArg {
     /// The device's default (device-side waits where the driver allows them).
     Auto,
+    /// The products run on the CUDA stream CubeCL launches the step's kernels on (found
+    /// through CUPTI), with nothing around them.
+    CubeclStream,
     /// The host synchronizes the two streams around each product (slower; what a profiler
     /// that serializes launches, such as Nsight Compute, needs).
     HostSynchronization,

@@ -2,12 +2,20 @@
 //! vendor libraries' work (cuDNN's attention, `super::cudnn`) runs on the same stream under
 //! the same ordering through [`run_ordered`].
 //!
-//! cubecl-cuda keeps its CUDA streams private, so liger owns, per device, a non-blocking
-//! stream of its own, a cuBLASLt handle, a 32 MiB workspace and a small buffer of `u32`
-//! flags (allocated through CubeCL, whose kernels can only bind its own buffers, and held
-//! for the life of the process), and orders its products against CubeCL's stream with
-//! one of the protocols of [`MatmulOrdering`] (the device's default is the first of them
-//! the driver runs; [`crate::cube::cublaslt_matmul`] takes any explicitly):
+//! cubecl-cuda keeps its CUDA streams private. Liger owns, per device, a cuBLASLt handle, a
+//! 32 MiB workspace, a non-blocking stream of its own and a small buffer of `u32` flags
+//! (allocated through CubeCL, whose kernels can only bind its own buffers, and held for
+//! the life of the process), and orders its products against CubeCL's work with one of
+//! the protocols of [`MatmulOrdering`] (the device's default is the first of them that
+//! runs; [`crate::cube::cublaslt_matmul`] takes any explicitly):
+//!
+//! **CubeCL's stream** (the default where CUPTI is found): the product is enqueued on the
+//! very stream CubeCL launches the task's kernels on, which `super::cupti` finds once per
+//! CubeCL stream by watching a marker launch. Asking CubeCL for the operands' addresses
+//! already makes that stream wait for inputs produced on CubeCL's other streams, and
+//! CubeCL orders later readers on other streams after it, as it does for its own kernels;
+//! so nothing is added around the product. Work that moves to another stream waits for
+//! the previous work's stream first (one event), as the workspace is shared.
 //!
 //! **Context events** (CUDA 12.5+, the default where the driver has them; the host never
 //! waits): `cuCtxRecordEvent` captures all work issued so far on every stream of the
@@ -139,6 +147,13 @@ impl HostTimes {
 /// How liger's cuBLASLt work is ordered against CubeCL's stream (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatmulOrdering {
+    /// On the very stream CubeCL launches the task's kernels on, found once per CubeCL
+    /// stream through CUPTI (`super::cupti`): the work is ordered like one of CubeCL's own
+    /// kernels, with nothing added around it. Work on a stream other than the previous
+    /// work's waits for that work first (one event), so the workspaces are never shared
+    /// by two streams at once. Needs CUPTI and no other CUPTI subscriber (a profiler) when
+    /// a stream is first found.
+    CubeclStream,
     /// The driver's context-wide events (`cuCtxRecordEvent` / `cuCtxWaitEvent`, CUDA
     /// 12.5+): liger's stream waits for everything issued before in the context, and
     /// everything submitted after waits for liger's stream. No kernel takes part; the
@@ -158,7 +173,8 @@ pub enum MatmulOrdering {
 
 impl MatmulOrdering {
     /// Every ordering, in the order a device's default is chosen.
-    pub const ALL: [MatmulOrdering; 4] = [
+    pub const ALL: [MatmulOrdering; 5] = [
+        MatmulOrdering::CubeclStream,
         MatmulOrdering::ContextEvents,
         MatmulOrdering::StreamMemoryOperations,
         MatmulOrdering::FlagKernels,
@@ -168,6 +184,7 @@ impl MatmulOrdering {
     /// Short name for logs and benchmark rows.
     pub fn name(self) -> &'static str {
         match self {
+            MatmulOrdering::CubeclStream => "cubecl-stream",
             MatmulOrdering::ContextEvents => "context-events",
             MatmulOrdering::StreamMemoryOperations => "stream-memory-operations",
             MatmulOrdering::FlagKernels => "flag-kernels",
@@ -183,6 +200,8 @@ pub enum Unavailable {
     Dtype(DType),
     /// The library, the driver or the device resources could not be set up.
     Setup(String),
+    /// CubeCL's stream could not be found (no CUPTI, or another CUPTI subscriber).
+    NoCubeclStream(String),
     /// Context events were asked for but the driver lacks them.
     NoContextEvents(String),
     /// Stream memory operations were asked for but the driver or device lacks them.
@@ -200,6 +219,9 @@ impl core::fmt::Display for Unavailable {
         match self {
             Unavailable::Dtype(d) => write!(f, "cuBLASLt is not used for dtype {d:?}"),
             Unavailable::Setup(why) => write!(f, "cuBLASLt could not be set up: {why}"),
+            Unavailable::NoCubeclStream(why) => {
+                write!(f, "CubeCL's stream was not found: {why}")
+            }
             Unavailable::NoContextEvents(why) => {
                 write!(f, "no context events on this device: {why}")
             }
@@ -227,6 +249,8 @@ pub struct DeviceSupport {
     pub driver_version: i32,
     /// The ordering `fused_matmul` uses on this device.
     pub default_ordering: MatmulOrdering,
+    /// Why CubeCL's own stream is not used, when it is not.
+    pub no_cubecl_stream: Option<String>,
     /// Why context events are not used, when they are not.
     pub no_context_events: Option<String>,
     /// Why stream memory operations are not used, when they are not.
@@ -239,6 +263,7 @@ impl DeviceSupport {
     /// Why the device cannot run `ordering` (`None`: it can).
     pub fn lacks(&self, ordering: MatmulOrdering) -> Option<&str> {
         match ordering {
+            MatmulOrdering::CubeclStream => self.no_cubecl_stream.as_deref(),
             MatmulOrdering::ContextEvents => self.no_context_events.as_deref(),
             MatmulOrdering::StreamMemoryOperations => self.no_stream_memory_operations.as_deref(),
             MatmulOrdering::FlagKernels => self.no_flag_kernels.as_deref(),
@@ -343,6 +368,7 @@ pub fn device_support(device: &CudaDevice) -> Result<DeviceSupport, Unavailable>
         ordinal: engine.ordinal,
         driver_version: engine.driver_version,
         default_ordering: engine.default_ordering(),
+        no_cubecl_stream: engine.cubecl_streams.broken.clone(),
         no_context_events: engine.context_events.as_ref().err().cloned(),
         no_stream_memory_operations: engine.stream_memory_operations.clone().err(),
         no_flag_kernels: engine.flag_kernels.as_ref().err().cloned(),
@@ -647,6 +673,8 @@ struct Engine {
     flag_kernels: Result<FlagKernels, String>,
     /// The context-event ordering, or why the driver cannot run it.
     context_events: Result<ContextEvents, String>,
+    /// CubeCL's streams found so far, for [`MatmulOrdering::CubeclStream`].
+    cubecl_streams: CubeclStreams,
     /// The ordering asked for by [`set_ordering`], in place of the device's default.
     chosen: Option<MatmulOrdering>,
     plans: HashMap<PlanKey, Plan>,
@@ -735,6 +763,7 @@ impl Engine {
                 Ok(kernels)
             }),
         };
+        let cubecl_streams = CubeclStreams::new(&client, &flags)?;
         let engine = Engine {
             ordinal: device.index,
             driver_version,
@@ -749,6 +778,7 @@ impl Engine {
             stream_memory_operations,
             flag_kernels,
             context_events,
+            cubecl_streams,
             chosen: None,
             plans: HashMap::new(),
             planned: HashSet::new(),
@@ -761,10 +791,15 @@ impl Engine {
             engine.ordinal,
             engine.driver_version,
             engine.default_ordering().name(),
-            match (&engine.context_events, &engine.stream_memory_operations) {
-                (Ok(_), _) | (_, Ok(())) => String::new(),
-                (Err(events), Err(memory_operations)) => {
-                    format!(" ({events}; {memory_operations})")
+            match (
+                &engine.cubecl_streams.broken,
+                &engine.context_events,
+                &engine.stream_memory_operations
+            ) {
+                (None, _, _) => String::new(),
+                (Some(stream), Ok(_), _) | (Some(stream), _, Ok(())) => format!(" ({stream})"),
+                (Some(stream), Err(events), Err(memory_operations)) => {
+                    format!(" ({stream}; {events}; {memory_operations})")
                 }
             }
         );
@@ -864,7 +899,9 @@ impl Engine {
             MatmulOrdering::StreamMemoryOperations | MatmulOrdering::FlagKernels => {
                 self.sm_count.saturating_sub(1)
             }
-            MatmulOrdering::ContextEvents | MatmulOrdering::HostSynchronization => 0,
+            MatmulOrdering::CubeclStream
+            | MatmulOrdering::ContextEvents
+            | MatmulOrdering::HostSynchronization => 0,
         }
     }
 
@@ -881,6 +918,10 @@ impl Engine {
     /// `Err` when this device cannot run `ordering`.
     fn check_available(&self, ordering: MatmulOrdering) -> Result<(), Unavailable> {
         match ordering {
+            MatmulOrdering::CubeclStream => match &self.cubecl_streams.broken {
+                None => Ok(()),
+                Some(why) => Err(Unavailable::NoCubeclStream(why.clone())),
+            },
             MatmulOrdering::ContextEvents => match &self.context_events {
                 Ok(_) => Ok(()),
                 Err(why) => Err(Unavailable::NoContextEvents(why.clone())),
@@ -986,8 +1027,13 @@ impl Engine {
         })
     }
 
-    /// Enqueues the product's BLAS calls on liger's stream (no ordering).
-    fn enqueue(&self, product: &Product<'_>, prepared: &Prepared) -> Result<(), String> {
+    /// Enqueues the product's BLAS calls on `stream` (no ordering).
+    fn enqueue(
+        &self,
+        product: &Product<'_>,
+        prepared: &Prepared,
+        stream: driver_sys::CUstream,
+    ) -> Result<(), String> {
         let plan = &self.plans[&prepared.key];
         let elements = product.element_sizes();
         for call in &product.layout.calls {
@@ -998,7 +1044,7 @@ impl Engine {
                 [at(0), at(1), at(2)],
                 prepared.vector,
                 &self.workspace,
-                self.stream.cu_stream() as lt_sys::cudaStream_t,
+                stream as lt_sys::cudaStream_t,
             )?;
         }
         Ok(())
@@ -1019,7 +1065,8 @@ impl Engine {
         let start = std::time::Instant::now();
         let mut result = Ok(());
         for _ in 0..repeats.max(1) {
-            result = result.and_then(|()| self.enqueue(product, &prepared));
+            result =
+                result.and_then(|()| self.enqueue(product, &prepared, self.stream.cu_stream()));
         }
         let sync = unsafe { driver::stream::synchronize(self.stream.cu_stream()) }
             .map_err(|e| format!("synchronizing liger's stream: {e:?}"));
@@ -1027,12 +1074,58 @@ impl Engine {
         Ok(start.elapsed().as_secs_f64() / repeats.max(1) as f64)
     }
 
-    /// Enqueues `products` in order (no ordering); stops at the first failure.
-    fn enqueue_all(&self, products: &[Product<'_>], prepared: &[Prepared]) -> Result<(), String> {
+    /// Enqueues `products` in order on `stream` (no ordering); stops at the first failure.
+    fn enqueue_all(
+        &self,
+        products: &[Product<'_>],
+        prepared: &[Prepared],
+        stream: driver_sys::CUstream,
+    ) -> Result<(), String> {
         products
             .iter()
             .zip(prepared)
-            .try_for_each(|(product, prepared)| self.enqueue(product, prepared))
+            .try_for_each(|(product, prepared)| self.enqueue(product, prepared, stream))
+    }
+
+    /// The ordering that actually runs for `ordering` and the stream the work goes on:
+    /// CubeCL's stream of the task for [`MatmulOrdering::CubeclStream`] (found on first
+    /// use; when it cannot be found, that ordering is given up for the process and the
+    /// next available one runs instead), liger's stream otherwise. Runs on CubeCL's device
+    /// thread.
+    fn resolve(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        ordering: MatmulOrdering,
+    ) -> (MatmulOrdering, driver_sys::CUstream) {
+        if ordering == MatmulOrdering::CubeclStream {
+            match self.cubecl_streams.current(client, &self.flags) {
+                Ok(stream) => return (ordering, stream),
+                Err(why) => {
+                    log::warn!(
+                        "liger matmul: CubeCL's stream was not found on CUDA device {} ({why}); \
+                         products are ordered by {} from now on",
+                        self.ordinal,
+                        self.default_ordering_after(ordering).name()
+                    );
+                    self.cubecl_streams.broken = Some(why);
+                    return (
+                        self.default_ordering_after(ordering),
+                        self.stream.cu_stream(),
+                    );
+                }
+            }
+        }
+        (ordering, self.stream.cu_stream())
+    }
+
+    /// The first ordering after `ordering` in [`MatmulOrdering::ALL`] this device runs.
+    fn default_ordering_after(&self, ordering: MatmulOrdering) -> MatmulOrdering {
+        MatmulOrdering::ALL
+            .into_iter()
+            .skip_while(|&o| o != ordering)
+            .skip(1)
+            .find(|&o| self.check_available(o).is_ok())
+            .unwrap_or(MatmulOrdering::HostSynchronization)
     }
 
     /// Runs on CubeCL's device thread (in a queued task or `ComputeClient::exclusive`).
@@ -1047,6 +1140,7 @@ impl Engine {
             self.plans.clear();
         }
         let start = Instant::now();
+        let (ordering, stream) = self.resolve(client, ordering);
         let prepared = products
             .iter()
             .map(|product| self.prepare(client, product, ordering))
@@ -1055,8 +1149,8 @@ impl Engine {
         if ordering != MatmulOrdering::HostSynchronization {
             self.host.products += products.len() as u64;
         }
-        self.ordered(client, ordering, &mut |engine: &Engine| {
-            engine.enqueue_all(products, &prepared)
+        self.ordered(client, ordering, stream, &mut |engine: &Engine| {
+            engine.enqueue_all(products, &prepared, stream)
         })
     }
 
@@ -1072,23 +1166,49 @@ impl Engine {
                 "binding the CUDA context: {e:?}"
             )))
         })?;
-        let stream = self.stream.cu_stream();
+        let (ordering, stream) = self.resolve(client, ordering);
         work.prepare(client, stream)
             .map_err(|why| Failure::Unavailable(Unavailable::Library(why)))?;
-        self.ordered(client, ordering, &mut |_: &Engine| work.launch(stream))
+        self.ordered(client, ordering, stream, &mut |_: &Engine| {
+            work.launch(stream)
+        })
     }
 
-    /// Enqueues `launch` on liger's stream between the ordering of `ordering` (see the
-    /// module docs). Runs on CubeCL's device thread, after everything `launch` needs was
-    /// prepared: a failure from here on is a [`Failure::Launch`].
+    /// Enqueues `launch` on `stream` (from [`Engine::resolve`]) between the ordering of
+    /// `ordering` (see the module docs). Runs on CubeCL's device thread, after everything
+    /// `launch` needs was prepared: a failure from here on is a [`Failure::Launch`].
     fn ordered(
         &mut self,
         client: &ComputeClient<CudaRuntime>,
         ordering: MatmulOrdering,
+        stream: driver_sys::CUstream,
         launch: &mut dyn FnMut(&Engine) -> Result<(), String>,
     ) -> Result<(), Failure> {
-        let stream = self.stream.cu_stream();
+        let outcome = self.ordered_on(client, ordering, stream, launch);
+        self.cubecl_streams.last = Some(stream as usize);
+        outcome
+    }
+
+    fn ordered_on(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        ordering: MatmulOrdering,
+        stream: driver_sys::CUstream,
+        launch: &mut dyn FnMut(&Engine) -> Result<(), String>,
+    ) -> Result<(), Failure> {
         match ordering {
+            MatmulOrdering::CubeclStream => {
+                let start = Instant::now();
+                // Nothing was enqueued when this fails.
+                self.cubecl_streams
+                    .hand_over(stream)
+                    .map_err(|why| Failure::Unavailable(Unavailable::NoCubeclStream(why)))?;
+                let ordered_at = Instant::now();
+                let work = launch(self);
+                self.host.publish += (ordered_at - start).as_secs_f64();
+                self.host.vendor += ordered_at.elapsed().as_secs_f64();
+                work.map_err(Failure::Launch)
+            }
             MatmulOrdering::ContextEvents => {
                 let events = self.context_events.as_ref().map_err(|why| {
                     Failure::Unavailable(Unavailable::NoContextEvents(why.clone()))
@@ -1177,6 +1297,98 @@ impl Engine {
                 work.and(sync).map_err(Failure::Launch)
             }
         }
+    }
+}
+
+/// CubeCL's streams found so far ([`MatmulOrdering::CubeclStream`]), by the `StreamId`
+/// whose kernels CubeCL launches on them.
+struct CubeclStreams {
+    found: HashMap<u64, usize>,
+    /// Why the ordering is given up, once a search failed.
+    broken: Option<String>,
+    /// The stream the last vendor work was enqueued on (liger's or one of CubeCL's).
+    last: Option<usize>,
+    /// Recorded on `last` when work moves to another stream, which waits for it.
+    handover: driver_sys::CUevent,
+}
+
+// Safety: used under the owning engine's lock, from one thread at a time; CUDA streams
+// and events are not tied to a thread.
+unsafe impl Send for CubeclStreams {}
+
+impl CubeclStreams {
+    /// Finds the stream of the calling thread's `StreamId` on CubeCL's device thread: a
+    /// failure only disables the ordering (`broken`); `Err` when no event can be created.
+    fn new(client: &ComputeClient<CudaRuntime>, flags: &Handle) -> Result<Self, String> {
+        let mut handover = std::ptr::null_mut();
+        // Safety: writes one event handle.
+        unsafe {
+            driver_sys::cuEventCreate(
+                &mut handover,
+                driver_sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            )
+        }
+        .result()
+        .map_err(|e| format!("creating an event: {e:?}"))?;
+        let mut streams = CubeclStreams {
+            found: HashMap::new(),
+            broken: None,
+            last: None,
+            handover,
+        };
+        let found = client
+            .exclusive(|| streams.current(client, flags).map(|_| ()))
+            .unwrap_or_else(|e| Err(format!("CubeCL's device thread: {e:?}")));
+        if let Err(why) = found {
+            streams.broken = Some(why);
+        }
+        Ok(streams)
+    }
+
+    /// The stream CubeCL launches the current task's kernels on, found on first use by
+    /// watching a marker launch (`super::cupti`). Runs on CubeCL's device thread, where
+    /// the task's `StreamId` is the caller's.
+    fn current(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        flags: &Handle,
+    ) -> Result<driver_sys::CUstream, String> {
+        if let Some(why) = &self.broken {
+            return Err(why.clone());
+        }
+        let id = cubecl_common::stream_id::StreamId::current().value;
+        if let Some(&stream) = self.found.get(&id) {
+            return Ok(stream as driver_sys::CUstream);
+        }
+        let stream = super::cupti::stream_of_launches(|| sequence::launch_mark(client, flags))?;
+        log::debug!("liger matmul: CubeCL stream {stream:?} for stream id {id}");
+        self.found.insert(id, stream as usize);
+        Ok(stream)
+    }
+
+    /// Makes `stream` wait for the vendor work enqueued last, when that went to another
+    /// stream: the cuBLASLt and cuDNN workspaces then serve one stream at a time. Nothing
+    /// is enqueued when it fails.
+    fn hand_over(&mut self, stream: driver_sys::CUstream) -> Result<(), String> {
+        let Some(last) = self.last.filter(|&last| last != stream as usize) else {
+            return Ok(());
+        };
+        // Safety: a stream of this context that is still alive (CubeCL's streams live as
+        // long as its server, liger's as long as the engine) and our own event.
+        unsafe { driver_sys::cuEventRecord(self.handover, last as driver_sys::CUstream) }
+            .result()
+            .map_err(|e| format!("cuEventRecord: {e:?}"))?;
+        unsafe { driver_sys::cuStreamWaitEvent(stream, self.handover, 0) }
+            .result()
+            .map_err(|e| format!("cuStreamWaitEvent: {e:?}"))
+    }
+}
+
+impl Drop for CubeclStreams {
+    fn drop(&mut self) {
+        // Safety: created in `new`, destroyed once; CUDA defers the release of an event
+        // that pending work still waits for.
+        unsafe { driver_sys::cuEventDestroy_v2(self.handover) };
     }
 }
 

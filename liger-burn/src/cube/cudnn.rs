@@ -1,6 +1,6 @@
 //! Attention on CUDA through cuDNN's fused flash-attention engines (those PyTorch's
-//! `scaled_dot_product_attention` picks on Hopper), run on liger's stream and ordered
-//! against CubeCL's as the cuBLASLt products are ([`super::cublaslt::run_ordered`]).
+//! `scaled_dot_product_attention` picks on Hopper), run on the stream and under the ordering
+//! the cuBLASLt products use ([`super::cublaslt::run_ordered`]).
 //!
 //! cuDNN takes attention as an operation graph that its fusion engines recognize. The
 //! graphs here are the ones cudnn-frontend 1.18 builds for causal (or unmasked) SDPA with
@@ -288,6 +288,7 @@ impl StreamWork for Work<'_> {
             Ok(state) => state,
             Err(why) => return Err(why.clone()),
         };
+        state.bind(stream)?;
         if !state.plans.contains_key(&self.key) {
             if state.plans.len() >= MAX_PLANS {
                 state.plans.clear();
@@ -366,9 +367,12 @@ impl StreamWork for Work<'_> {
     }
 }
 
-/// A device's cuDNN handle (bound to liger's stream), plans and workspace.
+/// A device's cuDNN handle (bound to the stream the ordering runs the work on: liger's, or
+/// CubeCL's), plans and workspace.
 struct State {
     handle: dnn::cudnnHandle_t,
+    /// The stream the handle is bound to.
+    stream: driver_sys::CUstream,
     /// A key whose graph cuDNN refused keeps the reason, so it is not built again.
     plans: HashMap<PlanKey, Result<Plan, String>>,
     workspace: Option<(u64, usize)>,
@@ -393,16 +397,30 @@ impl State {
             "cudnnSetStream",
         )?;
         let version = unsafe { dnn::cudnnGetVersion() };
-        log::info!("liger attention: cuDNN {version} on liger's stream");
+        log::info!("liger attention: cuDNN {version}");
         Ok(Self {
             handle,
+            stream,
             plans: HashMap::new(),
             workspace: None,
         })
     }
 
+    /// Binds the handle to `stream` (the previous work's stream was made to precede it by
+    /// the ordering, so the workspace is never used by two streams at once).
+    fn bind(&mut self, stream: driver_sys::CUstream) -> Result<(), String> {
+        if stream != self.stream {
+            check(
+                unsafe { dnn::cudnnSetStream(self.handle, stream as dnn::cudaStream_t) },
+                "cudnnSetStream",
+            )?;
+            self.stream = stream;
+        }
+        Ok(())
+    }
+
     /// A workspace of at least `bytes` (0: none), grown when needed: the old one is freed
-    /// once liger's stream has finished with it.
+    /// once `stream` (which follows every earlier use) has finished with it.
     fn workspace(&mut self, bytes: usize, stream: driver_sys::CUstream) -> Result<u64, String> {
         if bytes == 0 {
             return Ok(0);
@@ -415,7 +433,7 @@ impl State {
         if let Some((address, _)) = self.workspace.take() {
             // Safety: our own stream; then our own allocation, no longer used.
             unsafe { driver::stream::synchronize(stream) }
-                .map_err(|e| format!("synchronizing liger's stream: {e:?}"))?;
+                .map_err(|e| format!("synchronizing the vendor stream: {e:?}"))?;
             let _ = unsafe { driver::free_sync(address) };
         }
         let size = bytes.next_power_of_two();

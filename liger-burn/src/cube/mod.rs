@@ -18,6 +18,8 @@ pub mod cublaslt;
 pub mod cuda_pool;
 #[cfg(feature = "cuda")]
 mod cudnn;
+#[cfg(feature = "cuda")]
+mod cupti;
 mod distill_rows;
 mod embedding;
 mod glu;

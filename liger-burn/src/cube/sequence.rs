@@ -11,6 +11,9 @@
 //! - [`launch_await`]: on CubeCL's stream, spins until the `completed` flag has reached
 //!   `s`; everything CubeCL enqueues after it waits for the work that writes `s` there.
 //!
+//! - [`launch_mark`]: writes the `probe` slot, and nothing waits on it: a launch whose
+//!   only purpose is to be seen on the client's stream (`cube::cupti`).
+//!
 //! Comparisons are cyclic (`value - target < 2³¹` in wrapping `u32` arithmetic), as the
 //! driver's own `CU_STREAM_WAIT_VALUE_GEQ` is, so the counters may wrap. Atomic loads
 //! re-read memory on every iteration (CUDA compiles them to `atomicAdd(p, 0)`).
@@ -22,7 +25,8 @@ use cubecl::server::Handle;
 pub(crate) const PUBLISHED: usize = 0;
 /// Slot of the flag [`launch_await`] waits on.
 pub(crate) const COMPLETED: usize = 1;
-/// A slot nothing waits on, for probing the driver's stream memory operations.
+/// A slot nothing waits on, for probing the driver's stream memory operations and for
+/// [`launch_mark`].
 pub(crate) const PROBE: usize = 2;
 /// `u32` slots in a flag buffer.
 pub(crate) const FLAG_SLOTS: usize = 4;
@@ -49,6 +53,11 @@ fn await_kernel(flags: &mut Array<Atomic<u32>>, sequence: u32) {
     while !reached(seen, sequence) {
         seen = flags[COMPLETED].load();
     }
+}
+
+#[cube(launch)]
+fn mark_kernel(flags: &mut Array<u32>) {
+    flags[PROBE] = 1u32;
 }
 
 fn flags_arg<R: Runtime>(flags: &Handle) -> ArrayArg<R> {
@@ -82,6 +91,16 @@ pub(crate) fn launch_await<R: Runtime>(client: &ComputeClient<R>, flags: &Handle
         CubeDim::new_1d(1),
         flags_arg::<R>(flags),
         sequence,
+    );
+}
+
+/// Enqueues on the client's stream a one-unit kernel that writes the `probe` slot.
+pub(crate) fn launch_mark<R: Runtime>(client: &ComputeClient<R>, flags: &Handle) {
+    mark_kernel::launch::<R>(
+        client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(1),
+        flags_arg::<R>(flags),
     );
 }
 

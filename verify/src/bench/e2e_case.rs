@@ -487,6 +487,7 @@ fn set_matmul_ordering<B: FusedOps>(
         use liger_burn::cube::cublaslt::{MatmulOrdering, set_ordering};
         let chosen = match ordering {
             Arg::Auto => return Ok(()),
+            Arg::CubeclStream => MatmulOrdering::CubeclStream,
             Arg::HostSynchronization => MatmulOrdering::HostSynchronization,
             Arg::ContextEvents => MatmulOrdering::ContextEvents,
             Arg::FlagKernels => MatmulOrdering::FlagKernels,
