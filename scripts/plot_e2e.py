@@ -70,9 +70,12 @@ def variant(provider, config):
     """The provider, named with the settings that make it another line: LoRA steps, a
     memory pool, an AdamW implementation, gradient checkpointing or a matmul ordering other
     than the default."""
+    # `cubecl-stream` is the default matmul ordering (where CUPTI is found), named in the
+    # rows of runs that asked for it explicitly.
     extra = [f"{key.replace('_', ' ')} {value}"
              for key in ("memory_pool", "adamw_impl", "gradient_checkpointing", "matmul_ordering")
-             if (value := config_value(config, key)) not in (None, "default", "none", "off")]
+             if (value := config_value(config, key))
+             not in (None, "default", "none", "off", "cubecl-stream")]
     lora = config_value(config, "lora")
     if lora:
         # `r64:alpha128:targets`: LoRA steps are another workload, not another setting.
