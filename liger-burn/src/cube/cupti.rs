@@ -13,6 +13,7 @@
 //! CUPTI ships with the CUDA toolkit (`extras/CUPTI/lib64`) and with PyTorch's CUDA
 //! wheels; it is loaded at run time, and without it the stream is simply not found.
 
+use super::vendor_engines::{library_candidates, library_symbol, load_first};
 use cudarc::driver::sys as driver_sys;
 use std::cell::Cell;
 use std::ffi::{CStr, c_char, c_void};
@@ -82,41 +83,25 @@ unsafe impl Sync for Library {}
 /// Where the library is looked for: the CUDA toolkit's directories, then the loader's
 /// search path.
 fn candidates() -> Vec<String> {
-    let names = ["libcupti.so.13", "libcupti.so.12", "libcupti.so"];
-    let mut dirs: Vec<String> = ["CUDA_HOME", "CUDA_PATH"]
-        .iter()
-        .filter_map(|var| std::env::var(var).ok())
-        .map(|root| format!("{root}/extras/CUPTI/lib64/"))
-        .collect();
-    dirs.push("/usr/local/cuda/extras/CUPTI/lib64/".into());
-    dirs.push(String::new());
-    dirs.iter()
-        .flat_map(|dir| names.iter().map(move |name| format!("{dir}{name}")))
-        .collect()
+    library_candidates(
+        &["libcupti.so.13", "libcupti.so.12", "libcupti.so"],
+        &["CUDA_HOME", "CUDA_PATH"],
+        "extras/CUPTI/lib64",
+        &["/usr/local/cuda/extras/CUPTI/lib64"],
+    )
 }
 
 fn library() -> Result<&'static Library, String> {
     static LIBRARY: OnceLock<Result<Library, String>> = OnceLock::new();
     LIBRARY
         .get_or_init(|| {
-            let tried = candidates();
-            // Safety: loading CUPTI runs its initializers, as linking it would.
-            let lib = tried
-                .iter()
-                .find_map(|path| unsafe { libloading::Library::new(path) }.ok())
-                .ok_or_else(|| format!("libcupti was not found (tried {})", tried.join(", ")))?;
+            let lib = load_first(&candidates(), "libcupti")?;
             // Safety: each symbol is declared with its C signature from `cupti_callbacks.h`.
             unsafe {
-                macro_rules! symbol {
-                    ($name:literal) => {
-                        *lib.get($name)
-                            .map_err(|e| format!("CUPTI symbol {}: {e}", stringify!($name)))?
-                    };
-                }
                 Ok(Library {
-                    subscribe: symbol!(b"cuptiSubscribe\0"),
-                    unsubscribe: symbol!(b"cuptiUnsubscribe\0"),
-                    enable_domain: symbol!(b"cuptiEnableDomain\0"),
+                    subscribe: library_symbol!(lib, "CUPTI", b"cuptiSubscribe\0"),
+                    unsubscribe: library_symbol!(lib, "CUPTI", b"cuptiUnsubscribe\0"),
+                    enable_domain: library_symbol!(lib, "CUPTI", b"cuptiEnableDomain\0"),
                     _lib: lib,
                 })
             }

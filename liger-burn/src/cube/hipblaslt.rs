@@ -496,6 +496,7 @@ impl Drop for Plan {
 /// from the shared library at run time.
 mod ffi {
     use super::hip::hipStream_t;
+    use crate::cube::vendor_engines::{library_candidates, library_symbol, load_first};
     use std::ffi::c_void;
     use std::sync::OnceLock;
 
@@ -611,17 +612,12 @@ mod ffi {
     /// Where the library is looked for: ROCm's install directories, then the loader's
     /// search path.
     fn candidates() -> Vec<String> {
-        let names = ["libhipblaslt.so", "libhipblaslt.so.1", "libhipblaslt.so.0"];
-        let mut dirs: Vec<String> = ["ROCM_PATH", "HIP_PATH"]
-            .iter()
-            .filter_map(|var| std::env::var(var).ok())
-            .map(|root| format!("{root}/lib/"))
-            .collect();
-        dirs.push("/opt/rocm/lib/".into());
-        dirs.push(String::new());
-        dirs.iter()
-            .flat_map(|dir| names.iter().map(move |name| format!("{dir}{name}")))
-            .collect()
+        library_candidates(
+            &["libhipblaslt.so", "libhipblaslt.so.1", "libhipblaslt.so.0"],
+            &["ROCM_PATH", "HIP_PATH"],
+            "lib",
+            &["/opt/rocm/lib"],
+        )
     }
 
     /// The library, loaded once per process.
@@ -635,33 +631,63 @@ mod ffi {
 
     /// The library from the first of `tried` that loads, or why none did.
     pub(super) fn load_from(tried: &[String]) -> Result<Library, String> {
-        // Safety: loading hipBLASLt runs its initializers, as linking it would.
-        let lib = tried
-            .iter()
-            .find_map(|path| unsafe { libloading::Library::new(path) }.ok())
-            .ok_or_else(|| format!("libhipblaslt was not found (tried {})", tried.join(", ")))?;
+        let lib = load_first(tried, "libhipblaslt")?;
         // Safety: each symbol is declared with its C signature from `hipblaslt.h`.
         unsafe {
-            macro_rules! symbol {
-                ($name:literal) => {
-                    *lib.get($name)
-                        .map_err(|e| format!("hipBLASLt symbol {}: {e}", stringify!($name)))?
-                };
-            }
             Ok(Library {
-                create: symbol!(b"hipblasLtCreate\0"),
-                destroy: symbol!(b"hipblasLtDestroy\0"),
-                matmul_desc_create: symbol!(b"hipblasLtMatmulDescCreate\0"),
-                matmul_desc_destroy: symbol!(b"hipblasLtMatmulDescDestroy\0"),
-                matmul_desc_set_attribute: symbol!(b"hipblasLtMatmulDescSetAttribute\0"),
-                matrix_layout_create: symbol!(b"hipblasLtMatrixLayoutCreate\0"),
-                matrix_layout_destroy: symbol!(b"hipblasLtMatrixLayoutDestroy\0"),
-                matrix_layout_set_attribute: symbol!(b"hipblasLtMatrixLayoutSetAttribute\0"),
-                preference_create: symbol!(b"hipblasLtMatmulPreferenceCreate\0"),
-                preference_destroy: symbol!(b"hipblasLtMatmulPreferenceDestroy\0"),
-                preference_set_attribute: symbol!(b"hipblasLtMatmulPreferenceSetAttribute\0"),
-                algo_get_heuristic: symbol!(b"hipblasLtMatmulAlgoGetHeuristic\0"),
-                matmul: symbol!(b"hipblasLtMatmul\0"),
+                create: library_symbol!(lib, "hipBLASLt", b"hipblasLtCreate\0"),
+                destroy: library_symbol!(lib, "hipBLASLt", b"hipblasLtDestroy\0"),
+                matmul_desc_create: library_symbol!(
+                    lib,
+                    "hipBLASLt",
+                    b"hipblasLtMatmulDescCreate\0"
+                ),
+                matmul_desc_destroy: library_symbol!(
+                    lib,
+                    "hipBLASLt",
+                    b"hipblasLtMatmulDescDestroy\0"
+                ),
+                matmul_desc_set_attribute: library_symbol!(
+                    lib,
+                    "hipBLASLt",
+                    b"hipblasLtMatmulDescSetAttribute\0"
+                ),
+                matrix_layout_create: library_symbol!(
+                    lib,
+                    "hipBLASLt",
+                    b"hipblasLtMatrixLayoutCreate\0"
+                ),
+                matrix_layout_destroy: library_symbol!(
+                    lib,
+                    "hipBLASLt",
+                    b"hipblasLtMatrixLayoutDestroy\0"
+                ),
+                matrix_layout_set_attribute: library_symbol!(
+                    lib,
+                    "hipBLASLt",
+                    b"hipblasLtMatrixLayoutSetAttribute\0"
+                ),
+                preference_create: library_symbol!(
+                    lib,
+                    "hipBLASLt",
+                    b"hipblasLtMatmulPreferenceCreate\0"
+                ),
+                preference_destroy: library_symbol!(
+                    lib,
+                    "hipBLASLt",
+                    b"hipblasLtMatmulPreferenceDestroy\0"
+                ),
+                preference_set_attribute: library_symbol!(
+                    lib,
+                    "hipBLASLt",
+                    b"hipblasLtMatmulPreferenceSetAttribute\0"
+                ),
+                algo_get_heuristic: library_symbol!(
+                    lib,
+                    "hipBLASLt",
+                    b"hipblasLtMatmulAlgoGetHeuristic\0"
+                ),
+                matmul: library_symbol!(lib, "hipBLASLt", b"hipblasLtMatmul\0"),
                 _lib: lib,
             })
         }

@@ -1,7 +1,8 @@
 //! What the vendor libraries' engines share (cuBLASLt on CUDA, hipBLASLt on ROCm): one
 //! engine per device, set up on first use (a failed setup is remembered, logged once as a
-//! warning, and answered from then on without trying again), and how their failures and
-//! attribute pointers are passed.
+//! warning, and answered from then on without trying again), how their failures and
+//! attribute pointers are passed, and how a library loaded by path (hipBLASLt, CUPTI) is
+//! found.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -67,3 +68,46 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".into())
 }
+
+/// Where a library loaded at run time is looked for, each of `names` in turn in: `subdir`
+/// of each install root named by the environment variables `root_vars`, `dirs`, then the
+/// loader's search path.
+pub(crate) fn library_candidates(
+    names: &[&str],
+    root_vars: &[&str],
+    subdir: &str,
+    dirs: &[&str],
+) -> Vec<String> {
+    let mut all: Vec<String> = root_vars
+        .iter()
+        .filter_map(|var| std::env::var(var).ok())
+        .map(|root| format!("{root}/{subdir}/"))
+        .collect();
+    all.extend(dirs.iter().map(|dir| format!("{dir}/")));
+    all.push(String::new());
+    all.iter()
+        .flat_map(|dir| names.iter().map(move |name| format!("{dir}{name}")))
+        .collect()
+}
+
+/// The first of `tried` that loads, or why none did (`what` names the library).
+pub(crate) fn load_first(tried: &[String], what: &str) -> Result<libloading::Library, String> {
+    // Safety: loading a library runs its initializers, as linking it would.
+    tried
+        .iter()
+        .find_map(|path| unsafe { libloading::Library::new(path) }.ok())
+        .ok_or_else(|| format!("{what} was not found (tried {})", tried.join(", ")))
+}
+
+/// Symbol `$name` (a NUL-terminated byte string) of the library `$lib`, as the type the
+/// field it initializes declares, or an `Err` naming `$what` and the symbol, returned from
+/// the enclosing function. Inside an `unsafe` block whose safety comment says the fields
+/// are declared with the symbols' C signatures.
+macro_rules! library_symbol {
+    ($lib:expr, $what:literal, $name:literal) => {
+        *$lib
+            .get($name)
+            .map_err(|e| format!("{} symbol {}: {e}", $what, stringify!($name)))?
+    };
+}
+pub(crate) use library_symbol;
