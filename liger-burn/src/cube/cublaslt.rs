@@ -17,7 +17,7 @@
 //! so nothing is added around the product. Work that moves to another stream waits for
 //! the previous work's stream first (one event), as the workspace is shared.
 //!
-//! **Context events** (CUDA 12.5+, the default where the driver has them; the host never
+//! **Context events** (CUDA 12.5+, the default without CUPTI where the driver has them; the host never
 //! waits): `cuCtxRecordEvent` captures all work issued so far on every stream of the
 //! primary context and liger's stream waits for it; the product follows; an event
 //! recorded after it is passed to `cuCtxWaitEvent`, which makes all work submitted to the
@@ -119,11 +119,12 @@ pub struct HostTimes {
     pub task: f64,
     /// Seconds reading device addresses and finding plans.
     pub prepare: f64,
-    /// Seconds ordering liger's stream after CubeCL's work: launching the publish kernel
-    /// on CubeCL's stream, or recording the context event and waiting for it.
+    /// Seconds ordering the vendor stream after CubeCL's work: handing over from another
+    /// stream (CubeCL's stream), launching the publish kernel on CubeCL's stream, or
+    /// recording the context event and waiting for it.
     pub publish: f64,
-    /// Seconds enqueueing the work on liger's stream (under the flag protocols, with the
-    /// wait for the published flag and the completion flag).
+    /// Seconds enqueueing the work (under the flag protocols, with the wait for the
+    /// published flag and the completion flag).
     pub vendor: f64,
     /// Seconds ordering CubeCL's later work after liger's stream: launching the await
     /// kernel, or recording the completion event and the context's wait for it.
@@ -412,8 +413,8 @@ pub(crate) fn run(
     run_chain(device, &[product], ordering)
 }
 
-/// Runs `products` (at least one) in order on liger's stream under one ordering against
-/// CubeCL's stream (one publish before the first, one completion after the last): a later
+/// Runs `products` (at least one) in order on one stream under one ordering against
+/// CubeCL's work (one publish before the first, one completion after the last): a later
 /// product may read an earlier one's output. Every plan is found before anything is
 /// launched, so `Err` means nothing was launched; a launch failure after the ordering
 /// started panics with the error.
@@ -584,8 +585,8 @@ pub(crate) fn run_repeated(
     }
 }
 
-/// Work of another vendor library (cuDNN) on liger's stream, ordered against CubeCL's
-/// stream as the products are ([`run_ordered`]).
+/// Work of another vendor library (cuDNN), on the stream and under the ordering the
+/// products use ([`run_ordered`]).
 pub(crate) trait StreamWork: Send {
     /// Everything before a launch (device addresses, plans), on CubeCL's device thread with
     /// the device's context bound; `Err` means nothing was launched.
@@ -594,12 +595,13 @@ pub(crate) trait StreamWork: Send {
         client: &ComputeClient<CudaRuntime>,
         stream: driver_sys::CUstream,
     ) -> Result<(), String>;
-    /// Enqueues the work on `stream` (liger's), after `prepare` succeeded.
+    /// Enqueues the work on `stream` (the one `prepare` was given), after `prepare`
+    /// succeeded.
     fn launch(&mut self, stream: driver_sys::CUstream) -> Result<(), String>;
 }
 
-/// Runs `work` on liger's stream under the device's default ordering (see the module
-/// docs), from CubeCL's device thread. `Err` means nothing was launched; a launch failure
+/// Runs `work` under the device's default ordering (see the module docs), from CubeCL's
+/// device thread. `Err` means nothing was launched; a launch failure
 /// after the ordering started panics with the error, naming `what`.
 pub(crate) fn run_ordered(
     device: &CudaDevice,
