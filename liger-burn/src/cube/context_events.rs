@@ -125,7 +125,7 @@ impl Drop for ContextEvents {
 }
 
 /// An event without timing (the cheapest kind to record and wait for).
-fn new_event() -> Result<driver_sys::CUevent, driver_sys::CUresult> {
+pub(crate) fn new_event() -> Result<driver_sys::CUevent, driver_sys::CUresult> {
     let mut event = std::ptr::null_mut();
     // Safety: writes one event handle.
     let status = unsafe {

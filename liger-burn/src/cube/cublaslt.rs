@@ -80,7 +80,7 @@
 //! logged as an error when it happens and reported by a panic at the device's next vendor
 //! call, as CUDA reports asynchronous errors.
 
-use super::context_events::ContextEvents;
+use super::context_events::{ContextEvents, new_event};
 use super::matmul_layout::{BlasMatrix, GemmLayout, alignment};
 use super::sequence;
 use super::vendor_engines::{PerDevice, as_ptr, panic_text};
@@ -1103,17 +1103,15 @@ impl Engine {
             match self.cubecl_streams.current(client, &self.flags) {
                 Ok(stream) => return (ordering, stream),
                 Err(why) => {
+                    let fallback = self.default_ordering_after(ordering);
                     log::warn!(
                         "liger matmul: CubeCL's stream was not found on CUDA device {} ({why}); \
                          products are ordered by {} from now on",
                         self.ordinal,
-                        self.default_ordering_after(ordering).name()
+                        fallback.name()
                     );
                     self.cubecl_streams.broken = Some(why);
-                    return (
-                        self.default_ordering_after(ordering),
-                        self.stream.cu_stream(),
-                    );
+                    return (fallback, self.stream.cu_stream());
                 }
             }
         }
@@ -1187,7 +1185,10 @@ impl Engine {
         launch: &mut dyn FnMut(&Engine) -> Result<(), String>,
     ) -> Result<(), Failure> {
         let outcome = self.ordered_on(client, ordering, stream, launch);
-        self.cubecl_streams.last = Some(stream as usize);
+        // `Unavailable`: nothing was enqueued, the last vendor work is still where it was.
+        if !matches!(outcome, Err(Failure::Unavailable(_))) {
+            self.cubecl_streams.last = Some(stream as usize);
+        }
         outcome
     }
 
@@ -1322,16 +1323,7 @@ impl CubeclStreams {
     /// Finds the stream of the calling thread's `StreamId` on CubeCL's device thread: a
     /// failure only disables the ordering (`broken`); `Err` when no event can be created.
     fn new(client: &ComputeClient<CudaRuntime>, flags: &Handle) -> Result<Self, String> {
-        let mut handover = std::ptr::null_mut();
-        // Safety: writes one event handle.
-        unsafe {
-            driver_sys::cuEventCreate(
-                &mut handover,
-                driver_sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-            )
-        }
-        .result()
-        .map_err(|e| format!("creating an event: {e:?}"))?;
+        let handover = new_event().map_err(|e| format!("creating an event: {e:?}"))?;
         let mut streams = CubeclStreams {
             found: HashMap::new(),
             broken: None,
