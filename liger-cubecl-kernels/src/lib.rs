@@ -82,6 +82,7 @@ pub mod counters {
         embedding_backward,
         flash_attention_forward,
         flash_attention_backward,
+        vendor_work_queued,
     );
 
     // Launches are counted per scope: each thread starts in a scope of its own, and a

@@ -1433,8 +1433,13 @@ mod paths {
                         if flash_here {
                             runs.push((AttentionKernel::Flash, false));
                         }
-                        for (kernel, sequence_major) in runs {
+                        // The same problem again: on CUDA its graphs are planned by now, so
+                        // cuDNN's calls are queued without the caller waiting.
+                        runs.push((AttentionKernel::Auto, false));
+                        let repeat = runs.len() - 1;
+                        for (run_index, (kernel, sequence_major)) in runs.into_iter().enumerate() {
                             let vendor_calls = liger_burn::cube::vendor_attention_calls();
+                            let vendor_queued = liger_burn::cube::vendor_attention_queued();
                             let (ours, [q, k, v, g]) =
                                 run::<B>(&p, dtype, (kernel, sequence_major), &mut self.0, device);
                             let layout = if sequence_major {
@@ -1461,6 +1466,16 @@ mod paths {
                                     "{label} {dtype:?} {layout} {}: cuDNN ran {vendor_ran} of the forward and backward",
                                     p.describe()
                                 );
+                                if run_index == repeat {
+                                    let queued =
+                                        liger_burn::cube::vendor_attention_queued() - vendor_queued;
+                                    assert_eq!(
+                                        queued,
+                                        2,
+                                        "{label} {dtype:?} {}: {queued} of the repeated problem's cuDNN forward and backward were queued",
+                                        p.describe()
+                                    );
+                                }
                             }
                             let expected = reference(&p, &q, &k, &v, &g);
                             let tol = row_tolerance(dtype, &p);

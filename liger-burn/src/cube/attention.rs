@@ -111,6 +111,14 @@ pub fn vendor_attention_calls() -> u64 {
 
 static VENDOR_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Of the calls on a vendor library's attention, those queued on CubeCL's device thread
+/// without the caller waiting (a problem planned before on the device), in the calling
+/// thread's counting scope; counted with the `launch-counters` feature only.
+#[doc(hidden)]
+pub fn vendor_attention_queued() -> u64 {
+    liger_cubecl_kernels::counters::get(liger_cubecl_kernels::counters::Kernel::vendor_work_queued)
+}
+
 /// Says once per process why cuDNN's attention does not run a problem it was offered.
 #[cfg(feature = "cuda")]
 fn log_without_vendor(why: &str) {

@@ -73,12 +73,16 @@
 //! is queued only when its exact operand alignments were planned before and its vector
 //! is 16-byte aligned, both read on the caller's thread from the handles' offsets (CubeCL
 //! starts every buffer at a multiple of 512 bytes on CUDA): an epilogue has algorithms
-//! for fewer alignments. Everything else (a layout's first product, host
-//! synchronization, other libraries' work) runs in a `ComputeClient::exclusive` task the
-//! caller waits for, so that it can fall back to Burn's kernels when cuBLASLt declines.
-//! A queued product that fails to launch, which no layout cuBLASLt planned should, is
-//! logged as an error when it happens and reported by a panic at the device's next vendor
-//! call, as CUDA reports asynchronous errors.
+//! for fewer alignments. Other libraries' work is queued the same way once its plan
+//! exists ([`StreamWork::planned`]: cuDNN's attention graph of the same problem and
+//! strides, its tensors 16-byte aligned). Everything else (a layout's first product or
+//! graph, host synchronization) runs in a `ComputeClient::exclusive` task the caller
+//! waits for, so that it can fall back to Burn's kernels when the library declines. The
+//! wait is not only the work's own host time: CubeCL's device thread sleeps in 150 µs
+//! steps when idle, so a caller that waits on it often pays up to that again.
+//! Queued work that fails to launch, which nothing planned should, is logged as an error
+//! when it happens and reported by a panic at the device's next vendor call, as CUDA
+//! reports asynchronous errors.
 
 use super::context_events::{ContextEvents, new_event};
 use super::matmul_layout::{BlasMatrix, GemmLayout, alignment};
@@ -448,11 +452,8 @@ pub(crate) fn run_chain(
                 state.run(&client, &products, ordering)
             }));
             state.host.task += start.elapsed().as_secs_f64();
-            let why = match outcome {
-                Ok(Ok(())) => return,
-                Ok(Err(Failure::Unavailable(why))) => why.to_string(),
-                Ok(Err(Failure::Launch(why))) => why,
-                Err(panic) => panic_text(panic.as_ref()),
+            let Some(why) = queued_failure(outcome) else {
+                return;
             };
             let first = &owned[0];
             state.record_fault(format!(
@@ -587,7 +588,11 @@ pub(crate) fn run_repeated(
 
 /// Work of another vendor library (cuDNN), on the stream and under the ordering the
 /// products use ([`run_ordered`]).
-pub(crate) trait StreamWork: Send {
+pub(crate) trait StreamWork: Send + 'static {
+    /// Whether `prepare` is known to succeed, read on the caller's thread (the work was
+    /// planned before and its operands are aligned as then): such work is queued on the
+    /// device thread like a planned product, and the caller does not wait for it.
+    fn planned(&self) -> bool;
     /// Everything before a launch (device addresses, plans), on CubeCL's device thread with
     /// the device's context bound; `Err` means nothing was launched.
     fn prepare(
@@ -600,26 +605,52 @@ pub(crate) trait StreamWork: Send {
     fn launch(&mut self, stream: driver_sys::CUstream) -> Result<(), String>;
 }
 
-/// Runs `work` under the device's default ordering (see the module docs), from CubeCL's
-/// device thread. `Err` means nothing was launched; a launch failure
+/// Runs `work` under the device's default ordering (see the module docs) on CubeCL's
+/// device thread: queued without the caller waiting when it is [`StreamWork::planned`]
+/// (a failure then is reported by the device's next vendor call, as for a queued
+/// product), otherwise waited for. `Err` means nothing was launched; a launch failure
 /// after the ordering started panics with the error, naming `what`.
-pub(crate) fn run_ordered(
+pub(crate) fn run_ordered<W: StreamWork>(
     device: &CudaDevice,
     client: &ComputeClient<CudaRuntime>,
-    work: &mut dyn StreamWork,
-    what: &str,
+    mut work: W,
+    what: &'static str,
 ) -> Result<MatmulOrdering, Unavailable> {
     let engine = engine(device)?;
-    let ordering = {
+    let (ordering, queue) = {
         let mut state = engine.lock().unwrap_or_else(|e| e.into_inner());
         state.raise_fault();
-        state.default_ordering()
+        let ordering = state.default_ordering();
+        let queue = (ordering != MatmulOrdering::HostSynchronization && work.planned())
+            .then(|| state.queue.clone());
+        (ordering, queue)
     };
+    if let Some(queue) = queue {
+        let engine = engine.clone();
+        let client = client.clone();
+        queue.submit(move |_: &mut VendorQueue| {
+            let start = Instant::now();
+            let mut state = engine.lock().unwrap_or_else(|e| e.into_inner());
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                state.run_work(&client, &mut work, ordering)
+            }));
+            state.host.task += start.elapsed().as_secs_f64();
+            if let Some(why) = queued_failure(outcome) {
+                state.record_fault(format!(
+                    "a queued {what} failed (ordering {}): {why}",
+                    ordering.name()
+                ));
+            }
+        });
+        queue.flush_queue();
+        counters::record(Kernel::vendor_work_queued);
+        return Ok(ordering);
+    }
     // The lock is taken on the device thread: queued tasks ahead of this one take it too.
     let outcome = client
         .exclusive(|| {
             let mut state = engine.lock().unwrap_or_else(|e| e.into_inner());
-            state.run_work(client, work, ordering)
+            state.run_work(client, &mut work, ordering)
         })
         .map_err(|e| Unavailable::Setup(format!("CubeCL's device thread: {e:?}")))?;
     match outcome {
@@ -630,6 +661,17 @@ pub(crate) fn run_ordered(
             device.index,
             ordering.name()
         ),
+    }
+}
+
+/// Why a queued task's work failed (`None`: it ran), whether it declined, failed to
+/// launch or panicked.
+fn queued_failure(outcome: std::thread::Result<Result<(), Failure>>) -> Option<String> {
+    match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(Failure::Unavailable(why))) => Some(why.to_string()),
+        Ok(Err(Failure::Launch(why))) => Some(why),
+        Err(panic) => Some(panic_text(panic.as_ref())),
     }
 }
 
@@ -883,7 +925,7 @@ impl Engine {
     fn raise_fault(&mut self) {
         if let Some(why) = self.fault.take() {
             panic!(
-                "matmul on CUDA device {}: {why}; the outputs of that product are wrong",
+                "vendor work on CUDA device {}: {why}; the outputs of that work are wrong",
                 self.ordinal
             );
         }
@@ -1709,7 +1751,7 @@ fn operand_aligns(product: &Product<'_>, addresses: [u64; 3]) -> [u32; 3] {
 /// matches no plan), or a queued task computes another key from the device addresses and
 /// builds its plan there, failing (a fault reported at the next call) only if cuBLASLt has
 /// no algorithm for that epilogue at the operands' own alignment either.
-fn handle_offset(t: &CubeTensor<CudaRuntime>) -> Option<u64> {
+pub(crate) fn handle_offset(t: &CubeTensor<CudaRuntime>) -> Option<u64> {
     t.client
         .properties()
         .memory

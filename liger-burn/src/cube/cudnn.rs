@@ -114,23 +114,23 @@ pub(crate) fn forward(
     tensors: SdpaForward<'_>,
 ) -> Result<(), String> {
     let bound = attention_tensors(tensors.q, tensors.k, tensors.v, tensors.output, tensors.lse);
-    run(&mut Work::new(shape, false, scale, bound, None))
+    run(Work::new(shape, false, scale, bound, None))
 }
 
 /// The tensors both graphs bind: `q, k, v`, the output and `lse`.
-fn attention_tensors<'a>(
-    q: &'a CubeTensor<CudaRuntime>,
-    k: &'a CubeTensor<CudaRuntime>,
-    v: &'a CubeTensor<CudaRuntime>,
-    output: &'a CubeTensor<CudaRuntime>,
-    lse: &'a CubeTensor<CudaRuntime>,
-) -> Vec<(Uid, &'a CubeTensor<CudaRuntime>)> {
+fn attention_tensors(
+    q: &CubeTensor<CudaRuntime>,
+    k: &CubeTensor<CudaRuntime>,
+    v: &CubeTensor<CudaRuntime>,
+    output: &CubeTensor<CudaRuntime>,
+    lse: &CubeTensor<CudaRuntime>,
+) -> Vec<(Uid, CubeTensor<CudaRuntime>)> {
     vec![
-        (Uid::Q, q),
-        (Uid::K, k),
-        (Uid::V, v),
-        (Uid::O, output),
-        (Uid::Stats, lse),
+        (Uid::Q, q.clone()),
+        (Uid::K, k.clone()),
+        (Uid::V, v.clone()),
+        (Uid::O, output.clone()),
+        (Uid::Stats, lse.clone()),
     ]
 }
 
@@ -141,26 +141,23 @@ pub(crate) fn backward(
     tensors: SdpaBackward<'_>,
 ) -> Result<(), String> {
     let mut bound = attention_tensors(tensors.q, tensors.k, tensors.v, tensors.output, tensors.lse);
-    bound.extend([
-        (Uid::GradOutput, tensors.grad_output),
-        (Uid::GradQ, tensors.grad_q),
-        (Uid::GradK, tensors.grad_k),
-        (Uid::GradV, tensors.grad_v),
-        (Uid::Dot, tensors.dot),
-        (Uid::GradQSum, tensors.grad_q_sum),
-    ]);
+    bound.extend(
+        [
+            (Uid::GradOutput, tensors.grad_output),
+            (Uid::GradQ, tensors.grad_q),
+            (Uid::GradK, tensors.grad_k),
+            (Uid::GradV, tensors.grad_v),
+            (Uid::Dot, tensors.dot),
+            (Uid::GradQSum, tensors.grad_q_sum),
+        ]
+        .map(|(uid, t)| (uid, t.clone())),
+    );
     // dQ's f32 sum is added to by the engine.
-    run(&mut Work::new(
-        shape,
-        true,
-        scale,
-        bound,
-        Some(Uid::GradQSum),
-    ))
+    run(Work::new(shape, true, scale, bound, Some(Uid::GradQSum)))
 }
 
-fn run(work: &mut Work<'_>) -> Result<(), String> {
-    let q = work.tensors[0].1;
+fn run(work: Work) -> Result<(), String> {
+    let q = &work.tensors[0].1;
     let device = CudaDevice {
         index: q.device.index,
     };
@@ -209,21 +206,22 @@ fn strides_4d(t: &CubeTensor<CudaRuntime>) -> Dims {
     out
 }
 
-/// One call: the tensors to bind, and what `prepare` found for `launch`.
-struct Work<'a> {
+/// One call: the tensors to bind (owned, so that a queued call keeps their memory alive
+/// until it runs), and what `prepare` found for `launch`.
+struct Work {
     key: PlanKey,
     scale: f32,
-    tensors: Vec<(Uid, &'a CubeTensor<CudaRuntime>)>,
+    tensors: Vec<(Uid, CubeTensor<CudaRuntime>)>,
     zeroed: Option<Uid>,
     prepared: Option<Prepared>,
 }
 
-impl<'a> Work<'a> {
+impl Work {
     fn new(
         shape: SdpaShape,
         backward: bool,
         scale: f32,
-        tensors: Vec<(Uid, &'a CubeTensor<CudaRuntime>)>,
+        tensors: Vec<(Uid, CubeTensor<CudaRuntime>)>,
         zeroed: Option<Uid>,
     ) -> Self {
         let strides = tensors.iter().map(|(u, t)| (*u, strides_4d(t))).collect();
@@ -254,7 +252,23 @@ struct Prepared {
 // thread inside one `run_ordered` call, never from two threads at once.
 unsafe impl Send for Prepared {}
 
-impl StreamWork for Work<'_> {
+impl StreamWork for Work {
+    /// Its graph was planned before on this device, and every tensor starts 16-byte
+    /// aligned (read from the handles' offsets, see [`cublaslt::handle_offset`]): `prepare`
+    /// then finds the plan and accepts the addresses.
+    fn planned(&self) -> bool {
+        let aligned = self.tensors.iter().all(|(_, t)| {
+            cublaslt::handle_offset(t).is_some_and(|offset| offset.is_multiple_of(16))
+        });
+        let index = self.tensors[0].1.device.index;
+        let states = states().lock().unwrap_or_else(|e| e.into_inner());
+        aligned
+            && matches!(
+                states.get(&index),
+                Some(Ok(state)) if matches!(state.plans.get(&self.key), Some(Ok(_)))
+            )
+    }
+
     fn prepare(
         &mut self,
         client: &ComputeClient<CudaRuntime>,
@@ -276,7 +290,7 @@ impl StreamWork for Work<'_> {
         }
         let zeroed = self.zeroed.map(|uid| {
             let at = self.tensors.iter().position(|(u, _)| *u == uid).unwrap();
-            let t = self.tensors[at].1;
+            let t = &self.tensors[at].1;
             (
                 addresses[at],
                 t.meta.shape().num_elements() * t.dtype.size(),

@@ -39,7 +39,7 @@ mod softmax;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod vendor_engines;
 
-pub use attention::vendor_attention_calls;
+pub use attention::{vendor_attention_calls, vendor_attention_queued};
 pub use matmul::{MatmulCounts, matmul_counts};
 #[cfg(feature = "cuda")]
 pub use matmul::{cublaslt_matmul, cublaslt_repeated_products};
