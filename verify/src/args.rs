@@ -202,11 +202,11 @@ pub struct BenchArgs {
     /// many MiB: reads and writes it once). Capped at the device's largest allocation.
     #[arg(long, default_value_t = 1024, value_name = "MIB")]
     pub copy_mib: u64,
-    /// Outputs and gradients of up to this many GiB stay pending before the timing loop
-    /// synchronizes (at least one iteration's). One iteration per synchronization puts the
-    /// host's work for the next iteration (autodiff graph, fusion stream, launches) on the
-    /// clock with the GPU idle; more lets the host run ahead, as in a training loop that
-    /// does not read a value back every step. The `hold` CSV column records the count.
+    /// Outputs and gradients of up to this many GiB are held (at least one iteration's);
+    /// when that many are pending the timing loop hands the queued work to the device,
+    /// without waiting for it, and releases them, as the PyTorch anchors release theirs.
+    /// The device is synchronized only around each sample. The `hold` CSV column records
+    /// the count.
     #[arg(long, default_value_t = 4, value_name = "GIB")]
     pub hold_gib: usize,
     /// Reduction path of the fused kernels.

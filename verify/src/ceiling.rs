@@ -62,7 +62,7 @@ pub fn copy<P: Backend>(device: &P::Device, spec: &CopySpec) -> CopyResult {
     sync();
     // No fusion on `P`: each op is its own kernel and runs whether or not its output
     // is dropped, so outputs need not be held (and nothing forces a sync per iteration).
-    let samples = measure::time(spec.timing, usize::MAX, &sync, |_| match &y {
+    let samples = measure::time(spec.timing, usize::MAX, &sync, &|| {}, |_| match &y {
         Some(y) => drop(x.clone() + y.clone()),
         None => drop(x.clone() + 1.0),
     })

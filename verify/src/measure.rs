@@ -6,11 +6,17 @@
 //! time inside the iterations (queueing work, without the synchronizations): when it
 //! comes near the sample, the host, not the device, sets the pace.
 //!
-//! Outputs are *held* until a synchronization: Burn's fusion backend does not write
-//! a fused output that is dropped before its kernel runs, so dropping each
-//! iteration's outputs at once would time kernels that skip their writes. Holding
-//! costs memory, so at most `hold` iterations' outputs are held; when that many are
-//! pending the loop synchronizes (inside the timed region) and releases them.
+//! Outputs are *held* until their work has been handed to the device: Burn's fusion
+//! backend does not write a fused output that is dropped before its kernel runs, so
+//! dropping each iteration's outputs at once would time kernels that skip their writes.
+//! Holding costs memory, so at most `hold` iterations' outputs are held; when that many
+//! are pending the loop submits the queued work (`FusedOps::submit_queued`: the fusion
+//! stream runs what it holds and the device thread launches it, without waiting for the
+//! device) and releases them, and the device reuses their memory in stream order. The
+//! device is never synchronized inside a sample, as the PyTorch anchors time
+//! (`scripts/device/anchor_kernels.py` releases its held outputs the same way,
+//! `sdpa_anchor.py` holds none): a synchronization would leave the device idle while the
+//! host queues the next iterations, a cost per synchronization that neither pays.
 
 use std::time::Instant;
 
@@ -66,11 +72,14 @@ pub fn quantile(values: &[f64], q: f64) -> f64 {
 
 /// Times `step` (called with a running iteration index, so inputs can rotate).
 ///
-/// `hold`: how many iterations' outputs may be pending before a synchronization.
+/// `hold`: how many iterations' outputs may be pending before `submit` (which hands the
+/// queued work to the device without waiting for it) and their release. `sync` waits for
+/// the device, around each sample.
 pub fn time<H>(
     timing: Timing,
     hold: usize,
     sync: &dyn Fn(),
+    submit: &dyn Fn(),
     mut step: impl FnMut(usize) -> H,
 ) -> Timed {
     let hold = hold.max(1);
@@ -85,7 +94,7 @@ pub fn time<H>(
             host += start.elapsed().as_secs_f64();
             index += 1;
             if held.len() >= hold {
-                sync();
+                submit();
                 held.clear();
             }
         }

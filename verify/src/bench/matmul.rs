@@ -274,10 +274,11 @@ impl OnDevice for MatmulBench {
                 .collect();
             ctx.sync();
             let sync = || ctx.sync();
+            let submit = || B::submit_queued(&ctx.device);
             let time = |hold: usize, step: &mut dyn FnMut(usize) -> Box<dyn std::any::Any>| {
                 catch_unwind(AssertUnwindSafe(|| {
                     let before = matmul_counts().vendor;
-                    let samples = measure::time(timing, hold, &sync, step).wall;
+                    let samples = measure::time(timing, hold, &sync, &submit, step).wall;
                     sync();
                     let iterations = timing.warmup + timing.iters.max(1) * timing.repeats.max(1);
                     Measured {
@@ -452,6 +453,7 @@ mod cuda {
     use cubecl::cuda::CudaRuntime;
     use liger_burn::cube::cublaslt::{MatmulOrdering, host_times};
     use liger_burn::cube::{cublaslt_matmul, cublaslt_repeated_products};
+    use liger_burn::ops::FusedOps;
     use std::panic::{AssertUnwindSafe, catch_unwind};
 
     type Plain = burn_cubecl::CubeBackend<CudaRuntime, f32, i32, u8>;
@@ -538,6 +540,7 @@ mod cuda {
         let device = CudaDevice::default();
         let (xs, ws, gs) = operand_sets(gemm, dtype, sets, &device);
         let sync = || Plain::sync(&device).expect("CUDA synchronization");
+        let submit = || Plain::submit_queued(&device);
         type Pick = fn(
             &[Tensor<Plain, 2>],
             &[Tensor<Plain, 2>],
@@ -562,7 +565,7 @@ mod cuda {
                 .chain([("burn".to_string(), None)]);
             for (name, ordering) in providers {
                 let result = catch_unwind(AssertUnwindSafe(|| {
-                    measure::time(timing, hold, &sync, |i| {
+                    measure::time(timing, hold, &sync, &submit, |i| {
                         let (a, b) = pick(&xs, &ws, &gs, i % sets);
                         product(&a, &b, ordering)
                     })
@@ -596,14 +599,14 @@ mod cuda {
         config: &dyn Fn(&str) -> String,
         record: &mut dyn FnMut(&str, &str, &str, Result<[f64; 3], String>, String),
     ) {
-        use liger_burn::ops::FusedOps;
         let device = CudaDevice::default();
         let (xs, ws, gs) = operand_sets(gemm, dtype, sets, &device);
         let sync = || Plain::sync(&device).expect("CUDA synchronization");
+        let submit = || Plain::submit_queued(&device);
         let prim = |t: &Tensor<Plain, 2>| t.clone().into_primitive().tensor();
         for (name, paired) in [("liger-pair", true), ("liger-separate", false)] {
             let result = catch_unwind(AssertUnwindSafe(|| {
-                measure::time(timing, hold, &sync, |i| {
+                measure::time(timing, hold, &sync, &submit, |i| {
                     let k = i % sets;
                     let (x, w, g) = (prim(&xs[k]), prim(&ws[k]), prim(&gs[k]));
                     if paired {
@@ -637,6 +640,7 @@ mod cuda {
         let x: Tensor<Plain, 2> = random(&device, [SIZE, SIZE], dtype);
         let w: Tensor<Plain, 2> = random(&device, [SIZE, SIZE], dtype);
         let sync = || Plain::sync(&device).expect("CUDA synchronization");
+        let submit = || Plain::submit_queued(&device);
         // Enough calls per sample that the synchronization at its end is amortized.
         let calls = timing.iters.max(1000);
         let tiny = Timing {
@@ -684,7 +688,7 @@ mod cuda {
         {
             let name = ordering.map_or("burn".to_string(), provider);
             let host_before = host_times(&device).ok();
-            let samples = measure::time(tiny, calls, &sync, |_| product(&x, &w, ordering)).wall;
+            let samples = measure::time(tiny, calls, &sync, &submit, |_| product(&x, &w, ordering)).wall;
             let host = host_times(&device)
                 .ok()
                 .zip(host_before)

@@ -145,6 +145,7 @@ fn time_provider<B: FusedOps, O: SimpleOptimizer<B>>(
         timing,
         timing.iters.max(timing.warmup).max(1),
         &|| ctx.sync(),
+        &|| B::submit_queued(&ctx.device),
         |_| step_all(optim, &mut owned, grads, &mut states),
     )
     .wall;
