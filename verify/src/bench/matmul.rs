@@ -688,7 +688,8 @@ mod cuda {
         {
             let name = ordering.map_or("burn".to_string(), provider);
             let host_before = host_times(&device).ok();
-            let samples = measure::time(tiny, calls, &sync, &submit, |_| product(&x, &w, ordering)).wall;
+            let samples =
+                measure::time(tiny, calls, &sync, &submit, |_| product(&x, &w, ordering)).wall;
             let host = host_times(&device)
                 .ok()
                 .zip(host_before)

@@ -148,7 +148,13 @@ fn measure_step<B: FusedOps, H>(
     let measure::Timed {
         wall: samples,
         host,
-    } = measure::time(timing, hold, &sync, &|| B::submit_queued(&ctx.device), &mut step);
+    } = measure::time(
+        timing,
+        hold,
+        &sync,
+        &|| B::submit_queued(&ctx.device),
+        &mut step,
+    );
     ctx.sync();
     let iterations = timing.warmup + timing.iters.max(1) * timing.repeats.max(1);
     let launches = (fused_launches() - launches_before) as f64 / iterations as f64;
