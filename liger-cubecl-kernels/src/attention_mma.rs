@@ -984,18 +984,14 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
                     let s_hi = s[(at + 2 * n + 1) as usize];
                     let dp_lo = dp[(at + 2 * n) as usize];
                     let dp_hi = dp[(at + 2 * n + 1) as usize];
-                    let mut p0 = 0.0f32;
-                    let mut p1 = 0.0f32;
-                    let mut p2 = 0.0f32;
-                    let mut p3 = 0.0f32;
-                    if lse_lo < f32::max_value() {
-                        p0 = f32::exp(s_lo[0] * scale - lse_lo);
-                        p1 = f32::exp(s_lo[1] * scale - lse_lo);
-                    }
-                    if lse_hi < f32::max_value() {
-                        p2 = f32::exp(s_hi[0] * scale - lse_hi);
-                        p3 = f32::exp(s_hi[1] * scale - lse_hi);
-                    }
+                    // Selects, not branches: every lane computes the exponentials, and
+                    // the unrolled step keeps no branch a score.
+                    let live_lo = lse_lo < f32::max_value();
+                    let live_hi = lse_hi < f32::max_value();
+                    let mut p0 = select(live_lo, f32::exp(s_lo[0] * scale - lse_lo), 0.0f32);
+                    let mut p1 = select(live_lo, f32::exp(s_lo[1] * scale - lse_lo), 0.0f32);
+                    let mut p2 = select(live_hi, f32::exp(s_hi[0] * scale - lse_hi), 0.0f32);
+                    let mut p3 = select(live_hi, f32::exp(s_hi[1] * scale - lse_hi), 0.0f32);
                     if !interior {
                         if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
                             p0 = 0.0;
@@ -1317,18 +1313,14 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                     let s_hi = st[(at + 1) as usize];
                     let dp_lo = dpt[at as usize];
                     let dp_hi = dpt[(at + 1) as usize];
-                    let mut p0 = 0.0f32;
-                    let mut p1 = 0.0f32;
-                    let mut p2 = 0.0f32;
-                    let mut p3 = 0.0f32;
-                    if lse0 < f32::max_value() {
-                        p0 = f32::exp(s_lo[0] * scale - lse0);
-                        p2 = f32::exp(s_hi[0] * scale - lse0);
-                    }
-                    if lse1 < f32::max_value() {
-                        p1 = f32::exp(s_lo[1] * scale - lse1);
-                        p3 = f32::exp(s_hi[1] * scale - lse1);
-                    }
+                    // Selects, not branches: every lane computes the exponentials, and
+                    // the unrolled step keeps no branch a score.
+                    let live0 = lse0 < f32::max_value();
+                    let live1 = lse1 < f32::max_value();
+                    let mut p0 = select(live0, f32::exp(s_lo[0] * scale - lse0), 0.0f32);
+                    let mut p1 = select(live1, f32::exp(s_lo[1] * scale - lse1), 0.0f32);
+                    let mut p2 = select(live0, f32::exp(s_hi[0] * scale - lse0), 0.0f32);
+                    let mut p3 = select(live1, f32::exp(s_hi[1] * scale - lse1), 0.0f32);
                     if !interior {
                         let qpos = q0 + c;
                         if !visible(qpos, kpos_lo, seq, window, doc_ids, doc_base, mask) {

@@ -342,7 +342,7 @@ impl OnDevice for Bench {
                 .div_ceil((in_elems * e).max(1))
                 .clamp(2, MAX_SETS);
             let max_hold = args.iters.max(args.warmup).max(1);
-            // Outputs held before a synchronization (see [`crate::measure`]).
+            // Outputs held until their work is handed to the device (see [`crate::measure`]).
             let hold_bytes = args.hold_gib << 30;
             let submit = notes.submit;
             let hold_fwd = (hold_bytes / (out_elems * e).max(1)).clamp(1, max_hold);
