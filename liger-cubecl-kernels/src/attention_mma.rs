@@ -81,6 +81,11 @@ pub(super) fn ds_stride(g: &FlashGeometry) -> u32 {
 /// `tile_row0..` of the row-major tile `tile`; rows at or past `seq` are stored as zeros.
 /// The rows are there for every unit once the unit has committed the copies to the
 /// cube's barrier (`commit_copy_async`) and the barrier's phase has completed.
+///
+/// Where a row's vectors divide the cube's units, a unit copies one column of every
+/// `units / dv`-th row, so both of its addresses are its own part, computed once, plus a
+/// constant per copy, which the copies take as an immediate offset; a block inside the
+/// slab (all but the last) is copied without a test per row.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn copy_rows_async<F: Float, N: Size>(
@@ -95,24 +100,86 @@ fn copy_rows_async<F: Float, N: Size>(
 ) {
     let dv = comptime!(g.dv());
     let stride = comptime!(g.stride());
-    let total = comptime!(rows * g.dv());
+    if comptime!(g.units.is_multiple_of(g.dv())) {
+        let r0 = UNIT_POS / dv;
+        let c0 = UNIT_POS % dv;
+        let from0 = base + ((row0 + r0) * dv + c0) as usize;
+        let at0 = ((tile_row0 + r0) * stride + c0) as usize;
+        if row0 + rows <= seq {
+            copy_row_passes::<F, N>(src, from0, r0, seq, tile, at0, rows, false, g);
+        } else {
+            copy_row_passes::<F, N>(src, from0, r0 + row0, seq, tile, at0, rows, true, g);
+        }
+    } else {
+        let total = comptime!(rows * g.dv());
+        #[unroll]
+        for e in 0..comptime!(total.div_ceil(g.units)) {
+            let i = UNIT_POS + e * comptime!(g.units);
+            if i < total {
+                let r = i / dv;
+                let c = i % dv;
+                let at = ((tile_row0 + r) * stride + c) as usize;
+                let row = row0 + r;
+                if row < seq {
+                    let from = base + (row * dv + c) as usize;
+                    copy_async(
+                        &src.slice(from, from + 1),
+                        &mut tile.slice_mut(at, at + 1),
+                        comptime!(g.vector),
+                    );
+                } else {
+                    tile[at] = Vector::<F, N>::new(F::new(0.0));
+                }
+            }
+        }
+    }
+}
+
+/// The copies of [`copy_rows_async`]: pass `e` copies the row `e · units / dv` after the
+/// unit's first (`r0`; its position in the slab when `checked`, which stores zeros for rows
+/// at or past `seq`). A last pass that only some units' rows reach tests the row against
+/// the block.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_row_passes<F: Float, N: Size>(
+    src: &Array<Vector<F, N>>,
+    from0: usize,
+    r0: u32,
+    seq: u32,
+    tile: &mut SharedMemory<Vector<F, N>>,
+    at0: usize,
+    #[comptime] rows: u32,
+    #[comptime] checked: bool,
+    #[comptime] g: FlashGeometry,
+) {
+    let rows_per_pass = comptime!(g.units / g.dv());
+    let first = UNIT_POS / comptime!(g.dv());
     #[unroll]
-    for e in 0..comptime!(total.div_ceil(g.units)) {
-        let i = UNIT_POS + e * comptime!(g.units);
-        if i < total {
-            let r = i / dv;
-            let c = i % dv;
-            let at = ((tile_row0 + r) * stride + c) as usize;
-            let row = row0 + r;
-            if row < seq {
-                let from = base + (row * dv + c) as usize;
+    for e in 0..comptime!(rows.div_ceil(rows_per_pass)) {
+        let step = comptime!(e * rows_per_pass);
+        let from = from0 + comptime!((step * g.dv()) as usize);
+        let at = at0 + comptime!((step * g.stride()) as usize);
+        let mut copy = true;
+        if comptime!(step + rows_per_pass > rows) {
+            copy = first + step < rows;
+        }
+        if copy {
+            if comptime!(checked) {
+                if r0 + step < seq {
+                    copy_async(
+                        &src.slice(from, from + 1),
+                        &mut tile.slice_mut(at, at + 1),
+                        comptime!(g.vector),
+                    );
+                } else {
+                    tile[at] = Vector::<F, N>::new(F::new(0.0));
+                }
+            } else {
                 copy_async(
                     &src.slice(from, from + 1),
                     &mut tile.slice_mut(at, at + 1),
                     comptime!(g.vector),
                 );
-            } else {
-                tile[at] = Vector::<F, N>::new(F::new(0.0));
             }
         }
     }
@@ -376,46 +443,63 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
                 bc,
                 mask,
             );
+            let floor = f32::min_value();
+            // A boundary block's hidden scores to the floor, behind one branch for the
+            // whole step.
+            if !interior {
+                #[unroll]
+                for t in 0..tiles {
+                    let qpos_lo = qpos0 + t * 16;
+                    let qpos_hi = qpos_lo + 8u32;
+                    #[unroll]
+                    for n in 0..key_tiles {
+                        let kpos = k0 + n * 8 + 2 * tid;
+                        let at = comptime!((t * 2 * key_tiles + 2 * n) as usize);
+                        let lo = s[at];
+                        let hi = s[at + 1];
+                        s[at] = pair(
+                            select(
+                                visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask),
+                                lo[0],
+                                floor,
+                            ),
+                            select(
+                                visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask),
+                                lo[1],
+                                floor,
+                            ),
+                        );
+                        s[at + 1] = pair(
+                            select(
+                                visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask),
+                                hi[0],
+                                floor,
+                            ),
+                            select(
+                                visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask),
+                                hi[1],
+                                floor,
+                            ),
+                        );
+                    }
+                }
+            }
             #[unroll]
             for t in 0..tiles {
-                let qpos_lo = qpos0 + t * 16;
-                let qpos_hi = qpos_lo + 8u32;
                 let at = comptime!(t * 2 * key_tiles);
                 let lo_row = comptime!(2 * t as usize);
                 let hi_row = comptime!(2 * t as usize + 1);
 
-                // Mask, and the rows' block max of the raw scores (the scale is positive:
-                // the max commutes with it, and it joins the exponent's FFMA below).
-                let floor = f32::min_value();
+                // The rows' block max of the raw scores (the scale is positive: the max
+                // commutes with it, and it joins the exponent's FFMA below).
                 let mut max_lo = floor;
                 let mut max_hi = floor;
                 #[unroll]
                 for n in 0..key_tiles {
                     let lo = s[(at + 2 * n) as usize];
                     let hi = s[(at + 2 * n + 1) as usize];
-                    let mut x0 = lo[0];
-                    let mut x1 = lo[1];
-                    let mut x2 = hi[0];
-                    let mut x3 = hi[1];
-                    if !interior {
-                        let kpos = k0 + n * 8 + 2 * tid;
-                        if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
-                            x0 = floor;
-                        }
-                        if !visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask) {
-                            x1 = floor;
-                        }
-                        if !visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask) {
-                            x2 = floor;
-                        }
-                        if !visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask) {
-                            x3 = floor;
-                        }
-                        s[(at + 2 * n) as usize] = pair(x0, x1);
-                        s[(at + 2 * n + 1) as usize] = pair(x2, x3);
-                    }
-                    max_lo = f32::max(max_lo, f32::max(x0, x1));
-                    max_hi = f32::max(max_hi, f32::max(x2, x3));
+                    max_lo = f32::max(max_lo, f32::max(lo[0], lo[1]));
+                    max_hi = f32::max(max_hi, f32::max(hi[0], hi[1]));
                 }
                 max_lo = quad_max(max_lo);
                 max_hi = quad_max(max_hi);
@@ -757,17 +841,21 @@ fn dq_products<F: Float, N: Size>(
     }
     let row_pairs = comptime!(g.head_dim / 2);
     let lo = q0 + qm * 16 + lane / 4u32;
-    let hi = lo + 8u32;
-    let col_pair = col0 / 2 + lane % 4u32;
     let factor = Vector::<f32, Pair>::new(scale);
-    #[unroll]
-    for dn in 0..comptime!(cols / 8) {
-        if lo < seq {
-            let at = (q_row0 + lo as usize) * row_pairs as usize + (col_pair + dn * 4) as usize;
+    // The lane's first pair of its row `lo`, once; each C tile's pair (and row `lo + 8`'s)
+    // a constant after it.
+    let at_lo = (q_row0 + lo as usize) * row_pairs as usize + (col0 / 2 + lane % 4u32) as usize;
+    if lo < seq {
+        #[unroll]
+        for dn in 0..comptime!(cols / 8) {
+            let at = at_lo + comptime!((dn * 4) as usize);
             grad_q_sum[at].fetch_add(acc[(2 * dn) as usize] * factor);
         }
-        if hi < seq {
-            let at = (q_row0 + hi as usize) * row_pairs as usize + (col_pair + dn * 4) as usize;
+    }
+    if lo + 8u32 < seq {
+        #[unroll]
+        for dn in 0..comptime!(cols / 8) {
+            let at = at_lo + comptime!((8 * row_pairs + dn * 4) as usize);
             grad_q_sum[at].fetch_add(acc[(2 * dn + 1) as usize] * factor);
         }
     }
@@ -1296,73 +1384,110 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                 comptime!(16 * g.plane_tiles()),
                 mask,
             );
+            // This lane's two queries (columns) of C tile n are `2 · tid` and the next
+            // after `8n`: their `lse` and `D` from the lane's first, a constant after it.
+            let row_at = (row0 + 2 * tid) as usize;
+            // Pᵀ = exp(Sᵀ·scale − lse) into `st`. Selects, not branches: every lane
+            // computes the exponentials, and the unrolled step keeps no branch a score.
             #[unroll]
             for n in 0..query_tiles {
-                // This lane's two queries (columns) of C tile n.
-                let c = n * 8 + 2 * tid;
-                let lse0 = lse_rows[(row0 + c) as usize];
-                let lse1 = lse_rows[(row0 + c + 1) as usize];
-                let d0 = d_rows[(row0 + c) as usize];
-                let d1 = d_rows[(row0 + c + 1) as usize];
+                let lse0 = lse_rows[row_at + comptime!((n * 8) as usize)];
+                let lse1 = lse_rows[row_at + comptime!((n * 8 + 1) as usize)];
+                let live0 = lse0 < f32::max_value();
+                let live1 = lse1 < f32::max_value();
                 #[unroll]
                 for t in 0..tiles {
-                    let kpos_lo = kpos0 + t * 16;
-                    let kpos_hi = kpos_lo + 8u32;
-                    let at = comptime!(t * 2 * query_tiles + 2 * n);
-                    let s_lo = st[at as usize];
-                    let s_hi = st[(at + 1) as usize];
-                    let dp_lo = dpt[at as usize];
-                    let dp_hi = dpt[(at + 1) as usize];
-                    // Selects, not branches: every lane computes the exponentials, and
-                    // the unrolled step keeps no branch a score.
-                    let live0 = lse0 < f32::max_value();
-                    let live1 = lse1 < f32::max_value();
-                    let mut p0 = select(live0, f32::exp(s_lo[0] * scale - lse0), 0.0f32);
-                    let mut p1 = select(live1, f32::exp(s_lo[1] * scale - lse1), 0.0f32);
-                    let mut p2 = select(live0, f32::exp(s_hi[0] * scale - lse0), 0.0f32);
-                    let mut p3 = select(live1, f32::exp(s_hi[1] * scale - lse1), 0.0f32);
-                    if !interior {
-                        let qpos = q0 + c;
-                        if !visible(qpos, kpos_lo, seq, window, doc_ids, doc_base, mask) {
-                            p0 = 0.0;
-                        }
-                        if !visible(qpos + 1, kpos_lo, seq, window, doc_ids, doc_base, mask) {
-                            p1 = 0.0;
-                        }
-                        if !visible(qpos, kpos_hi, seq, window, doc_ids, doc_base, mask) {
-                            p2 = 0.0;
-                        }
-                        if !visible(qpos + 1, kpos_hi, seq, window, doc_ids, doc_base, mask) {
-                            p3 = 0.0;
-                        }
+                    let at = comptime!((t * 2 * query_tiles + 2 * n) as usize);
+                    let s_lo = st[at];
+                    let s_hi = st[at + 1];
+                    st[at] = pair(
+                        select(live0, f32::exp(s_lo[0] * scale - lse0), 0.0f32),
+                        select(live1, f32::exp(s_lo[1] * scale - lse1), 0.0f32),
+                    );
+                    st[at + 1] = pair(
+                        select(live0, f32::exp(s_hi[0] * scale - lse0), 0.0f32),
+                        select(live1, f32::exp(s_hi[1] * scale - lse1), 0.0f32),
+                    );
+                }
+            }
+            // A boundary block's hidden pairs, behind one branch for the whole step.
+            if !interior {
+                #[unroll]
+                for n in 0..query_tiles {
+                    let qpos = q0 + n * 8 + 2 * tid;
+                    #[unroll]
+                    for t in 0..tiles {
+                        let kpos_lo = kpos0 + t * 16;
+                        let kpos_hi = kpos_lo + 8u32;
+                        let at = comptime!((t * 2 * query_tiles + 2 * n) as usize);
+                        let p_lo = st[at];
+                        let p_hi = st[at + 1];
+                        st[at] = pair(
+                            select(
+                                visible(qpos, kpos_lo, seq, window, doc_ids, doc_base, mask),
+                                p_lo[0],
+                                0.0f32,
+                            ),
+                            select(
+                                visible(qpos + 1, kpos_lo, seq, window, doc_ids, doc_base, mask),
+                                p_lo[1],
+                                0.0f32,
+                            ),
+                        );
+                        st[at + 1] = pair(
+                            select(
+                                visible(qpos, kpos_hi, seq, window, doc_ids, doc_base, mask),
+                                p_hi[0],
+                                0.0f32,
+                            ),
+                            select(
+                                visible(qpos + 1, kpos_hi, seq, window, doc_ids, doc_base, mask),
+                                p_hi[1],
+                                0.0f32,
+                            ),
+                        );
                     }
-                    pt[at as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
-                    pt[(at + 1) as usize] = Vector::<F, Pair>::cast_from(pair(p2, p3));
-                    dst[at as usize] = Vector::<F, Pair>::cast_from(pair(
-                        p0 * (dp_lo[0] - d0),
-                        p1 * (dp_lo[1] - d1),
+                }
+            }
+            // Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − D), rounded.
+            #[unroll]
+            for n in 0..query_tiles {
+                let d0 = d_rows[row_at + comptime!((n * 8) as usize)];
+                let d1 = d_rows[row_at + comptime!((n * 8 + 1) as usize)];
+                #[unroll]
+                for t in 0..tiles {
+                    let at = comptime!((t * 2 * query_tiles + 2 * n) as usize);
+                    let p_lo = st[at];
+                    let p_hi = st[at + 1];
+                    let dp_lo = dpt[at];
+                    let dp_hi = dpt[at + 1];
+                    pt[at] = Vector::<F, Pair>::cast_from(p_lo);
+                    pt[at + 1] = Vector::<F, Pair>::cast_from(p_hi);
+                    dst[at] = Vector::<F, Pair>::cast_from(pair(
+                        p_lo[0] * (dp_lo[0] - d0),
+                        p_lo[1] * (dp_lo[1] - d1),
                     ));
-                    dst[(at + 1) as usize] = Vector::<F, Pair>::cast_from(pair(
-                        p2 * (dp_hi[0] - d0),
-                        p3 * (dp_hi[1] - d1),
+                    dst[at + 1] = Vector::<F, Pair>::cast_from(pair(
+                        p_hi[0] * (dp_hi[0] - d0),
+                        p_hi[1] * (dp_hi[1] - d1),
                     ));
                 }
             }
             if comptime!(g.atomic_dq) {
-                // This plane's keys of dSᵀ into the cube's tile, a pair a register.
+                // This plane's keys of dSᵀ into the cube's tile, a pair a register: the
+                // lane's first pair once, each register's a constant after it.
                 let ds_pairs = comptime!(ds_stride(&g) * g.vector / 2);
                 let ds_row0 = (buf % ds_buffers) * bk;
+                let ds_at = ((ds_row0 + strip0 + lane / 4u32) * ds_pairs + tid) as usize;
                 let mut view = ds_tile.slice_mut(0usize, ds_len).with_vector_size::<Pair>();
                 #[unroll]
                 for n in 0..query_tiles {
                     #[unroll]
                     for t in 0..tiles {
-                        let at = comptime!(t * 2 * query_tiles + 2 * n);
-                        let lo = ((ds_row0 + strip0 + t * 16 + lane / 4u32) * ds_pairs
-                            + n * 4
-                            + tid) as usize;
-                        view[lo] = dst[at as usize];
-                        view[lo + comptime!(8 * ds_pairs) as usize] = dst[(at + 1) as usize];
+                        let at = comptime!((t * 2 * query_tiles + 2 * n) as usize);
+                        let lo = ds_at + comptime!((t * 16 * ds_pairs + n * 4) as usize);
+                        view[lo] = dst[at];
+                        view[lo + comptime!((8 * ds_pairs) as usize)] = dst[at + 1];
                     }
                 }
             }
