@@ -1070,9 +1070,9 @@ mod flash_kernel {
 
     /// The register-mma kernels under the other tilings, and with dQ from its own kernel
     /// where the default sums it atomically, in bf16 (a tiling moves rows between planes,
-    /// not the arithmetic), on the problems with head_dim `head_dim` (every mask kind
-    /// among them).
-    fn tilings_at(head_dim: usize) {
+    /// not the arithmetic), on the problems `keep` takes (every mask kind among those with
+    /// head_dim 64 and 128).
+    fn tilings_on(keep: fn(&Problem) -> bool) {
         check_all(
             FlashVariant::Mma,
             |dtype| {
@@ -1087,21 +1087,21 @@ mod flash_kernel {
                     .chain([("default tiling, dQ kernel", deterministic)])
                     .collect()
             },
-            |p| p.head_dim == head_dim,
+            keep,
         );
     }
 
-    /// [`tilings_at`] head_dim 64 (a test for each head dimension, so that a GPU run can
-    /// take them in parallel: each compiles every tiling's kernels).
+    /// [`tilings_on`] the problems with head_dim 64 (a test for each head dimension, so
+    /// that a GPU run can take them in parallel: each compiles every tiling's kernels).
     #[test]
     fn flash_tilings_match_the_f64_reference_at_head_dim_64() {
-        tilings_at(64);
+        tilings_on(|p| p.head_dim == 64);
     }
 
-    /// [`tilings_at`] head_dim 128.
+    /// [`tilings_on`] the problems with head_dim 128.
     #[test]
     fn flash_tilings_match_the_f64_reference_at_head_dim_128() {
-        tilings_at(128);
+        tilings_on(|p| p.head_dim == 128);
     }
 
     /// The register-mma kernels' times under candidate tilings: bf16, causal, the bench
