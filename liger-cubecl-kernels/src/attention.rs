@@ -2814,6 +2814,7 @@ pub fn flash_attention_backward_planned<R: Runtime>(
                         arr(partial, parts * len),
                         arr(out, len),
                         len as u32,
+                        1.0f32,
                         parts as u32,
                         dtype,
                     );
@@ -2835,6 +2836,7 @@ pub fn flash_attention_backward_planned<R: Runtime>(
                 arr(&dq_sum, q_len),
                 arr(args.grad_q, q_len),
                 q_len as u32,
+                p.scale as f32,
                 1,
                 dtype,
             );

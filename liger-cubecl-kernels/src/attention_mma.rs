@@ -761,8 +761,8 @@ fn step_products<F: Float, N: Size>(
 }
 
 /// One dK/dV step's `dQ = dS·K` for this plane's share of the step's queries, added to
-/// `grad_q_sum` (f32 pairs of `[rows, head_dim]`, query row `q_row0` first) times `scale`
-/// by atomic adds. Rows `ds_row0..` of the cube's `[keys, queries]` tile `ds` hold `dSᵀ`
+/// `grad_q_sum` (f32 pairs of `[rows, head_dim]`, query row `q_row0` first) by atomic adds
+/// (unscaled: the sum is multiplied by the scale once, as it is cast to dQ). Rows `ds_row0..` of the cube's `[keys, queries]` tile `ds` hold `dSᵀ`
 /// (every plane's keys: the caller makes sure they are all written); the A operands
 /// `dS[query, key]` are its 8×8 blocks transposed (`ldmatrix.trans`), the B operands
 /// `K[key, e]` those of `k_tile`.
@@ -782,7 +782,6 @@ fn dq_products<F: Float, N: Size>(
     q_last: u32,
     k0: u32,
     seq: u32,
-    scale: f32,
     #[comptime] g: FlashGeometry,
     #[comptime] mask: AttentionMask,
 ) {
@@ -841,7 +840,6 @@ fn dq_products<F: Float, N: Size>(
     }
     let row_pairs = comptime!(g.head_dim / 2);
     let lo = q0 + qm * 16 + lane / 4u32;
-    let factor = Vector::<f32, Pair>::new(scale);
     // The lane's first pair of its row `lo`, once; each C tile's pair (and row `lo + 8`'s)
     // a constant after it.
     let at_lo = (q_row0 + lo as usize) * row_pairs as usize + (col0 / 2 + lane % 4u32) as usize;
@@ -849,14 +847,14 @@ fn dq_products<F: Float, N: Size>(
         #[unroll]
         for dn in 0..comptime!(cols / 8) {
             let at = at_lo + comptime!((dn * 4) as usize);
-            grad_q_sum[at].fetch_add(acc[(2 * dn) as usize] * factor);
+            grad_q_sum[at].fetch_add(acc[(2 * dn) as usize]);
         }
     }
     if lo + 8u32 < seq {
         #[unroll]
         for dn in 0..comptime!(cols / 8) {
             let at = at_lo + comptime!((8 * row_pairs + dn * 4) as usize);
-            grad_q_sum[at].fetch_add(acc[(2 * dn + 1) as usize] * factor);
+            grad_q_sum[at].fetch_add(acc[(2 * dn + 1) as usize]);
         }
     }
 }
@@ -1358,7 +1356,6 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                     pending_q0 + bq - 1,
                     k0,
                     seq,
-                    scale,
                     g,
                     mask,
                 );
@@ -1510,7 +1507,6 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                 q0 + bq - 1,
                 k0,
                 seq,
-                scale,
                 g,
                 mask,
             );
@@ -1536,7 +1532,6 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                 pending_q0 + bq - 1,
                 k0,
                 seq,
-                scale,
                 g,
                 mask,
             );
@@ -1593,13 +1588,15 @@ pub(super) fn zero_pairs_kernel(out: &mut Array<Vector<f32, Pair>>, len: u32) {
     }
 }
 
-/// `out[i] = Σ_p partial[p · len + i]` in the output dtype: the dK/dV parts of
-/// [`flash_backward_kv_mma_kernel`] summed in a fixed order (deterministic).
+/// `out[i] = factor · Σ_p partial[p · len + i]` in the output dtype: the dK/dV parts of
+/// [`flash_backward_kv_mma_kernel`] summed in a fixed order (deterministic), or its
+/// atomically summed dQ times the scale.
 #[cube(launch_unchecked)]
 pub(super) fn partial_sum_kernel<F: Float, N: Size>(
     partial: &Array<Vector<f32, N>>,
     out: &mut Array<Vector<F, N>>,
     len: u32,
+    factor: f32,
     #[comptime] parts: u32,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -1610,7 +1607,7 @@ pub(super) fn partial_sum_kernel<F: Float, N: Size>(
         for p in 1..parts {
             sum += partial[(p * len + i) as usize];
         }
-        out[i as usize] = Vector::<F, N>::cast_from(sum);
+        out[i as usize] = Vector::<F, N>::cast_from(sum * Vector::<f32, N>::new(factor));
     }
 }
 
