@@ -1778,9 +1778,9 @@ const CMMA_PLANE: u32 = 32;
 /// | tensor cores | dK/dV | any | 64 keys | 64 queries | 128 |
 /// | tensor cores | dQ | any | 64 queries | 64 keys | 128 |
 /// | tensor cores, less shared memory | each | any | halved (the forward also quartered; [`cmma_tilings`]) | halved | halved |
-/// | register mma | forward | ≤ 64 | 128 queries | 64 keys | 256 (8 planes, 1 m-tile each) |
+/// | register mma | forward | ≤ 64 | 64 queries | 64 keys | 128 (4 planes, 1 m-tile each) |
 /// | register mma | forward | > 64 | 128 queries | 64 keys | 128 (4 planes, 2 m-tiles each) |
-/// | register mma | dK/dV | ≤ 64 | 64 keys | 32 queries | 128 (4 planes, 1 m-tile each) |
+/// | register mma | dK/dV | ≤ 64 | 128 keys | 32 queries | 128 (4 planes, 2 m-tiles each) |
 /// | register mma | dK/dV | > 64 | 128 keys | 64 queries | 256 (8 planes, 1 m-tile each) |
 /// | register mma | dQ | any | 64 queries | 32 keys | 128 (4 planes, 1 m-tile each) |
 /// | FMA | all | any | `fma_rows` | `fma_rows` | 64 |
@@ -1788,16 +1788,16 @@ const CMMA_PLANE: u32 = 32;
 /// Register mma ([`MmaTiling`], explicit configuration with this default): each plane
 /// owns 16-row m-tiles whose scores and accumulators stay in registers. Every B operand a
 /// plane loads from shared memory (`ldmatrix`) feeds one product per m-tile, so two
-/// m-tiles halve the shared-memory traffic per product; the backward kernels hold two
-/// accumulators and two score tiles, which with two m-tiles spill at head_dim 128, and
-/// keep one. More planes a cube share each streamed tile among more rows; CUDA bounds a
+/// m-tiles halve the shared-memory traffic per product (and, in the dK/dV kernel, the
+/// atomic dQ adds per key); the backward kernels hold two accumulators and two score
+/// tiles, which with two m-tiles spill at head_dim 128, where they keep one. More planes a cube share each streamed tile among more rows; CUDA bounds a
 /// kernel's registers by its cube's size only (`__launch_bounds__(units)`), so 8 planes
 /// (256 units, up to 255 registers) run as one cube of 8 warps an SM where 4-plane cubes
 /// of 181-255 registers run two, and 12 planes hold a kernel to 168 registers (12 warps
 /// an SM), which the dK/dV kernel at head_dim 64 spills and measured slower. The
 /// measurements behind each default are in `benches/attention.md`. Shared memory
-/// ([`shared_bytes`]: the streamed tiles twice) at bf16 and the defaults: forward 54 KiB
-/// (head_dim 64) / 102 KiB (128); dK/dV with dQ summed atomically 42 / 155 KiB; dQ 36 /
+/// ([`shared_bytes`]: the streamed tiles twice) at bf16 and the defaults: forward 45 KiB
+/// (head_dim 64) / 102 KiB (128); dK/dV with dQ summed atomically 65 / 155 KiB; dQ 36 /
 /// 68 KiB.
 ///
 /// Tensor cores: each plane owns 16-row strips of the cube's rows; 64-key steps keep a
@@ -1984,14 +1984,15 @@ pub struct MmaTiling {
 impl MmaTiling {
     /// The default tiling at `head_dim` (see [`flash_geometry`]): the fastest of the
     /// candidates of the `flash_tilings_timed` test on an H200 (bf16, causal, 4K and 16K
-    /// tokens), or, where they trade places between lengths, the one never more than 5%
-    /// slower (`benches/logs/flash_tilings_c7c92c0.log`, `benches/attention.md`).
+    /// tokens), or, where they trade places between lengths, the fastest at 16K
+    /// (`benches/logs/flash_tilings_a789360.log` at head_dim 64,
+    /// `benches/logs/flash_tilings_c7c92c0.log` at 128; `benches/attention.md`).
     pub fn for_head_dim(head_dim: usize) -> Self {
         if head_dim <= 64 {
             Self {
-                forward: KernelTiling::new(1, 64).with_planes(8),
+                forward: KernelTiling::new(1, 64),
                 backward_q: KernelTiling::new(1, 32),
-                backward_kv: KernelTiling::new(1, 32),
+                backward_kv: KernelTiling::new(2, 32),
                 deferred_dq: false,
             }
         } else {
