@@ -1778,7 +1778,7 @@ const CMMA_PLANE: u32 = 32;
 /// | tensor cores | dK/dV | any | 64 keys | 64 queries | 128 |
 /// | tensor cores | dQ | any | 64 queries | 64 keys | 128 |
 /// | tensor cores, less shared memory | each | any | halved (the forward also quartered; [`cmma_tilings`]) | halved | halved |
-/// | register mma | forward | ≤ 64 | 128 queries | 64 keys | 256 (8 planes, 1 m-tile each) |
+/// | register mma | forward | ≤ 64 | 64 queries | 64 keys | 128 (4 planes, 1 m-tile each) |
 /// | register mma | forward | > 64 | 128 queries | 64 keys | 128 (4 planes, 2 m-tiles each) |
 /// | register mma | dK/dV | ≤ 64 | 128 keys | 32 queries | 128 (4 planes, 2 m-tiles each) |
 /// | register mma | dK/dV | > 64 | 128 keys | 64 queries | 256 (8 planes, 1 m-tile each) |
@@ -1796,9 +1796,9 @@ const CMMA_PLANE: u32 = 32;
 /// of 181-255 registers run two, and 12 planes hold a kernel to 168 registers (12 warps
 /// an SM), which the dK/dV kernel at head_dim 64 spills and measured slower. The
 /// measurements behind each default are in `benches/attention.md`. Shared memory
-/// ([`shared_bytes`]: the streamed tiles twice) at bf16 and the defaults: forward 54 KiB
-/// (head_dim 64) / 102 KiB (128); dK/dV with dQ summed atomically 65 / 173 KiB (dQ
-/// deferred at 128: a second `dSᵀ` buffer); dQ 36 / 68 KiB.
+/// ([`shared_bytes`]: the streamed tiles twice) at bf16 and the defaults: forward 45 KiB
+/// (head_dim 64) / 102 KiB (128); dK/dV with dQ summed atomically 65 / 155 KiB; dQ 36 /
+/// 68 KiB.
 ///
 /// Tensor cores: each plane owns 16-row strips of the cube's rows; 64-key steps keep a
 /// step's score strips at four accumulator fragments per plane, and the `O` fragments of
@@ -1985,13 +1985,12 @@ impl MmaTiling {
     /// The default tiling at `head_dim` (see [`flash_geometry`]): the fastest of the
     /// candidates of the `flash_tilings_timed` test on an H200 (bf16, causal, 4K and 16K
     /// tokens), or, where they trade places between lengths, the fastest at 16K
-    /// (`benches/logs/flash_tilings_{a789360,184cbf2}.log`); where the synchronized runs
-    /// of that test are within their spread (the head_dim-64 forward), the fastest at 16K
-    /// in `liger bench --attention` (`benches/attention.md`).
+    /// (`benches/logs/flash_tilings_a789360.log` at head_dim 64,
+    /// `benches/logs/flash_tilings_c7c92c0.log` at 128; `benches/attention.md`).
     pub fn for_head_dim(head_dim: usize) -> Self {
         if head_dim <= 64 {
             Self {
-                forward: KernelTiling::new(1, 64).with_planes(8),
+                forward: KernelTiling::new(1, 64),
                 backward_q: KernelTiling::new(1, 32),
                 backward_kv: KernelTiling::new(2, 32),
                 deferred_dq: false,
@@ -2001,7 +2000,7 @@ impl MmaTiling {
                 forward: KernelTiling::new(2, 64),
                 backward_q: KernelTiling::new(1, 32),
                 backward_kv: KernelTiling::new(1, 64).with_planes(8),
-                deferred_dq: true,
+                deferred_dq: false,
             }
         }
     }
