@@ -1790,7 +1790,9 @@ const CMMA_PLANE: u32 = 32;
 /// plane loads from shared memory (`ldmatrix`) feeds one product per m-tile, so two
 /// m-tiles halve the shared-memory traffic per product (and, in the dK/dV kernel, the
 /// atomic dQ adds per key); the backward kernels hold two accumulators and two score
-/// tiles, which with two m-tiles spill at head_dim 128, where they keep one. More planes a cube share each streamed tile among more rows; CUDA bounds a
+/// tiles, which with two m-tiles take 255 registers and spill a little at head_dim 64
+/// and more at 128, where they keep one. More planes a cube share each streamed tile
+/// among more rows; CUDA bounds a
 /// kernel's registers by its cube's size only (`__launch_bounds__(units)`), so 8 planes
 /// (256 units, up to 255 registers) run as one cube of 8 warps an SM where 4-plane cubes
 /// of 181-255 registers run two, and 12 planes hold a kernel to 168 registers (12 warps

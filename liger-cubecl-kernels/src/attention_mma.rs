@@ -120,16 +120,8 @@ fn copy_rows_async<F: Float, N: Size>(
                 let c = i % dv;
                 let at = ((tile_row0 + r) * stride + c) as usize;
                 let row = row0 + r;
-                if row < seq {
-                    let from = base + (row * dv + c) as usize;
-                    copy_async(
-                        &src.slice(from, from + 1),
-                        &mut tile.slice_mut(at, at + 1),
-                        comptime!(g.vector),
-                    );
-                } else {
-                    tile[at] = Vector::<F, N>::new(F::new(0.0));
-                }
+                let from = base + (row * dv + c) as usize;
+                copy_vector_async::<F, N>(src, from, tile, at, row < seq, g.vector);
             }
         }
     }
@@ -164,24 +156,34 @@ fn copy_row_passes<F: Float, N: Size>(
             copy = first + step < rows;
         }
         if copy {
+            let mut in_slab = true;
             if comptime!(checked) {
-                if r0 + step < seq {
-                    copy_async(
-                        &src.slice(from, from + 1),
-                        &mut tile.slice_mut(at, at + 1),
-                        comptime!(g.vector),
-                    );
-                } else {
-                    tile[at] = Vector::<F, N>::new(F::new(0.0));
-                }
-            } else {
-                copy_async(
-                    &src.slice(from, from + 1),
-                    &mut tile.slice_mut(at, at + 1),
-                    comptime!(g.vector),
-                );
+                in_slab = r0 + step < seq;
             }
+            copy_vector_async::<F, N>(src, from, tile, at, in_slab, g.vector);
         }
+    }
+}
+
+/// One vector `src[from]` into `tile[at]` by `cp.async` where its row is in the slab
+/// (`in_slab`), zeros otherwise.
+#[cube]
+fn copy_vector_async<F: Float, N: Size>(
+    src: &Array<Vector<F, N>>,
+    from: usize,
+    tile: &mut SharedMemory<Vector<F, N>>,
+    at: usize,
+    in_slab: bool,
+    #[comptime] vector: u32,
+) {
+    if in_slab {
+        copy_async(
+            &src.slice(from, from + 1),
+            &mut tile.slice_mut(at, at + 1),
+            vector,
+        );
+    } else {
+        tile[at] = Vector::<F, N>::new(F::new(0.0));
     }
 }
 
@@ -271,6 +273,37 @@ fn pair(x0: f32, x1: f32) -> Vector<f32, Pair> {
     v[0] = x0;
     v[1] = x1;
     v
+}
+
+/// `x` with element 0 kept where query `q0` sees key `k0` and element 1 where `q1` sees
+/// `k1`, `fill` where hidden: a boundary block's mask on a pair of C registers, as selects.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn mask_pair(
+    x: Vector<f32, Pair>,
+    q0: u32,
+    k0: u32,
+    q1: u32,
+    k1: u32,
+    fill: f32,
+    seq: u32,
+    window: u32,
+    doc_ids: &Array<i32>,
+    doc_base: usize,
+    #[comptime] mask: AttentionMask,
+) -> Vector<f32, Pair> {
+    pair(
+        select(
+            visible(q0, k0, seq, window, doc_ids, doc_base, mask),
+            x[0],
+            fill,
+        ),
+        select(
+            visible(q1, k1, seq, window, doc_ids, doc_base, mask),
+            x[1],
+            fill,
+        ),
+    )
 }
 
 /// Max over the four lanes of a quad (one row of a C tile).
@@ -449,38 +482,28 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
             if !interior {
                 #[unroll]
                 for t in 0..tiles {
-                    let qpos_lo = qpos0 + t * 16;
-                    let qpos_hi = qpos_lo + 8u32;
                     #[unroll]
                     for n in 0..key_tiles {
                         let kpos = k0 + n * 8 + 2 * tid;
-                        let at = comptime!((t * 2 * key_tiles + 2 * n) as usize);
-                        let lo = s[at];
-                        let hi = s[at + 1];
-                        s[at] = pair(
-                            select(
-                                visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask),
-                                lo[0],
+                        // The lane's rows `gid` (h = 0) and `gid + 8` (h = 1) of m-tile t.
+                        #[unroll]
+                        for h in 0..2u32 {
+                            let qpos = qpos0 + t * 16 + h * 8;
+                            let at = comptime!((t * 2 * key_tiles + 2 * n + h) as usize);
+                            s[at] = mask_pair(
+                                s[at],
+                                qpos,
+                                kpos,
+                                qpos,
+                                kpos + 1,
                                 floor,
-                            ),
-                            select(
-                                visible(qpos_lo, kpos + 1, seq, window, doc_ids, doc_base, mask),
-                                lo[1],
-                                floor,
-                            ),
-                        );
-                        s[at + 1] = pair(
-                            select(
-                                visible(qpos_hi, kpos, seq, window, doc_ids, doc_base, mask),
-                                hi[0],
-                                floor,
-                            ),
-                            select(
-                                visible(qpos_hi, kpos + 1, seq, window, doc_ids, doc_base, mask),
-                                hi[1],
-                                floor,
-                            ),
-                        );
+                                seq,
+                                window,
+                                doc_ids,
+                                doc_base,
+                                mask,
+                            );
+                        }
                     }
                 }
             }
@@ -1414,35 +1437,25 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                     let qpos = q0 + n * 8 + 2 * tid;
                     #[unroll]
                     for t in 0..tiles {
-                        let kpos_lo = kpos0 + t * 16;
-                        let kpos_hi = kpos_lo + 8u32;
-                        let at = comptime!((t * 2 * query_tiles + 2 * n) as usize);
-                        let p_lo = st[at];
-                        let p_hi = st[at + 1];
-                        st[at] = pair(
-                            select(
-                                visible(qpos, kpos_lo, seq, window, doc_ids, doc_base, mask),
-                                p_lo[0],
-                                0.0f32,
-                            ),
-                            select(
-                                visible(qpos + 1, kpos_lo, seq, window, doc_ids, doc_base, mask),
-                                p_lo[1],
-                                0.0f32,
-                            ),
-                        );
-                        st[at + 1] = pair(
-                            select(
-                                visible(qpos, kpos_hi, seq, window, doc_ids, doc_base, mask),
-                                p_hi[0],
-                                0.0f32,
-                            ),
-                            select(
-                                visible(qpos + 1, kpos_hi, seq, window, doc_ids, doc_base, mask),
-                                p_hi[1],
-                                0.0f32,
-                            ),
-                        );
+                        // The lane's keys `gid` (h = 0) and `gid + 8` (h = 1) of m-tile t.
+                        #[unroll]
+                        for h in 0..2u32 {
+                            let kpos = kpos0 + t * 16 + h * 8;
+                            let at = comptime!((t * 2 * query_tiles + 2 * n + h) as usize);
+                            st[at] = mask_pair(
+                                st[at],
+                                qpos,
+                                kpos,
+                                qpos + 1,
+                                kpos,
+                                0.0,
+                                seq,
+                                window,
+                                doc_ids,
+                                doc_base,
+                                mask,
+                            );
+                        }
                     }
                 }
             }
