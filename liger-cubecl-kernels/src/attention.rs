@@ -1799,8 +1799,8 @@ const CMMA_PLANE: u32 = 32;
 /// an SM), which the dK/dV kernel at head_dim 64 spills and measured slower. The
 /// measurements behind each default are in `benches/attention.md`. Shared memory
 /// ([`shared_bytes`]: the streamed tiles twice) at bf16 and the defaults: forward 45 KiB
-/// (head_dim 64) / 102 KiB (128); dK/dV with dQ summed atomically 65 / 155 KiB; dQ 36 /
-/// 68 KiB.
+/// (head_dim 64) / 102 KiB (128); dK/dV with dQ summed atomically 65 / 173 KiB (dQ
+/// deferred at 128: a second `dSᵀ` buffer); dQ 36 / 68 KiB.
 ///
 /// Tensor cores: each plane owns 16-row strips of the cube's rows; 64-key steps keep a
 /// step's score strips at four accumulator fragments per plane, and the `O` fragments of
@@ -1988,7 +1988,7 @@ impl MmaTiling {
     /// candidates of the `flash_tilings_timed` test on an H200 (bf16, causal, 4K and 16K
     /// tokens), or, where they trade places between lengths, the fastest at 16K
     /// (`benches/logs/flash_tilings_a789360.log` at head_dim 64,
-    /// `benches/logs/flash_tilings_c7c92c0.log` at 128; `benches/attention.md`).
+    /// `benches/logs/flash_tilings_184cbf2.log` at 128; `benches/attention.md`).
     pub fn for_head_dim(head_dim: usize) -> Self {
         if head_dim <= 64 {
             Self {
@@ -2002,7 +2002,7 @@ impl MmaTiling {
                 forward: KernelTiling::new(2, 64),
                 backward_q: KernelTiling::new(1, 32),
                 backward_kv: KernelTiling::new(1, 64).with_planes(8),
-                deferred_dq: false,
+                deferred_dq: true,
             }
         }
     }

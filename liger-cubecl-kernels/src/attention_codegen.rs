@@ -315,7 +315,16 @@ fn register_mma_kernels_compile_to_cuda() {
             "{name}: no ldmatrix:\n{source}"
         );
         assert!(!source.contains("wmma"), "{name}: a wmma call:\n{source}");
-        assert!(source.contains("__expf("), "{name}: no __expf:\n{source}");
+        // The base-2 hardware exponential (`exp2`): `__powf` of 2, no `__expf` nor libm.
+        assert!(
+            source.contains("__powf(float(2.0)"),
+            "{name}: no __powf(2, x):\n{source}"
+        );
+        assert!(!source.contains("__expf("), "{name}: an __expf:\n{source}");
+        assert!(
+            !source.contains(" exp("),
+            "{name}: an accurate exp:\n{source}"
+        );
     };
     // Each kernel with one and with two 16-row m-tiles a plane (the plans use both).
     let tiled = |kernel: FlashKernel, head_dim: usize, tiles: u32| {
@@ -388,12 +397,13 @@ fn register_mma_kernels_compile_to_cuda() {
                 );
                 // Both output paths: whole dK/dV, and f32 parts of a split group; dQ from
                 // its own kernel, and summed atomically here.
-                // 4 planes a cube and 12 (CUDA's register bound follows the cube's size).
+                // 4, 8 (head_dim 128's default) and 12 planes a cube (CUDA's register bound
+                // follows the cube's size).
                 let parts = if docs { 3u32 } else { 1 };
                 let dq_placements = [(false, false), (true, false), (true, true)];
                 for ((atomic_dq, deferred_dq), planes) in dq_placements
                     .into_iter()
-                    .flat_map(|dq| [(dq, 4u32), (dq, 12)])
+                    .flat_map(|dq| [(dq, 4u32), (dq, 8), (dq, 12)])
                 {
                     let base = tiled(FlashKernel::BackwardKv, head_dim, tiles);
                     let g = FlashGeometry {

@@ -40,6 +40,22 @@ use cubecl::prelude::*;
 /// Two elements: one 32-bit register of f16/bf16, or half an f32 C register pair.
 type Pair = Const<2>;
 
+/// `log₂ e`: the exponentials take base 2, with `log₂ e` folded into the softmax scale.
+const LOG2_E: f32 = core::f32::consts::LOG2_E;
+
+/// `2^x`. Under fast math (CUDA) `powf(2, x)` compiles to `__powf(2.0f, x)`, which NVRTC
+/// folds to the bare `ex2.approx` (FlashAttention's `exp2f`): with `log₂ e` in the
+/// scale, one multiply a score fewer than `__expf(x)`, which multiplies by `log₂ e`
+/// itself. Elsewhere `exp(x·ln 2)`.
+#[cube]
+fn exp2(x: f32, #[comptime] fast: bool) -> f32 {
+    if comptime!(fast) {
+        f32::powf(2.0f32, x)
+    } else {
+        f32::exp(x * comptime!(core::f32::consts::LN_2))
+    }
+}
+
 /// Bytes of shared memory of a kernel (`elem`-byte inputs): row-major tiles of
 /// [`FlashGeometry::stride`] vectors a row (16 bytes of padding: the 8 rows of an
 /// `ldmatrix` phase hit 32 banks); the streamed tiles twice (one being filled by
@@ -371,6 +387,8 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     // C tiles of a strip: of the keys (S) and of the head (O).
     let key_tiles = comptime!(g.step_rows / 8);
     let head_tiles = comptime!(g.head_dim / 8);
+    // The exponentials' scale: `exp(x·scale) = 2^(x·scale₂)`.
+    let scale2 = scale * LOG2_E;
 
     let q_blocks = seq.div_ceil(br);
     // Heaviest (last, under a causal mask) query blocks first.
@@ -532,7 +550,7 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
                 let o_at = comptime!(t * 2 * head_tiles);
                 let m_lo = m[lo_row];
                 if (max_lo - m_lo) * scale > comptime!(RESCALE_THRESHOLD) {
-                    let alpha = f32::exp((m_lo - max_lo) * scale);
+                    let alpha = exp2((m_lo - max_lo) * scale2, g.fast_exp);
                     m[lo_row] = max_lo;
                     l[lo_row] *= alpha;
                     #[unroll]
@@ -543,7 +561,7 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
                 }
                 let m_hi = m[hi_row];
                 if (max_hi - m_hi) * scale > comptime!(RESCALE_THRESHOLD) {
-                    let alpha = f32::exp((m_hi - max_hi) * scale);
+                    let alpha = exp2((m_hi - max_hi) * scale2, g.fast_exp);
                     m[hi_row] = max_hi;
                     l[hi_row] *= alpha;
                     #[unroll]
@@ -553,13 +571,13 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
                     }
                 }
 
-                // P = exp(x·scale − m·scale), rounded for P·V. A row whose max is still the
-                // floor has seen no visible key: every x there is hidden (the floor) or NaN,
-                // and subtracting the largest float instead gives 0 for the hidden and
-                // keeps NaN (a hidden key of a row with a visible one gives exp(floor·scale
-                // − m·scale) = 0 as is).
-                let mut ms_lo = m[lo_row] * scale;
-                let mut ms_hi = m[hi_row] * scale;
+                // P = 2^(x·scale₂ − m·scale₂) = exp(x·scale − m·scale), rounded for P·V. A
+                // row whose max is still the floor has seen no visible key: every x there
+                // is hidden (the floor) or NaN, and subtracting the largest float instead
+                // gives 0 for the hidden and keeps NaN (a hidden key of a row with a
+                // visible one gives 2^(floor·scale₂ − m·scale₂) = 0 as is).
+                let mut ms_lo = m[lo_row] * scale2;
+                let mut ms_hi = m[hi_row] * scale2;
                 if m[lo_row] == floor {
                     ms_lo = f32::max_value();
                 }
@@ -572,10 +590,10 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
                 for n in 0..key_tiles {
                     let lo = s[(at + 2 * n) as usize];
                     let hi = s[(at + 2 * n + 1) as usize];
-                    let p0 = f32::exp(lo[0] * scale - ms_lo);
-                    let p1 = f32::exp(lo[1] * scale - ms_lo);
-                    let p2 = f32::exp(hi[0] * scale - ms_hi);
-                    let p3 = f32::exp(hi[1] * scale - ms_hi);
+                    let p0 = exp2(lo[0] * scale2 - ms_lo, g.fast_exp);
+                    let p1 = exp2(lo[1] * scale2 - ms_lo, g.fast_exp);
+                    let p2 = exp2(hi[0] * scale2 - ms_hi, g.fast_exp);
+                    let p3 = exp2(hi[1] * scale2 - ms_hi, g.fast_exp);
                     l_lo += p0 + p1;
                     l_hi += p2 + p3;
                     pv[(at + 2 * n) as usize] = Vector::<F, Pair>::cast_from(pair(p0, p1));
@@ -970,6 +988,9 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
     let dv = comptime!(g.dv());
     let key_tiles = comptime!(g.step_rows / 8);
     let head_tiles = comptime!(g.head_dim / 8);
+    // The exponentials' scale: `exp(x·scale) = 2^(x·scale₂)`.
+    let scale2 = scale * LOG2_E;
+    let fast = comptime!(g.fast_exp);
     let q_blocks = seq.div_ceil(bq);
     let qb = q_blocks - 1u32 - CUBE_POS_X;
     let head = CUBE_POS_Y;
@@ -1084,6 +1105,9 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
                 let at = comptime!(t * 2 * key_tiles);
                 let lse_lo = row_lse[comptime!(2 * t as usize)];
                 let lse_hi = row_lse[comptime!(2 * t as usize + 1)];
+                // `exp(s·scale − lse) = 2^(s·scale₂ − lse·log₂ e)`.
+                let lse2_lo = lse_lo * LOG2_E;
+                let lse2_hi = lse_hi * LOG2_E;
                 let d_lo = row_d[comptime!(2 * t as usize)];
                 let d_hi = row_d[comptime!(2 * t as usize + 1)];
                 #[unroll]
@@ -1097,10 +1121,10 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
                     // the unrolled step keeps no branch a score.
                     let live_lo = lse_lo < f32::max_value();
                     let live_hi = lse_hi < f32::max_value();
-                    let mut p0 = select(live_lo, f32::exp(s_lo[0] * scale - lse_lo), 0.0f32);
-                    let mut p1 = select(live_lo, f32::exp(s_lo[1] * scale - lse_lo), 0.0f32);
-                    let mut p2 = select(live_hi, f32::exp(s_hi[0] * scale - lse_hi), 0.0f32);
-                    let mut p3 = select(live_hi, f32::exp(s_hi[1] * scale - lse_hi), 0.0f32);
+                    let mut p0 = select(live_lo, exp2(s_lo[0] * scale2 - lse2_lo, fast), 0.0f32);
+                    let mut p1 = select(live_lo, exp2(s_lo[1] * scale2 - lse2_lo, fast), 0.0f32);
+                    let mut p2 = select(live_hi, exp2(s_hi[0] * scale2 - lse2_hi, fast), 0.0f32);
+                    let mut p3 = select(live_hi, exp2(s_hi[1] * scale2 - lse2_hi, fast), 0.0f32);
                     if !interior {
                         if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
                             p0 = 0.0;
@@ -1275,6 +1299,9 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
     // This plane's m-tiles of keys; the lane's keys are `gid` and `gid + 8` of each.
     let tiles = comptime!(g.plane_tiles());
     let head_tiles = comptime!(g.head_dim / 8);
+    // The exponentials' scale: `exp(x·scale) = 2^(x·scale₂)`.
+    let scale2 = scale * LOG2_E;
+    let fast = comptime!(g.fast_exp);
     let strip0 = plane * comptime!(16 * g.plane_tiles());
     let kpos0 = k0 + strip0 + lane / 4u32;
 
@@ -1415,18 +1442,21 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
                 let lse1 = lse_rows[row_at + comptime!((n * 8 + 1) as usize)];
                 let live0 = lse0 < f32::max_value();
                 let live1 = lse1 < f32::max_value();
+                // `exp(s·scale − lse) = 2^(s·scale₂ − lse·log₂ e)`.
+                let lse2_0 = lse0 * LOG2_E;
+                let lse2_1 = lse1 * LOG2_E;
                 #[unroll]
                 for t in 0..tiles {
                     let at = comptime!((t * 2 * query_tiles + 2 * n) as usize);
                     let s_lo = st[at];
                     let s_hi = st[at + 1];
                     st[at] = pair(
-                        select(live0, f32::exp(s_lo[0] * scale - lse0), 0.0f32),
-                        select(live1, f32::exp(s_lo[1] * scale - lse1), 0.0f32),
+                        select(live0, exp2(s_lo[0] * scale2 - lse2_0, fast), 0.0f32),
+                        select(live1, exp2(s_lo[1] * scale2 - lse2_1, fast), 0.0f32),
                     );
                     st[at + 1] = pair(
-                        select(live0, f32::exp(s_hi[0] * scale - lse0), 0.0f32),
-                        select(live1, f32::exp(s_hi[1] * scale - lse1), 0.0f32),
+                        select(live0, exp2(s_hi[0] * scale2 - lse2_0, fast), 0.0f32),
+                        select(live1, exp2(s_hi[1] * scale2 - lse2_1, fast), 0.0f32),
                     );
                 }
             }
