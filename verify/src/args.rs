@@ -227,6 +227,18 @@ pub struct BenchArgs {
     /// per call). `off` measures what that check costs; the CSV config says which ran.
     #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
     pub check_targets: OnOff,
+    /// fused_linear_cross_entropy (liger): the dtype the weight gradient is summed in over
+    /// the chunks (`CrossEntropyOptions::weight_grad_accumulation`): `f32` (the library's
+    /// default; an f32 `[vocab, hidden]` accumulator while the loss runs) or `weight-dtype`
+    /// (Liger-Kernel's, and `liger train`'s default). The CSV config says when it was
+    /// `weight-dtype`.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "f32",
+        value_name = "f32|weight-dtype"
+    )]
+    pub head_grad: HeadGradArg,
     /// Single ops: `on` submits each timed iteration's queued work at its end
     /// (`FusedOps::submit_queued`, both providers), as the stream of other operations in a
     /// training step keeps the queues moving; the host then pays a blocking hand-off per

@@ -79,6 +79,7 @@ pub fn run(mut args: BenchArgs) -> Result<ExitCode> {
         bail!("--reduction both is for `liger check`; bench takes auto, plane or shared");
     }
     ops::set_check_targets(args.check_targets.on());
+    ops::set_head_grad(args.head_grad.accumulation());
     ops::set_backward_units_per_sm(args.backward_units_per_sm);
     ops::set_cross_entropy_cubes_per_sm(args.cross_entropy_cubes_per_sm);
     if args.iters == 0 || args.repeats == 0 {
@@ -625,6 +626,11 @@ fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize 
                 ) && !ops::check_targets()
                 {
                     config.push_str(" check_targets=off");
+                }
+                if g.op == BenchOp::FusedLinearCrossEntropy
+                    && ops::head_grad() == liger_burn::ops::WeightGradAccumulation::WeightDtype
+                {
+                    config.push_str(" head_grad=weight-dtype");
                 }
             }
             let launches = match mode {

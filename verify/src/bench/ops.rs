@@ -12,7 +12,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Int, Tensor, activation};
 use clap::ValueEnum;
 use liger_burn::functional;
-use liger_burn::ops::{CrossEntropyOptions, FusedOps, RmsNormOptions, RopeLayout};
+use liger_burn::ops::{
+    CrossEntropyOptions, FusedOps, RmsNormOptions, RopeLayout, WeightGradAccumulation,
+};
 use std::str::FromStr;
 
 /// RMSNorm epsilon (Llama's), both providers.
@@ -489,6 +491,28 @@ pub fn check_targets() -> bool {
     CHECK_TARGETS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// `--head-grad`: whether liger's fused linear cross entropy sums its weight gradient in
+/// the weight's dtype (else in f32, the library's default).
+static HEAD_GRAD_IN_WEIGHT_DTYPE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Sets what `--head-grad` asked for (read by [`apply`]).
+pub fn set_head_grad(accumulation: WeightGradAccumulation) {
+    HEAD_GRAD_IN_WEIGHT_DTYPE.store(
+        accumulation == WeightGradAccumulation::WeightDtype,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// The weight-gradient accumulation of liger's fused linear cross entropy (`--head-grad`).
+pub fn head_grad() -> WeightGradAccumulation {
+    if HEAD_GRAD_IN_WEIGHT_DTYPE.load(std::sync::atomic::Ordering::Relaxed) {
+        WeightGradAccumulation::WeightDtype
+    } else {
+        WeightGradAccumulation::F32
+    }
+}
+
 /// `--backward-units-per-sm`, when given (0: not given).
 static BACKWARD_UNITS_PER_SM: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
@@ -610,7 +634,7 @@ pub fn apply<BB: FusedOps>(
                 None,
                 inp.ints.clone().unwrap(),
                 None,
-                ce_options(),
+                ce_options().with_weight_grad_accumulation(head_grad()),
             )
             .loss,
         ],
