@@ -1938,7 +1938,7 @@ const MMA_PLANES: u32 = 4;
 pub struct KernelTiling {
     /// 16-row m-tiles a plane owns: 1 or 2.
     pub plane_tiles: u32,
-    /// Rows streamed a step: 16, 32, 48 or 64.
+    /// Rows streamed a step: 16, 32, 48 or 64; the forward also 128.
     pub step_rows: u32,
     /// Planes of a cube: 4; the forward and dK/dV kernels also take 8 or 12. CUDA compiles a kernel
     /// for the cube's size only (`__launch_bounds__(units)`), so more planes a cube is
@@ -2134,9 +2134,20 @@ impl FlashPlan {
                         }
                         FlashKernel::BackwardQ => t.planes == MMA_PLANES,
                     };
+                    // The forward's 128-key steps keep one m-tile's scores in 64
+                    // registers a lane; the backward's two score tiles would take twice that.
+                    let steps_ok = match kernel {
+                        FlashKernel::Forward => {
+                            (16..=64).contains(&t.step_rows)
+                                || t.step_rows == 128 && t.plane_tiles == 1
+                        }
+                        FlashKernel::BackwardQ | FlashKernel::BackwardKv => {
+                            (16..=64).contains(&t.step_rows)
+                        }
+                    };
                     (1..=2).contains(&t.plane_tiles)
                         && t.step_rows.is_multiple_of(16)
-                        && (16..=64).contains(&t.step_rows)
+                        && steps_ok
                         && planes_ok
                 }
                 FlashVariant::TensorCores => cmma_tilings(kernel, self.head_dim).contains(&t),
@@ -2146,7 +2157,7 @@ impl FlashPlan {
                 return Err(KernelError::Unsupported {
                     op,
                     reason: format!(
-                        "{:?} {kernel:?} tiling {t:?} (register mma: 1 or 2 m-tiles a plane, steps of 16 to 64 rows in 16s, 4 planes, the forward and dK/dV also 8 or 12; cmma: one of cmma_tilings; FMA: none)",
+                        "{:?} {kernel:?} tiling {t:?} (register mma: 1 or 2 m-tiles a plane, steps of 16 to 64 rows in 16s, the forward also 128 with one m-tile, 4 planes, the forward and dK/dV also 8 or 12; cmma: one of cmma_tilings; FMA: none)",
                         self.variant
                     ),
                 });
@@ -2980,6 +2991,102 @@ mod cmma_tiling_tests {
                         }
                         _ => assert_eq!(own, t.step_rows, "{kernel:?} {t:?}"),
                     }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod mma_tiling_tests {
+    use super::*;
+    use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+
+    /// A register-mma plan at `head_dim` with its default tiling, as a CUDA device gets it
+    /// (built by hand: the wgpu client here has no register mma).
+    fn plan(head_dim: usize) -> FlashPlan {
+        FlashPlan {
+            variant: FlashVariant::Mma,
+            head_dim,
+            vector: 8,
+            fma_rows: 16,
+            fast_exp: true,
+            tiling: MmaTiling::for_head_dim(head_dim),
+            atomic_dq: true,
+        }
+    }
+
+    #[test]
+    fn tilings_outside_the_kernels_range_are_refused_by_name() {
+        let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+        let bf16: StorageType = ElemType::Float(FloatKind::BF16).into();
+        let k = KernelTiling::new;
+        let base = MmaTiling::for_head_dim(64);
+        let refused = [
+            // 128-row steps: the forward with one m-tile only, never the backward.
+            MmaTiling {
+                forward: k(2, 128),
+                ..base
+            },
+            MmaTiling {
+                backward_kv: k(1, 128),
+                ..base
+            },
+            MmaTiling {
+                backward_q: k(1, 128),
+                ..base
+            },
+            // Steps that are not a multiple of 16, three m-tiles, dQ on 8 planes.
+            MmaTiling {
+                forward: k(1, 40),
+                ..base
+            },
+            MmaTiling {
+                backward_kv: k(3, 32),
+                ..base
+            },
+            MmaTiling {
+                backward_q: k(1, 32).with_planes(8),
+                ..base
+            },
+        ];
+        for tiling in refused {
+            let err = plan(64)
+                .with_tiling(&client, bf16, tiling)
+                .expect_err("an unsupported tiling");
+            let text = err.to_string();
+            assert!(
+                text.contains("flash_attention") && text.contains("KernelTiling"),
+                "{tiling:?}: {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_forward_takes_128_key_steps_with_one_m_tile() {
+        let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+        let bf16: StorageType = ElemType::Float(FloatKind::BF16).into();
+        let max_shared = client.properties().hardware.max_shared_memory_size;
+        for head_dim in [64usize, 128] {
+            let tiling = MmaTiling {
+                forward: KernelTiling::new(1, 128),
+                ..MmaTiling::for_head_dim(head_dim)
+            };
+            let plan = plan(head_dim);
+            let fits = FLASH_KERNELS.iter().all(|k| {
+                let g = FlashPlan { tiling, ..plan }.geometry(*k);
+                shared_bytes(&g, *k, 2) <= max_shared
+            });
+            // Where the device's shared memory is too small for the plan, the refusal
+            // names the bytes instead (lavapipe: 32 KiB a workgroup).
+            match plan.with_tiling(&client, bf16, tiling) {
+                Ok(p) => {
+                    assert!(fits);
+                    assert_eq!(p.geometry(FlashKernel::Forward).step_rows, 128);
+                }
+                Err(e) => {
+                    assert!(!fits, "{e}");
+                    assert!(e.to_string().contains("shared memory"), "{e}");
                 }
             }
         }

@@ -379,6 +379,29 @@ fn register_mma_kernels_compile_to_cuda() {
                     &source,
                 );
                 assert!(source.contains("__launch_bounds__(384)"));
+                // The forward's 128-key steps (one m-tile a plane only).
+                if tiles == 1 {
+                    let source = flash_source!(
+                        client,
+                        flash_forward_mma_kernel::FlashForwardMmaKernel,
+                        FlashGeometry {
+                            step_rows: 128,
+                            s_cols: 128,
+                            ..g
+                        },
+                        elem,
+                        n,
+                        true,
+                        [
+                            io, io, io, i32s, i32s, i32s, io, f32s, u32, u32, u32, u32, f32
+                        ],
+                        [mask]
+                    );
+                    check(
+                        &format!("forward_mma_{kind}_d{head_dim}_t1_s128_{docs}"),
+                        &source,
+                    );
+                }
                 let source = flash_source!(
                     client,
                     flash_backward_q_mma_kernel::FlashBackwardQMmaKernel,

@@ -774,7 +774,7 @@ mod flash_kernel {
     }
 
     /// Register-mma tilings with other plane counts than the defaults': the forward and
-    /// dK/dV on 4, 8 and 12 planes.
+    /// dK/dV on 4, 8 and 12 planes, and the forward's 128-key steps.
     fn other_plane_counts() -> Vec<(&'static str, Tiling)> {
         fn with(d: usize, forward: KernelTiling, kv: KernelTiling, deferred: bool) -> MmaTiling {
             MmaTiling {
@@ -799,6 +799,14 @@ mod flash_kernel {
             (
                 "forward on 8 planes, dK/dV on 8 planes, 16-row steps, dQ in its step",
                 |d| with(d, k(1, 64).with_planes(8), k(1, 16).with_planes(8), false),
+            ),
+            (
+                "forward with 128-key steps on 4 planes, dK/dV on 8 planes, dQ deferred",
+                |d| with(d, k(1, 128), k(1, 64).with_planes(8), true),
+            ),
+            (
+                "forward with 128-key steps on 8 planes, dK/dV on 4, dQ in its step",
+                |d| with(d, k(1, 128).with_planes(8), k(2, 32), false),
             ),
         ]
     }
@@ -1124,7 +1132,14 @@ mod flash_kernel {
                 let k = KernelTiling::new;
                 // The candidates that came within about 10% of the fastest on an H100 (12
                 // planes, 16-row steps and more with two m-tiles were slower there).
-                let forward = [k(1, 64), k(2, 32), k(2, 64), k(1, 64).with_planes(8)];
+                let forward = [
+                    k(1, 64),
+                    k(2, 32),
+                    k(2, 64),
+                    k(1, 64).with_planes(8),
+                    k(1, 128),
+                    k(1, 128).with_planes(8),
+                ];
                 // Planes other than 4 are for the forward and dK/dV (the dQ rows skip them).
                 let backward = [
                     k(1, 64),
