@@ -340,55 +340,11 @@ fn register_mma_kernels_compile_to_cuda() {
         for (head_dim, tiles) in [64usize, 128].into_iter().flat_map(|d| [(d, 1u32), (d, 2)]) {
             for mask in MASKS {
                 let docs = mask.documents;
-                let source = flash_source!(
-                    client,
-                    flash_forward_mma_kernel::FlashForwardMmaKernel,
-                    tiled(FlashKernel::Forward, head_dim, tiles),
-                    elem,
-                    n,
-                    true,
-                    [
-                        io, io, io, i32s, i32s, i32s, io, f32s, u32, u32, u32, u32, f32
-                    ],
-                    [mask]
-                );
-                check(
-                    &format!("forward_mma_{kind}_d{head_dim}_t{tiles}_{docs}"),
-                    &source,
-                );
-                let g = tiled(FlashKernel::Forward, head_dim, tiles);
-                let source = flash_source!(
-                    client,
-                    flash_forward_mma_kernel::FlashForwardMmaKernel,
-                    FlashGeometry {
-                        planes: 12,
-                        units: 12 * 32,
-                        own_rows: 16 * 12 * tiles,
-                        ..g
-                    },
-                    elem,
-                    n,
-                    true,
-                    [
-                        io, io, io, i32s, i32s, i32s, io, f32s, u32, u32, u32, u32, f32
-                    ],
-                    [mask]
-                );
-                check(
-                    &format!("forward_mma_{kind}_d{head_dim}_t{tiles}_p12_{docs}"),
-                    &source,
-                );
-                assert!(source.contains("__launch_bounds__(384)"));
-                // The forward's 128-key steps (one m-tile a plane only).
-                if tiles == 1 {
-                    let source = flash_source!(
+                let forward = |g: FlashGeometry| {
+                    flash_source!(
                         client,
                         flash_forward_mma_kernel::FlashForwardMmaKernel,
-                        FlashGeometry {
-                            step_rows: 128,
-                            s_cols: 128,
-                            ..g
-                        },
+                        g,
                         elem,
                         n,
                         true,
@@ -396,7 +352,31 @@ fn register_mma_kernels_compile_to_cuda() {
                             io, io, io, i32s, i32s, i32s, io, f32s, u32, u32, u32, u32, f32
                         ],
                         [mask]
-                    );
+                    )
+                };
+                let g = tiled(FlashKernel::Forward, head_dim, tiles);
+                check(
+                    &format!("forward_mma_{kind}_d{head_dim}_t{tiles}_{docs}"),
+                    &forward(g),
+                );
+                let source = forward(FlashGeometry {
+                    planes: 12,
+                    units: 12 * 32,
+                    own_rows: 16 * 12 * tiles,
+                    ..g
+                });
+                check(
+                    &format!("forward_mma_{kind}_d{head_dim}_t{tiles}_p12_{docs}"),
+                    &source,
+                );
+                assert!(source.contains("__launch_bounds__(384)"));
+                // The forward's 128-key steps (one m-tile a plane only).
+                if tiles == 1 {
+                    let source = forward(FlashGeometry {
+                        step_rows: 128,
+                        s_cols: 128,
+                        ..g
+                    });
                     check(
                         &format!("forward_mma_{kind}_d{head_dim}_t1_s128_{docs}"),
                         &source,
