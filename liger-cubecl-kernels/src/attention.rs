@@ -170,24 +170,46 @@ impl FlashGeometry {
         self.own_rows / 16 / self.planes
     }
     /// How the dK/dV kernel's planes share a step's `dQ = dS·K` (register mma, with
-    /// [`Self::atomic_dq`]): `(column parts, key parts)`. The step's 16-row query tiles go
-    /// to the planes in turn; the planes of one query tile split the head's 16-column
-    /// tiles into as many parts as divide evenly, then the cube's keys (each part's sum
-    /// added on its own). `None` where the planes do not split evenly.
-    pub fn dq_split(&self) -> Option<(u32, u32)> {
+    /// [`Self::atomic_dq`]): `(query tiles a plane, column parts, key parts)`. The step's
+    /// 16-row query tiles go to the planes in groups of one or two; the planes of one
+    /// group split the head's 16-column tiles into as many parts as divide evenly, then
+    /// the cube's keys (each part's sum added on its own). Of the two, the one that loads
+    /// fewer `ldmatrix` operands a product (a plane loads, for each 16-key chunk, one A
+    /// operand a query tile and one B operand a 16-column tile); one query tile where they
+    /// tie. `None` where the planes do not split evenly.
+    pub fn dq_split(&self) -> Option<(u32, u32, u32)> {
         let query_tiles = self.step_rows / 16;
-        if query_tiles == 0 || !self.planes.is_multiple_of(query_tiles) {
-            return None;
-        }
-        let per_tile = self.planes / query_tiles;
         let head_tiles = self.head_dim / 16;
-        let cols = (1..=per_tile)
-            .rev()
-            .find(|c| per_tile.is_multiple_of(*c) && head_tiles.is_multiple_of(*c))?;
-        let keys = per_tile / cols;
-        (self.own_rows / 16)
-            .is_multiple_of(keys)
-            .then_some((cols, keys))
+        let mut best: Option<(u32, (u32, u32, u32))> = None;
+        for per_plane in [1u32, 2] {
+            if query_tiles == 0 || !query_tiles.is_multiple_of(per_plane) {
+                continue;
+            }
+            let groups = query_tiles / per_plane;
+            if !self.planes.is_multiple_of(groups) {
+                continue;
+            }
+            let per_group = self.planes / groups;
+            let Some(cols) = (1..=per_group)
+                .rev()
+                .find(|c| per_group.is_multiple_of(*c) && head_tiles.is_multiple_of(*c))
+            else {
+                continue;
+            };
+            let keys = per_group / cols;
+            if !(self.own_rows / 16).is_multiple_of(keys) {
+                continue;
+            }
+            // Loads per product, scaled to integers: (A + B loads) / products, where a
+            // chunk's products are `per_plane · 2 · col_tiles` (two 8-column C tiles a
+            // B load).
+            let col_tiles = head_tiles / cols;
+            let cost = 1000 * (per_plane + col_tiles) / (per_plane * col_tiles);
+            if best.is_none_or(|(c, _)| cost < c) {
+                best = Some((cost, (per_plane, cols, keys)));
+            }
+        }
+        best.map(|(_, split)| split)
     }
 
     /// Query rows per score tile unit group in the softmax (`units / s_rows` units a row).
@@ -3059,6 +3081,59 @@ mod mma_tiling_tests {
                 text.contains("flash_attention") && text.contains("KernelTiling"),
                 "{tiling:?}: {text}"
             );
+        }
+    }
+
+    #[test]
+    fn dq_splits_cover_the_step_and_load_the_fewest_operands() {
+        let kv = |head_dim: usize, t: KernelTiling| {
+            tiled_geometry(
+                FlashKernel::BackwardKv,
+                FlashVariant::Mma,
+                head_dim,
+                8,
+                16,
+                MmaTiling {
+                    backward_kv: t,
+                    ..MmaTiling::for_head_dim(head_dim)
+                },
+            )
+        };
+        // The defaults: head_dim 64 (two m-tiles, 32-query steps on 4 planes) ties and
+        // keeps one query tile a plane; head_dim 128 (64-query steps on 8 planes) takes
+        // two, 32 columns each: 32 `ldmatrix` a plane a step instead of 40.
+        assert_eq!(
+            kv(64, MmaTiling::for_head_dim(64).backward_kv).dq_split(),
+            Some((1, 2, 1))
+        );
+        assert_eq!(
+            kv(128, MmaTiling::for_head_dim(128).backward_kv).dq_split(),
+            Some((2, 4, 1))
+        );
+        let k = KernelTiling::new;
+        for head_dim in [64usize, 128] {
+            for t in [
+                k(1, 16),
+                k(1, 32),
+                k(1, 64),
+                k(2, 32),
+                k(2, 48),
+                k(1, 64).with_planes(8),
+                k(1, 16).with_planes(8),
+                k(1, 32).with_planes(12),
+                k(2, 32).with_planes(12),
+            ] {
+                let g = kv(head_dim, t);
+                let Some((per_plane, cols, keys)) = g.dq_split() else {
+                    continue;
+                };
+                // Every (query tile, column part, key part) has exactly one plane.
+                let query_tiles = g.step_rows / 16;
+                assert_eq!(query_tiles % per_plane, 0, "{t:?}");
+                assert_eq!((query_tiles / per_plane) * cols * keys, g.planes, "{t:?}");
+                assert_eq!((g.head_dim / 16) % cols, 0, "{t:?}");
+                assert_eq!((g.own_rows / 16) % keys, 0, "{t:?}");
+            }
         }
     }
 

@@ -808,7 +808,7 @@ fn step_products<F: Float, N: Size>(
 /// `dS[query, key]` are its 8×8 blocks transposed (`ldmatrix.trans`), the B operands
 /// `K[key, e]` those of `k_tile`.
 /// The planes share the products as [`FlashGeometry::dq_split`] says: the step's 16-row
-/// query tiles in turn, then the head's columns, then the cube's keys. Under a causal
+/// query tiles in groups of one or two, then the head's columns, then the cube's keys. Under a causal
 /// mask, 16-key chunks after the step's last query (`q_last`) hold only zeros and are
 /// skipped.
 #[cube]
@@ -827,29 +827,34 @@ fn dq_products<F: Float, N: Size>(
     #[comptime] mask: AttentionMask,
 ) {
     let query_mtiles = comptime!(g.step_rows / 16);
-    let (col_parts, key_parts) = comptime!(g.dq_split().unwrap());
+    let (per_plane, col_parts, key_parts) = comptime!(g.dq_split().unwrap());
+    let groups = comptime!(query_mtiles / per_plane);
     let cols = comptime!(g.head_dim / col_parts);
     let key_chunks = comptime!(g.own_rows / 16 / key_parts);
+    // C registers (f32 pairs) of one query tile: two a column tile of 8.
     let acc_regs = comptime!(cols / 4);
     let stride = comptime!(g.stride());
     let ds_rows = comptime!(ds_stride(&g));
     let plane = UNIT_POS / 32u32;
     let lane = UNIT_POS_PLANE;
     let m = lane / 8u32;
-    let qm = plane % query_mtiles;
-    let share = plane / query_mtiles;
+    // This plane's query tiles: `per_plane` from `qm · per_plane`.
+    let qm = plane % groups;
+    let share = plane / groups;
     let col0 = (share % col_parts) * cols;
     // This plane's keys: 16-key chunks `chunk0..chunk0 + key_chunks` of the cube's.
     let chunk0 = (share / col_parts) * key_chunks;
     // The lane's rows and columns of its matrices (see `ldmatrix_x4`): of dSᵀ, keys
-    // `(m / 2) · 8..` at queries `(m % 2) · 8..` of the plane's query tile (registers
-    // a0..a3 after the transpose); of K as in `step_products`.
-    let ds_at =
-        ((ds_row0 + chunk0 * 16 + (m / 2) * 8 + lane % 8u32) * ds_rows + qm * 2 + m % 2) as usize;
+    // `(m / 2) · 8..` at queries `(m % 2) · 8..` of the plane's first query tile
+    // (registers a0..a3 after the transpose; the next tile 16 queries on); of K as in
+    // `step_products`.
+    let ds_at = ((ds_row0 + chunk0 * 16 + (m / 2) * 8 + lane % 8u32) * ds_rows
+        + qm * comptime!(2 * per_plane)
+        + m % 2) as usize;
     let k_at = ((chunk0 * 16 + (m % 2) * 8 + lane % 8u32) * stride + col0 / 8 + m / 2) as usize;
-    let mut acc = Array::<Vector<f32, Pair>>::new(comptime!(acc_regs as usize));
+    let mut acc = Array::<Vector<f32, Pair>>::new(comptime!((per_plane * acc_regs) as usize));
     #[unroll]
-    for i in 0..acc_regs {
+    for i in 0..comptime!(per_plane * acc_regs) {
         acc[i as usize] = Vector::<f32, Pair>::new(0.0);
     }
     let mut b0 = Array::<Vector<F, Pair>>::new(2usize);
@@ -861,7 +866,22 @@ fn dq_products<F: Float, N: Size>(
             live = q_last >= k0 + (chunk0 + kk) * 16;
         }
         if live {
-            let a = ldmatrix_x4::<F, N>(ds, ds_at, comptime!((kk * 16 * ds_rows) as usize), true);
+            // The plane's query tiles' A operands, four registers each: each B operand
+            // (two 8-column tiles of K) serves them all.
+            let mut a = Array::<Vector<F, Pair>>::new(comptime!((4 * per_plane) as usize));
+            #[unroll]
+            for t in 0..per_plane {
+                let regs = ldmatrix_x4::<F, N>(
+                    ds,
+                    ds_at,
+                    comptime!((kk * 16 * ds_rows + 2 * t) as usize),
+                    true,
+                );
+                #[unroll]
+                for r in 0..4u32 {
+                    a[comptime!((4 * t + r) as usize)] = regs[r as usize];
+                }
+            }
             #[unroll]
             for dn2 in 0..comptime!(cols / 16) {
                 let regs = ldmatrix_x4::<F, N>(
@@ -874,28 +894,67 @@ fn dq_products<F: Float, N: Size>(
                 b0[1] = regs[1];
                 b1[0] = regs[2];
                 b1[1] = regs[3];
-                mma::<F>(&a, &b0, &mut acc, comptime!((4 * dn2) as usize));
-                mma::<F>(&a, &b1, &mut acc, comptime!((4 * dn2 + 2) as usize));
+                #[unroll]
+                for t in 0..per_plane {
+                    let mut a_t = Array::<Vector<F, Pair>>::new(4usize);
+                    #[unroll]
+                    for r in 0..4u32 {
+                        a_t[r as usize] = a[comptime!((4 * t + r) as usize)];
+                    }
+                    let at = comptime!(t * acc_regs + 4 * dn2);
+                    mma::<F>(&a_t, &b0, &mut acc, comptime!(at as usize));
+                    mma::<F>(&a_t, &b1, &mut acc, comptime!((at + 2) as usize));
+                }
             }
         }
     }
     let row_pairs = comptime!(g.head_dim / 2);
-    let lo = q0 + qm * 16 + lane / 4u32;
-    // The lane's first pair of its row `lo`, once; each C tile's pair (and row `lo + 8`'s)
-    // a constant after it.
-    let at_lo = (q_row0 + lo as usize) * row_pairs as usize + (col0 / 2 + lane % 4u32) as usize;
-    if lo < seq {
-        #[unroll]
-        for dn in 0..comptime!(cols / 8) {
-            let at = at_lo + comptime!((dn * 4) as usize);
-            grad_q_sum[at].fetch_add(acc[(2 * dn) as usize]);
-        }
+    let lo0 = q0 + qm * comptime!(16 * per_plane) + lane / 4u32;
+    // The lane's first pair of its row `lo0`, once; each C tile's pair (and the rows 8
+    // and 16 on) a constant after it.
+    let at_lo = (q_row0 + lo0 as usize) * row_pairs as usize + (col0 / 2 + lane % 4u32) as usize;
+    // A step inside the sequence adds every row with no test (one address for all);
+    // the last step tests each row.
+    if q0 + comptime!(g.step_rows) <= seq {
+        dq_atomic_adds(grad_q_sum, &acc, at_lo, lo0, seq, false, per_plane, cols, g);
+    } else {
+        dq_atomic_adds(grad_q_sum, &acc, at_lo, lo0, seq, true, per_plane, cols, g);
     }
-    if lo + 8u32 < seq {
+}
+
+/// Adds a plane's dQ share `acc` (`per_plane` query tiles of `cols` columns, C registers)
+/// to `grad_q_sum` from pair `at_lo` (the lane's first row `lo0`); with `checked`, only
+/// the rows before `seq`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn dq_atomic_adds(
+    grad_q_sum: &mut Array<Atomic<Vector<f32, Pair>>>,
+    acc: &Array<Vector<f32, Pair>>,
+    at_lo: usize,
+    lo0: u32,
+    seq: u32,
+    #[comptime] checked: bool,
+    #[comptime] per_plane: u32,
+    #[comptime] cols: u32,
+    #[comptime] g: FlashGeometry,
+) {
+    let row_pairs = comptime!(g.head_dim / 2);
+    let acc_regs = comptime!(cols / 4);
+    #[unroll]
+    for t in 0..per_plane {
         #[unroll]
-        for dn in 0..comptime!(cols / 8) {
-            let at = at_lo + comptime!((8 * row_pairs + dn * 4) as usize);
-            grad_q_sum[at].fetch_add(acc[(2 * dn + 1) as usize]);
+        for h in 0..2u32 {
+            let mut live = true;
+            if comptime!(checked) {
+                live = lo0 + comptime!(16 * t + 8 * h) < seq;
+            }
+            if live {
+                #[unroll]
+                for dn in 0..comptime!(cols / 8) {
+                    let at = at_lo + comptime!(((16 * t + 8 * h) * row_pairs + dn * 4) as usize);
+                    grad_q_sum[at].fetch_add(acc[comptime!((t * acc_regs + 2 * dn + h) as usize)]);
+                }
+            }
         }
     }
 }
