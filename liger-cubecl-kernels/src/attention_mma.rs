@@ -322,6 +322,79 @@ fn mask_pair(
     )
 }
 
+/// A boundary block's mask on a plane's C tiles, as selects: `tiles` m-tiles of
+/// `col_tiles` 8-column tiles (pair `2n + h` of m-tile `t` at `t · 2 · col_tiles`), the
+/// lane's rows `row0 + 16t + 8h` and columns `col0 + 8n` and the next; hidden elements
+/// become `fill`. Rows are queries and columns keys (`S`), or the other way round with
+/// `keys_in_rows` (`Sᵀ`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn mask_tiles(
+    acc: &mut Array<Vector<f32, Pair>>,
+    row0: u32,
+    col0: u32,
+    fill: f32,
+    seq: u32,
+    window: u32,
+    doc_ids: &Array<i32>,
+    doc_base: usize,
+    #[comptime] tiles: u32,
+    #[comptime] col_tiles: u32,
+    #[comptime] keys_in_rows: bool,
+    #[comptime] mask: AttentionMask,
+) {
+    // Rows' tiles innermost for `Sᵀ`, columns' for `S`: the order the kernels' registers
+    // were allocated for (the other order spills more in dK/dV).
+    #[unroll]
+    for i in 0..comptime!(tiles * col_tiles) {
+        let t = comptime!(if keys_in_rows {
+            i % tiles
+        } else {
+            i / col_tiles
+        });
+        let n = comptime!(if keys_in_rows {
+            i / tiles
+        } else {
+            i % col_tiles
+        });
+        let col = col0 + n * 8;
+        #[unroll]
+        for h in 0..2u32 {
+            let row = row0 + t * 16 + h * 8;
+            let at = comptime!((t * 2 * col_tiles + 2 * n + h) as usize);
+            acc[at] = if comptime!(keys_in_rows) {
+                mask_pair(
+                    acc[at],
+                    col,
+                    row,
+                    col + 1,
+                    row,
+                    fill,
+                    seq,
+                    window,
+                    doc_ids,
+                    doc_base,
+                    mask,
+                )
+            } else {
+                mask_pair(
+                    acc[at],
+                    row,
+                    col,
+                    row,
+                    col + 1,
+                    fill,
+                    seq,
+                    window,
+                    doc_ids,
+                    doc_base,
+                    mask,
+                )
+            };
+        }
+    }
+}
+
 /// Max over the four lanes of a quad (one row of a C tile).
 #[cube]
 fn quad_max(x: f32) -> f32 {
@@ -498,32 +571,20 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
             // A boundary block's hidden scores to the floor, behind one branch for the
             // whole step.
             if !interior {
-                #[unroll]
-                for t in 0..tiles {
-                    #[unroll]
-                    for n in 0..key_tiles {
-                        let kpos = k0 + n * 8 + 2 * tid;
-                        // The lane's rows `gid` (h = 0) and `gid + 8` (h = 1) of m-tile t.
-                        #[unroll]
-                        for h in 0..2u32 {
-                            let qpos = qpos0 + t * 16 + h * 8;
-                            let at = comptime!((t * 2 * key_tiles + 2 * n + h) as usize);
-                            s[at] = mask_pair(
-                                s[at],
-                                qpos,
-                                kpos,
-                                qpos,
-                                kpos + 1,
-                                floor,
-                                seq,
-                                window,
-                                doc_ids,
-                                doc_base,
-                                mask,
-                            );
-                        }
-                    }
-                }
+                mask_tiles(
+                    &mut s,
+                    qpos0,
+                    k0 + 2 * tid,
+                    floor,
+                    seq,
+                    window,
+                    doc_ids,
+                    doc_base,
+                    tiles,
+                    key_tiles,
+                    false,
+                    mask,
+                );
             }
             #[unroll]
             for t in 0..tiles {
@@ -1521,32 +1582,20 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
             }
             // A boundary block's hidden pairs, behind one branch for the whole step.
             if !interior {
-                #[unroll]
-                for n in 0..query_tiles {
-                    let qpos = q0 + n * 8 + 2 * tid;
-                    #[unroll]
-                    for t in 0..tiles {
-                        // The lane's keys `gid` (h = 0) and `gid + 8` (h = 1) of m-tile t.
-                        #[unroll]
-                        for h in 0..2u32 {
-                            let kpos = kpos0 + t * 16 + h * 8;
-                            let at = comptime!((t * 2 * query_tiles + 2 * n + h) as usize);
-                            st[at] = mask_pair(
-                                st[at],
-                                qpos,
-                                kpos,
-                                qpos + 1,
-                                kpos,
-                                0.0,
-                                seq,
-                                window,
-                                doc_ids,
-                                doc_base,
-                                mask,
-                            );
-                        }
-                    }
-                }
+                mask_tiles(
+                    &mut st,
+                    kpos0,
+                    q0 + 2 * tid,
+                    0.0,
+                    seq,
+                    window,
+                    doc_ids,
+                    doc_base,
+                    tiles,
+                    query_tiles,
+                    true,
+                    mask,
+                );
             }
             // Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − D), rounded.
             #[unroll]
