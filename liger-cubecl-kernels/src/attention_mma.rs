@@ -362,35 +362,24 @@ fn mask_tiles(
         for h in 0..2u32 {
             let row = row0 + t * 16 + h * 8;
             let at = comptime!((t * 2 * col_tiles + 2 * n + h) as usize);
-            acc[at] = if comptime!(keys_in_rows) {
-                mask_pair(
-                    acc[at],
-                    col,
-                    row,
-                    col + 1,
-                    row,
-                    fill,
-                    seq,
-                    window,
-                    doc_ids,
-                    doc_base,
-                    mask,
-                )
-            } else {
-                mask_pair(
-                    acc[at],
-                    row,
-                    col,
-                    row,
-                    col + 1,
-                    fill,
-                    seq,
-                    window,
-                    doc_ids,
-                    doc_base,
-                    mask,
-                )
-            };
+            // The pair's query and key positions: its second element is the next column.
+            let q = if comptime!(keys_in_rows) { col } else { row };
+            let k = if comptime!(keys_in_rows) { row } else { col };
+            let next_q = comptime!(keys_in_rows as u32);
+            let next_k = comptime!(!keys_in_rows as u32);
+            acc[at] = mask_pair(
+                acc[at],
+                q,
+                k,
+                q + next_q,
+                k + next_k,
+                fill,
+                seq,
+                window,
+                doc_ids,
+                doc_base,
+                mask,
+            );
         }
     }
 }
