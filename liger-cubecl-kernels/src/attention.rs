@@ -3101,7 +3101,7 @@ mod mma_tiling_tests {
         };
         // The defaults: head_dim 64 (two m-tiles, 32-query steps on 4 planes) ties and
         // keeps one query tile a plane; head_dim 128 (64-query steps on 8 planes) takes
-        // two, 32 columns each: 32 `ldmatrix` a plane a step instead of 40.
+        // two, 32 columns each: 32 `ldmatrix` a plane a step against 40 with one.
         assert_eq!(
             kv(64, MmaTiling::for_head_dim(64).backward_kv).dq_split(),
             Some((1, 2, 1))
