@@ -141,6 +141,9 @@ pub struct FlashGeometry {
     /// `dSᵀ` buffer, instead of following a cube sync of its own (see
     /// [`MmaTiling::deferred_dq`]).
     pub deferred_dq: bool,
+    /// With `atomic_dq`: the dK/dV kernel in FlashAttention-2's warp layout (see
+    /// [`KernelTiling::warp_grid`]).
+    pub warp_grid: bool,
 }
 
 impl FlashGeometry {
@@ -1885,6 +1888,7 @@ fn tiled_geometry(
         fast_exp: false,
         atomic_dq: false,
         deferred_dq: false,
+        warp_grid: false,
     }
 }
 
@@ -1967,6 +1971,15 @@ pub struct KernelTiling {
     /// how a kernel is held to fewer registers a unit: 12 planes leave 168 registers to
     /// each of 384 units, where 4 planes may take 255 and fit two cubes (8 planes) an SM.
     pub planes: u32,
+    /// dK/dV only, with dQ summed atomically: the planes share each step as
+    /// FlashAttention-2's warps do instead of owning 16 keys each. On 8 planes, 128 keys a
+    /// cube and 64-query steps (one m-tile a plane, 8 planes, 64-row steps), scores and
+    /// `dP` as 32×32 blocks on a 2 × 4 grid of planes, `P` and `dS` through shared memory,
+    /// `dV` and `dK` as 32 keys × half the head on a 4 × 2 grid, `dQ` as 32 queries × a
+    /// quarter of the head: each operand loaded from shared memory serves two m-tiles and
+    /// four or more C tiles (144 `ldmatrix.x4` a plane a step at head_dim 128 against 176).
+    /// Without atomic dQ (a deterministic plan) the kernel keeps its strips.
+    pub warp_grid: bool,
 }
 
 impl KernelTiling {
@@ -1976,12 +1989,24 @@ impl KernelTiling {
             plane_tiles,
             step_rows,
             planes: MMA_PLANES,
+            warp_grid: false,
         }
     }
 
     /// This tiling with `planes` planes a cube.
     pub const fn with_planes(self, planes: u32) -> Self {
         Self { planes, ..self }
+    }
+
+    /// The dK/dV kernel's warp grid (see [`Self::warp_grid`]): 8 planes, one m-tile each,
+    /// 64-query steps.
+    pub const fn warp_grid() -> Self {
+        Self {
+            plane_tiles: 1,
+            step_rows: 64,
+            planes: 8,
+            warp_grid: true,
+        }
     }
 }
 
@@ -2010,7 +2035,10 @@ impl MmaTiling {
     /// candidates of the `flash_tilings_timed` test on an H200 (bf16, causal, 4K and 16K
     /// tokens), or, where they trade places between lengths, the fastest at 16K
     /// (`benches/logs/flash_tilings_a789360.log` at head_dim 64,
-    /// `benches/logs/flash_tilings_184cbf2.log` at 128; `benches/attention.md`).
+    /// `benches/logs/flash_tilings_184cbf2.log` at 128; `benches/attention.md`). At
+    /// head_dim 128 dK/dV takes the warp grid ([`KernelTiling::warp_grid`]), which loads
+    /// 18% fewer operands from shared memory a step than the 8-plane strips (static SASS);
+    /// with dQ from its own kernel (deterministic plans) it keeps the strips, dQ deferred.
     pub fn for_head_dim(head_dim: usize) -> Self {
         if head_dim <= 64 {
             Self {
@@ -2018,6 +2046,13 @@ impl MmaTiling {
                 backward_q: KernelTiling::new(1, 32),
                 backward_kv: KernelTiling::new(2, 32),
                 deferred_dq: false,
+            }
+        } else if head_dim == 128 {
+            Self {
+                forward: KernelTiling::new(2, 64),
+                backward_q: KernelTiling::new(1, 32),
+                backward_kv: KernelTiling::warp_grid(),
+                deferred_dq: true,
             }
         } else {
             Self {
@@ -2101,7 +2136,11 @@ impl FlashPlan {
             atomic_dq: kernel == FlashKernel::BackwardKv && self.sums_dq_atomically(),
             deferred_dq: kernel == FlashKernel::BackwardKv
                 && self.sums_dq_atomically()
-                && self.tiling.deferred_dq,
+                && self.tiling.deferred_dq
+                && !self.tiling.backward_kv.warp_grid,
+            warp_grid: kernel == FlashKernel::BackwardKv
+                && self.sums_dq_atomically()
+                && self.tiling.backward_kv.warp_grid,
             ..g
         }
     }
@@ -2167,10 +2206,17 @@ impl FlashPlan {
                             (16..=64).contains(&t.step_rows)
                         }
                     };
+                    // FlashAttention-2's grid: dK/dV's 8 planes of 32×32 score blocks,
+                    // a quarter of the head a plane's dQ (16 columns or more).
+                    let grid_ok = !t.warp_grid
+                        || kernel == FlashKernel::BackwardKv
+                            && t == KernelTiling::warp_grid()
+                            && matches!(self.head_dim, 64 | 128);
                     (1..=2).contains(&t.plane_tiles)
                         && t.step_rows.is_multiple_of(16)
                         && steps_ok
                         && planes_ok
+                        && grid_ok
                 }
                 FlashVariant::TensorCores => cmma_tilings(kernel, self.head_dim).contains(&t),
                 FlashVariant::Fma => false,
@@ -2179,7 +2225,7 @@ impl FlashPlan {
                 return Err(KernelError::Unsupported {
                     op,
                     reason: format!(
-                        "{:?} {kernel:?} tiling {t:?} (register mma: 1 or 2 m-tiles a plane, steps of 16 to 64 rows in 16s, the forward also 128 with one m-tile, 4 planes, the forward and dK/dV also 8 or 12; cmma: one of cmma_tilings; FMA: none)",
+                        "{:?} {kernel:?} tiling {t:?} (register mma: 1 or 2 m-tiles a plane, steps of 16 to 64 rows in 16s, the forward also 128 with one m-tile, 4 planes, the forward and dK/dV also 8 or 12; the warp grid: dK/dV only, KernelTiling::warp_grid(), head_dim 64 or 128; cmma: one of cmma_tilings; FMA: none)",
                         self.variant
                     ),
                 });
@@ -3071,6 +3117,18 @@ mod mma_tiling_tests {
                 backward_q: k(1, 32).with_planes(8),
                 ..base
             },
+            // The warp grid: dK/dV only, and only as `KernelTiling::warp_grid()`.
+            MmaTiling {
+                forward: KernelTiling::warp_grid(),
+                ..base
+            },
+            MmaTiling {
+                backward_kv: KernelTiling {
+                    step_rows: 32,
+                    ..KernelTiling::warp_grid()
+                },
+                ..base
+            },
         ];
         for tiling in refused {
             let err = plan(64)
@@ -3135,6 +3193,49 @@ mod mma_tiling_tests {
                 assert_eq!((g.own_rows / 16) % keys, 0, "{t:?}");
             }
         }
+    }
+
+    #[test]
+    fn the_warp_grid_needs_atomic_dq_and_a_head_of_64s() {
+        let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+        let bf16: StorageType = ElemType::Float(FloatKind::BF16).into();
+        let grid = |head_dim: usize| MmaTiling {
+            backward_kv: KernelTiling::warp_grid(),
+            deferred_dq: true,
+            ..MmaTiling::for_head_dim(head_dim)
+        };
+        for head_dim in [64usize, 128] {
+            let plan = FlashPlan {
+                tiling: grid(head_dim),
+                ..plan(head_dim)
+            };
+            let g = plan.geometry(FlashKernel::BackwardKv);
+            // The grid sums a step's dQ in the step: never deferred.
+            assert!(g.warp_grid && g.atomic_dq && !g.deferred_dq, "{g:?}");
+            assert_eq!((g.own_rows, g.step_rows, g.planes), (128, 64, 8));
+            // 171 KiB at head_dim 128: K and V, Q and dO twice, P and dS.
+            let bytes = mma::shared_bytes(&g, FlashKernel::BackwardKv, 2);
+            let row = (head_dim + 8) * 2;
+            assert_eq!(
+                bytes,
+                128 + 2 * 128 * row + 4 * 64 * row + 4 * 64 * 4 + 2 * 64 * 136 * 2
+            );
+            // A deterministic plan keeps the strips (and the dQ kernel).
+            let g = plan.deterministic().geometry(FlashKernel::BackwardKv);
+            assert!(!g.warp_grid && !g.atomic_dq, "{g:?}");
+            // The other kernels never take it.
+            assert!(!plan.geometry(FlashKernel::Forward).warp_grid);
+        }
+        // A head of 80 (a quarter is not a whole number of 16-column tiles) or 256 (dK
+        // and dV would take every register).
+        for head_dim in [80, 256] {
+            let err = plan(head_dim)
+                .with_tiling(&client, bf16, grid(head_dim))
+                .expect_err("no warp grid");
+            assert!(err.to_string().contains("warp grid"), "{err}");
+            assert!(!plan(head_dim).tiling.backward_kv.warp_grid);
+        }
+        assert!(plan(128).tiling.backward_kv.warp_grid);
     }
 
     #[test]

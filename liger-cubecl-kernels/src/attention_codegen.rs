@@ -459,6 +459,54 @@ fn register_mma_kernels_compile_to_cuda() {
                         "{name}: not bound to {planes} planes"
                     );
                 }
+                // The warp grid: one geometry, whatever the m-tiles of the strips above.
+                if tiles == 1 {
+                    let g = FlashGeometry {
+                        atomic_dq: true,
+                        warp_grid: true,
+                        planes: 8,
+                        units: 256,
+                        own_rows: 128,
+                        step_rows: 64,
+                        ..tiled(FlashKernel::BackwardKv, head_dim, 1)
+                    };
+                    let source = flash_source!(
+                        client,
+                        flash_backward_kv_mma_kernel::FlashBackwardKvMmaKernel,
+                        g,
+                        elem,
+                        n,
+                        true,
+                        [
+                            io,
+                            io,
+                            io,
+                            io,
+                            f32s,
+                            f32s,
+                            i32s,
+                            i32s,
+                            i32s,
+                            io,
+                            io,
+                            pairs,
+                            pairs,
+                            atomic_pairs,
+                            u32,
+                            u32,
+                            u32,
+                            u32,
+                            f32,
+                            u32
+                        ],
+                        [mask, parts]
+                    );
+                    let name =
+                        format!("backward_kv_grid_mma_{kind}_d{head_dim}_{docs}_parts{parts}");
+                    check(&name, &source);
+                    assert!(source.contains("atomicAdd"), "{name}");
+                    assert!(source.contains("__launch_bounds__(256)"), "{name}");
+                }
             }
         }
     }

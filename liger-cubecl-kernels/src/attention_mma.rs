@@ -72,6 +72,12 @@ pub(super) fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) 
             FlashKernel::Forward => own + 4 * step,
             // q (then dQ), dO, k and v twice.
             FlashKernel::BackwardQ => 2 * own + 4 * step,
+            // The warp grid: k, v (then dK, dV); q, dO, lse and D of the step twice; P
+            // and dS of a step.
+            FlashKernel::BackwardKv if g.warp_grid => {
+                let scores = (g.step_rows * grid_stride(g) * g.vector) as usize * elem;
+                2 * own + 4 * step + 4 * g.step_rows as usize * 4 + 2 * scores
+            }
             // k, v (then dK, dV); q, dO, lse and D of the step twice; dSᵀ of a step (twice
             // when deferred).
             FlashKernel::BackwardKv => {
@@ -90,6 +96,12 @@ pub(super) fn shared_bytes(g: &FlashGeometry, kernel: FlashKernel, elem: usize) 
 /// (16 bytes of padding, as the other tiles).
 pub(super) fn ds_stride(g: &FlashGeometry) -> u32 {
     g.step_rows / g.vector + 1
+}
+
+/// Row stride, in vectors, of the warp grid's `[queries, keys]` tiles of a step's `P` and
+/// `dS` (16 bytes of padding, as the other tiles).
+pub(super) fn grid_stride(g: &FlashGeometry) -> u32 {
+    g.own_rows / g.vector + 1
 }
 
 /// Starts the asynchronous copies (`cp.async`, one vector of 16 bytes a copy) of rows
@@ -1358,6 +1370,50 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
     #[comptime] parts: u32,
     #[define(F)] _dtype: StorageType,
 ) {
+    if comptime!(g.warp_grid) {
+        backward_kv_grid::<F, N>(
+            q, k, v, grad, lse, dot, doc_ids, q_ranges, k_ranges, grad_k, grad_v, partial_k,
+            partial_v, grad_q_sum, seq, q_heads, kv_heads, window, scale, part_pairs, g, mask,
+            parts,
+        );
+    } else {
+        backward_kv_strips::<F, N>(
+            q, k, v, grad, lse, dot, doc_ids, q_ranges, k_ranges, grad_k, grad_v, partial_k,
+            partial_v, grad_q_sum, seq, q_heads, kv_heads, window, scale, part_pairs, g, mask,
+            parts,
+        );
+    }
+}
+
+/// The dK/dV kernel's body where each plane owns 16 keys an m-tile (see
+/// [`flash_backward_kv_mma_kernel`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn backward_kv_strips<F: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
+    grad: &Array<Vector<F, N>>,
+    lse: &Array<f32>,
+    dot: &Array<f32>,
+    doc_ids: &Array<i32>,
+    q_ranges: &Array<i32>,
+    k_ranges: &Array<i32>,
+    grad_k: &mut Array<Vector<F, N>>,
+    grad_v: &mut Array<Vector<F, N>>,
+    partial_k: &mut Array<Vector<f32, Pair>>,
+    partial_v: &mut Array<Vector<f32, Pair>>,
+    grad_q_sum: &mut Array<Atomic<Vector<f32, Pair>>>,
+    seq: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    window: u32,
+    scale: f32,
+    part_pairs: u32,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+    #[comptime] parts: u32,
+) {
     let bk = comptime!(g.own_rows);
     let bq = comptime!(g.step_rows);
     let dv = comptime!(g.dv());
@@ -1712,6 +1768,522 @@ pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
             let at = comptime!(t * 2 * head_tiles);
             rows_to_tile::<F, N>(&dk, at, &mut k_tile, strip0 + t * 16, scale, scale, g);
             rows_to_tile::<F, N>(&dvv, at, &mut v_tile, strip0 + t * 16, 1.0, 1.0, g);
+        }
+        sync_cube();
+        tile_to_rows::<F, N>(&k_tile, grad_k, kv_base, k0, seq, g);
+        tile_to_rows::<F, N>(&v_tile, grad_v, kv_base, k0, seq, g);
+    }
+}
+
+/// `acc += A·B` over the 16-row chunks `lo..hi` of a reduction of `chunks` (chunks
+/// outside are skipped): A's `m_tiles` 16-row tiles from the row-major tile `a` of
+/// `a_stride` vectors a row (rows the output rows from `a_row0`, columns the reduction
+/// from vector `a_col0`; with `a_transposed` rows the reduction from `a_row0` and columns
+/// the output rows from vector `a_col0`, its 8×8 blocks loaded transposed), B's `cols`
+/// columns from the row-major tile `b` (rows the reduction from `b_row0`, columns from
+/// vector `b_col0`; transposed blocks, as in `step_products`). Each B load serves every
+/// m-tile. `acc` holds `2 · cols / 8` C registers an m-tile, m-tile after m-tile.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn tile_products<F: Float, N: Size>(
+    a: &SharedMemory<Vector<F, N>>,
+    a_row0: u32,
+    a_col0: u32,
+    b: &SharedMemory<Vector<F, N>>,
+    b_row0: u32,
+    b_col0: u32,
+    acc: &mut Array<Vector<f32, Pair>>,
+    lo: u32,
+    hi: u32,
+    #[comptime] a_stride: u32,
+    #[comptime] a_transposed: bool,
+    #[comptime] b_stride: u32,
+    #[comptime] m_tiles: u32,
+    #[comptime] cols: u32,
+    #[comptime] chunks: u32,
+) {
+    let c_tiles = comptime!(cols / 8);
+    let lane = UNIT_POS_PLANE;
+    let m = lane / 8u32;
+    // The lane's row and column of its matrix (see `ldmatrix_x4`): A's output rows
+    // `(m % 2) · 8..` at reduction columns `(m / 2) · 8..` (transposed: reduction rows
+    // `(m / 2) · 8..` at output columns `(m % 2) · 8..`), registers a0..a3 either way;
+    // B's as in `step_products`.
+    let mut a_at = ((a_row0 + (m % 2) * 8 + lane % 8u32) * a_stride + a_col0 + m / 2) as usize;
+    if comptime!(a_transposed) {
+        a_at = ((a_row0 + (m / 2) * 8 + lane % 8u32) * a_stride + a_col0 + m % 2) as usize;
+    }
+    let b_at = ((b_row0 + (m % 2) * 8 + lane % 8u32) * b_stride + b_col0 + m / 2) as usize;
+    let mut b0 = Array::<Vector<F, Pair>>::new(2usize);
+    let mut b1 = Array::<Vector<F, Pair>>::new(2usize);
+    #[unroll]
+    for kk in 0..chunks {
+        if kk >= lo && kk < hi {
+            let mut a_all = Array::<Vector<F, Pair>>::new(comptime!((4 * m_tiles) as usize));
+            #[unroll]
+            for t in 0..m_tiles {
+                let offset = comptime!(if a_transposed {
+                    kk * 16 * a_stride + 2 * t
+                } else {
+                    t * 16 * a_stride + 2 * kk
+                });
+                let regs = ldmatrix_x4::<F, N>(a, a_at, comptime!(offset as usize), a_transposed);
+                #[unroll]
+                for r in 0..4u32 {
+                    a_all[comptime!((4 * t + r) as usize)] = regs[r as usize];
+                }
+            }
+            #[unroll]
+            for dn2 in 0..comptime!(cols / 16) {
+                let regs = ldmatrix_x4::<F, N>(
+                    b,
+                    b_at,
+                    comptime!((kk * 16 * b_stride + 2 * dn2) as usize),
+                    true,
+                );
+                b0[0] = regs[0];
+                b0[1] = regs[1];
+                b1[0] = regs[2];
+                b1[1] = regs[3];
+                #[unroll]
+                for t in 0..m_tiles {
+                    let mut a_t = Array::<Vector<F, Pair>>::new(4usize);
+                    #[unroll]
+                    for r in 0..4u32 {
+                        a_t[r as usize] = a_all[comptime!((4 * t + r) as usize)];
+                    }
+                    let at = comptime!(t * 2 * c_tiles + 4 * dn2);
+                    mma::<F>(&a_t, &b0, acc, comptime!(at as usize));
+                    mma::<F>(&a_t, &b1, acc, comptime!((at + 2) as usize));
+                }
+            }
+        }
+    }
+}
+
+/// The dK/dV kernel's body in FlashAttention-2's warp layout ([`FlashGeometry::warp_grid`]:
+/// 8 planes, 128 keys a cube, 64-query steps, dQ summed atomically). A step's `S = Q·Kᵀ`
+/// and `dP = dO·Vᵀ` are 32×32 blocks on a 2 × 4 grid of planes (queries × keys); `P =
+/// exp(S·scale − lse)` and `dS = P ∘ (dP − D)`, rounded to the input dtype, go to two
+/// `[queries, keys]` tiles; after a cube sync `dV += Pᵀ·dO` and `dK += dSᵀ·Q` run on a 4 × 2
+/// grid (32 keys × half the head a plane, held across the steps) and `dQ = dS·K` on a 2 ×
+/// 4 grid (32 queries × a quarter of the head), added to `grad_q_sum` atomically. Under a
+/// causal mask a score block after its last query is zeros without products, and the
+/// products skip 16-row chunks that hold only zeros.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn backward_kv_grid<F: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
+    grad: &Array<Vector<F, N>>,
+    lse: &Array<f32>,
+    dot: &Array<f32>,
+    doc_ids: &Array<i32>,
+    q_ranges: &Array<i32>,
+    k_ranges: &Array<i32>,
+    grad_k: &mut Array<Vector<F, N>>,
+    grad_v: &mut Array<Vector<F, N>>,
+    partial_k: &mut Array<Vector<f32, Pair>>,
+    partial_v: &mut Array<Vector<f32, Pair>>,
+    grad_q_sum: &mut Array<Atomic<Vector<f32, Pair>>>,
+    seq: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    window: u32,
+    scale: f32,
+    part_pairs: u32,
+    #[comptime] g: FlashGeometry,
+    #[comptime] mask: AttentionMask,
+    #[comptime] parts: u32,
+) {
+    let bk = comptime!(g.own_rows);
+    let bq = comptime!(g.step_rows);
+    let stride = comptime!(g.stride());
+    let ps_stride = comptime!(grid_stride(&g));
+    let half = comptime!(g.head_dim / 2);
+    let quarter = comptime!(g.head_dim / 4);
+    let kb = CUBE_POS_X;
+    let kv_head = CUBE_POS_Y / parts;
+    let part = CUBE_POS_Y % parts;
+    let batch = CUBE_POS_Z;
+    let group = q_heads / kv_heads;
+    let heads_per_part = group / parts;
+    let k0 = kb * bk;
+    let seq_len = seq as usize;
+    let kv_base = (batch * kv_heads + kv_head) as usize * seq_len * comptime!(g.dv() as usize);
+    let doc_base = batch as usize * seq_len;
+
+    let mut k_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * stride) as usize), 128usize);
+    let mut v_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((bk * stride) as usize), 128usize);
+    let mut q_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((2 * bq * stride) as usize), 128usize);
+    let mut do_tile =
+        SharedMemory::<Vector<F, N>>::new_aligned(comptime!((2 * bq * stride) as usize), 128usize);
+    let scores_len = comptime!((bq * ps_stride) as usize);
+    let mut p_tile = SharedMemory::<Vector<F, N>>::new_aligned(scores_len, 128usize);
+    let mut ds_tile = SharedMemory::<Vector<F, N>>::new_aligned(scores_len, 128usize);
+    let mut lse_rows = SharedMemory::<f32>::new_aligned(comptime!(2 * bq as usize), 16usize);
+    let mut d_rows = SharedMemory::<f32>::new_aligned(comptime!(2 * bq as usize), 16usize);
+    let bar = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
+
+    let plane = UNIT_POS / 32u32;
+    let lane = UNIT_POS_PLANE;
+    let gid = lane / 4u32;
+    let tid = lane % 4u32;
+    // Scores and dQ: queries `sq · 32..` of the step; keys `sk · 32..` of the cube
+    // (scores), columns `sk · quarter..` (dQ).
+    let sq = plane / 4u32;
+    let sk = plane % 4u32;
+    // dV and dK: keys `ok · 32..`, columns `oc · half..`.
+    let ok = plane / 2u32;
+    let oc = plane % 2u32;
+    let scale2 = scale * LOG2_E;
+    let fast = comptime!(g.fast_exp);
+    // `row_products` on a 32×32 block: two m-tiles of queries, 32 keys.
+    let block = comptime!(FlashGeometry {
+        own_rows: 32,
+        planes: 1,
+        units: 32,
+        step_rows: 32,
+        ..g
+    });
+    // C registers (f32 pairs): a 32×32 block's, and dV's or dK's (two m-tiles of half
+    // the head).
+    let block_regs = comptime!(2 * 2 * 32 / 8);
+    let acc_regs = comptime!(2 * 2 * half / 8);
+    let mut dk = Array::<Vector<f32, Pair>>::new(comptime!(acc_regs as usize));
+    let mut dvv = Array::<Vector<f32, Pair>>::new(comptime!(acc_regs as usize));
+    #[unroll]
+    for i in 0..acc_regs {
+        dk[i as usize] = Vector::<f32, Pair>::new(0.0);
+        dvv[i as usize] = Vector::<f32, Pair>::new(0.0);
+    }
+    let mut s = Array::<Vector<f32, Pair>>::new(comptime!(block_regs as usize));
+    let mut dp = Array::<Vector<f32, Pair>>::new(comptime!(block_regs as usize));
+    let ps_pairs = comptime!(ps_stride * g.vector / 2);
+
+    let k_blocks = seq.div_ceil(bk);
+    let q_blocks = seq.div_ceil(bq);
+    let mut doc_lo = 0i32;
+    let mut doc_hi = 0i32;
+    if comptime!(mask.documents) {
+        let at = ((batch * k_blocks + kb) * 2u32) as usize;
+        doc_lo = k_ranges[at];
+        doc_hi = k_ranges[at + 1];
+    }
+    let (qb_first, qb_end) = query_block_range(k0, seq, window, bk, bq, mask);
+    let q_at0 = batch * q_blocks;
+    let h_end = (part + 1) * heads_per_part;
+    let qb_live = next_live_block(qb_first, qb_end, q_ranges, q_at0, doc_lo, doc_hi, mask);
+    let mut h = part * heads_per_part;
+    if qb_live >= qb_end {
+        h = h_end;
+    }
+    let mut qb = qb_live;
+    copy_rows_async::<F, N>(k, kv_base, k0, seq, &mut k_tile, 0u32, bk, g);
+    copy_rows_async::<F, N>(v, kv_base, k0, seq, &mut v_tile, 0u32, bk, g);
+    if h < h_end {
+        copy_query_step::<F, N>(
+            q,
+            grad,
+            lse,
+            dot,
+            kv_head * group + h,
+            batch,
+            q_heads,
+            qb * bq,
+            seq,
+            &mut q_tile,
+            &mut do_tile,
+            &mut lse_rows,
+            &mut d_rows,
+            0u32,
+            g,
+        );
+    }
+    bar.commit_copy_async();
+    let mut buf = 0u32;
+    while h < h_end {
+        bar.arrive_and_wait();
+        let mut next_h = h;
+        let mut next_qb = next_live_block(qb + 1, qb_end, q_ranges, q_at0, doc_lo, doc_hi, mask);
+        if next_qb >= qb_end {
+            next_h = h + 1;
+            next_qb = qb_live;
+        }
+        if next_h < h_end {
+            copy_query_step::<F, N>(
+                q,
+                grad,
+                lse,
+                dot,
+                kv_head * group + next_h,
+                batch,
+                q_heads,
+                next_qb * bq,
+                seq,
+                &mut q_tile,
+                &mut do_tile,
+                &mut lse_rows,
+                &mut d_rows,
+                (1u32 - buf) * bq,
+                g,
+            );
+        }
+        bar.commit_copy_async();
+        let q0 = qb * bq;
+        let row0 = buf * bq;
+        // This plane's score block: queries from `sq0`, keys from `sk0`.
+        let sq0 = q0 + sq * 32u32;
+        let sk0 = k0 + sk * 32u32;
+        // The lane's first pair in the P and dS tiles; each register's a constant after it.
+        let ps_at = ((sq * 32u32 + gid) * ps_pairs + sk * 16u32 + tid) as usize;
+        let mut p_view = p_tile
+            .slice_mut(0usize, scores_len)
+            .with_vector_size::<Pair>();
+        let mut ds_view = ds_tile
+            .slice_mut(0usize, scores_len)
+            .with_vector_size::<Pair>();
+        let mut block_live = true;
+        if comptime!(mask.causal) {
+            block_live = sq0 + 31u32 >= sk0;
+        }
+        if block_live {
+            row_products::<F, N>(
+                &q_tile,
+                row0 + sq * 32u32,
+                &k_tile,
+                sk * 32u32,
+                &mut s,
+                block,
+            );
+            row_products::<F, N>(
+                &do_tile,
+                row0 + sq * 32u32,
+                &v_tile,
+                sk * 32u32,
+                &mut dp,
+                block,
+            );
+            // P = exp(S·scale − lse) = 2^(S·scale₂ − lse·log₂ e); a row's four keys'
+            // pairs share its lse.
+            #[unroll]
+            for t in 0..2u32 {
+                #[unroll]
+                for hh in 0..2u32 {
+                    let r =
+                        (row0 + sq * 32u32 + gid) as usize + comptime!((16 * t + 8 * hh) as usize);
+                    let lse_r = lse_rows[r];
+                    let live = lse_r < f32::max_value();
+                    let lse2 = lse_r * LOG2_E;
+                    #[unroll]
+                    for c in 0..4u32 {
+                        let at = comptime!((t * 8 + 2 * c + hh) as usize);
+                        let x = s[at];
+                        s[at] = pair(
+                            select(live, exp2(x[0] * scale2 - lse2, fast), 0.0f32),
+                            select(live, exp2(x[1] * scale2 - lse2, fast), 0.0f32),
+                        );
+                    }
+                }
+            }
+            if !block_fully_visible(sq0, sk0, seq, 32u32, 32u32, mask) {
+                mask_tiles(
+                    &mut s,
+                    sq0 + gid,
+                    sk0 + 2 * tid,
+                    0.0,
+                    seq,
+                    window,
+                    doc_ids,
+                    doc_base,
+                    2u32,
+                    4u32,
+                    false,
+                    mask,
+                );
+            }
+            // dS = P ∘ (dP − D); both rounded into their tiles.
+            #[unroll]
+            for t in 0..2u32 {
+                #[unroll]
+                for hh in 0..2u32 {
+                    let r =
+                        (row0 + sq * 32u32 + gid) as usize + comptime!((16 * t + 8 * hh) as usize);
+                    let d = d_rows[r];
+                    #[unroll]
+                    for c in 0..4u32 {
+                        let at = comptime!((t * 8 + 2 * c + hh) as usize);
+                        let to =
+                            ps_at + comptime!((((16 * t + 8 * hh) * ps_pairs) + 4 * c) as usize);
+                        let p = s[at];
+                        let x = dp[at];
+                        p_view[to] = Vector::<F, Pair>::cast_from(p);
+                        ds_view[to] = Vector::<F, Pair>::cast_from(pair(
+                            p[0] * (x[0] - d),
+                            p[1] * (x[1] - d),
+                        ));
+                    }
+                }
+            }
+        } else {
+            #[unroll]
+            for i in 0..16u32 {
+                let t = comptime!(i / 8);
+                let hh = comptime!((i / 4) % 2);
+                let c = comptime!(i % 4);
+                let to = ps_at + comptime!((((16 * t + 8 * hh) * ps_pairs) + 4 * c) as usize);
+                p_view[to] = Vector::<F, Pair>::new(F::new(0.0));
+                ds_view[to] = Vector::<F, Pair>::new(F::new(0.0));
+            }
+        }
+        sync_cube();
+        // dV += Pᵀ·dO and dK += dSᵀ·Q over the step's 16-query chunks that reach this
+        // plane's keys (causal: the chunks before them hold only zeros).
+        let steps = comptime!(bq / 16);
+        let mut q_lo = 0u32;
+        if comptime!(mask.causal) {
+            let first_key = k0 + ok * 32u32;
+            if first_key > q0 {
+                q_lo = (first_key - q0) / 16u32;
+            }
+        }
+        tile_products::<F, N>(
+            &p_tile,
+            0u32,
+            ok * comptime!(32 / g.vector),
+            &do_tile,
+            row0,
+            oc * comptime!(half / g.vector),
+            &mut dvv,
+            q_lo,
+            steps,
+            ps_stride,
+            true,
+            stride,
+            2u32,
+            half,
+            steps,
+        );
+        tile_products::<F, N>(
+            &ds_tile,
+            0u32,
+            ok * comptime!(32 / g.vector),
+            &q_tile,
+            row0,
+            oc * comptime!(half / g.vector),
+            &mut dk,
+            q_lo,
+            steps,
+            ps_stride,
+            true,
+            stride,
+            2u32,
+            half,
+            steps,
+        );
+        // dQ = dS·K for queries `sq0..` and a quarter of the head, over the cube's 16-key
+        // chunks up to the block's last query (causal).
+        let key_chunks = comptime!(bk / 16);
+        let mut k_hi = 0u32;
+        if comptime!(mask.causal) {
+            let q_last = sq0 + 31u32;
+            if q_last >= k0 {
+                k_hi = (q_last - k0) / 16u32 + 1u32;
+                if k_hi > key_chunks {
+                    k_hi = key_chunks;
+                }
+            }
+        } else {
+            k_hi = key_chunks;
+        }
+        if k_hi > 0u32 {
+            let mut dq = Array::<Vector<f32, Pair>>::new(comptime!((2 * 2 * quarter / 8) as usize));
+            #[unroll]
+            for i in 0..comptime!(2 * 2 * quarter / 8) {
+                dq[i as usize] = Vector::<f32, Pair>::new(0.0);
+            }
+            tile_products::<F, N>(
+                &ds_tile,
+                sq * 32u32,
+                0u32,
+                &k_tile,
+                0u32,
+                sk * comptime!(quarter / g.vector),
+                &mut dq,
+                0u32,
+                k_hi,
+                ps_stride,
+                false,
+                stride,
+                2u32,
+                quarter,
+                key_chunks,
+            );
+            let q_row0 = (batch * q_heads + kv_head * group + h) as usize * seq_len;
+            let row_pairs = comptime!(g.head_dim / 2);
+            let lo0 = sq0 + gid;
+            let at_lo = (q_row0 + lo0 as usize) * row_pairs as usize
+                + (sk * comptime!(quarter / 2) + tid) as usize;
+            if q0 + bq <= seq {
+                dq_atomic_adds(grad_q_sum, &dq, at_lo, lo0, seq, false, 2u32, quarter, g);
+            } else {
+                dq_atomic_adds(grad_q_sum, &dq, at_lo, lo0, seq, true, 2u32, quarter, g);
+            }
+        }
+        h = next_h;
+        qb = next_qb;
+        buf = 1u32 - buf;
+    }
+    bar.arrive_and_wait();
+
+    // The plane's keys `ok · 32 + 16t + 8hh + gid`, columns `oc · half + 8c + 2 · tid`.
+    let c_tiles = comptime!(half / 8);
+    if comptime!(parts > 1) {
+        let row_pairs = comptime!(g.head_dim / 2);
+        let rows_base = (batch * kv_heads + kv_head) * seq;
+        #[unroll]
+        for i in 0..comptime!(2 * 2 * c_tiles) {
+            let t = comptime!(i / (2 * c_tiles));
+            let c = comptime!((i / 2) % c_tiles);
+            let hh = comptime!(i % 2);
+            let kpos = k0 + ok * 32u32 + gid + comptime!(16 * t + 8 * hh);
+            if kpos < seq {
+                let at = (part * part_pairs
+                    + (rows_base + kpos) * row_pairs
+                    + oc * comptime!(half / 2)
+                    + tid) as usize
+                    + comptime!((4 * c) as usize);
+                let from = comptime!((t * 2 * c_tiles + 2 * c + hh) as usize);
+                partial_k[at] = dk[from] * Vector::<f32, Pair>::new(scale);
+                partial_v[at] = dvv[from];
+            }
+        }
+    } else {
+        let pairs_per_row = comptime!(stride * g.vector / 2);
+        let tile_len = comptime!((bk * stride) as usize);
+        let at0 = ((ok * 32u32 + gid) * pairs_per_row + oc * comptime!(half / 2) + tid) as usize;
+        {
+            let mut k_view = k_tile
+                .slice_mut(0usize, tile_len)
+                .with_vector_size::<Pair>();
+            let mut v_view = v_tile
+                .slice_mut(0usize, tile_len)
+                .with_vector_size::<Pair>();
+            #[unroll]
+            for i in 0..comptime!(2 * 2 * c_tiles) {
+                let t = comptime!(i / (2 * c_tiles));
+                let c = comptime!((i / 2) % c_tiles);
+                let hh = comptime!(i % 2);
+                let to = at0 + comptime!((((16 * t + 8 * hh) * pairs_per_row) + 4 * c) as usize);
+                let from = comptime!((t * 2 * c_tiles + 2 * c + hh) as usize);
+                k_view[to] =
+                    Vector::<F, Pair>::cast_from(dk[from] * Vector::<f32, Pair>::new(scale));
+                v_view[to] = Vector::<F, Pair>::cast_from(dvv[from]);
+            }
         }
         sync_cube();
         tile_to_rows::<F, N>(&k_tile, grad_k, kv_base, k0, seq, g);

@@ -1076,6 +1076,27 @@ mod flash_kernel {
         );
     }
 
+    /// The register-mma dK/dV kernel in FlashAttention-2's warp grid
+    /// ([`KernelTiling::warp_grid`]), in f16 and bf16, on the problems with a head of 64
+    /// or 128 (every mask kind), the other kernels at their defaults.
+    #[test]
+    fn flash_warp_grid_matches_the_f64_reference() {
+        check_all(
+            FlashVariant::Mma,
+            |dtype| {
+                if dtype == DType::F32 {
+                    return Vec::new();
+                }
+                let grid: Tiling = |d| MmaTiling {
+                    backward_kv: KernelTiling::warp_grid(),
+                    ..MmaTiling::for_head_dim(d)
+                };
+                tiling_runs(vec![("dK/dV in the warp grid", grid)]).collect()
+            },
+            |p| p.head_dim.is_multiple_of(64),
+        );
+    }
+
     /// The register-mma kernels under the other tilings, and with dQ from its own kernel
     /// where the default sums it atomically, in bf16 (a tiling moves rows between planes,
     /// not the arithmetic), on the problems `keep` takes (every mask kind among those with
@@ -1130,23 +1151,15 @@ mod flash_kernel {
                     return;
                 }
                 let k = KernelTiling::new;
-                // The candidates that came within about 10% of the fastest on an H100 (12
-                // planes, 16-row steps and more with two m-tiles were slower there).
-                let forward = [
-                    k(1, 64),
-                    k(2, 32),
-                    k(2, 64),
-                    k(1, 64).with_planes(8),
-                    k(1, 128),
-                    k(1, 128).with_planes(8),
-                ];
-                // Planes other than 4 are for the forward and dK/dV (the dQ rows skip them).
+                // The candidates that came within about 5% of the fastest on an H200
+                // (`benches/logs/flash_tilings_184cbf2.log`), the forward's 128-key steps and
+                // dK/dV's warp grid.
+                let forward = [k(1, 64), k(2, 64), k(1, 128), k(1, 128).with_planes(8)];
                 let backward = [
                     k(1, 64),
-                    k(1, 32),
                     k(2, 32),
                     k(1, 64).with_planes(8),
-                    k(1, 32).with_planes(8),
+                    KernelTiling::warp_grid(),
                 ];
                 let mut rng = liger_tests::fresh_rng();
                 println!("tiling,shape,kernel,plane_tiles,step_rows,planes,ms");
@@ -1242,14 +1255,12 @@ mod flash_kernel {
                     }
                     flash_attention_planned::<R>(&client, fwd_args, problem, &base, dtype.into())
                         .expect("the forward");
-                    // The backward's whole time under each candidate: with the dQ kernel
-                    // (deterministic), dK/dV under each candidate with dQ at the default,
-                    // then dQ likewise (each kernel's time is the backward's less the
-                    // other's, which stays); with dQ summed atomically in dK/dV, after a
-                    // sync in its step and deferred to the next step's barrier.
-                    let runs: [(&str, bool, bool, bool); 4] = [
-                        ("backward_kv+dq_kernel", true, true, false),
-                        ("backward_q+kv_kernel", true, false, false),
+                    // The backward's whole time under each dK/dV candidate with dQ summed
+                    // atomically in dK/dV, after a sync in its step and deferred to the
+                    // next step's barrier (the warp grid sums it in its step only); the
+                    // dQ kernel's tilings (deterministic plans) are timed in the earlier
+                    // logs.
+                    let runs: [(&str, bool, bool, bool); 2] = [
                         ("backward_kv_atomic_dq", false, true, false),
                         ("backward_kv_atomic_dq_deferred", false, true, true),
                     ];
@@ -1258,6 +1269,14 @@ mod flash_kernel {
                             continue;
                         }
                         for t in backward {
+                            if t.warp_grid && deferred_dq {
+                                continue;
+                            }
+                            let kernel = if t.warp_grid {
+                                "backward_kv_atomic_dq_grid"
+                            } else {
+                                kernel
+                            };
                             let tiling = if vary_kv {
                                 MmaTiling {
                                     backward_kv: t,
