@@ -400,66 +400,31 @@ fn register_mma_kernels_compile_to_cuda() {
                 );
                 // Both output paths: whole dK/dV, and f32 parts of a split group; dQ from
                 // its own kernel, and summed atomically here.
-                // 4, 8 (head_dim 128's default) and 12 planes a cube (CUDA's register bound
-                // follows the cube's size).
+                // 4, 8 (head_dim 128's default strips) and 12 planes a cube (CUDA's
+                // register bound follows the cube's size); and the warp grid (one
+                // geometry, whatever the m-tiles of the strips).
                 let parts = if docs { 3u32 } else { 1 };
                 let dq_placements = [(false, false), (true, false), (true, true)];
-                for ((atomic_dq, deferred_dq), planes) in dq_placements
+                let base = tiled(FlashKernel::BackwardKv, head_dim, tiles);
+                let mut kv_geometries: Vec<(String, FlashGeometry)> = dq_placements
                     .into_iter()
                     .flat_map(|dq| [(dq, 4u32), (dq, 8), (dq, 12)])
-                {
-                    let base = tiled(FlashKernel::BackwardKv, head_dim, tiles);
-                    let g = FlashGeometry {
-                        atomic_dq,
-                        deferred_dq,
-                        planes,
-                        units: planes * 32,
-                        own_rows: 16 * planes * tiles,
-                        ..base
-                    };
-                    assert!(g.dq_split().is_some(), "{g:?}");
-                    let source = flash_source!(
-                        client,
-                        flash_backward_kv_mma_kernel::FlashBackwardKvMmaKernel,
-                        g,
-                        elem,
-                        n,
-                        true,
-                        [
-                            io,
-                            io,
-                            io,
-                            io,
-                            f32s,
-                            f32s,
-                            i32s,
-                            i32s,
-                            i32s,
-                            io,
-                            io,
-                            pairs,
-                            pairs,
-                            atomic_pairs,
-                            u32,
-                            u32,
-                            u32,
-                            u32,
-                            f32,
-                            u32
-                        ],
-                        [mask, parts]
-                    );
-                    let name = format!(
-                        "backward_kv_mma_{kind}_d{head_dim}_t{tiles}_p{planes}_{docs}_parts{parts}_dq{atomic_dq}_deferred{deferred_dq}"
-                    );
-                    check(&name, &source);
-                    assert_eq!(source.contains("atomicAdd"), atomic_dq, "{name}");
-                    assert!(
-                        source.contains(&format!("__launch_bounds__({})", planes * 32)),
-                        "{name}: not bound to {planes} planes"
-                    );
-                }
-                // The warp grid: one geometry, whatever the m-tiles of the strips above.
+                    .map(|((atomic_dq, deferred_dq), planes)| {
+                        let g = FlashGeometry {
+                            atomic_dq,
+                            deferred_dq,
+                            planes,
+                            units: planes * 32,
+                            own_rows: 16 * planes * tiles,
+                            ..base
+                        };
+                        assert!(g.dq_split().is_some(), "{g:?}");
+                        let name = format!(
+                            "backward_kv_mma_{kind}_d{head_dim}_t{tiles}_p{planes}_{docs}_parts{parts}_dq{atomic_dq}_deferred{deferred_dq}"
+                        );
+                        (name, g)
+                    })
+                    .collect();
                 if tiles == 1 {
                     let g = FlashGeometry {
                         atomic_dq: true,
@@ -468,8 +433,13 @@ fn register_mma_kernels_compile_to_cuda() {
                         units: 256,
                         own_rows: 128,
                         step_rows: 64,
-                        ..tiled(FlashKernel::BackwardKv, head_dim, 1)
+                        ..base
                     };
+                    let name =
+                        format!("backward_kv_grid_mma_{kind}_d{head_dim}_{docs}_parts{parts}");
+                    kv_geometries.push((name, g));
+                }
+                for (name, g) in kv_geometries {
                     let source = flash_source!(
                         client,
                         flash_backward_kv_mma_kernel::FlashBackwardKvMmaKernel,
@@ -501,11 +471,13 @@ fn register_mma_kernels_compile_to_cuda() {
                         ],
                         [mask, parts]
                     );
-                    let name =
-                        format!("backward_kv_grid_mma_{kind}_d{head_dim}_{docs}_parts{parts}");
                     check(&name, &source);
-                    assert!(source.contains("atomicAdd"), "{name}");
-                    assert!(source.contains("__launch_bounds__(256)"), "{name}");
+                    assert_eq!(source.contains("atomicAdd"), g.atomic_dq, "{name}");
+                    assert!(
+                        source.contains(&format!("__launch_bounds__({})", g.units)),
+                        "{name}: not bound to {} planes",
+                        g.planes
+                    );
                 }
             }
         }

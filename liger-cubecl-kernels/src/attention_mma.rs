@@ -1334,6 +1334,91 @@ fn copy_query_step<F: Float, N: Size>(
     copy_row_values_async(dot, row_base, q0, seq, d_rows, row0, 0.0, bq, g.units);
 }
 
+/// The dK/dV kernels' steps: (query head, query block) pairs, the live query blocks of
+/// each of the cube's query heads in turn (heads `head..head_end` of the kv head's group).
+#[derive(CubeType)]
+struct QuerySteps {
+    /// The current step's head (within the group) and query block.
+    head: u32,
+    block: u32,
+    head_end: u32,
+    /// A head's first live query block, and the end of its blocks.
+    first: u32,
+    end: u32,
+    /// The batch row's first pair of query-block document ranges, and the documents of
+    /// the cube's keys.
+    ranges_at: u32,
+    doc_lo: i32,
+    doc_hi: i32,
+}
+
+/// The first step of key block `kb`'s cube over heads `head..head_end` (`head_end` when
+/// none is live).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn query_steps(
+    k_ranges: &Array<i32>,
+    q_ranges: &Array<i32>,
+    batch: u32,
+    kb: u32,
+    seq: u32,
+    window: u32,
+    head: u32,
+    head_end: u32,
+    #[comptime] bk: u32,
+    #[comptime] bq: u32,
+    #[comptime] mask: AttentionMask,
+) -> QuerySteps {
+    let mut doc_lo = 0i32;
+    let mut doc_hi = 0i32;
+    if comptime!(mask.documents) {
+        let at = ((batch * seq.div_ceil(bk) + kb) * 2u32) as usize;
+        doc_lo = k_ranges[at];
+        doc_hi = k_ranges[at + 1];
+    }
+    let (from, end) = query_block_range(kb * bk, seq, window, bk, bq, mask);
+    let ranges_at = batch * seq.div_ceil(bq);
+    let first = next_live_block(from, end, q_ranges, ranges_at, doc_lo, doc_hi, mask);
+    let mut h = head;
+    if first >= end {
+        h = head_end;
+    }
+    QuerySteps {
+        head: h,
+        block: first,
+        head_end,
+        first,
+        end,
+        ranges_at,
+        doc_lo,
+        doc_hi,
+    }
+}
+
+/// The step after `steps`' current one: `(head, block)`.
+#[cube]
+fn next_query_step(
+    steps: &QuerySteps,
+    q_ranges: &Array<i32>,
+    #[comptime] mask: AttentionMask,
+) -> (u32, u32) {
+    let mut head = steps.head;
+    let mut block = next_live_block(
+        steps.block + 1,
+        steps.end,
+        q_ranges,
+        steps.ranges_at,
+        steps.doc_lo,
+        steps.doc_hi,
+        mask,
+    );
+    if block >= steps.end {
+        head = steps.head + 1;
+        block = steps.first;
+    }
+    (head, block)
+}
+
 /// dK and dV of the backward (the parent module's dK/dV kernel with register-resident
 /// products): per query block of each query head of the group, `Sᵀ = K·Qᵀ` and
 /// `dPᵀ = V·dOᵀ` ([keys, queries], rows of this plane's 16 keys), `Pᵀ = exp(Sᵀ·scale − lse)`
@@ -1482,39 +1567,34 @@ fn backward_kv_strips<F: Float, N: Size>(
     let mut pt = Array::<Vector<F, Pair>>::new(comptime!((tiles * 2 * query_tiles) as usize));
     let mut dst = Array::<Vector<F, Pair>>::new(comptime!((tiles * 2 * query_tiles) as usize));
 
-    let k_blocks = seq.div_ceil(bk);
-    let q_blocks = seq.div_ceil(bq);
-    let mut doc_lo = 0i32;
-    let mut doc_hi = 0i32;
-    if comptime!(mask.documents) {
-        let at = ((batch * k_blocks + kb) * 2u32) as usize;
-        doc_lo = k_ranges[at];
-        doc_hi = k_ranges[at + 1];
-    }
-    let (qb_first, qb_end) = query_block_range(k0, seq, window, bk, bq, mask);
-    let q_at0 = batch * q_blocks;
     // The steps are (head, query block) pairs, the live query blocks of each of this
     // part's heads in turn, pipelined as in the forward: a step's Q, dO, lse and D arrive
     // in one buffer while the previous step computes on the other.
-    let h_end = (part + 1) * heads_per_part;
-    let qb_live = next_live_block(qb_first, qb_end, q_ranges, q_at0, doc_lo, doc_hi, mask);
-    let mut h = part * heads_per_part;
-    if qb_live >= qb_end {
-        h = h_end;
-    }
-    let mut qb = qb_live;
+    let mut steps = query_steps(
+        k_ranges,
+        q_ranges,
+        batch,
+        kb,
+        seq,
+        window,
+        part * heads_per_part,
+        (part + 1) * heads_per_part,
+        bk,
+        bq,
+        mask,
+    );
     copy_rows_async::<F, N>(k, kv_base, k0, seq, &mut k_tile, 0u32, bk, g);
     copy_rows_async::<F, N>(v, kv_base, k0, seq, &mut v_tile, 0u32, bk, g);
-    if h < h_end {
+    if steps.head < steps.head_end {
         copy_query_step::<F, N>(
             q,
             grad,
             lse,
             dot,
-            kv_head * group + h,
+            kv_head * group + steps.head,
             batch,
             q_heads,
-            qb * bq,
+            steps.block * bq,
             seq,
             &mut q_tile,
             &mut do_tile,
@@ -1530,15 +1610,10 @@ fn backward_kv_strips<F: Float, N: Size>(
     let mut pending = false;
     let mut pending_h = 0u32;
     let mut pending_q0 = 0u32;
-    while h < h_end {
+    while steps.head < steps.head_end {
         bar.arrive_and_wait();
-        let mut next_h = h;
-        let mut next_qb = next_live_block(qb + 1, qb_end, q_ranges, q_at0, doc_lo, doc_hi, mask);
-        if next_qb >= qb_end {
-            next_h = h + 1;
-            next_qb = qb_live;
-        }
-        if next_h < h_end {
+        let (next_h, next_qb) = next_query_step(&steps, q_ranges, mask);
+        if next_h < steps.head_end {
             copy_query_step::<F, N>(
                 q,
                 grad,
@@ -1576,7 +1651,8 @@ fn backward_kv_strips<F: Float, N: Size>(
                 );
             }
         }
-        let q0 = qb * bq;
+        let h = steps.head;
+        let q0 = steps.block * bq;
         let row0 = buf * bq;
 
         // A strip of keys after the block's last query (causal) has nothing to do.
@@ -1710,8 +1786,8 @@ fn backward_kv_strips<F: Float, N: Size>(
         pending = true;
         pending_h = h;
         pending_q0 = q0;
-        h = next_h;
-        qb = next_qb;
+        steps.head = next_h;
+        steps.block = next_qb;
         buf = 1u32 - buf;
     }
     bar.arrive_and_wait();
@@ -1965,36 +2041,31 @@ fn backward_kv_grid<F: Float, N: Size>(
     let mut dp = Array::<Vector<f32, Pair>>::new(comptime!(block_regs as usize));
     let ps_pairs = comptime!(ps_stride * g.vector / 2);
 
-    let k_blocks = seq.div_ceil(bk);
-    let q_blocks = seq.div_ceil(bq);
-    let mut doc_lo = 0i32;
-    let mut doc_hi = 0i32;
-    if comptime!(mask.documents) {
-        let at = ((batch * k_blocks + kb) * 2u32) as usize;
-        doc_lo = k_ranges[at];
-        doc_hi = k_ranges[at + 1];
-    }
-    let (qb_first, qb_end) = query_block_range(k0, seq, window, bk, bq, mask);
-    let q_at0 = batch * q_blocks;
-    let h_end = (part + 1) * heads_per_part;
-    let qb_live = next_live_block(qb_first, qb_end, q_ranges, q_at0, doc_lo, doc_hi, mask);
-    let mut h = part * heads_per_part;
-    if qb_live >= qb_end {
-        h = h_end;
-    }
-    let mut qb = qb_live;
+    let mut steps = query_steps(
+        k_ranges,
+        q_ranges,
+        batch,
+        kb,
+        seq,
+        window,
+        part * heads_per_part,
+        (part + 1) * heads_per_part,
+        bk,
+        bq,
+        mask,
+    );
     copy_rows_async::<F, N>(k, kv_base, k0, seq, &mut k_tile, 0u32, bk, g);
     copy_rows_async::<F, N>(v, kv_base, k0, seq, &mut v_tile, 0u32, bk, g);
-    if h < h_end {
+    if steps.head < steps.head_end {
         copy_query_step::<F, N>(
             q,
             grad,
             lse,
             dot,
-            kv_head * group + h,
+            kv_head * group + steps.head,
             batch,
             q_heads,
-            qb * bq,
+            steps.block * bq,
             seq,
             &mut q_tile,
             &mut do_tile,
@@ -2006,15 +2077,10 @@ fn backward_kv_grid<F: Float, N: Size>(
     }
     bar.commit_copy_async();
     let mut buf = 0u32;
-    while h < h_end {
+    while steps.head < steps.head_end {
         bar.arrive_and_wait();
-        let mut next_h = h;
-        let mut next_qb = next_live_block(qb + 1, qb_end, q_ranges, q_at0, doc_lo, doc_hi, mask);
-        if next_qb >= qb_end {
-            next_h = h + 1;
-            next_qb = qb_live;
-        }
-        if next_h < h_end {
+        let (next_h, next_qb) = next_query_step(&steps, q_ranges, mask);
+        if next_h < steps.head_end {
             copy_query_step::<F, N>(
                 q,
                 grad,
@@ -2034,7 +2100,8 @@ fn backward_kv_grid<F: Float, N: Size>(
             );
         }
         bar.commit_copy_async();
-        let q0 = qb * bq;
+        let h = steps.head;
+        let q0 = steps.block * bq;
         let row0 = buf * bq;
         // This plane's score block: queries from `sq0`, keys from `sk0`.
         let sq0 = q0 + sq * 32u32;
@@ -2143,7 +2210,7 @@ fn backward_kv_grid<F: Float, N: Size>(
         sync_cube();
         // dV += Pᵀ·dO and dK += dSᵀ·Q over the step's 16-query chunks that reach this
         // plane's keys (causal: the chunks before them hold only zeros).
-        let steps = comptime!(bq / 16);
+        let q_chunks = comptime!(bq / 16);
         let mut q_lo = 0u32;
         if comptime!(mask.causal) {
             let first_key = k0 + ok * 32u32;
@@ -2160,13 +2227,13 @@ fn backward_kv_grid<F: Float, N: Size>(
             oc * comptime!(half / g.vector),
             &mut dvv,
             q_lo,
-            steps,
+            q_chunks,
             ps_stride,
             true,
             stride,
             2u32,
             half,
-            steps,
+            q_chunks,
         );
         tile_products::<F, N>(
             &ds_tile,
@@ -2177,13 +2244,13 @@ fn backward_kv_grid<F: Float, N: Size>(
             oc * comptime!(half / g.vector),
             &mut dk,
             q_lo,
-            steps,
+            q_chunks,
             ps_stride,
             true,
             stride,
             2u32,
             half,
-            steps,
+            q_chunks,
         );
         // dQ = dS·K for queries `sq0..` and a quarter of the head, over the cube's 16-key
         // chunks up to the block's last query (causal).
@@ -2234,8 +2301,8 @@ fn backward_kv_grid<F: Float, N: Size>(
                 dq_atomic_adds(grad_q_sum, &dq, at_lo, lo0, seq, true, 2u32, quarter, g);
             }
         }
-        h = next_h;
-        qb = next_qb;
+        steps.head = next_h;
+        steps.block = next_qb;
         buf = 1u32 - buf;
     }
     bar.arrive_and_wait();
