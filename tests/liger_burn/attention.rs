@@ -1375,6 +1375,7 @@ mod paths {
         p: &Problem,
         dtype: DType,
         (kernel, sequence_major): (AttentionKernel, bool),
+        deterministic: bool,
         rng: &mut Rng,
         device: &B::Device,
     ) -> ([Vec<f64>; 4], [Vec<f64>; 4]) {
@@ -1416,7 +1417,7 @@ mod paths {
             causal: p.causal,
             window: p.window,
             kernel,
-            deterministic: false,
+            deterministic,
         };
         let out = match &p.documents {
             Some(ids) => {
@@ -1455,6 +1456,70 @@ mod paths {
         )
     }
 
+    /// `AttentionOptions::deterministic` through Burn's autodiff: the flash kernels'
+    /// gradients are the same bits on three runs of the same inputs (8 query heads on 2 kv
+    /// heads over 512 tokens: each dQ row gets the sums of 4 key blocks, whose order atomic
+    /// adds would vary on CUDA). The runs without the flag are reported, not checked: their
+    /// atomic sums may happen to agree.
+    #[test]
+    fn deterministic_attention_gives_the_same_gradients_every_run() {
+        struct T(Rng);
+        impl BackendVisitor for T {
+            fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
+                let p = Problem::causal(1, 8, 2, 512, 64);
+                for dtype in dtypes::<B>(device) {
+                    if dtype == DType::F32 {
+                        continue;
+                    }
+                    let flash = B::flash_attention_variant(
+                        device,
+                        dtype,
+                        p.head_dim,
+                        &AttentionOptions::causal(p.head_dim).with_kernel(AttentionKernel::Flash),
+                    );
+                    if flash.is_none() {
+                        continue;
+                    }
+                    let seed = self.0.seed();
+                    for deterministic in [true, false] {
+                        let runs: Vec<[Vec<f64>; 4]> = (0..3)
+                            .map(|_| {
+                                let mut rng = Rng::new(seed);
+                                run::<B>(
+                                    &p,
+                                    dtype,
+                                    (AttentionKernel::Flash, false),
+                                    deterministic,
+                                    &mut rng,
+                                    device,
+                                )
+                                .0
+                            })
+                            .collect();
+                        let same = runs.iter().all(|r| {
+                            r.iter().zip(&runs[0]).all(|(a, b)| {
+                                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                            })
+                        });
+                        if deterministic {
+                            assert!(
+                                same,
+                                "{label} {dtype:?} {}: deterministic attention gave different gradients (seed {seed})",
+                                p.describe()
+                            );
+                        } else {
+                            eprintln!(
+                                "note: {label} {dtype:?} {flash:?}: without the flag the runs {}",
+                                if same { "agreed" } else { "differed" }
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        for_each_backend(&mut T(liger_tests::fresh_rng()));
+    }
+
     #[test]
     fn attention_paths_match_the_f64_reference() {
         struct T(Rng);
@@ -1486,8 +1551,14 @@ mod paths {
                         for (run_index, (kernel, sequence_major)) in runs.into_iter().enumerate() {
                             let vendor_calls = liger_burn::cube::vendor_attention_calls();
                             let vendor_queued = liger_burn::cube::vendor_attention_queued();
-                            let (ours, [q, k, v, g]) =
-                                run::<B>(&p, dtype, (kernel, sequence_major), &mut self.0, device);
+                            let (ours, [q, k, v, g]) = run::<B>(
+                                &p,
+                                dtype,
+                                (kernel, sequence_major),
+                                false,
+                                &mut self.0,
+                                device,
+                            );
                             let layout = if sequence_major {
                                 "sequence-major"
                             } else {

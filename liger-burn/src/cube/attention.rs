@@ -37,7 +37,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use cubecl::prelude::ComputeClient;
 use liger_cubecl_kernels::attention::{
     AttentionMask, FlashBackwardArgs, FlashForwardArgs, FlashPlan, FlashProblem, FlashVariant,
-    flash_attention, flash_attention_backward, flash_plan,
+    flash_attention, flash_attention_backward_planned, flash_plan,
 };
 use std::sync::atomic::AtomicBool;
 
@@ -435,8 +435,10 @@ where
         true,
     );
     let q_shape = q.shape();
-    // The forward's variant, or any this device runs: the backward only needs lse.
-    let variant = plan(&q.client, q.dtype, q_shape[3], &options)
+    // The forward's plan, or any this device runs: the backward only needs lse. Its dQ as
+    // `options` asks (atomic sums, or the dQ kernel when deterministic), its tiling for the
+    // sequence's length.
+    let backward_plan = plan(&q.client, q.dtype, q_shape[3], &options)
         .or_else(|| {
             plan(
                 &q.client,
@@ -446,7 +448,7 @@ where
             )
         })
         .expect("attention_backward: the flash forward ran, so a flash variant runs here")
-        .variant;
+        .for_sequence(&q.client, q.dtype.into(), q_shape[2]);
     #[cfg(feature = "cuda")]
     let (grad_output, q, k, v, output) = match vendor {
         Some(shape) => {
@@ -494,7 +496,7 @@ where
     let grad_q = empty_like(&q, q_shape.clone(), q.dtype);
     let grad_k = empty_like(&k, k_shape.clone(), k.dtype);
     let grad_v = empty_like(&v, k_shape.clone(), v.dtype);
-    launched(flash_attention_backward::<R>(
+    launched(flash_attention_backward_planned::<R>(
         &q.client,
         FlashBackwardArgs {
             grad_output: &grad_output.handle,
@@ -509,7 +511,7 @@ where
             grad_v: &grad_v.handle,
         },
         problem(&q_shape, &k_shape, &options, ids.is_some()),
-        variant,
+        &backward_plan,
         q.dtype.into(),
     ));
     AttentionGrads {
