@@ -3004,6 +3004,7 @@ pub fn flash_attention_backward_planned<R: Runtime>(
             launch_q!(flash_backward_q_kernel::launch_unchecked::<R>);
         }
     }
+    counters::record(Kernel::flash_attention_dq);
     counters::record(Kernel::flash_attention_backward);
     Ok(())
 }

@@ -82,6 +82,7 @@ pub mod counters {
         embedding_backward,
         flash_attention_forward,
         flash_attention_backward,
+        flash_attention_dq,
         vendor_work_queued,
     );
 

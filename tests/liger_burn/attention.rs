@@ -1332,6 +1332,7 @@ mod paths {
     use burn::tensor::{DType, Int, Tensor, TensorData};
     use liger_burn::functional::{attention, attention_with_documents};
     use liger_burn::ops::{AttentionKernel, AttentionOptions, FusedOps};
+    use liger_cubecl_kernels::counters::{self, Kernel};
     use liger_tests::attention::{
         Problem, compare_rows, random_documents, reference, row_tolerance,
     };
@@ -1456,11 +1457,12 @@ mod paths {
         )
     }
 
-    /// `AttentionOptions::deterministic` through Burn's autodiff: the flash kernels'
-    /// gradients are the same bits on three runs of the same inputs (8 query heads on 2 kv
-    /// heads over 512 tokens: each dQ row gets the sums of 4 key blocks, whose order atomic
-    /// adds would vary on CUDA). The runs without the flag are reported, not checked: their
-    /// atomic sums may happen to agree.
+    /// `AttentionOptions::deterministic` through Burn's autodiff: the backward launches the
+    /// flash kernels' dQ kernel (a plan that sums dQ by atomic adds in dK/dV, as CUDA's
+    /// default does, launches none), and its gradients are the same bits on three runs of
+    /// the same inputs (8 query heads on 2 kv heads over 512 tokens). The runs without the
+    /// flag are reported, not checked: their atomic sums may happen to agree (they did on an
+    /// H200).
     #[test]
     fn deterministic_attention_gives_the_same_gradients_every_run() {
         struct T(Rng);
@@ -1468,9 +1470,6 @@ mod paths {
             fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
                 let p = Problem::causal(1, 8, 2, 512, 64);
                 for dtype in dtypes::<B>(device) {
-                    if dtype == DType::F32 {
-                        continue;
-                    }
                     let flash = B::flash_attention_variant(
                         device,
                         dtype,
@@ -1480,8 +1479,12 @@ mod paths {
                     if flash.is_none() {
                         continue;
                     }
+                    eprintln!(
+                        "note: {label} {dtype:?} {flash:?}: three runs with and without the flag"
+                    );
                     let seed = self.0.seed();
                     for deterministic in [true, false] {
+                        let dq_kernels = counters::get(Kernel::flash_attention_dq);
                         let runs: Vec<[Vec<f64>; 4]> = (0..3)
                             .map(|_| {
                                 let mut rng = Rng::new(seed);
@@ -1502,6 +1505,12 @@ mod paths {
                             })
                         });
                         if deterministic {
+                            assert_eq!(
+                                counters::get(Kernel::flash_attention_dq) - dq_kernels,
+                                3,
+                                "{label} {dtype:?} {}: deterministic attention's backward ran without the dQ kernel",
+                                p.describe()
+                            );
                             assert!(
                                 same,
                                 "{label} {dtype:?} {}: deterministic attention gave different gradients (seed {seed})",
