@@ -2035,7 +2035,7 @@ impl MmaTiling {
     /// candidates of the `flash_tilings_timed` test on an H200 (bf16, causal, 4K and 16K
     /// tokens), or, where they trade places between lengths, the fastest at 16K
     /// (`benches/logs/flash_tilings_a789360.log` at head_dim 64,
-    /// `benches/logs/flash_tilings_184cbf2.log` at 128; `benches/attention.md`). At
+    /// `benches/logs/flash_tilings_59e5c09.log` at 128; `benches/attention.md`). At
     /// head_dim 128 dK/dV takes the warp grid ([`KernelTiling::warp_grid`]), which loads
     /// 18% fewer operands from shared memory a step than the 8-plane strips (static SASS);
     /// with dQ from its own kernel (deterministic plans) it keeps the strips, dQ deferred.

@@ -1426,7 +1426,8 @@ fn next_query_step(
 /// `dV += Pᵀ·dO` and `dK += dSᵀ·Q`; the group's heads summed in registers, `dK · scale`
 /// and `dV` stored once (dK and dV without atomics: deterministic). With [`FlashGeometry::atomic_dq`]
 /// each step's `dSᵀ` also goes through shared memory into `dQ += dS·K`, added to
-/// `grad_q_sum` by atomic adds (see `dq_products`).
+/// `grad_q_sum` by atomic adds (see `dq_products`). With [`FlashGeometry::warp_grid`] the
+/// planes share each step in FlashAttention-2's layout instead (see `backward_kv_grid`).
 #[cube(launch_unchecked, fast_math = flash_math(&g), address_type = "u64")]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_backward_kv_mma_kernel<F: Float, N: Size>(
