@@ -1260,12 +1260,12 @@ mod flash_kernel {
                     // next step's barrier (the warp grid sums it in its step only); the
                     // dQ kernel's tilings (deterministic plans) are timed in the earlier
                     // logs.
-                    let runs: [(&str, bool, bool, bool); 2] = [
-                        ("backward_kv_atomic_dq", false, true, false),
-                        ("backward_kv_atomic_dq_deferred", false, true, true),
+                    let runs = [
+                        ("backward_kv_atomic_dq", false),
+                        ("backward_kv_atomic_dq_deferred", true),
                     ];
-                    for (kernel, deterministic, vary_kv, deferred_dq) in runs {
-                        if !deterministic && !base.atomic_dq {
+                    for (kernel, deferred_dq) in runs {
+                        if !base.atomic_dq {
                             continue;
                         }
                         for t in backward {
@@ -1277,24 +1277,13 @@ mod flash_kernel {
                             } else {
                                 kernel
                             };
-                            let tiling = if vary_kv {
-                                MmaTiling {
-                                    backward_kv: t,
-                                    deferred_dq,
-                                    ..default
-                                }
-                            } else {
-                                MmaTiling {
-                                    backward_q: t,
-                                    ..default
-                                }
-                            };
-                            let Ok(mut plan) = planned(tiling) else {
+                            let Ok(plan) = planned(MmaTiling {
+                                backward_kv: t,
+                                deferred_dq,
+                                ..default
+                            }) else {
                                 continue;
                             };
-                            if deterministic {
-                                plan = plan.deterministic();
-                            }
                             let ms = median_ms(&|| {
                                 flash_attention_backward_planned::<R>(
                                     &client,
