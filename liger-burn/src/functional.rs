@@ -582,7 +582,8 @@ pub struct CrossEntropyOutput<B: burn::tensor::backend::Backend> {
 /// The math, the mean's denominator, the all-ignored case and the target check are
 /// documented on [`CrossEntropyOptions`](crate::ops::CrossEntropyOptions). With
 /// `check_targets` (default) this reads one number back from the device (the count of
-/// bad targets), once the kernel is queued (the device computes while the host waits).
+/// bad targets) before it returns; the read is queued ahead of the loss's kernel, so the
+/// device computes the loss while the host waits for the count.
 ///
 /// The backward costs nothing when the loss is reduced (mean or sum) and the upstream
 /// gradient is exactly 1 (plain `loss.backward()`): the gradient was computed in the
@@ -661,7 +662,6 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
         })
     });
     let kernel_options = options.with_return_z_loss(options.return_z_loss || z_scale.is_some());
-    let device = logits.device();
     let rows = B::fused_cross_entropy(
         prim(logits),
         targets.into_primitive(),
@@ -670,11 +670,6 @@ pub(crate) fn cross_entropy_with_denominator<B: FusedOps>(
         grad_scale.and(z_scale.clone()).map(prim),
         kernel_options,
     );
-    if check.is_some() {
-        // The check reads back soon anyway: start the loss now, while the host queues the
-        // rest, rather than at that read.
-        B::submit_queued(&device);
-    }
     let reduce = |t: Tensor<B, 1>, s: &Option<Tensor<B, 1>>| match (s, options.reduction) {
         (Some(s), _) => t.sum() * s.clone(),
         (None, Reduction::Sum) => t.sum(),
@@ -720,19 +715,21 @@ pub(crate) fn target_stats<B: FusedOps>(
 }
 
 /// A check that every target is in `[0, V)` or `ignore_index`, queued before a loss: the
-/// count of bad targets from [`target_stats`], read by [`TargetCheck::finish`] once the
-/// loss's kernels are queued (one number; the device computes while the host waits). The
+/// count of bad targets from [`target_stats`], whose read starts before the loss's kernels
+/// are queued ([`FusedOps::start_read`]) and is waited for by [`TargetCheck::finish`] once
+/// they are submitted, so the device runs the loss while the host waits for the count. The
 /// kernels treat a bad target's row as ignored (its target is never an index), so nothing
 /// has read out of bounds before the panic.
 pub(crate) struct TargetCheck<B: FusedOps> {
-    out_of_range: Tensor<B, 1>,
+    out_of_range: crate::ops::PendingRead,
     targets: Tensor<B, 1, burn::tensor::Int>,
     vocab: usize,
     ignore_index: i64,
 }
 
 impl<B: FusedOps> TargetCheck<B> {
-    /// The check of `targets` on the count `out_of_range` of [`target_stats`].
+    /// The check of `targets` on the count `out_of_range` of [`target_stats`]: its read
+    /// starts here.
     pub(crate) fn new(
         out_of_range: Tensor<B, 1>,
         targets: &Tensor<B, 1, burn::tensor::Int>,
@@ -740,14 +737,15 @@ impl<B: FusedOps> TargetCheck<B> {
         ignore_index: i64,
     ) -> Self {
         Self {
-            out_of_range,
+            out_of_range: B::start_read(prim(out_of_range)),
             targets: targets.clone(),
             vocab,
             ignore_index,
         }
     }
 
-    /// Queues the statistics the check reads (no class weights: only the count is used).
+    /// Queues the statistics the check reads (no class weights: only the count is used)
+    /// and starts reading the count.
     pub(crate) fn queue(
         targets: &Tensor<B, 1, burn::tensor::Int>,
         vocab: usize,
@@ -757,8 +755,9 @@ impl<B: FusedOps> TargetCheck<B> {
         Self::new(wrap(stats.out_of_range), targets, vocab, ignore_index)
     }
 
-    /// Panics naming `op`, the offending target and `V` when a target is bad; only then
-    /// are the targets' bounds computed, to name a value.
+    /// Submits the work queued since (the loss), then waits for the count and panics
+    /// naming `op`, the offending target and `V` when a target is bad; only then are the
+    /// targets' bounds computed, to name a value.
     pub(crate) fn finish(self, op: &str, logits_shape: &burn::tensor::Shape) {
         let Self {
             out_of_range,
@@ -766,8 +765,9 @@ impl<B: FusedOps> TargetCheck<B> {
             vocab,
             ignore_index,
         } = self;
+        B::submit_queued(&targets.device());
         let out_of_range = out_of_range
-            .into_data()
+            .wait()
             .iter::<f32>()
             .next()
             .expect("one count");

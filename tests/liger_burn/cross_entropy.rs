@@ -564,6 +564,13 @@ impl BackendVisitor for TargetStatsCases {
                 ignore_index,
             );
             let wrap = |t| Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(t));
+            // The checks read the count through `start_read`, queued before later work
+            // (here: a sum that reuses nothing of it) and waited for after it.
+            let started = B::start_read(stats.out_of_range.clone());
+            let later = wrap(stats.out_of_range.clone()).add_scalar(1.0);
+            let read: Vec<f64> = started.wait().iter::<f32>().map(f64::from).collect();
+            check(label, &format!("{case} (started read)"), expected[2].check(&read));
+            drop(later);
             // The reference without the last tenth of the targets: what a kernel that
             // skipped rows would give.
             let kept = rows - (rows / 10).max(1);

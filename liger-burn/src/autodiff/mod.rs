@@ -279,6 +279,10 @@ impl<B: FusedOps, C: CheckpointStrategy> FusedOps for Autodiff<B, C> {
         B::hand_off_queued(device)
     }
 
+    fn start_read(tensor: FloatTensor<Self>) -> crate::ops::PendingRead {
+        B::start_read(tensor.primitive)
+    }
+
     /// Not tracked (nothing differentiates a backward): `B`'s on the inner tensors.
     fn fused_cross_entropy_backward(
         grad: FloatTensor<Self>,

@@ -212,6 +212,10 @@ impl<B: FusedOps> FusedOps for Liger<B> {
         B::hand_off_queued(device)
     }
 
+    fn start_read(tensor: FloatTensor<Self>) -> crate::ops::PendingRead {
+        B::start_read(tensor)
+    }
+
     fn fused_cross_entropy_backward(
         grad: FloatTensor<Self>,
         grad_rows: FloatTensor<Self>,

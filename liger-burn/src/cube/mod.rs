@@ -78,6 +78,32 @@ where
         cubecl::device_handle::DeviceHandle::<R::Server>::new(device.to_id()).flush_queue();
     }
 
+    fn start_read(tensor: CubeTensor<R>) -> crate::ops::PendingRead {
+        use burn_cubecl::kernel::into_contiguous_aligned;
+        use cubecl::device::Device as _;
+        use cubecl::server::{ComputeServer, CopyDescriptor};
+        let tensor = into_contiguous_aligned(tensor);
+        let (shape, dtype) = (tensor.meta.shape().clone(), tensor.dtype);
+        let descriptor = CopyDescriptor::new(
+            tensor.handle.clone().binding(),
+            shape.clone(),
+            tensor.meta.strides().clone(),
+            tensor.elem_size(),
+        );
+        // The device thread queues the copy and its fence now, on this thread's stream
+        // (as the tensor's client reads; it waits for the stream that wrote the tensor).
+        // Burn's `float_into_data` is an async fn, which queues nothing until polled.
+        let stream = cubecl::stream_id::StreamId::current();
+        let copy = cubecl::device_handle::DeviceHandle::<R::Server>::new(tensor.device.to_id())
+            .submit_blocking(move |server| server.read(vec![descriptor], stream))
+            .unwrap_or_else(|e| panic!("liger: queuing a read of a tensor {shape:?} failed: {e:?}"));
+        crate::ops::PendingRead::new(move || {
+            let mut bytes = cubecl::future::block_on(copy)
+                .unwrap_or_else(|e| panic!("liger: reading a tensor {shape:?} back failed: {e}"));
+            burn::tensor::TensorData::from_bytes(bytes.remove(0), shape, dtype)
+        })
+    }
+
     fn fused_rms_norm(
         x: CubeTensor<R>,
         weight: CubeTensor<R>,

@@ -220,6 +220,12 @@ impl<B: FusionBackend + FusedOps> FusedOps for Fusion<B> {
         burn_fusion::get_client::<B>(device).flush_queue();
     }
 
+    fn start_read(tensor: FusionTensor<B::FusionRuntime>) -> crate::ops::PendingRead {
+        // The stream runs what produces the tensor, then `B` queues the copy.
+        let client = tensor.client.clone();
+        B::start_read(client.resolve_tensor_float::<B>(tensor))
+    }
+
     fn fused_cross_entropy_backward(
         grad: FusionTensor<B::FusionRuntime>,
         grad_rows: FusionTensor<B::FusionRuntime>,

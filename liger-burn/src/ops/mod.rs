@@ -18,6 +18,7 @@ mod fused_linear_preference;
 mod fused_linear_rl;
 mod lora;
 mod options;
+mod pending_read;
 pub mod validate;
 
 pub use adamw::*;
@@ -28,6 +29,7 @@ pub use fused_linear_preference::*;
 pub use fused_linear_rl::*;
 pub use lora::*;
 pub use options::*;
+pub use pending_read::PendingRead;
 
 use burn::tensor::{
     DType, Shape,
@@ -198,6 +200,20 @@ pub trait FusedOps: Backend {
     /// host pays a few atomic writes; the next task queued may wait for the device thread
     /// to take the batch. Default: nothing.
     fn hand_off_queued(_device: &Self::Device) {}
+
+    /// Starts reading `tensor` (any shape; meant for a few values, such as a count a
+    /// check reads) back to the host: its copy is queued behind the work queued so far
+    /// and ahead of anything queued later, and [`PendingRead::wait`] waits for that copy
+    /// alone. A check that starts its read before queuing the work it guards, and waits
+    /// after, lets the device run that work while the host waits. Default: the read is
+    /// made here, in full (Burn's reads wait for everything queued).
+    fn start_read(tensor: FloatTensor<Self>) -> PendingRead {
+        let data = burn::tensor::Tensor::<Self, 1>::from_primitive(
+            burn::tensor::TensorPrimitive::Float(tensor),
+        )
+        .into_data();
+        PendingRead::ready(data)
+    }
 
     /// RMSNorm over the last dimension: `x * rstd * (offset + weight)`.
     ///

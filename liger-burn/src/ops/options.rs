@@ -210,10 +210,11 @@ pub enum Reduction {
 /// (the default) every call checks that and panics naming the op, the offending value
 /// and `V`; this costs one device-to-host read of one number per call (the count of bad
 /// targets, from [`FusedOps::fused_target_stats`](crate::ops::FusedOps::fused_target_stats),
-/// one launch that also gives the mean's denominator), which synchronizes with the device.
-/// The read comes after the loss's kernels are queued, so the device computes while the
-/// host waits; the kernels never use an out-of-range target as an index, so the panic
-/// follows no out-of-bounds access. Without the check, such rows are treated exactly like
+/// one launch that also gives the mean's denominator), which the call waits for before it
+/// returns. The read is queued right after that launch, ahead of the loss's kernels
+/// ([`FusedOps::start_read`](crate::ops::FusedOps::start_read)), so the device computes the
+/// loss while the host waits for the count; the kernels never use an out-of-range target
+/// as an index, so the panic follows no out-of-bounds access. Without the check, such rows are treated exactly like
 /// ignored rows (loss 0, zero gradient, not counted in `W`).
 ///
 /// NaN/Inf, as PyTorch (`F.cross_entropy` on `z`, z-loss with `torch.logsumexp(z)`): a row
