@@ -766,11 +766,7 @@ impl<B: FusedOps> TargetCheck<B> {
             ignore_index,
         } = self;
         B::submit_queued(&targets.device());
-        let out_of_range = out_of_range
-            .wait()
-            .iter::<f32>()
-            .next()
-            .expect("one count");
+        let out_of_range = out_of_range.wait().iter::<f32>().next().expect("one count");
         if out_of_range != 0.0 {
             let bounds: Vec<i64> = target_bounds(&targets, ignore_index)
                 .into_data()

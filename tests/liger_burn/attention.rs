@@ -1059,11 +1059,9 @@ mod flash_kernel {
         })
     }
 
-    /// The register-mma kernels on other plane counts, in bf16, on the problems with
-    /// head_dim 64 and 128 (a test of its own so that a GPU run can take it in parallel
-    /// with the other tilings).
-    #[test]
-    fn flash_plane_counts_match_the_f64_reference() {
+    /// The register-mma kernels on other plane counts, in bf16, on the problems `keep`
+    /// takes.
+    fn plane_counts_on(keep: fn(&Problem) -> bool) {
         check_all(
             FlashVariant::Mma,
             |dtype| {
@@ -1072,8 +1070,21 @@ mod flash_kernel {
                 }
                 tiling_runs(other_plane_counts()).collect()
             },
-            |p| p.head_dim >= 64,
+            keep,
         );
+    }
+
+    /// [`plane_counts_on`] the problems with head_dim 64 (a test for each head dimension,
+    /// so that a GPU run can take them in parallel with each other and the tilings).
+    #[test]
+    fn flash_plane_counts_match_the_f64_reference_at_head_dim_64() {
+        plane_counts_on(|p| p.head_dim == 64);
+    }
+
+    /// [`plane_counts_on`] the problems with a head_dim above 64.
+    #[test]
+    fn flash_plane_counts_match_the_f64_reference_above_head_dim_64() {
+        plane_counts_on(|p| p.head_dim > 64);
     }
 
     /// The register-mma dK/dV kernel in FlashAttention-2's warp grid

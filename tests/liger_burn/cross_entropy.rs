@@ -569,7 +569,11 @@ impl BackendVisitor for TargetStatsCases {
             let started = B::start_read(stats.out_of_range.clone());
             let later = wrap(stats.out_of_range.clone()).add_scalar(1.0);
             let read: Vec<f64> = started.wait().iter::<f32>().map(f64::from).collect();
-            check(label, &format!("{case} (started read)"), expected[2].check(&read));
+            check(
+                label,
+                &format!("{case} (started read)"),
+                expected[2].check(&read),
+            );
             drop(later);
             // The reference without the last tenth of the targets: what a kernel that
             // skipped rows would give.

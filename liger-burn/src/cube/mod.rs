@@ -96,7 +96,9 @@ where
         let stream = cubecl::stream_id::StreamId::current();
         let copy = cubecl::device_handle::DeviceHandle::<R::Server>::new(tensor.device.to_id())
             .submit_blocking(move |server| server.read(vec![descriptor], stream))
-            .unwrap_or_else(|e| panic!("liger: queuing a read of a tensor {shape:?} failed: {e:?}"));
+            .unwrap_or_else(|e| {
+                panic!("liger: queuing a read of a tensor {shape:?} failed: {e:?}")
+            });
         crate::ops::PendingRead::new(move || {
             let mut bytes = cubecl::future::block_on(copy)
                 .unwrap_or_else(|e| panic!("liger: reading a tensor {shape:?} back failed: {e}"));
