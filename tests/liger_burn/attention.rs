@@ -213,6 +213,20 @@ fn run<B: FusedOps>(
     [values(out.inner()), grad(&q), grad(&k), grad(&v)]
 }
 
+/// `liger check`'s attention cases (the flash kernels where the backend has them, each
+/// mask kind, element-wise bounds), quick shapes.
+#[test]
+fn attention_conformance() {
+    liger_tests::check_ops(liger_verify::conformance::Op::is_attention);
+}
+
+/// The full sweep: too large for a software rasterizer.
+#[test]
+#[ignore = "the full sweep: run on a GPU (LIGER_TEST_DEVICE=cuda)"]
+fn attention_full_sweep() {
+    liger_tests::check_ops_full(liger_verify::conformance::Op::is_attention);
+}
+
 #[test]
 fn attention_matches_the_f64_reference_and_stock_eager_attention() {
     struct T(Rng);

@@ -98,6 +98,11 @@ pub fn check_op(op: Op) {
     sweep(|o| o == op, true, op.name());
 }
 
+/// The quick conformance sweep of every op `select` picks.
+pub fn check_ops(select: impl Fn(Op) -> bool) {
+    sweep(select, true, "quick sweep");
+}
+
 pub mod attention;
 pub use liger_verify::conformance::bounded;
 pub mod errors;

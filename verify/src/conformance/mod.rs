@@ -17,6 +17,7 @@
 //! zeros, doubled values, missing rows, transposed and shifted results at the widest and
 //! tallest shapes of the full sweep, in every dtype.
 
+pub mod attention;
 pub mod bounded;
 pub mod bounds;
 pub mod cross_entropy;
@@ -155,11 +156,19 @@ pub enum Op {
     /// A linear layer with a bias (`linear`, which `burn::nn::Linear` runs on `Liger<_>`)
     /// and its three gradients; rows = tokens, width = d_out.
     Linear,
+    /// Causal attention with grouped-query heads (`attention`, on the flash kernels where
+    /// the backend has them) and the gradients of q, k and v; rows = sequence length,
+    /// width = head dimension.
+    Attention,
+    /// The same with Mistral's sliding window.
+    AttentionWindow,
+    /// The same over packed documents (`attention_with_documents`).
+    AttentionDocuments,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 47] = [
+    pub const ALL: [Op; 50] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -207,6 +216,9 @@ impl Op {
         Op::LoraLinearDropout,
         Op::Embedding,
         Op::Linear,
+        Op::Attention,
+        Op::AttentionWindow,
+        Op::AttentionDocuments,
     ];
 
     /// Name used in reports and filters.
@@ -259,6 +271,9 @@ impl Op {
             Op::LoraLinearDropout => "lora_linear_dropout",
             Op::Embedding => "embedding",
             Op::Linear => "linear",
+            Op::Attention => "attention",
+            Op::AttentionWindow => "attention_window",
+            Op::AttentionDocuments => "attention_documents",
         }
     }
 
@@ -279,6 +294,14 @@ impl Op {
     /// The LoRA linear ops.
     pub fn is_lora(self) -> bool {
         matches!(self, Op::LoraLinear | Op::LoraLinearDropout)
+    }
+
+    /// The attention ops.
+    pub fn is_attention(self) -> bool {
+        matches!(
+            self,
+            Op::Attention | Op::AttentionWindow | Op::AttentionDocuments
+        )
     }
 
     fn is_elementwise(self) -> bool {
@@ -466,6 +489,9 @@ pub fn shapes(op: Op, quick: bool) -> Vec<(usize, usize)> {
     }
     if op == Op::Linear {
         return linear::shapes(quick);
+    }
+    if op.is_attention() {
+        return attention::shapes(quick);
     }
     shapes
 }
@@ -683,6 +709,9 @@ pub fn host_case(op: Op, rows: usize, width: usize, dtype: DType, rng: &mut Rng)
     if op == Op::Linear {
         return linear::host_case(rows, width, dtype, rng);
     }
+    if op.is_attention() {
+        return attention::host_case(op, rows, width, dtype, rng);
+    }
     let inputs = draw_row_inputs(op, rows, width, rng);
     let r = |v: &Vec<f32>| host_input(v, dtype);
     let (x, g, w, b, res, g2) = (
@@ -745,6 +774,7 @@ pub fn run_case<B: FusedOps>(
         _ if op.is_lora() => lora_linear::run::<B>(op, rows, width, dtype, device, rng),
         Op::Embedding => embedding::run::<B>(rows, width, dtype, device, rng),
         Op::Linear => linear::run::<B>(rows, width, dtype, device, rng),
+        _ if op.is_attention() => attention::run::<B>(op, rows, width, dtype, device, rng),
         _ => run_row_case::<B>(op, rows, width, dtype, device, rng),
     };
     CaseResult {
