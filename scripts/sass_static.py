@@ -55,8 +55,9 @@ def cuda_root(tools):
     return root
 
 
-def compile_cubin(root, path):
-    """(cubin bytes, ptxas log) of one source, as cubecl-cuda compiles it."""
+def compile_cubin(root, path, extra=()):
+    """(cubin bytes, ptxas log) of one source, as cubecl-cuda compiles it (plus `extra`
+    NVRTC options)."""
     # NVRTC finds its builtins library through the loader's path.
     ctypes.CDLL(os.path.join(root, "lib", "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
     nvrtc = ctypes.CDLL(os.path.join(root, "lib", "libnvrtc.so.13"))
@@ -70,7 +71,7 @@ def compile_cubin(root, path):
         f"--include-path={root}/include/cccl".encode(),
         b"-lineinfo",
         b"--ptxas-options=-v",
-    ]
+    ] + [o.encode() for o in extra]
     rc = nvrtc.nvrtcCompileProgram(prog, len(options), (ctypes.c_char_p * len(options))(*options))
     size = ctypes.c_size_t()
     nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
@@ -127,13 +128,16 @@ def main():
                    help="where the unpacked NVIDIA wheels are (default ~/.cache/liger-sass)")
     p.add_argument("--fetch", metavar="TOOLS", help="download and unpack the wheels into TOOLS, then go on")
     p.add_argument("--sass", metavar="DIR", help="also write each disassembly to DIR/NAME.sass")
+    p.add_argument("--option", action="append", default=[], metavar="OPT",
+                   help="an NVRTC option beyond cubecl-cuda's (repeatable), e.g. --option=--ftz=true "
+                        "to see what flush-to-zero would remove")
     args = p.parse_args()
     if args.fetch:
         fetch(args.fetch)
         args.tools = args.fetch
     root = cuda_root(args.tools)
     for path in args.sources:
-        cubin, log = compile_cubin(root, path)
+        cubin, log = compile_cubin(root, path, args.option)
         sass = disassemble(root, cubin)
         if args.sass:
             with open(os.path.join(args.sass, os.path.basename(path) + ".sass"), "w") as f:
