@@ -408,7 +408,8 @@ pub fn shapes(quick: bool) -> Vec<(usize, usize)> {
 
 /// The problem `op` runs at `(seq, head_dim)`: grouped-query heads (two query heads a key
 /// head), batch 2 up to 200 positions and 1 beyond (the reference is `O(seq²)`), causal;
-/// a window of a third of the sequence, or documents of up to a quarter of it each.
+/// a window of a third of the sequence, or documents of up to a quarter of it each; or
+/// every query seeing every key.
 pub fn problem(op: Op, seq: usize, head_dim: usize, rng: &mut Rng) -> Problem {
     let (batch, q_heads, kv_heads) = if seq > 200 { (1, 2, 1) } else { (2, 4, 2) };
     let mut p = Problem::causal(batch, q_heads, kv_heads, seq, head_dim);
@@ -418,9 +419,21 @@ pub fn problem(op: Op, seq: usize, head_dim: usize, rng: &mut Rng) -> Problem {
         Op::AttentionDocuments => {
             p.documents = Some(random_documents(rng, batch, seq, (seq / 4).max(2), false));
         }
+        Op::AttentionBidirectional => p.causal = false,
         other => unreachable!("{other:?} is not an attention op"),
     }
     p
+}
+
+/// The options `op` runs `p` with: the documents' case asks for deterministic gradients
+/// (the query gradient from its own kernel rather than summed by atomic adds).
+fn options(op: Op, p: &Problem) -> AttentionOptions {
+    AttentionOptions {
+        causal: p.causal,
+        window: p.window,
+        ..AttentionOptions::causal(p.head_dim)
+    }
+    .with_deterministic(op == Op::AttentionDocuments)
 }
 
 /// The inputs of a case as drawn (before rounding): q, k in `[-2, 2]`, v in `[-1, 1]`, the
@@ -521,7 +534,7 @@ pub fn run<B: FusedOps>(
     type A<B> = Autodiff<B>;
     let d = draw(op, seq, head_dim, rng);
     let p = &d.p;
-    let options = AttentionOptions::causal(head_dim).with_window(p.window);
+    let options = options(op, p);
     let flash = B::flash_attention_variant(device, dtype, head_dim, &options).is_some();
     let (kernel, scores) = if flash {
         (AttentionKernel::Flash, DType::F32)

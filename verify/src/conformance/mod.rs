@@ -162,13 +162,16 @@ pub enum Op {
     Attention,
     /// The same with Mistral's sliding window.
     AttentionWindow,
-    /// The same over packed documents (`attention_with_documents`).
+    /// The same over packed documents (`attention_with_documents`), deterministic
+    /// gradients.
     AttentionDocuments,
+    /// Attention without a mask: every query sees every key.
+    AttentionBidirectional,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 50] = [
+    pub const ALL: [Op; 51] = [
         Op::RmsNorm,
         Op::RmsNormGemma,
         Op::AddRmsNorm,
@@ -219,6 +222,7 @@ impl Op {
         Op::Attention,
         Op::AttentionWindow,
         Op::AttentionDocuments,
+        Op::AttentionBidirectional,
     ];
 
     /// Name used in reports and filters.
@@ -274,6 +278,7 @@ impl Op {
             Op::Attention => "attention",
             Op::AttentionWindow => "attention_window",
             Op::AttentionDocuments => "attention_documents",
+            Op::AttentionBidirectional => "attention_bidirectional",
         }
     }
 
@@ -300,7 +305,10 @@ impl Op {
     pub fn is_attention(self) -> bool {
         matches!(
             self,
-            Op::Attention | Op::AttentionWindow | Op::AttentionDocuments
+            Op::Attention
+                | Op::AttentionWindow
+                | Op::AttentionDocuments
+                | Op::AttentionBidirectional
         )
     }
 

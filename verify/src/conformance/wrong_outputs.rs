@@ -332,7 +332,12 @@ fn linear_rejects_wrong_outputs_full_shapes() {
     check_ops(&[Op::Linear], extreme_shapes);
 }
 
-const ATTENTION: [Op; 3] = [Op::Attention, Op::AttentionWindow, Op::AttentionDocuments];
+const ATTENTION: [Op; 4] = [
+    Op::Attention,
+    Op::AttentionWindow,
+    Op::AttentionDocuments,
+    Op::AttentionBidirectional,
+];
 
 /// Attention under each mask kind at the quick sweep's shapes.
 #[test]
