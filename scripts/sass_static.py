@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+from nvrtc_program import compile_program, program_output
+
 # NVRTC matching the device's CUDA 13.0; the disassembler's version does not matter.
 WHEELS = [
     "nvidia-cuda-nvrtc==13.0.*",
@@ -61,10 +63,7 @@ def compile_cubin(root, path, extra=()):
     # NVRTC finds its builtins library through the loader's path.
     ctypes.CDLL(os.path.join(root, "lib", "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
     nvrtc = ctypes.CDLL(os.path.join(root, "lib", "libnvrtc.so.13"))
-    prog = ctypes.c_void_p()
     source = open(path, "rb").read()
-    if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source, b"kernel.cu", 0, None, None):
-        sys.exit(f"{path}: nvrtcCreateProgram failed")
     options = [
         b"--gpu-architecture=sm_90a",
         f"--include-path={root}/include".encode(),
@@ -72,17 +71,8 @@ def compile_cubin(root, path, extra=()):
         b"-lineinfo",
         b"--ptxas-options=-v",
     ] + [o.encode() for o in extra]
-    rc = nvrtc.nvrtcCompileProgram(prog, len(options), (ctypes.c_char_p * len(options))(*options))
-    size = ctypes.c_size_t()
-    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    if rc:
-        sys.exit(f"{path}: compilation failed\n{log.value.decode()}")
-    nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-    cubin = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetCUBIN(prog, cubin)
-    return cubin.raw, log.value.decode()
+    prog, log = compile_program(nvrtc, source, options, path)
+    return program_output(nvrtc, prog, "CUBIN"), log
 
 
 def disassemble(root, cubin):

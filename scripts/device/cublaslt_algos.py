@@ -13,9 +13,13 @@ gradient `dy[m,n]·Wᵀ`, the weight's gradient `xᵀ·dy`.
 """
 import argparse
 import ctypes
-import statistics
+import os
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_timing import median_ms  # noqa: E402
 
 COMPUTE_32F = 68
 R_32F, R_16BF = 0, 14
@@ -106,20 +110,6 @@ def product(handle, m, k, n, trans_a, trans_b, requested, workspace):
                                  VP(d.data_ptr()), ld, ctypes.byref(algo), VP(workspace.data_ptr()),
                                  ctypes.c_size_t(WORKSPACE), stream)
 
-    def timed(run):
-        for _ in range(5):
-            run()
-        samples = []
-        for _ in range(7):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(20):
-                run()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 20 * 1e-3)
-        return statistics.median(samples)
-
     flops = 2.0 * m * k * n
     rows = []
     reference = (a.t() if trans_a else a) @ (b.t() if trans_b else b)
@@ -129,12 +119,12 @@ def product(handle, m, k, n, trans_a, trans_b, requested, workspace):
             continue
         torch.cuda.synchronize()
         err = ((d.float() - reference.float()).norm() / reference.float().norm()).item()
-        seconds = timed(lambda: launch(algo))
+        seconds = median_ms(lambda: launch(algo)) * 1e-3
         rows.append((i, flops / seconds / 1e12, seconds * 1e6, err, config(algo, CONFIG_ID),
                      config(algo, CONFIG_TILE_ID), config(algo, CONFIG_SPLITK), config(algo, CONFIG_STAGES),
                      results[i].waves))
     at, bt = (a.t() if trans_a else a), (b.t() if trans_b else b)
-    torch_s = timed(lambda: torch.matmul(at, bt))
+    torch_s = median_ms(lambda: torch.matmul(at, bt)) * 1e-3
     for x in (lx, ly, ld):
         LT.cublasLtMatrixLayoutDestroy(x)
     LT.cublasLtMatmulPreferenceDestroy(pref)

@@ -19,11 +19,16 @@ import argparse
 import ctypes
 import glob
 import os
-import statistics
 import struct
+import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cuda_timing import median_ms  # noqa: E402
+from nvrtc_program import compile_program, program_output  # noqa: E402
 
 KERNEL = b"flash_forward_mma_kernel_f_bf16_n_8"
 # The kernel's tiles (bytes): a 128-byte barrier slot, then Q (64 rows) and two buffers
@@ -74,22 +79,11 @@ def include_options():
 
 
 def compile_ptx(nvrtc, source, extra):
-    prog = ctypes.c_void_p()
-    assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source, b"kernel.cu", 0, None, None) == 0
     major, minor = torch.cuda.get_device_capability()
     arch = f"--gpu-architecture=sm_{major}{minor}{'a' if major >= 9 else ''}".encode()
     options = [arch] + include_options() + [b"-lineinfo"] + extra
-    rc = nvrtc.nvrtcCompileProgram(prog, len(options), (ctypes.c_char_p * len(options))(*options))
-    size = ctypes.c_size_t()
-    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    if rc:
-        raise SystemExit(f"NVRTC failed ({options}):\n{log.value.decode()}")
-    nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size))
-    ptx = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetPTX(prog, ptx)
-    return ptx.raw
+    prog, _ = compile_program(nvrtc, source, options, "the flash forward")
+    return program_output(nvrtc, prog, "PTX")
 
 
 class Kernel:
@@ -109,21 +103,6 @@ class Kernel:
                                       ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(self.smem), stream,
                                       params, None)
         assert rc == 0, f"cuLaunchKernel: {rc}"
-
-
-def timed(run):
-    for _ in range(5):
-        run()
-    samples = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            run()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 20)
-    return statistics.median(samples)
 
 
 def main():
@@ -161,11 +140,11 @@ def main():
         kernel.launch(grid, pointers)
         torch.cuda.synchronize()
         err = (out.float() - reference.float()).abs().max().item()
-        ms = timed(lambda: kernel.launch(grid, pointers))
+        ms = median_ms(lambda: kernel.launch(grid, pointers))
         rows.append((name, ms, err))
     from torch.nn.attention import SDPBackend, sdpa_kernel
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        sdpa_ms = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+        sdpa_ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
     print(f"flash forward, 1x{s}x{hq}x{hk}x{head_dim} causal bf16 ({torch.cuda.get_device_name()}):")
     for name, ms, err in rows:
         print(f"  liger-burn's kernel {name:24s} {ms:8.4f} ms  {flops / ms / 1e9:6.1f} TFLOP/s  "
