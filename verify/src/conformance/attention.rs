@@ -174,19 +174,8 @@ impl Reference {
             &self.absolute_magnitude[which],
         );
         let u32_ = unit_roundoff(scores);
-        // f32 products may flush results below the smallest normal (2⁻¹²⁶) to zero (GPU
-        // drivers run f32 with flush-to-zero); f16 stores numbers below 2⁻¹⁴ in steps of 2⁻²⁴.
-        let step = match dtype {
-            DType::F16 => 2f64.powi(-25),
-            _ => 2f64.powi(-126),
-        };
-        // Every result is stored once in `dtype`: below f16's smallest normal (2⁻¹⁴) that
-        // rounding is absolute, half a subnormal step (2⁻²⁵) an element, however small the
-        // row; bf16 and f32 keep their subnormals far below any result here.
-        let stored = match dtype {
-            DType::F16 => 2f64.powi(-25) * (row_len as f64).sqrt(),
-            _ => 0.0,
-        };
+        let (step, stored) = absolute_steps(dtype);
+        let stored = stored * (row_len as f64).sqrt();
         (0..m.len() / row_len.max(1))
             .map(|r| {
                 let span = r * row_len..(r + 1) * row_len;
@@ -196,6 +185,35 @@ impl Reference {
                     + stored
             })
             .collect()
+    }
+
+    /// The error bound of each element of tensor `which` (as [`Self::row_bounds`]): the
+    /// same terms, each from the magnitudes of the one sum the element is, so a wrong
+    /// element cannot hide among right ones of its row.
+    pub fn element_bounds(&self, which: usize, tol: f64, dtype: DType, scores: DType) -> Vec<f64> {
+        let u32_ = unit_roundoff(scores);
+        let (step, stored) = absolute_steps(dtype);
+        let (m, e, a) = (
+            &self.magnitude[which],
+            &self.exp_magnitude[which],
+            &self.absolute_magnitude[which],
+        );
+        (0..m.len())
+            .map(|i| tol * m[i] + 8.0 * u32_ * e[i] + 2.0 * step * a[i] + stored)
+            .collect()
+    }
+}
+
+/// The absolute rounding steps of `dtype`: of the intermediates below the smallest normal
+/// (f32 products may flush results below 2⁻¹²⁶ to zero, as GPU drivers run f32 with
+/// flush-to-zero; f16 stores numbers below 2⁻¹⁴ in steps of 2⁻²⁴), and of each stored
+/// result (below f16's smallest normal the final rounding is absolute, half a subnormal
+/// step, 2⁻²⁵, however small the result; bf16 and f32 keep their subnormals far below any
+/// result here).
+fn absolute_steps(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F16 => (2f64.powi(-25), 2f64.powi(-25)),
+        _ => (2f64.powi(-126), 0.0),
     }
 }
 
@@ -459,23 +477,11 @@ fn draw(op: Op, seq: usize, head_dim: usize, rng: &mut Rng) -> Drawn {
 }
 
 /// The reference of `p` as the suite compares it: per element, the bound of
-/// [`Reference::row_bounds`] for that element alone (the same terms, each the magnitude of
-/// the sum the element is; a wrong element cannot hide among right ones of its row), the
-/// scores rounded to `scores` (f32 in the flash kernels).
+/// [`Reference::element_bounds`], the scores rounded to `scores` (f32 in the flash kernels).
 fn expected(p: &Problem, inputs: [&[f64]; 4], dtype: DType, scores: DType) -> Vec<Expected> {
     let [q, k, v, g] = inputs;
     let r = reference(p, q, k, v, g);
     let tol = row_tolerance(dtype, p);
-    let u_scores = unit_roundoff(scores);
-    let step = match dtype {
-        DType::F16 => 2f64.powi(-25),
-        _ => 2f64.powi(-126),
-    };
-    let stored = if dtype == DType::F16 {
-        2f64.powi(-25)
-    } else {
-        0.0
-    };
     let rows_q = p.batch * p.q_heads * p.seq;
     let rows_kv = p.batch * p.kv_heads * p.seq;
     [
@@ -487,29 +493,21 @@ fn expected(p: &Problem, inputs: [&[f64]; 4], dtype: DType, scores: DType) -> Ve
     .into_iter()
     .enumerate()
     .map(|(i, (name, values, rows))| {
-        let bounds = (0..values.len())
-            .map(|e| {
-                tol * r.magnitude[i][e]
-                    + 8.0 * u_scores * r.exp_magnitude[i][e]
-                    + 2.0 * step * r.absolute_magnitude[i][e]
-                    + stored
-            })
-            .collect();
-        Expected::new(name, values.clone(), bounds, rows)
+        Expected::new(
+            name,
+            values.clone(),
+            r.element_bounds(i, tol, dtype, scores),
+            rows,
+        )
     })
     .collect()
-}
-
-/// `values` rounded to `dtype` on the host, as the device rounds them.
-fn rounded(values: &[f32], dtype: DType) -> Vec<f64> {
-    super::host_input(values, dtype)
 }
 
 /// See [`super::host_case`]: the last rows dropped are the last tenth of the keys (what a
 /// kernel that skips the last key block gives).
 pub fn host_case(op: Op, seq: usize, head_dim: usize, dtype: DType, rng: &mut Rng) -> HostCase {
     let d = draw(op, seq, head_dim, rng);
-    let inputs = [&d.q, &d.k, &d.v, &d.g].map(|x| rounded(x, dtype));
+    let inputs = [&d.q, &d.k, &d.v, &d.g].map(|x| super::host_input(x, dtype));
     let refs = [&inputs[0][..], &inputs[1], &inputs[2], &inputs[3]];
     let live = seq - (seq / 10).max(1).min(seq);
     let mut dropped = d.p.clone();
