@@ -73,9 +73,12 @@
 //! accumulators never touch shared memory, and the row statistics are quad shuffles.
 //! Operands come from the staged tiles by `ldmatrix`. This is the variant the Burn glue
 //! picks first; `cmma` remains for devices with cooperative matrices but other layouts.
+//! On CUDA their compiled source is patched so that each `2^x` is the bare
+//! `ex2.approx.ftz.f32` ([`FlashPlan::exp2_flush_to_zero`]).
 
 use crate::counters::{self, Kernel};
 use crate::launch::{KernelError, check_float_dtype};
+use crate::patched_launch::{KernelArgs, PatchedTask, SourcePatch};
 use cubecl::cmma;
 use cubecl::ir::features::AtomicUsage;
 use cubecl::ir::{ElemType, FloatKind};
@@ -2118,9 +2121,23 @@ pub struct FlashPlan {
     /// order. Applies where the device adds f32 pairs atomically (CUDA sm_90+) and the
     /// dK/dV step is 16, 32 or 64 rows (see [`Self::sums_dq_atomically`]).
     pub atomic_dq: bool,
+    /// The kernels' compiled CUDA source has every `2^x` as the bare hardware
+    /// `ex2.approx.ftz.f32` instead of `ex2.approx.f32` with its fix-up for subnormal
+    /// results: about a tenth fewer instructions a step in the register-mma kernels. A
+    /// probability below `2^-126` of its row's largest becomes 0 instead of subnormal,
+    /// invisible to every f32 sum and f16/bf16 product, as under FlashAttention-2's
+    /// `--use_fast_math`. Set by [`flash_plan`] for [`FlashVariant::Mma`] on CUDA; kernels
+    /// without `2^x` (the others) launch the same code either way.
+    pub exp2_flush_to_zero: bool,
 }
 
 impl FlashPlan {
+    /// The rewrite of the kernels' compiled source this plan asks for.
+    fn source_patch(&self) -> Option<SourcePatch> {
+        self.exp2_flush_to_zero
+            .then_some(SourcePatch::Exp2FlushToZero)
+    }
+
     /// The geometry of `kernel`.
     pub fn geometry(&self, kernel: FlashKernel) -> FlashGeometry {
         let g = tiled_geometry(
@@ -2388,6 +2405,7 @@ pub fn flash_plan_within<R: Runtime>(
             fast_exp: fast_exp_supported(client),
             tiling,
             atomic_dq: variant == FlashVariant::Mma && atomic_pairs_supported(client),
+            exp2_flush_to_zero: variant == FlashVariant::Mma && R::name(client) == "cuda",
         };
         let units = plan.geometry(FlashKernel::Forward).units;
         if units > props.hardware.max_units_per_cube {
@@ -2564,6 +2582,60 @@ fn arr<R: Runtime>(handle: &Handle, len: usize) -> ArrayArg<R> {
     unsafe { ArrayArg::from_raw_parts(handle.clone(), len.max(1)) }
 }
 
+/// Launches a flash kernel (`path::to::kernel_module => KernelType`, the items its
+/// `#[cube(launch_unchecked)]` generates) over `count` cubes of `g.units` units: through
+/// the generated `launch_unchecked`, or, where `patch` is `Some`, through a
+/// [`PatchedTask`] with the same arguments gathered by [`KernelArgs`] (`address`: the
+/// kernel's declared address type). The arguments come in declaration order: arrays, each
+/// with the kind of its items (`io`: the input dtype in vectors of `n`; `f32s`; `i32s`;
+/// `pairs`: f32 pairs; `atomic_pairs`), then scalars, then comptime values. Unsafe as the
+/// generated launch.
+macro_rules! launch_flash {
+    (@item io) => { Vector<generated::F, generated::N> };
+    (@item f32s) => { f32 };
+    (@item i32s) => { i32 };
+    (@item pairs) => { Vector<f32, Const<2>> };
+    (@item atomic_pairs) => { Atomic<Vector<f32, Const<2>>> };
+    ($client:ident, $count:expr, $g:expr, $address:expr, $n:expr, $dtype:expr, $patch:expr,
+     $($m:ident)::+ => $kernel:ident,
+     [$($kind:ident($handle:expr, $len:expr)),* $(,)?],
+     [$($scalar:expr),* $(,)?],
+     [$($comptime:expr),* $(,)?]) => {{
+        use $($m)::+ as generated;
+        let dim = CubeDim::new_1d($g.units);
+        match $patch {
+            None => generated::launch_unchecked::<R>(
+                $client,
+                $count,
+                dim,
+                $n,
+                $(arr($handle, $len),)*
+                $($scalar,)*
+                $($comptime,)*
+                $dtype,
+            ),
+            Some(patch) => {
+                let address: AddressType = $address;
+                let mut gathered = KernelArgs::new($client, address);
+                gathered.scope().register_type::<DynamicScalar<generated::_F>>($dtype);
+                gathered.scope().register_size::<DynamicSize<generated::_N>>($n);
+                let settings = KernelSettings::default().cube_dim(dim).address_type(address);
+                let kernel = generated::$kernel::<R>::new(
+                    settings,
+                    $client.clone(),
+                    $(gathered.array::<R, launch_flash!(@item $kind)>(arr($handle, $len)),)*
+                    $(gathered.scalar($scalar),)*
+                    $n,
+                    $($comptime,)*
+                    $dtype,
+                );
+                let task = PatchedTask::<R::Compiler, _>::new(kernel, address, patch);
+                gathered.launch_unchecked($client, $count, Box::new(task));
+            }
+        }
+    }};
+}
+
 /// The grid of a one-dimensional kernel over `len` items, one a unit, 256 units a cube.
 fn elementwise_grid<R: Runtime>(
     client: &ComputeClient<R>,
@@ -2708,44 +2780,31 @@ pub fn flash_attention_planned<R: Runtime>(
     let q_blocks = p.seq.div_ceil(g.own_rows as usize);
     let count = cube_count(client, op, q_blocks, p.q_heads, p.batch)?;
     let table = |b: u32| p.batch * p.seq.div_ceil(b as usize) * 2;
+    let patch = plan.source_patch();
     // The two variants take the same arguments.
     macro_rules! launch {
-        ($kernel:path) => {
-            $kernel(
-                client,
-                count,
-                CubeDim::new_1d(g.units),
-                n,
-                arr(args.q, q_len),
-                arr(args.k, kv_len),
-                arr(args.v, kv_len),
-                arr(&ids, if p.mask.documents { p.batch * p.seq } else { 1 }),
-                arr(
-                    &q_ranges,
-                    if p.mask.documents {
-                        table(g.own_rows)
-                    } else {
-                        1
-                    },
-                ),
-                arr(
-                    &k_ranges,
-                    if p.mask.documents {
-                        table(g.step_rows)
-                    } else {
-                        1
-                    },
-                ),
-                arr(args.output, q_len),
-                arr(args.lse, p.batch * p.q_heads * p.seq),
-                p.seq as u32,
-                p.q_heads as u32,
-                p.kv_heads as u32,
-                p.window as u32,
-                p.scale as f32,
-                g,
-                p.mask,
-                dtype,
+        ($address:expr, $($kernel:tt)+) => {
+            launch_flash!(
+                client, count, g, $address, n, dtype, patch,
+                $($kernel)+,
+                [
+                    io(args.q, q_len),
+                    io(args.k, kv_len),
+                    io(args.v, kv_len),
+                    i32s(&ids, if p.mask.documents { p.batch * p.seq } else { 1 }),
+                    i32s(&q_ranges, if p.mask.documents { table(g.own_rows) } else { 1 }),
+                    i32s(&k_ranges, if p.mask.documents { table(g.step_rows) } else { 1 }),
+                    io(args.output, q_len),
+                    f32s(args.lse, p.batch * p.q_heads * p.seq),
+                ],
+                [
+                    p.seq as u32,
+                    p.q_heads as u32,
+                    p.kv_heads as u32,
+                    p.window as u32,
+                    p.scale as f32,
+                ],
+                [g, p.mask]
             )
         };
     }
@@ -2753,9 +2812,9 @@ pub fn flash_attention_planned<R: Runtime>(
     // inside `[batch, heads, seq, head_dim]` (rows past `seq` are never read or written).
     unsafe {
         if g.mma {
-            launch!(mma::flash_forward_mma_kernel::launch_unchecked::<R>);
+            launch!(AddressType::U64, mma::flash_forward_mma_kernel => FlashForwardMmaKernel);
         } else {
-            launch!(flash_forward_kernel::launch_unchecked::<R>);
+            launch!(AddressType::U32, flash_forward_kernel => FlashForwardKernel);
         }
     }
     counters::record(Kernel::flash_attention_forward);
@@ -2868,37 +2927,37 @@ pub fn flash_attention_backward_planned<R: Runtime>(
     } else {
         (client.empty(8), 1)
     };
+    let patch = plan.source_patch();
     // The variants share their arguments; the register-mma kernel takes its parts buffers
     // after the outputs, their stride after the scale and the part count after the mask.
     macro_rules! launch_kv {
-        ($kernel:path $(, [$($outs:expr),*], [$($scalars:expr),*], [$($comptime:expr),*])?) => {
-            $kernel(
-                client,
-                kv_count,
-                CubeDim::new_1d(gkv.units),
-                n,
-                arr(args.q, q_len),
-                arr(args.k, kv_len),
-                arr(args.v, kv_len),
-                arr(args.grad_output, q_len),
-                arr(args.lse, rows),
-                arr(&dot, rows),
-                arr(&ids, ids_len),
-                arr(&kv_q_ranges, table(gkv.step_rows)),
-                arr(&kv_k_ranges, table(gkv.own_rows)),
-                arr(args.grad_k, kv_len),
-                arr(args.grad_v, kv_len),
-                $($($outs,)*)?
-                p.seq as u32,
-                p.q_heads as u32,
-                p.kv_heads as u32,
-                p.window as u32,
-                p.scale as f32,
-                $($($scalars,)*)?
-                gkv,
-                p.mask,
-                $($($comptime,)*)?
-                dtype,
+        ($address:expr, [$($outs:tt)*], [$($scalars:tt)*], [$($comptime:tt)*], $($kernel:tt)+) => {
+            launch_flash!(
+                client, kv_count, gkv, $address, n, dtype, patch,
+                $($kernel)+,
+                [
+                    io(args.q, q_len),
+                    io(args.k, kv_len),
+                    io(args.v, kv_len),
+                    io(args.grad_output, q_len),
+                    f32s(args.lse, rows),
+                    f32s(&dot, rows),
+                    i32s(&ids, ids_len),
+                    i32s(&kv_q_ranges, table(gkv.step_rows)),
+                    i32s(&kv_k_ranges, table(gkv.own_rows)),
+                    io(args.grad_k, kv_len),
+                    io(args.grad_v, kv_len),
+                    $($outs)*
+                ],
+                [
+                    p.seq as u32,
+                    p.q_heads as u32,
+                    p.kv_heads as u32,
+                    p.window as u32,
+                    p.scale as f32,
+                    $($scalars)*
+                ],
+                [gkv, p.mask, $($comptime)*]
             )
         };
     }
@@ -2908,14 +2967,15 @@ pub fn flash_attention_backward_planned<R: Runtime>(
     unsafe {
         if gkv.mma {
             launch_kv!(
-                mma::flash_backward_kv_mma_kernel::launch_unchecked::<R>,
+                AddressType::U64,
                 [
-                    arr(&partial_k, partial_len),
-                    arr(&partial_v, partial_len),
-                    arr(&dq_sum, dq_pairs)
+                    pairs(&partial_k, partial_len),
+                    pairs(&partial_v, partial_len),
+                    atomic_pairs(&dq_sum, dq_pairs),
                 ],
                 [(kv_elems / 2) as u32],
-                [parts as u32]
+                [parts as u32],
+                mma::flash_backward_kv_mma_kernel => FlashBackwardKvMmaKernel
             );
             if parts > 1 {
                 let len = kv_elems / n;
@@ -2936,7 +2996,13 @@ pub fn flash_attention_backward_planned<R: Runtime>(
                 }
             }
         } else {
-            launch_kv!(flash_backward_kv_kernel::launch_unchecked::<R>);
+            launch_kv!(
+                AddressType::U32,
+                [],
+                [],
+                [],
+                flash_backward_kv_kernel => FlashBackwardKvKernel
+            );
         }
     }
     if gkv.atomic_dq {
@@ -2969,39 +3035,39 @@ pub fn flash_attention_backward_planned<R: Runtime>(
         p.batch,
     )?;
     macro_rules! launch_q {
-        ($kernel:path) => {
-            $kernel(
-                client,
-                q_count,
-                CubeDim::new_1d(gq.units),
-                n,
-                arr(args.q, q_len),
-                arr(args.k, kv_len),
-                arr(args.v, kv_len),
-                arr(args.grad_output, q_len),
-                arr(args.lse, rows),
-                arr(&dot, rows),
-                arr(&ids, ids_len),
-                arr(&q_q_ranges, table(gq.own_rows)),
-                arr(&q_k_ranges, table(gq.step_rows)),
-                arr(args.grad_q, q_len),
-                p.seq as u32,
-                p.q_heads as u32,
-                p.kv_heads as u32,
-                p.window as u32,
-                p.scale as f32,
-                gq,
-                p.mask,
-                dtype,
+        ($address:expr, $($kernel:tt)+) => {
+            launch_flash!(
+                client, q_count, gq, $address, n, dtype, patch,
+                $($kernel)+,
+                [
+                    io(args.q, q_len),
+                    io(args.k, kv_len),
+                    io(args.v, kv_len),
+                    io(args.grad_output, q_len),
+                    f32s(args.lse, rows),
+                    f32s(&dot, rows),
+                    i32s(&ids, ids_len),
+                    i32s(&q_q_ranges, table(gq.own_rows)),
+                    i32s(&q_k_ranges, table(gq.step_rows)),
+                    io(args.grad_q, q_len),
+                ],
+                [
+                    p.seq as u32,
+                    p.q_heads as u32,
+                    p.kv_heads as u32,
+                    p.window as u32,
+                    p.scale as f32,
+                ],
+                [gq, p.mask]
             )
         };
     }
     // Safety: as above.
     unsafe {
         if gq.mma {
-            launch_q!(mma::flash_backward_q_mma_kernel::launch_unchecked::<R>);
+            launch_q!(AddressType::U64, mma::flash_backward_q_mma_kernel => FlashBackwardQMmaKernel);
         } else {
-            launch_q!(flash_backward_q_kernel::launch_unchecked::<R>);
+            launch_q!(AddressType::U32, flash_backward_q_kernel => FlashBackwardQKernel);
         }
     }
     counters::record(Kernel::flash_attention_dq);
@@ -3115,6 +3181,7 @@ mod mma_tiling_tests {
             fast_exp: true,
             tiling: MmaTiling::for_head_dim(head_dim),
             atomic_dq: true,
+            exp2_flush_to_zero: true,
         }
     }
 

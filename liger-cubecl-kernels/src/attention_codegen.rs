@@ -6,6 +6,7 @@
 //! review (a test-only switch, not a library knob).
 
 use super::*;
+use crate::patched_launch::SourcePatch;
 use cubecl::Compiler as _;
 use cubecl::prelude::{AddressType, KernelLauncher, KernelSettings};
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
@@ -325,6 +326,21 @@ fn register_mma_kernels_compile_to_cuda() {
             !source.contains(" exp("),
             "{name}: an accurate exp:\n{source}"
         );
+        // The plans' source patch takes every one of them (`LIGER_DUMP_CUDA` writes the
+        // patched source beside the kernel's, for `scripts/sass_static.py`).
+        let patched = SourcePatch::Exp2FlushToZero
+            .apply(source)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            !patched.contains("__powf"),
+            "{name}: a 2^x left:\n{patched}"
+        );
+        assert_eq!(
+            patched.matches("exp2_flush_to_zero(").count(),
+            source.matches("__powf(float(2.0), ").count() + 1,
+            "{name}: the calls and the helper"
+        );
+        dump(&format!("{name}_exp2_ftz"), &patched);
     };
     // Each kernel with one and with two 16-row m-tiles a plane (the plans use both).
     let tiled = |kernel: FlashKernel, head_dim: usize, tiles: u32| {

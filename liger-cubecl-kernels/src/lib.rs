@@ -21,6 +21,7 @@ pub mod glu;
 pub mod launch;
 pub mod layer_norm;
 pub mod partial_sum;
+mod patched_launch;
 pub mod pointwise;
 pub mod reduce;
 pub mod rms_norm;

@@ -575,6 +575,9 @@ mod flash_kernel {
         if run.deterministic {
             plan = plan.deterministic();
         }
+        if run.other_launch {
+            plan.exp2_flush_to_zero = !plan.exp2_flush_to_zero;
+        }
         flash_attention_planned::<R>(
             &client,
             FlashForwardArgs {
@@ -743,6 +746,10 @@ mod flash_kernel {
         /// Plan as a device with this much shared memory a cube would
         /// (`flash_plan_within`).
         max_shared: Option<usize>,
+        /// The plan's `exp2_flush_to_zero` inverted: the kernels launched the other way
+        /// (through the patched task where the plan takes the generated launch, and the
+        /// reverse), so that both launches are checked wherever the kernels run.
+        other_launch: bool,
     }
 
     impl PlanRun {
@@ -750,6 +757,7 @@ mod flash_kernel {
             tiling: None,
             deterministic: false,
             max_shared: None,
+            other_launch: false,
         };
     }
 
@@ -1058,6 +1066,49 @@ mod flash_kernel {
     #[test]
     fn flash_register_mma_kernels_match_the_f64_reference() {
         default_plans(FlashVariant::Mma);
+    }
+
+    /// The default plan launched the other way (see [`PlanRun::other_launch`]).
+    fn other_launch() -> Vec<(&'static str, PlanRun)> {
+        let run = PlanRun {
+            other_launch: true,
+            ..PlanRun::DEFAULT
+        };
+        vec![("other launch", run)]
+    }
+
+    /// The FMA kernels through the patched task, whose arguments the kernels crate gathers
+    /// in place of CubeCL's launcher (lavapipe in CI; f32).
+    #[test]
+    fn flash_fma_kernels_through_the_patched_launch_match_the_f64_reference() {
+        check_all(
+            FlashVariant::Fma,
+            |d| {
+                if d == DType::F32 {
+                    other_launch()
+                } else {
+                    Vec::new()
+                }
+            },
+            |_| true,
+        );
+    }
+
+    /// The register-mma kernels through CubeCL's generated launch, without the source patch
+    /// their plans take on CUDA (bf16).
+    #[test]
+    fn flash_register_mma_kernels_through_the_generated_launch_match_the_f64_reference() {
+        check_all(
+            FlashVariant::Mma,
+            |d| {
+                if d == DType::BF16 {
+                    other_launch()
+                } else {
+                    Vec::new()
+                }
+            },
+            |_| true,
+        );
     }
 
     /// `tilings` as runs of their plans.
