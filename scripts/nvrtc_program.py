@@ -1,5 +1,5 @@
 """NVRTC through ctypes: one CUDA C++ source compiled with the given options, its log and
-its output (`scripts/sass_static.py` here, `scripts/device/ftz_probe.py` on the device)."""
+its output (for `scripts/sass_static.py`)."""
 import ctypes
 
 

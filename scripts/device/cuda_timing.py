@@ -1,4 +1,4 @@
-"""CUDA-event timing of the device probes (`cublaslt_algos.py`, `ftz_probe.py`)."""
+"""CUDA-event timing of the device probes (`cublaslt_algos.py`)."""
 import statistics
 
 import torch
