@@ -94,7 +94,7 @@ pub(crate) struct PatchedTask<C: Compiler, K: CubeKernel> {
 }
 
 impl<C: Compiler, K: CubeKernel> PatchedTask<C, K> {
-    /// `kernel`, launched with `settings`' address type.
+    /// `kernel` with `patch`; `address` is the address type its settings declare.
     pub(crate) fn new(kernel: K, address: AddressType, patch: SourcePatch) -> Self {
         let inner = kernel.id();
         let id = KernelId::new::<Self>()
