@@ -92,11 +92,10 @@ mod mma;
 /// log units): the exponentials of a block stay below `e^5.5 ≈ 245`. See the module docs.
 pub const RESCALE_THRESHOLD: f32 = 5.5;
 
-/// The largest head dimension whose plans take [`FlashPlan::exp2_flush_to_zero`]. On the
-/// H200 (`6c90d67`, four rounds each against the unpatched kernels in one call) the patch
-/// takes 4% off head_dim 64's forward (4.20 → 4.03–4.06 ms at 32/8 heads, 16K tokens) and
-/// leaves the backward as it was, but makes head_dim 128's forward 3% slower (2.50 → 2.58
-/// ms at 12/2 heads, 16K), although its step loop issues 10% fewer instructions.
+/// The largest head dimension whose plans take [`FlashPlan::exp2_flush_to_zero`]: on the
+/// H200 the patch shortens head_dim 64's forward and leaves the backward as it is, but
+/// lengthens head_dim 128's forward although its step issues fewer instructions
+/// (`benches/attention.md` has the measurements).
 pub const EXP2_FLUSH_TO_ZERO_MAX_HEAD_DIM: usize = 64;
 
 /// `lse` of a query that sees no key: the backward's probabilities of that row are 0.
