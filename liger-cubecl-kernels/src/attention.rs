@@ -1047,10 +1047,10 @@ fn flash_forward_kernel<F: Float, N: Size>(
     let dv = comptime!(g.dv());
     let units = comptime!(g.units);
     let q_blocks = seq.div_ceil(br);
-    // Heaviest (last, under a causal mask) query blocks first.
-    let qb = q_blocks - 1u32 - CUBE_POS_X;
-    let head = CUBE_POS_Y;
-    let batch = CUBE_POS_Z;
+    // Heaviest (last, under a causal mask) query blocks first (see `flash_cube_count`).
+    let qb = q_blocks - 1u32 - CUBE_POS_Y;
+    let head = CUBE_POS_X % q_heads;
+    let batch = CUBE_POS_X / q_heads;
     let kv_head = head / (q_heads / kv_heads);
     let q0 = qb * br;
     let seq_len = seq as usize;
@@ -1497,9 +1497,10 @@ fn flash_backward_kv_kernel<F: Float, N: Size>(
     let bk = comptime!(g.own_rows);
     let bq = comptime!(g.step_rows);
     let dv = comptime!(g.dv());
-    let kb = CUBE_POS_X;
-    let kv_head = CUBE_POS_Y;
-    let batch = CUBE_POS_Z;
+    // Heaviest (first, under a causal mask) key blocks first (see `flash_cube_count`).
+    let kb = CUBE_POS_Y;
+    let kv_head = CUBE_POS_X % kv_heads;
+    let batch = CUBE_POS_X / kv_heads;
     let group = q_heads / kv_heads;
     let k0 = kb * bk;
     let seq_len = seq as usize;
@@ -1663,9 +1664,10 @@ fn flash_backward_q_kernel<F: Float, N: Size>(
     let bk = comptime!(g.step_rows);
     let dv = comptime!(g.dv());
     let q_blocks = seq.div_ceil(bq);
-    let qb = q_blocks - 1u32 - CUBE_POS_X;
-    let head = CUBE_POS_Y;
-    let batch = CUBE_POS_Z;
+    // Heaviest (last, under a causal mask) query blocks first (see `flash_cube_count`).
+    let qb = q_blocks - 1u32 - CUBE_POS_Y;
+    let head = CUBE_POS_X % q_heads;
+    let batch = CUBE_POS_X / q_heads;
     let kv_head = head / (q_heads / kv_heads);
     let q0 = qb * bq;
     let seq_len = seq as usize;
@@ -2673,6 +2675,22 @@ fn cube_count<R: Runtime>(
     Ok(CubeCount::Static(x as u32, y as u32, z as u32))
 }
 
+/// The flash kernels' grid: `CUBE_POS_X` walks the `heads · batch` (head, batch) pairs,
+/// `CUBE_POS_Y` the `blocks` row blocks, which each kernel numbers heaviest first under a
+/// causal mask. Cubes start in the order of their linear index (x fastest), so every head's
+/// heaviest block starts before any head's next: longest first over the whole launch, where
+/// head-major order would start the last head's heaviest blocks near the end and leave the
+/// other SMs idle while they finish.
+fn flash_cube_count<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    blocks: usize,
+    heads: usize,
+    batch: usize,
+) -> Result<CubeCount, KernelError> {
+    cube_count(client, op, heads * batch, blocks, 1)
+}
+
 /// `[batch, ceil(seq / block), 2]` i32: each block's `[min, max]` document id.
 pub fn document_ranges<R: Runtime>(
     client: &ComputeClient<R>,
@@ -2787,7 +2805,7 @@ pub fn flash_attention_planned<R: Runtime>(
     let q_len = p.batch * p.q_heads * p.seq * p.head_dim / n;
     let kv_len = p.batch * p.kv_heads * p.seq * p.head_dim / n;
     let q_blocks = p.seq.div_ceil(g.own_rows as usize);
-    let count = cube_count(client, op, q_blocks, p.q_heads, p.batch)?;
+    let count = flash_cube_count(client, op, q_blocks, p.q_heads, p.batch)?;
     let table = |b: u32| p.batch * p.seq.div_ceil(b as usize) * 2;
     let patch = plan.source_patch();
     // The two variants take the same arguments.
@@ -2906,7 +2924,7 @@ pub fn flash_attention_backward_planned<R: Runtime>(
     } else {
         1
     };
-    let kv_count = cube_count(client, op, key_blocks, p.kv_heads * parts, p.batch)?;
+    let kv_count = flash_cube_count(client, op, key_blocks, p.kv_heads * parts, p.batch)?;
     let kv_elems = p.batch * p.kv_heads * p.seq * p.head_dim;
     let (partial_k, partial_v) = if parts > 1 {
         (
@@ -3036,7 +3054,7 @@ pub fn flash_attention_backward_planned<R: Runtime>(
     }
     let (_, q_q_ranges, q_k_ranges) =
         ranges_for(client, &p, args.document_ids, gq.own_rows, gq.step_rows)?;
-    let q_count = cube_count(
+    let q_count = flash_cube_count(
         client,
         op,
         p.seq.div_ceil(gq.own_rows as usize),

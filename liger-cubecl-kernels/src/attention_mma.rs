@@ -465,10 +465,10 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
     let scale2 = scale * LOG2_E;
 
     let q_blocks = seq.div_ceil(br);
-    // Heaviest (last, under a causal mask) query blocks first.
-    let qb = q_blocks - 1u32 - CUBE_POS_X;
-    let head = CUBE_POS_Y;
-    let batch = CUBE_POS_Z;
+    // Heaviest (last, under a causal mask) query blocks first (see `flash_cube_count`).
+    let qb = q_blocks - 1u32 - CUBE_POS_Y;
+    let head = CUBE_POS_X % q_heads;
+    let batch = CUBE_POS_X / q_heads;
     let kv_head = head / (q_heads / kv_heads);
     let q0 = qb * br;
     let seq_len = seq as usize;
@@ -1113,9 +1113,10 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
     let scale2 = scale * LOG2_E;
     let fast = comptime!(g.fast_exp);
     let q_blocks = seq.div_ceil(bq);
-    let qb = q_blocks - 1u32 - CUBE_POS_X;
-    let head = CUBE_POS_Y;
-    let batch = CUBE_POS_Z;
+    // Heaviest (last, under a causal mask) query blocks first (see `flash_cube_count`).
+    let qb = q_blocks - 1u32 - CUBE_POS_Y;
+    let head = CUBE_POS_X % q_heads;
+    let batch = CUBE_POS_X / q_heads;
     let kv_head = head / (q_heads / kv_heads);
     let q0 = qb * bq;
     let seq_len = seq as usize;
@@ -1504,12 +1505,14 @@ fn backward_kv_strips<F: Float, N: Size>(
     let bq = comptime!(g.step_rows);
     let dv = comptime!(g.dv());
     let query_tiles = comptime!(g.step_rows / 8);
-    let kb = CUBE_POS_X;
+    // Heaviest (first, under a causal mask) key blocks first (see `flash_cube_count`).
+    let kb = CUBE_POS_Y;
     // With `parts` > 1 each cube takes `group / parts` of the group's query heads and
     // writes f32 partial sums (see `flash_backward_kv_parts`).
-    let kv_head = CUBE_POS_Y / parts;
-    let part = CUBE_POS_Y % parts;
-    let batch = CUBE_POS_Z;
+    let head_part = CUBE_POS_X % (kv_heads * parts);
+    let kv_head = head_part / parts;
+    let part = head_part % parts;
+    let batch = CUBE_POS_X / (kv_heads * parts);
     let group = q_heads / kv_heads;
     let heads_per_part = group / parts;
     let k0 = kb * bk;
@@ -1980,10 +1983,12 @@ fn backward_kv_grid<F: Float, N: Size>(
     let ps_stride = comptime!(grid_stride(&g));
     let half = comptime!(g.head_dim / 2);
     let quarter = comptime!(g.head_dim / 4);
-    let kb = CUBE_POS_X;
-    let kv_head = CUBE_POS_Y / parts;
-    let part = CUBE_POS_Y % parts;
-    let batch = CUBE_POS_Z;
+    // Heaviest (first, under a causal mask) key blocks first (see `flash_cube_count`).
+    let kb = CUBE_POS_Y;
+    let head_part = CUBE_POS_X % (kv_heads * parts);
+    let kv_head = head_part / parts;
+    let part = head_part % parts;
+    let batch = CUBE_POS_X / (kv_heads * parts);
     let group = q_heads / kv_heads;
     let heads_per_part = group / parts;
     let k0 = kb * bk;
