@@ -47,7 +47,11 @@
 //!
 //! A query that sees no key (impossible with these masks, which always show a query
 //! itself; possible only through bad ids or shapes) gets output 0, `lse =`
-//! [`NO_KEY_LSE`], and zero gradients, as Burn's own attention defines it.
+//! [`NO_KEY_LSE`], and zero gradients, as Burn's own attention defines it. A NaN among a
+//! query's visible scores (a NaN or infinite input) makes its output, `lse` and
+//! probabilities NaN, so its gradients and those of the keys and values it sees are NaN, as
+//! in PyTorch; through a hidden key's zero probability (`0 · NaN` in a tile's product) a
+//! NaN may also reach another query's gradients, as in FlashAttention-2.
 //!
 //! # Tensor cores (`cmma`) and the plain path
 //!
@@ -1006,13 +1010,13 @@ fn exponentiate_score<F: Float>(
     #[comptime] g: FlashGeometry,
 ) -> f32 {
     let x = scratch[(r * comptime!(g.s_stride()) + c) as usize];
-    let mut p = 0.0f32;
+    let mut p = f32::exp(x - m);
+    // An equality, not `!=`: some compilers make `!=` ordered, false for a NaN score,
+    // which must stay NaN.
     if comptime!(checked) {
-        if x != f32::min_value() {
-            p = f32::exp(x - m);
+        if x == f32::min_value() {
+            p = 0.0;
         }
-    } else {
-        p = f32::exp(x - m);
     }
     p_tile[(r * comptime!(g.p_stride()) + c) as usize] = F::cast_from(p);
     p
@@ -1200,19 +1204,18 @@ fn flash_forward_kernel<F: Float, N: Size>(
         }
     }
 
-    // 1/l per row (0 for a row that saw no key), and lse.
+    // 1/l per row (0 for a row that saw no key), and lse: both NaN where `l` is (a NaN
+    // score), which the backward's probabilities `exp(x - lse)` then carry.
     sync_cube();
     if lane == 0 {
-        let mut inv = 0.0f32;
-        if l > 0.0 {
-            inv = 1.0f32 / l;
+        let mut inv = 1.0f32 / l;
+        let mut value = m_used + f32::ln(l);
+        if l == 0.0 {
+            inv = 0.0;
+            value = f32::max_value();
         }
         row_scale[r as usize] = inv;
         if qpos < seq {
-            let mut value = f32::max_value();
-            if l > 0.0 {
-                value = m_used + f32::ln(l);
-            }
             lse[row_base + qpos as usize] = value;
         }
     }
@@ -1455,13 +1458,12 @@ fn probability_and_ds_at<F: Float>(
 ) {
     let lse = lse_rows[r as usize];
     let at = (r * comptime!(g.s_stride()) + c) as usize;
-    let mut p = 0.0f32;
+    // A row that saw no key has `lse` = NO_KEY_LSE: its exponentials are 0 as they are.
+    let mut p = f32::exp(scratch[at] * scale - lse);
     if comptime!(checked) {
-        if lse < f32::max_value() && visible(q0 + r, k0 + c, seq, window, doc_ids, doc_base, mask) {
-            p = f32::exp(scratch[at] * scale - lse);
+        if !visible(q0 + r, k0 + c, seq, window, doc_ids, doc_base, mask) {
+            p = 0.0;
         }
-    } else if lse < f32::max_value() {
-        p = f32::exp(scratch[at] * scale - lse);
     }
     let ds = p * (scratch[at + dp_offset as usize] - d_rows[r as usize]);
     let pt = (r * comptime!(g.p_stride()) + c) as usize;

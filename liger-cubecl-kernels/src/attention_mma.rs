@@ -685,28 +685,25 @@ pub(super) fn flash_forward_mma_kernel<F: Float, N: Size>(
         let hi_row = comptime!(2 * t as usize + 1);
         let l_lo = quad_sum(l[lo_row]);
         let l_hi = quad_sum(l[hi_row]);
-        let mut inv_lo = 0.0f32;
-        let mut inv_hi = 0.0f32;
-        if l_lo > 0.0 {
-            inv_lo = 1.0f32 / l_lo;
+        // NaN where `l` is (a NaN score): the backward's probabilities carry it.
+        let mut inv_lo = 1.0f32 / l_lo;
+        let mut inv_hi = 1.0f32 / l_hi;
+        let mut lse_lo = m[lo_row] * scale + f32::ln(l_lo);
+        let mut lse_hi = m[hi_row] * scale + f32::ln(l_hi);
+        if l_lo == 0.0 {
+            inv_lo = 0.0;
+            lse_lo = f32::max_value();
         }
-        if l_hi > 0.0 {
-            inv_hi = 1.0f32 / l_hi;
+        if l_hi == 0.0 {
+            inv_hi = 0.0;
+            lse_hi = f32::max_value();
         }
         if tid == 0 {
             if qpos_lo < seq {
-                let mut value = f32::max_value();
-                if l_lo > 0.0 {
-                    value = m[lo_row] * scale + f32::ln(l_lo);
-                }
-                lse[row_base + qpos_lo as usize] = value;
+                lse[row_base + qpos_lo as usize] = lse_lo;
             }
             if qpos_hi < seq {
-                let mut value = f32::max_value();
-                if l_hi > 0.0 {
-                    value = m[hi_row] * scale + f32::ln(l_hi);
-                }
-                lse[row_base + qpos_hi as usize] = value;
+                lse[row_base + qpos_hi as usize] = lse_hi;
             }
         }
         rows_to_tile::<F, N>(
@@ -1239,14 +1236,12 @@ pub(super) fn flash_backward_q_mma_kernel<F: Float, N: Size>(
                     let s_hi = s[(at + 2 * n + 1) as usize];
                     let dp_lo = dp[(at + 2 * n) as usize];
                     let dp_hi = dp[(at + 2 * n + 1) as usize];
-                    // Selects, not branches: every lane computes the exponentials, and
-                    // the unrolled step keeps no branch a score.
-                    let live_lo = lse_lo < f32::max_value();
-                    let live_hi = lse_hi < f32::max_value();
-                    let mut p0 = select(live_lo, exp2(s_lo[0] * scale2 - lse2_lo, fast), 0.0f32);
-                    let mut p1 = select(live_lo, exp2(s_lo[1] * scale2 - lse2_lo, fast), 0.0f32);
-                    let mut p2 = select(live_hi, exp2(s_hi[0] * scale2 - lse2_hi, fast), 0.0f32);
-                    let mut p3 = select(live_hi, exp2(s_hi[1] * scale2 - lse2_hi, fast), 0.0f32);
+                    // A row that saw no key has `lse` = NO_KEY_LSE, `lse·log₂ e` = +∞:
+                    // its exponentials are 0 as they are.
+                    let mut p0 = exp2(s_lo[0] * scale2 - lse2_lo, fast);
+                    let mut p1 = exp2(s_lo[1] * scale2 - lse2_lo, fast);
+                    let mut p2 = exp2(s_hi[0] * scale2 - lse2_hi, fast);
+                    let mut p3 = exp2(s_hi[1] * scale2 - lse2_hi, fast);
                     if !interior {
                         if !visible(qpos_lo, kpos, seq, window, doc_ids, doc_base, mask) {
                             p0 = 0.0;
@@ -1679,14 +1674,12 @@ fn backward_kv_strips<F: Float, N: Size>(
             // This lane's two queries (columns) of C tile n are `2 · tid` and the next
             // after `8n`: their `lse` and `D` from the lane's first, a constant after it.
             let row_at = (row0 + 2 * tid) as usize;
-            // Pᵀ = exp(Sᵀ·scale − lse) into `st`. Selects, not branches: every lane
-            // computes the exponentials, and the unrolled step keeps no branch a score.
+            // Pᵀ = exp(Sᵀ·scale − lse) into `st` (0 as it is for a query that saw no key:
+            // NO_KEY_LSE·log₂ e = +∞).
             #[unroll]
             for n in 0..query_tiles {
                 let lse0 = lse_rows[row_at + comptime!((n * 8) as usize)];
                 let lse1 = lse_rows[row_at + comptime!((n * 8 + 1) as usize)];
-                let live0 = lse0 < f32::max_value();
-                let live1 = lse1 < f32::max_value();
                 // `exp(s·scale − lse) = 2^(s·scale₂ − lse·log₂ e)`.
                 let lse2_0 = lse0 * LOG2_E;
                 let lse2_1 = lse1 * LOG2_E;
@@ -1696,12 +1689,12 @@ fn backward_kv_strips<F: Float, N: Size>(
                     let s_lo = st[at];
                     let s_hi = st[at + 1];
                     st[at] = pair(
-                        select(live0, exp2(s_lo[0] * scale2 - lse2_0, fast), 0.0f32),
-                        select(live1, exp2(s_lo[1] * scale2 - lse2_1, fast), 0.0f32),
+                        exp2(s_lo[0] * scale2 - lse2_0, fast),
+                        exp2(s_lo[1] * scale2 - lse2_1, fast),
                     );
                     st[at + 1] = pair(
-                        select(live0, exp2(s_hi[0] * scale2 - lse2_0, fast), 0.0f32),
-                        select(live1, exp2(s_hi[1] * scale2 - lse2_1, fast), 0.0f32),
+                        exp2(s_hi[0] * scale2 - lse2_0, fast),
+                        exp2(s_hi[1] * scale2 - lse2_1, fast),
                     );
                 }
             }
@@ -2141,24 +2134,23 @@ fn backward_kv_grid<F: Float, N: Size>(
                 &mut dp,
                 block,
             );
-            // P = exp(S·scale − lse) = 2^(S·scale₂ − lse·log₂ e); a row's four keys'
-            // pairs share its lse.
+            // P = exp(S·scale − lse) = 2^(S·scale₂ − lse·log₂ e) (0 as it is for a query
+            // that saw no key: NO_KEY_LSE·log₂ e = +∞); a row's four keys' pairs share its
+            // lse.
             #[unroll]
             for t in 0..2u32 {
                 #[unroll]
                 for hh in 0..2u32 {
                     let r =
                         (row0 + sq * 32u32 + gid) as usize + comptime!((16 * t + 8 * hh) as usize);
-                    let lse_r = lse_rows[r];
-                    let live = lse_r < f32::max_value();
-                    let lse2 = lse_r * LOG2_E;
+                    let lse2 = lse_rows[r] * LOG2_E;
                     #[unroll]
                     for c in 0..4u32 {
                         let at = comptime!((t * 8 + 2 * c + hh) as usize);
                         let x = s[at];
                         s[at] = pair(
-                            select(live, exp2(x[0] * scale2 - lse2, fast), 0.0f32),
-                            select(live, exp2(x[1] * scale2 - lse2, fast), 0.0f32),
+                            exp2(x[0] * scale2 - lse2, fast),
+                            exp2(x[1] * scale2 - lse2, fast),
                         );
                     }
                 }

@@ -5,6 +5,10 @@
 //! element must be NaN where PyTorch's is, the same infinity where PyTorch's is one, and
 //! within the f32 conformance tolerance elsewhere.
 //!
+//! Attention runs the blockwise composition and the flash kernels (f32, and bf16/f16 on
+//! tensor cores within those dtypes' tolerance) against transformers' eager attention, with
+//! each special value where every query that meets it sees it (see the generator).
+//!
 //! One documented exception: a cross-entropy row whose target is `ignore_index` has loss
 //! 0 and a zero gradient whatever its logits (`CrossEntropyOptions`); PyTorch gives such a
 //! row a NaN gradient when it holds a NaN or +Inf (log-softmax's backward multiplies its
@@ -14,7 +18,11 @@
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use liger_burn::functional;
-use liger_burn::ops::{CrossEntropyOptions, FusedOps, Reduction, RmsNormOptions, RopeLayout};
+use liger_burn::ops::{
+    AttentionKernel, AttentionOptions, CrossEntropyOptions, FusedOps, Reduction, RmsNormOptions,
+    RopeLayout,
+};
+use liger_cubecl_kernels::attention::FlashVariant;
 use liger_tests::BackendVisitor;
 use liger_verify::conformance::Tolerance;
 use serde::Deserialize;
@@ -102,6 +110,9 @@ type A<B> = Autodiff<B>;
 struct Runner<'a, B: FusedOps> {
     case: &'a Case,
     device: &'a B::Device,
+    /// The implementation an `attention` case runs, and the dtype of its inputs.
+    attention: AttentionKernel,
+    dtype: DType,
 }
 
 impl<B: FusedOps> Runner<'_, B> {
@@ -109,7 +120,7 @@ impl<B: FusedOps> Runner<'_, B> {
         assert_eq!(floats.shape.len(), D, "{}: rank", self.case.case);
         let shape: [usize; D] = floats.shape.clone().try_into().unwrap();
         let data: Vec<f32> = floats.data.iter().map(|v| v.get() as f32).collect();
-        Tensor::from_data(TensorData::new(data, shape), (self.device, DType::F32))
+        Tensor::from_data(TensorData::new(data, shape), (self.device, self.dtype))
     }
 
     fn input<const D: usize>(&self, name: &str) -> Tensor<A<B>, D> {
@@ -292,6 +303,28 @@ impl<B: FusedOps> Runner<'_, B> {
                 put("grad_weight", values(w.grad(&grads).unwrap()));
                 put("grad_bias", values(b.grad(&grads).unwrap()));
             }
+            "attention" => {
+                let (q, k, v) = (
+                    self.input::<4>("q"),
+                    self.input::<4>("k"),
+                    self.input::<4>("v"),
+                );
+                let options = AttentionOptions {
+                    scale: self.option("scale"),
+                    causal: self.case.options["causal"].as_bool().unwrap(),
+                    window: None,
+                    kernel: self.attention,
+                    deterministic: false,
+                };
+                let y = functional::attention(q.clone(), k.clone(), v.clone(), None, options);
+                let grads = (y.clone() * self.grad_output::<4>("output"))
+                    .sum()
+                    .backward();
+                put("output", values(y.inner()));
+                put("grad_q", values(q.grad(&grads).unwrap()));
+                put("grad_k", values(k.grad(&grads).unwrap()));
+                put("grad_v", values(v.grad(&grads).unwrap()));
+            }
             other => panic!("{FIXTURE}: unknown op {other}"),
         }
         out
@@ -375,31 +408,64 @@ struct SpecialValues {
 
 impl BackendVisitor for SpecialValues {
     fn visit<B: FusedOps>(&mut self, label: &str, device: &B::Device) {
-        let tol = Tolerance::for_dtype(DType::F32);
         for case in &self.fixture.cases {
-            let results = Runner::<B> { case, device }.run();
-            let listed = case.outputs.len() + case.grads.len();
-            assert_eq!(
-                results.len(),
-                listed,
-                "{} {}: the runner returns {:?}, the fixture lists {listed} tensors",
-                case.op,
-                case.case,
-                results.iter().map(|r| &r.0).collect::<Vec<_>>()
-            );
-            for (name, actual) in results {
-                let bad = mismatches(&actual, &expected(case, &name), tol);
-                if !bad.is_empty() {
-                    self.failures.push(format!(
-                        "{label} {} {} {name}: {} of {} differ: {}",
-                        case.op,
-                        case.case,
-                        bad.len(),
-                        actual.len(),
-                        bad.iter().take(6).cloned().collect::<Vec<_>>().join(", ")
-                    ));
+            // Attention runs the blockwise composition and, where they run, the flash kernels:
+            // in f32, and in bf16 and f16 where they run on tensor cores (the fixture's inputs
+            // are on a 1/64 grid, exact in both).
+            let mut runs = vec![(AttentionKernel::Auto, DType::F32)];
+            if case.op == "attention" {
+                runs = vec![(AttentionKernel::Blockwise, DType::F32)];
+                let head_dim = case.inputs["q"].shape[3];
+                let flash = AttentionOptions::causal(head_dim).with_kernel(AttentionKernel::Flash);
+                for dtype in [DType::F32, DType::BF16, DType::F16] {
+                    match B::flash_attention_variant(device, dtype, head_dim, &flash) {
+                        Some(_) if dtype == DType::F32 => {
+                            runs.push((AttentionKernel::Flash, dtype))
+                        }
+                        Some(FlashVariant::Mma | FlashVariant::TensorCores) => {
+                            runs.push((AttentionKernel::Flash, dtype))
+                        }
+                        _ => {}
+                    }
                 }
-                self.checked += 1;
+            }
+            for (attention, dtype) in runs {
+                let tol = Tolerance::for_dtype(dtype);
+                let results = Runner::<B> {
+                    case,
+                    device,
+                    attention,
+                    dtype,
+                }
+                .run();
+                let listed = case.outputs.len() + case.grads.len();
+                assert_eq!(
+                    results.len(),
+                    listed,
+                    "{} {}: the runner returns {:?}, the fixture lists {listed} tensors",
+                    case.op,
+                    case.case,
+                    results.iter().map(|r| &r.0).collect::<Vec<_>>()
+                );
+                let path = if case.op == "attention" {
+                    format!(" ({attention:?}, {dtype:?})")
+                } else {
+                    String::new()
+                };
+                for (name, actual) in results {
+                    let bad = mismatches(&actual, &expected(case, &name), tol);
+                    if !bad.is_empty() {
+                        self.failures.push(format!(
+                            "{label} {} {}{path} {name}: {} of {} differ: {}",
+                            case.op,
+                            case.case,
+                            bad.len(),
+                            actual.len(),
+                            bad.iter().take(6).cloned().collect::<Vec<_>>().join(", ")
+                        ));
+                    }
+                    self.checked += 1;
+                }
             }
         }
     }
