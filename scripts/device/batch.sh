@@ -354,7 +354,7 @@ for step in $steps; do
       ;;
     cache-out)
       # CubeCL's compiled-kernel and autotune caches, to carry into a later call.
-      tar -czf "$OUT/cubecl-cache.tgz" -C .gpu cubecl-cache && ls -l "$OUT/cubecl-cache.tgz"
+      tar -czf "$OUT/cubecl-cache.tgz" -C .gpu "cubecl-cache-$LIGER_COMMIT" && ls -l "$OUT/cubecl-cache.tgz"
       ;;
     vulkan)
       vulkan_loader
