@@ -418,14 +418,14 @@ impl BackendVisitor for SpecialValues {
                 let head_dim = case.inputs["q"].shape[3];
                 let flash = AttentionOptions::causal(head_dim).with_kernel(AttentionKernel::Flash);
                 for dtype in [DType::F32, DType::BF16, DType::F16] {
-                    match B::flash_attention_variant(device, dtype, head_dim, &flash) {
-                        Some(_) if dtype == DType::F32 => {
-                            runs.push((AttentionKernel::Flash, dtype))
-                        }
-                        Some(FlashVariant::Mma | FlashVariant::TensorCores) => {
-                            runs.push((AttentionKernel::Flash, dtype))
-                        }
-                        _ => {}
+                    let runs_here =
+                        match B::flash_attention_variant(device, dtype, head_dim, &flash) {
+                            Some(FlashVariant::Fma) => dtype == DType::F32,
+                            Some(_) => true,
+                            None => false,
+                        };
+                    if runs_here {
+                        runs.push((AttentionKernel::Flash, dtype));
                     }
                 }
             }
