@@ -6,8 +6,11 @@
 //! within the f32 conformance tolerance elsewhere.
 //!
 //! Attention runs the blockwise composition and the flash kernels (f32, and bf16/f16 on
-//! tensor cores within those dtypes' tolerance) against transformers' eager attention, with
-//! each special value where every query that meets it sees it (see the generator).
+//! tensor cores) against transformers' eager attention, with each special value where
+//! every query that meets it sees it (see the generator). Its finite values are sums over
+//! keys or queries that can cancel, so each element's bound comes from the f64
+//! reference's magnitudes of the terms it sums ([`attention_bounds`]), as in the attention
+//! suites, and not from the element's own size.
 //!
 //! One documented exception: a cross-entropy row whose target is `ignore_index` has loss
 //! 0 and a zero gradient whatever its logits (`CrossEntropyOptions`); PyTorch gives such a
@@ -25,6 +28,7 @@ use liger_burn::ops::{
 use liger_cubecl_kernels::attention::FlashVariant;
 use liger_tests::BackendVisitor;
 use liger_verify::conformance::Tolerance;
+use liger_verify::conformance::attention::{self as attention_reference, Problem};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -373,9 +377,26 @@ fn expected(case: &Case, name: &str) -> Vec<f64> {
     v
 }
 
+/// How far a finite result may be from PyTorch's.
+enum Bounds {
+    /// One tolerance for every element (ops whose results do not cancel).
+    Fixed(Tolerance),
+    /// A bound for each element ([`attention_bounds`]).
+    PerElement(Vec<f64>),
+}
+
+impl Bounds {
+    fn at(&self, i: usize, expected: f64) -> f64 {
+        match self {
+            Bounds::Fixed(tol) => tol.atol + tol.rtol * expected.abs(),
+            Bounds::PerElement(b) => b[i],
+        }
+    }
+}
+
 /// Where `actual` differs from `expected`: NaN against NaN, the same infinity, finite
-/// values within `tol`.
-fn mismatches(actual: &[f64], expected: &[f64], tol: Tolerance) -> Vec<String> {
+/// values within `bounds` (a bound that is not finite rejects the element).
+fn mismatches(actual: &[f64], expected: &[f64], bounds: &Bounds) -> Vec<String> {
     if actual.len() != expected.len() {
         return vec![format!(
             "{} values, expected {}",
@@ -393,10 +414,63 @@ fn mismatches(actual: &[f64], expected: &[f64], tol: Tolerance) -> Vec<String> {
             } else if e.is_infinite() || a.is_infinite() {
                 a != e
             } else {
-                (a - e).abs() > tol.atol + tol.rtol * e.abs()
+                let bound = bounds.at(i, e);
+                !bound.is_finite() || (a - e).abs() > bound
             };
             differs.then(|| format!("[{i}] {a} (PyTorch {e})"))
         })
+        .collect()
+}
+
+/// The per-element bounds of attention result `name` (`output`, `grad_q`, `grad_k`,
+/// `grad_v`) of an `attention` case run in `dtype`: the attention suites' bound of our
+/// result in `dtype` (scores and sums in f32, probabilities and `dS` rounded to `dtype`
+/// before their products; [`attention_reference::row_tolerance`]) plus the same bound in
+/// f32 for PyTorch's eager result, each from the f64 reference's magnitudes of the terms
+/// the element sums. An element whose sum meets a NaN or an infinity has no finite bound.
+fn attention_bounds(case: &Case, name: &str, dtype: DType) -> Vec<f64> {
+    let [q, k, v, g] = [
+        &case.inputs["q"],
+        &case.inputs["k"],
+        &case.inputs["v"],
+        &case.grad_outputs["output"],
+    ]
+    .map(Floats::values);
+    let (shape_q, shape_k) = (&case.inputs["q"].shape, &case.inputs["k"].shape);
+    let scale = case.options["scale"].as_f64().unwrap();
+    assert_eq!(
+        scale,
+        (shape_q[3] as f64).powf(-0.5),
+        "{}: the reference scales by head_dim^-0.5",
+        case.case
+    );
+    let problem = Problem {
+        batch: shape_q[0],
+        q_heads: shape_q[1],
+        kv_heads: shape_k[1],
+        seq: shape_q[2],
+        head_dim: shape_q[3],
+        causal: case.options["causal"].as_bool().unwrap(),
+        window: None,
+        documents: None,
+        mask: None,
+    };
+    let reference = attention_reference::reference(&problem, &q, &k, &v, &g);
+    let which = match name {
+        "output" => 0,
+        "grad_q" => 1,
+        "grad_k" => 2,
+        "grad_v" => 3,
+        other => panic!("attention has no result {other}"),
+    };
+    let bound = |dtype: DType| {
+        let tol = attention_reference::row_tolerance(dtype, &problem);
+        reference.element_bounds(which, tol, dtype, DType::F32)
+    };
+    bound(dtype)
+        .iter()
+        .zip(bound(DType::F32))
+        .map(|(ours, torch)| ours + torch)
         .collect()
 }
 
@@ -430,7 +504,6 @@ impl BackendVisitor for SpecialValues {
                 }
             }
             for (attention, dtype) in runs {
-                let tol = Tolerance::for_dtype(dtype);
                 let results = Runner::<B> {
                     case,
                     device,
@@ -453,7 +526,12 @@ impl BackendVisitor for SpecialValues {
                     String::new()
                 };
                 for (name, actual) in results {
-                    let bad = mismatches(&actual, &expected(case, &name), tol);
+                    let bounds = if case.op == "attention" {
+                        Bounds::PerElement(attention_bounds(case, &name, dtype))
+                    } else {
+                        Bounds::Fixed(Tolerance::for_dtype(dtype))
+                    };
+                    let bad = mismatches(&actual, &expected(case, &name), &bounds);
                     if !bad.is_empty() {
                         self.failures.push(format!(
                             "{label} {} {}{path} {name}: {} of {} differ: {}",
@@ -486,5 +564,134 @@ fn nan_and_inf_propagate_as_in_pytorch() {
         visitor.failures.len(),
         visitor.checked,
         visitor.failures.join("\n")
+    );
+}
+
+/// PyTorch's attention results changed where they are finite: zeroed, doubled, the row of
+/// largest norm zeroed, the two most different rows swapped (rows of `head_dim`, their
+/// finite entries), and each `[seq, head_dim]` block without NaN or infinity read
+/// transposed. `(what, values)` for each change that alters something.
+fn wrong_attention_results(
+    expected: &[f64],
+    seq: usize,
+    head_dim: usize,
+) -> Vec<(&'static str, Vec<f64>)> {
+    let finite = |e: &f64| e.is_finite();
+    let rows: Vec<&[f64]> = expected.chunks(head_dim).collect();
+    let norm = |r: usize| {
+        rows[r]
+            .iter()
+            .filter(|x| x.is_finite())
+            .map(|x| x * x)
+            .sum::<f64>()
+    };
+    let mut wrong = vec![
+        (
+            "zeros",
+            expected
+                .iter()
+                .map(|&e| if e.is_finite() { 0.0 } else { e })
+                .collect::<Vec<_>>(),
+        ),
+        ("doubled", expected.iter().map(|&e| 2.0 * e).collect()),
+    ];
+    if let Some(largest) = (0..rows.len()).max_by(|&a, &b| norm(a).total_cmp(&norm(b))) {
+        let mut v = expected.to_vec();
+        for x in &mut v[largest * head_dim..(largest + 1) * head_dim] {
+            if x.is_finite() {
+                *x = 0.0;
+            }
+        }
+        wrong.push(("largest row zeroed", v));
+    }
+    let both_finite = |a: usize, b: usize| -> Vec<usize> {
+        (0..head_dim)
+            .filter(|&e| rows[a][e].is_finite() && rows[b][e].is_finite())
+            .collect()
+    };
+    let distance = |a: usize, b: usize| {
+        both_finite(a, b)
+            .into_iter()
+            .map(|e| (rows[a][e] - rows[b][e]).powi(2))
+            .sum::<f64>()
+    };
+    let pairs = (0..rows.len()).flat_map(|a| (a + 1..rows.len()).map(move |b| (a, b)));
+    if let Some((a, b)) = pairs.max_by(|x, y| distance(x.0, x.1).total_cmp(&distance(y.0, y.1))) {
+        let mut v = expected.to_vec();
+        for e in both_finite(a, b) {
+            v.swap(a * head_dim + e, b * head_dim + e);
+        }
+        wrong.push(("two rows swapped", v));
+    }
+    let block = seq * head_dim;
+    let mut transposed = expected.to_vec();
+    for (at, values) in expected.chunks(block).enumerate() {
+        if values.iter().all(finite) {
+            for i in 0..seq {
+                for e in 0..head_dim {
+                    // Element (i, e) of the block read as the transposed [head_dim, seq].
+                    let flat = i * head_dim + e;
+                    transposed[at * block + flat] = values[(flat % seq) * head_dim + flat / seq];
+                }
+            }
+        }
+    }
+    wrong.push(("blocks transposed", transposed));
+    wrong.retain(|(_, v)| {
+        v.iter()
+            .zip(expected)
+            .any(|(a, e)| a.is_finite() && e.is_finite() && a != e)
+    });
+    wrong
+}
+
+/// The attention comparison can fail: PyTorch's own results pass their bounds in the
+/// loosest dtype (bf16), and every change of [`wrong_attention_results`] is rejected
+/// there, for every attention case and result.
+#[test]
+fn the_attention_bounds_reject_wrong_results() {
+    let fixture = fixture();
+    let mut tried = 0;
+    for case in fixture.cases.iter().filter(|c| c.op == "attention") {
+        for name in ["output", "grad_q", "grad_k", "grad_v"] {
+            let expected = expected(case, name);
+            if !expected.iter().any(|e| e.is_finite()) {
+                continue; // NaN throughout: nothing for a bound to judge.
+            }
+            let input = if matches!(name, "output" | "grad_q") {
+                "q"
+            } else {
+                "k"
+            };
+            let shape = &case.inputs[input].shape;
+            let bounds = Bounds::PerElement(attention_bounds(case, name, DType::BF16));
+            let right = mismatches(&expected, &expected, &bounds);
+            assert!(
+                right.is_empty(),
+                "{} {name}: PyTorch's own values fail: {right:?}",
+                case.case
+            );
+            let wrong = wrong_attention_results(&expected, shape[2], shape[3]);
+            assert!(
+                wrong.len() >= 4,
+                "{} {name}: only {} changes apply",
+                case.case,
+                wrong.len()
+            );
+            for (what, wrong) in wrong {
+                assert!(
+                    !mismatches(&wrong, &expected, &bounds).is_empty(),
+                    "{} {name}: {what} passes the bf16 bounds",
+                    case.case
+                );
+            }
+            tried += 1;
+        }
+    }
+    // The fixture's attention cases have 8 results with finite values (the others are NaN
+    // throughout).
+    assert!(
+        tried >= 8,
+        "only {tried} attention results have finite values"
     );
 }
