@@ -2045,17 +2045,18 @@ pub struct MmaTiling {
 
 impl MmaTiling {
     /// The default tiling at `head_dim` (see [`flash_geometry`]): the fastest of the
-    /// candidates of the `flash_tilings_timed` test on an H200 (bf16, causal, 4K and 16K
-    /// tokens), or, where they trade places between lengths, the fastest at 16K
-    /// (`benches/logs/flash_tilings_a789360.log` at head_dim 64,
-    /// `benches/logs/flash_tilings_59e5c09.log` at 128; `benches/attention.md`). At
-    /// head_dim 128 dK/dV takes the warp grid ([`KernelTiling::warp_grid`]), which loads
-    /// 18% fewer operands from shared memory a step than the 8-plane strips (static SASS);
-    /// with dQ from its own kernel (deterministic plans) it keeps the strips, dQ deferred.
+    /// candidates of the `flash_tilings_timed` test (bf16, causal, 4K and 16K tokens) under
+    /// the longest-first launch order, or, where they trade places between lengths, the
+    /// fastest at 16K (`benches/logs/flash_tilings_bff5ab1_h100.log`, an H100, whose SMs
+    /// are the H200's; `benches/attention.md`). Head_dim 64 runs two m-tiles a plane in
+    /// every kernel but dQ; at head_dim 128 dK/dV takes the warp grid
+    /// ([`KernelTiling::warp_grid`]), which loads 18% fewer operands from shared memory a
+    /// step than the 8-plane strips (static SASS); with dQ from its own kernel
+    /// (deterministic plans) it keeps the strips, dQ deferred.
     pub fn for_head_dim(head_dim: usize) -> Self {
         if head_dim <= 64 {
             Self {
-                forward: KernelTiling::new(1, 64),
+                forward: KernelTiling::new(2, 64),
                 backward_q: KernelTiling::new(1, 32),
                 backward_kv: KernelTiling::new(2, 32),
                 deferred_dq: false,
@@ -2201,35 +2202,6 @@ impl FlashPlan {
         }
     }
 
-    /// This plan for sequences of `seq` tokens. Where it keeps its head dimension's default
-    /// register-mma tiling and sums dQ atomically, head_dim 64 takes dK/dV's warp grid
-    /// ([`KernelTiling::warp_grid`]) from [`GRID_FROM_SEQ`] tokens on: timed on an H200
-    /// (`benches/logs/flash_tilings_59e5c09.log`) the grid's backward was 8% faster than
-    /// the default's two m-tiles at 16K tokens and 20% slower at 4K (one 8-plane cube an
-    /// SM against two 4-plane ones). Any other plan, and a device whose shared memory the
-    /// grid does not fit, keeps `self`.
-    pub fn for_sequence<R: Runtime>(
-        self,
-        client: &ComputeClient<R>,
-        dtype: StorageType,
-        seq: usize,
-    ) -> Self {
-        let default = MmaTiling::for_head_dim(self.head_dim);
-        if self.variant != FlashVariant::Mma
-            || self.head_dim != 64
-            || seq < GRID_FROM_SEQ
-            || self.tiling != default
-            || !self.sums_dq_atomically()
-        {
-            return self;
-        }
-        let grid = MmaTiling {
-            backward_kv: KernelTiling::warp_grid(),
-            ..default
-        };
-        self.with_tiling(client, dtype, grid).unwrap_or(self)
-    }
-
     /// This plan with its tensor-core kernels tiled by `tiling`, checked as
     /// [`flash_plan`] checks its own: for register mma, m-tiles 1 or 2, steps of 16 to 64
     /// rows in 16s, 4 planes a cube (8 or 12 also for the forward and dK/dV); for `cmma`,
@@ -2315,10 +2287,6 @@ impl FlashPlan {
         }
     }
 }
-
-/// The sequence length from which [`FlashPlan::for_sequence`] gives head_dim 64 dK/dV's
-/// warp grid (the shortest measured where it was faster).
-pub const GRID_FROM_SEQ: usize = 16384;
 
 /// The three flash kernels.
 const FLASH_KERNELS: [FlashKernel; 3] = [
@@ -2859,7 +2827,7 @@ pub fn flash_attention_backward<R: Runtime>(
     dtype: StorageType,
 ) -> Result<(), KernelError> {
     p.check("flash_attention_backward")?;
-    let plan = flash_plan(client, p.head_dim, dtype, variant)?.for_sequence(client, dtype, p.seq);
+    let plan = flash_plan(client, p.head_dim, dtype, variant)?;
     flash_attention_backward_planned(client, args, p, &plan, dtype)
 }
 
@@ -3366,48 +3334,6 @@ mod mma_tiling_tests {
             assert!(!plan(head_dim).tiling.backward_kv.warp_grid);
         }
         assert!(plan(128).tiling.backward_kv.warp_grid);
-    }
-
-    #[test]
-    fn long_head_dim_64_sequences_take_the_warp_grid_where_it_fits() {
-        let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
-        let bf16: StorageType = ElemType::Float(FloatKind::BF16).into();
-        let max_shared = client.properties().hardware.max_shared_memory_size;
-        let long = |p: FlashPlan| p.for_sequence(&client, bf16, GRID_FROM_SEQ);
-        // Shorter sequences, other head sizes, deterministic plans and chosen tilings keep
-        // their plan.
-        assert_eq!(
-            plan(64).for_sequence(&client, bf16, GRID_FROM_SEQ - 1),
-            plan(64)
-        );
-        assert_eq!(long(plan(128)), plan(128));
-        assert_eq!(long(plan(64).deterministic()), plan(64).deterministic());
-        let chosen = FlashPlan {
-            tiling: MmaTiling {
-                backward_kv: KernelTiling::new(1, 64),
-                ..MmaTiling::for_head_dim(64)
-            },
-            ..plan(64)
-        };
-        assert_eq!(long(chosen), chosen);
-        // Head_dim 64 from GRID_FROM_SEQ tokens: the grid where its shared memory fits
-        // (lavapipe's 32 KiB a workgroup does not).
-        let grid = long(plan(64));
-        let g = grid.geometry(FlashKernel::BackwardKv);
-        let fits = mma::shared_bytes(
-            &FlashPlan {
-                tiling: MmaTiling {
-                    backward_kv: KernelTiling::warp_grid(),
-                    ..MmaTiling::for_head_dim(64)
-                },
-                ..plan(64)
-            }
-            .geometry(FlashKernel::BackwardKv),
-            FlashKernel::BackwardKv,
-            2,
-        ) <= max_shared;
-        assert_eq!(g.warp_grid, fits, "{g:?}");
-        assert_eq!(grid.tiling.forward, plan(64).tiling.forward);
     }
 
     #[test]

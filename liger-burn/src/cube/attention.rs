@@ -436,8 +436,7 @@ where
     );
     let q_shape = q.shape();
     // The forward's plan, or any this device runs: the backward only needs lse. Its dQ as
-    // `options` asks (atomic sums, or the dQ kernel when deterministic), its tiling for the
-    // sequence's length.
+    // `options` asks (atomic sums, or the dQ kernel when deterministic).
     let backward_plan = plan(&q.client, q.dtype, q_shape[3], &options)
         .or_else(|| {
             plan(
@@ -447,8 +446,7 @@ where
                 &options.with_kernel(AttentionKernel::Flash),
             )
         })
-        .expect("attention_backward: the flash forward ran, so a flash variant runs here")
-        .for_sequence(&q.client, q.dtype.into(), q_shape[2]);
+        .expect("attention_backward: the flash forward ran, so a flash variant runs here");
     #[cfg(feature = "cuda")]
     let (grad_output, q, k, v, output) = match vendor {
         Some(shape) => {
