@@ -29,6 +29,7 @@ use liger_cubecl_kernels::attention::FlashVariant;
 use liger_tests::BackendVisitor;
 use liger_verify::conformance::Tolerance;
 use liger_verify::conformance::attention::{self as attention_reference, Problem};
+use liger_verify::conformance::bounded::wrong_outputs;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -567,82 +568,33 @@ fn nan_and_inf_propagate_as_in_pytorch() {
     );
 }
 
-/// PyTorch's attention results changed where they are finite: zeroed, doubled, the row of
-/// largest norm zeroed, the two most different rows swapped (rows of `head_dim`, their
-/// finite entries), and each `[seq, head_dim]` block without NaN or infinity read
-/// transposed. `(what, values)` for each change that alters something.
-fn wrong_attention_results(
-    expected: &[f64],
-    seq: usize,
-    head_dim: usize,
-) -> Vec<(&'static str, Vec<f64>)> {
-    let finite = |e: &f64| e.is_finite();
-    let rows: Vec<&[f64]> = expected.chunks(head_dim).collect();
-    let norm = |r: usize| {
-        rows[r]
-            .iter()
-            .filter(|x| x.is_finite())
-            .map(|x| x * x)
-            .sum::<f64>()
-    };
-    let mut wrong = vec![
-        (
-            "zeros",
-            expected
-                .iter()
-                .map(|&e| if e.is_finite() { 0.0 } else { e })
-                .collect::<Vec<_>>(),
-        ),
-        ("doubled", expected.iter().map(|&e| 2.0 * e).collect()),
-    ];
-    if let Some(largest) = (0..rows.len()).max_by(|&a, &b| norm(a).total_cmp(&norm(b))) {
-        let mut v = expected.to_vec();
-        for x in &mut v[largest * head_dim..(largest + 1) * head_dim] {
-            if x.is_finite() {
-                *x = 0.0;
-            }
-        }
-        wrong.push(("largest row zeroed", v));
-    }
-    let both_finite = |a: usize, b: usize| -> Vec<usize> {
-        (0..head_dim)
-            .filter(|&e| rows[a][e].is_finite() && rows[b][e].is_finite())
-            .collect()
-    };
-    let distance = |a: usize, b: usize| {
-        both_finite(a, b)
-            .into_iter()
-            .map(|e| (rows[a][e] - rows[b][e]).powi(2))
-            .sum::<f64>()
-    };
-    let pairs = (0..rows.len()).flat_map(|a| (a + 1..rows.len()).map(move |b| (a, b)));
-    if let Some((a, b)) = pairs.max_by(|x, y| distance(x.0, x.1).total_cmp(&distance(y.0, y.1))) {
-        let mut v = expected.to_vec();
-        for e in both_finite(a, b) {
-            v.swap(a * head_dim + e, b * head_dim + e);
-        }
-        wrong.push(("two rows swapped", v));
-    }
-    let block = seq * head_dim;
-    let mut transposed = expected.to_vec();
-    for (at, values) in expected.chunks(block).enumerate() {
-        if values.iter().all(finite) {
-            for i in 0..seq {
-                for e in 0..head_dim {
-                    // Element (i, e) of the block read as the transposed [head_dim, seq].
-                    let flat = i * head_dim + e;
-                    transposed[at * block + flat] = values[(flat % seq) * head_dim + flat / seq];
+/// The project's wrong outputs ([`wrong_outputs`]: zeros, doubled, the last row dropped,
+/// rows shifted, the buffer transposed) of PyTorch's attention result, rows of `head_dim`,
+/// changed where it is finite only: built from its finite values (NaN and infinities as
+/// 0), with its NaN and infinities put back. `(what, values)` for each that alters a
+/// finite value.
+fn wrong_attention_results(expected: &[f64], head_dim: usize) -> Vec<(&'static str, Vec<f64>)> {
+    let finite: Vec<f64> = expected
+        .iter()
+        .map(|&e| if e.is_finite() { e } else { 0.0 })
+        .collect();
+    wrong_outputs(&finite, expected.len() / head_dim, head_dim)
+        .into_iter()
+        .map(|(what, mut wrong)| {
+            for (w, &e) in wrong.iter_mut().zip(expected) {
+                if !e.is_finite() {
+                    *w = e;
                 }
             }
-        }
-    }
-    wrong.push(("blocks transposed", transposed));
-    wrong.retain(|(_, v)| {
-        v.iter()
-            .zip(expected)
-            .any(|(a, e)| a.is_finite() && e.is_finite() && a != e)
-    });
-    wrong
+            (what, wrong)
+        })
+        .filter(|(_, wrong)| {
+            wrong
+                .iter()
+                .zip(expected)
+                .any(|(w, e)| e.is_finite() && w != e)
+        })
+        .collect()
 }
 
 /// The attention comparison can fail: PyTorch's own results pass their bounds in the
@@ -658,12 +610,7 @@ fn the_attention_bounds_reject_wrong_results() {
             if !expected.iter().any(|e| e.is_finite()) {
                 continue; // NaN throughout: nothing for a bound to judge.
             }
-            let input = if matches!(name, "output" | "grad_q") {
-                "q"
-            } else {
-                "k"
-            };
-            let shape = &case.inputs[input].shape;
+            let head_dim = case.inputs["q"].shape[3];
             let bounds = Bounds::PerElement(attention_bounds(case, name, DType::BF16));
             let right = mismatches(&expected, &expected, &bounds);
             assert!(
@@ -671,7 +618,7 @@ fn the_attention_bounds_reject_wrong_results() {
                 "{} {name}: PyTorch's own values fail: {right:?}",
                 case.case
             );
-            let wrong = wrong_attention_results(&expected, shape[2], shape[3]);
+            let wrong = wrong_attention_results(&expected, head_dim);
             assert!(
                 wrong.len() >= 4,
                 "{} {name}: only {} changes apply",
