@@ -27,7 +27,8 @@
 #
 # attention-test: the attention module of the liger_burn suite on CUDA (flash kernels' FMA
 # and tensor-core variants in f32/f16/bf16, the Burn glue) from .gpu/liger_burn_tests.
-# attention / sdpa: `liger bench --attention` and torch SDPA's anchor rows (same CSV schema);
+# attention / sdpa: `liger bench --attention` and torch SDPA's anchor rows (same CSV schema;
+# both append, so rounds may alternate: `attention sdpa attention sdpa`);
 # ATTN_SHAPES (comma list BATCHxSEQxQ_HEADSxKV_HEADSxHEAD_DIM) and ATTN_PROVIDERS
 # (flash,blockwise) narrow them to fit one device call; SDPA_BACKENDS (default flash) picks
 # torch's kernels (flash, cudnn, efficient, default = torch's own choice: cuDNN on the H200).
@@ -269,16 +270,20 @@ for step in $steps; do
       grep -E "^test |test result|panicked" "$OUT/test_attention_cuda.log" | tail -n 20
       ;;
     attention)
+      # Appends: a second `attention` step in one call (rounds around `sdpa`) adds to both.
       timeout 560 $BIN bench --attention --device cuda --dtype bf16 \
         ${ATTN_SHAPES:+--attention-shape "$ATTN_SHAPES"} ${ATTN_PROVIDERS:+--attention-provider "$ATTN_PROVIDERS"} \
-        --csv "$OUT/bench_attention.csv" >"$OUT/bench_attention.log" 2>&1 || status=1
-      tail -n 60 "$OUT/bench_attention.log"
+        --csv "$OUT/bench_attention.csv" >/tmp/bench_attention.log 2>&1 || status=1
+      cat /tmp/bench_attention.log >>"$OUT/bench_attention.log"
+      tail -n 60 /tmp/bench_attention.log
       ;;
     sdpa)
-      timeout 560 python3 scripts/device/sdpa_anchor.py --header ${ATTN_SHAPES:+--shape "$ATTN_SHAPES"} \
-        --backends "${SDPA_BACKENDS:-flash}" --commit "$LIGER_COMMIT" \
-        >"$OUT/sdpa_anchor.csv" 2>"$OUT/sdpa_anchor.log" || status=1
-      grep -E ",(ms|TFLOP/s)," "$OUT/sdpa_anchor.csv" | cut -d, -f2-7 | head -n 60
+      # Appends too; the header only into a new file.
+      timeout 560 python3 scripts/device/sdpa_anchor.py $([ -s "$OUT/sdpa_anchor.csv" ] || echo --header) \
+        ${ATTN_SHAPES:+--shape "$ATTN_SHAPES"} --backends "${SDPA_BACKENDS:-flash}" --commit "$LIGER_COMMIT" \
+        >/tmp/sdpa_anchor.csv 2>>"$OUT/sdpa_anchor.log" || status=1
+      cat /tmp/sdpa_anchor.csv >>"$OUT/sdpa_anchor.csv"
+      grep -E ",(ms|TFLOP/s)," /tmp/sdpa_anchor.csv | cut -d, -f2-7 | head -n 60
       ;;
     norm-sweep)
       # The norms' backward geometry (LaunchConfig::backward_units_per_sm) at the models'

@@ -24,8 +24,10 @@
 //! `64x64x64`, metric `us`): many tiny products in a row with each protocol, with Burn's
 //! matmul, and with no per-call ordering at all (`cublaslt-unordered`: the products back
 //! to back between one host synchronization before and one after); `overhead_us` rows are
-//! a protocol's time per call minus that baseline's, and `host_*_us` rows the device
-//! thread's host time per product in each phase of the protocol (`cublaslt::HostTimes`).
+//! a protocol's time per call minus that baseline's, `caller_us` rows the calling
+//! thread's time inside each call, and `host_*_us` rows the device thread's host time per
+//! product in each phase of the protocol (`cublaslt::HostTimes`). The products timed alone
+//! name the calling thread's time per call in their config (`caller_us`).
 
 use super::ops::Shape;
 use crate::args::BenchArgs;
@@ -564,22 +566,26 @@ mod cuda {
                 .map(|o| (provider(o), Some(o)))
                 .chain([("burn".to_string(), None)]);
             for (name, ordering) in providers {
-                let result = catch_unwind(AssertUnwindSafe(|| {
+                let timed = catch_unwind(AssertUnwindSafe(|| {
                     measure::time(timing, hold, &sync, &submit, |i| {
                         let (a, b) = pick(&xs, &ws, &gs, i % sets);
                         product(&a, &b, ordering)
                     })
-                    .wall
-                    .p50_20_80()
                 }))
                 .map_err(|p| crate::device::payload_text(p.as_ref()));
                 sync();
+                // The calling thread's time per call (p50), beside the wall time per call.
+                let caller_us = timed
+                    .as_ref()
+                    .map_or(f64::NAN, |t| t.host.p50_20_80()[0] * 1e6);
                 record(
                     kernel,
                     &name,
                     mode,
-                    result,
-                    config(&format!("backend=plain-cube product={what} hold={hold}")),
+                    timed.map(|t| t.wall.p50_20_80()),
+                    config(&format!(
+                        "backend=plain-cube product={what} hold={hold} caller_us={caller_us:.2}"
+                    )),
                 );
             }
         }
@@ -688,14 +694,21 @@ mod cuda {
         {
             let name = ordering.map_or("burn".to_string(), provider);
             let host_before = host_times(&device).ok();
-            let samples =
-                measure::time(tiny, calls, &sync, &submit, |_| product(&x, &w, ordering)).wall;
+            let timed = measure::time(tiny, calls, &sync, &submit, |_| product(&x, &w, ordering));
             let host = host_times(&device)
                 .ok()
                 .zip(host_before)
                 .map(|(after, before)| after.since(&before));
-            let q = samples.p50_20_80().map(|s| s * 1e6);
+            let q = timed.wall.p50_20_80().map(|s| s * 1e6);
             rows.push(row(&name, "us", q, ""));
+            // The calling thread's own time per call: against `us` and the device thread's
+            // `host_task_us` it tells which thread a product timed alone waits for.
+            rows.push(row(
+                &name,
+                "caller_us",
+                timed.host.p50_20_80().map(|s| s * 1e6),
+                "calling thread's time inside the call, per call",
+            ));
             if ordering.is_some() {
                 rows.push(row(
                     &name,
