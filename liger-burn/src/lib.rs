@@ -15,6 +15,7 @@ pub mod cube;
 mod fallback;
 pub mod functional;
 pub mod fusion;
+mod hand_off;
 pub mod nn;
 pub mod ops;
 pub mod optim;

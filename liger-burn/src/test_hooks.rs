@@ -12,7 +12,7 @@
 //! on the calling thread) and lasts as long as its guard, so concurrent tests do not see
 //! each other's. Without the feature none of this exists.
 
-use crate::fusion::HandOff;
+use crate::hand_off::HandOff;
 use liger_cubecl_kernels::LaunchConfig;
 use std::cell::Cell;
 use std::sync::Mutex;
@@ -118,7 +118,7 @@ pub fn chunk_rows_override() -> Option<usize> {
     CHUNK_ROWS.with(|s| s.get())
 }
 
-/// Fused operations this thread queues on a fusion backend use `hand_off` (instead of
+/// Fused operations and vendor products this thread queues use `hand_off` (instead of
 /// [`HAND_OFF`](crate::fusion::HAND_OFF)), to measure each.
 pub fn override_hand_off(hand_off: HandOff) -> OverrideGuard<HandOff> {
     scoped_override(&HAND_OFF, hand_off)

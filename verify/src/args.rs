@@ -247,10 +247,12 @@ pub struct BenchArgs {
     /// a user's loop of one op gets them. The CSV config says which ran.
     #[arg(long, value_enum, default_value_t = OnOff::Off, value_name = "on|off")]
     pub submit_each_iteration: OnOff,
-    /// When fused ops on a fusion backend hand queued work to the device's threads
+    /// When fused ops on a fusion backend, and vendor products queued on CubeCL's device
+    /// thread (cuBLASLt), hand queued work to the device's threads
     /// (`liger_burn::fusion::HandOff`): `runtime` leaves it to the runtimes' batching of
-    /// 32 tasks, `kernels` hands on each fused kernel's launch, `operations` also each
-    /// fused op as it is queued. Default: liger-burn's (`liger_burn::fusion::HAND_OFF`).
+    /// 32 tasks, `kernels` hands on each fused kernel's launch and each vendor product,
+    /// `operations` also each fused op as it is queued. Default: liger-burn's
+    /// (`liger_burn::fusion::HAND_OFF`).
     /// For single ops and the liger-on e2e steps alike; the CSV config says which ran.
     #[arg(long, value_enum, value_name = "WHEN")]
     pub hand_off: Option<HandOffArg>,

@@ -67,7 +67,8 @@
 //!
 //! **Queued or waited for.** Under the device-side protocols a product whose layout
 //! cuBLASLt has planned before is queued on CubeCL's device thread ([`VendorQueue`], in
-//! order with CubeCL's own launches) and the caller goes on at once: its layout has an
+//! order with CubeCL's own launches, handed on at once unless the hand-off is
+//! [`HandOff::Runtime`](crate::fusion::HandOff)) and the caller goes on at once: its layout has an
 //! algorithm, and a new alignment of it that has none of its own takes the plan for the
 //! elements' own alignment. A product with an epilogue vector (a bias, a bias gradient)
 //! is queued only when its exact operand alignments were planned before and its vector
@@ -465,7 +466,7 @@ pub(crate) fn run_chain(
                 ordering.name()
             ));
         });
-        queue.flush_queue();
+        hand_on(&queue);
         counters::record(Kernel::matmul_vendor_queued);
         return Ok(ordering);
     }
@@ -642,7 +643,7 @@ pub(crate) fn run_ordered<W: StreamWork>(
                 ));
             }
         });
-        queue.flush_queue();
+        hand_on(&queue);
         counters::record(Kernel::vendor_work_queued);
         return Ok(ordering);
     }
@@ -661,6 +662,14 @@ pub(crate) fn run_ordered<W: StreamWork>(
             device.index,
             ordering.name()
         ),
+    }
+}
+
+/// Hands the device thread's queue on at once, unless the calling thread's hand-off
+/// leaves batching to the runtime ([`crate::hand_off`]).
+fn hand_on(queue: &DeviceHandle<VendorQueue>) {
+    if crate::hand_off::current() != crate::hand_off::HandOff::Runtime {
+        queue.flush_queue();
     }
 }
 

@@ -2,11 +2,9 @@
 //! (`CustomOpIr`) that, when the stream reaches it, runs `B`'s fused primitive on the
 //! handles of its declared inputs and registers the results as its declared outputs.
 //!
-//! Hand-off: Burn's fusion client and CubeCL 0.10's device client queue tasks and hand
-//! them to their device threads 32 at a time or at a blocking call. A fused kernel is
-//! large and is often what the device waits for, so a fused operation can hand on the
-//! queue it joins without waiting for the thread that takes it ([`HandOff`]).
+//! When the inner backend's queue is handed on: [`crate::hand_off`].
 
+use crate::hand_off::HandOff;
 use crate::ops::FusedOps;
 use burn::tensor::{DType, Shape};
 use burn_fusion::stream::{Operation, OperationStreams};
@@ -14,23 +12,6 @@ use burn_fusion::{FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 use core::fmt::Debug;
 use core::marker::PhantomData;
-
-/// When a fused operation hands queued work to the device's threads (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HandOff {
-    /// As the runtimes batch it: 32 tasks at a time or at a blocking call.
-    Runtime,
-    /// Its kernel's launch: when the stream runs the operation, the inner backend's queue
-    /// is handed on from the stream's thread.
-    Kernels,
-    /// Also the operation itself: the fusion stream's queue is handed on from the
-    /// caller's thread when it is registered; the caller's next task may then wait for
-    /// the stream's thread to take the batch.
-    Operations,
-}
-
-/// The hand-off fused operations use.
-pub const HAND_OFF: HandOff = HandOff::Kernels;
 
 /// The handles of a running custom operation.
 pub(crate) type Handles<B> =
@@ -113,10 +94,7 @@ pub(crate) fn register<B: FusionBackend + FusedOps, K: CustomKernel<B>>(
         .collect::<Vec<_>>();
     let inputs = inputs.into_iter().map(|t| t.into_ir()).collect::<Vec<_>>();
     let desc = CustomOpIr::new(id, &inputs, &outputs);
-    #[cfg(feature = "test-hooks")]
-    let hand_off = crate::test_hooks::hand_off_override().unwrap_or(HAND_OFF);
-    #[cfg(not(feature = "test-hooks"))]
-    let hand_off = HAND_OFF;
+    let hand_off = crate::hand_off::current();
     let outputs = client.register(
         streams,
         OperationIr::Custom(desc.clone()),

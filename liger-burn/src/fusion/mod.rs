@@ -5,7 +5,7 @@
 //! Inputs arrive validated: the API entry checks them where the user called the op, before
 //! anything is registered (the stream executes later, possibly on another thread).
 
-pub use custom_op::{HAND_OFF, HandOff};
+pub use crate::hand_off::{HAND_OFF, HandOff};
 
 mod activation;
 mod adamw;

@@ -167,7 +167,7 @@ impl OnDevice for MatmulBench {
             date: csv::utc_date(),
         };
         let base = format!(
-            "dtype={} iters={} repeats={} warmup={} autotune={}",
+            "dtype={} iters={} repeats={} warmup={} autotune={} hand_off={}",
             args.dtype,
             timing.iters,
             timing.repeats,
@@ -176,7 +176,8 @@ impl OnDevice for MatmulBench {
                 "on"
             } else {
                 "off"
-            }
+            },
+            crate::args::HandOffArg::name(crate::args::HandOffArg::resolve(args.hand_off))
         );
         let mut table = Table::new(&[
             ("product", Align::Left),
