@@ -29,6 +29,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 use liger_burn::Liger;
 use liger_burn::cube::matmul_counts;
+use liger_burn::fusion::HandOff;
 use liger_burn::ops::FusedOps;
 use liger_cubecl_kernels::counters::{self, Kernel};
 use liger_tests::BackendVisitor;
@@ -700,7 +701,8 @@ sweep_test!(matmul_4d_matches_reference, CASES_4D);
 /// the caller waiting (the first of a layout waits, to fall back if cuBLASLt declines
 /// it): on CUDA, of two products of one layout at least the second is queued; both match
 /// the reference, as do an operation of the backend's own that reads the queued product
-/// right after it and a product whose lhs is that queued output.
+/// right after it and a product whose lhs is that queued output; with the product handed
+/// on at once and with it left in the runtime's batch.
 #[test]
 fn queued_products_match_reference() {
     struct V(Sweep);
@@ -709,7 +711,14 @@ fn queued_products_match_reference() {
             // A layout no other test uses, so its first product here is the first.
             let c = case("queued", [41, 67], Plain, [67, 23], Transposed);
             let next = case("queued, chained", [41, 23], Plain, [23, 19], Plain);
-            for dtype in liger_tests::dtypes::<B>(device) {
+            // Each hand-off: a product handed on at once, or left in the runtime's batch
+            // until the next read.
+            let hand_offs = [HandOff::Kernels, HandOff::Runtime];
+            for (dtype, hand_off) in liger_tests::dtypes::<B>(device)
+                .into_iter()
+                .flat_map(|d| hand_offs.map(|h| (d, h)))
+            {
+                let _hand_off = liger_burn::test_hooks::override_hand_off(hand_off);
                 let before = matmul_counts();
                 let tensors = |i: &Inputs, c: &Case<2>| {
                     (
@@ -731,7 +740,8 @@ fn queued_products_match_reference() {
                     device_tensor::<Liger<B>, 2>(&w.rhs, next.rhs, next.rhs_view, dtype, device);
                 let chained = y2.clone().matmul(w_tensor);
                 let y2_values = values(y2);
-                let what = |t: &str| format!("{label} {dtype:?} queued: {t}");
+                let what =
+                    |t: &str| format!("{label} {dtype:?} queued, hand-off {hand_off:?}: {t}");
                 let (e1, _, _) = reference(&first.lhs_host, &first.rhs_host, &first.g_host);
                 let (e2, _, _) = reference(&second.lhs_host, &second.rhs_host, &second.g_host);
                 self.0.report.check(what("first"), &e1, &values(y1), dtype);
