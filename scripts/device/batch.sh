@@ -66,7 +66,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 steps=${*:-check bench}
 
 # The Vulkan loader (the carried Debian packages in .gl/) pointed at the NVIDIA driver's ICD.
+# .gl/ holds libvulkan1 and libglvnd's libraries (libglvnd0 libegl1 libgl1 libglx0 libgles2
+# libopengl0: `apt-get download` them here): the driver's ICD, libGLX_nvidia, links against
+# libglvnd, and with the loader alone wgpu finds no Vulkan adapter.
 vulkan_loader() {
+  ls .gl/libglvnd0_*.deb >/dev/null 2>&1 || echo "warning: .gl/ has no libglvnd0: the NVIDIA Vulkan ICD will not load" >&2
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
