@@ -67,8 +67,8 @@ steps=${*:-check bench}
 
 # The Vulkan loader (the carried Debian packages in .gl/) pointed at the NVIDIA driver's ICD.
 # .gl/ holds libvulkan1 and libglvnd's libraries (libglvnd0 libegl1 libgl1 libglx0 libgles2
-# libopengl0: `apt-get download` them here): the driver's ICD, libGLX_nvidia, links against
-# libglvnd, and with the loader alone wgpu finds no Vulkan adapter.
+# libopengl0: `apt-get download` them here): the driver's ICD is its GLX vendor library, and
+# with libvulkan1 alone wgpu found no Vulkan adapter on the device machines.
 vulkan_loader() {
   ls .gl/libglvnd0_*.deb >/dev/null 2>&1 || echo "warning: .gl/ has no libglvnd0: the NVIDIA Vulkan ICD will not load" >&2
   for f in .gl/*.deb; do dpkg -x "$f" /; done
