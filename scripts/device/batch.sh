@@ -67,10 +67,10 @@ steps=${*:-check bench}
 
 # The Vulkan loader (the carried Debian packages in .gl/) pointed at the NVIDIA driver's ICD.
 # .gl/ holds libvulkan1 and libglvnd's libraries (libglvnd0 libegl1 libgl1 libglx0 libgles2
-# libopengl0: `apt-get download` them here): the driver's ICD is its GLX vendor library, and
-# with libvulkan1 alone wgpu found no Vulkan adapter on the device machines.
+# libopengl0: `apt-get download` them here): with libvulkan1 alone wgpu found no Vulkan
+# adapter on the device machines.
 vulkan_loader() {
-  ls .gl/libglvnd0_*.deb >/dev/null 2>&1 || echo "warning: .gl/ has no libglvnd0: the NVIDIA Vulkan ICD will not load" >&2
+  ls .gl/libglvnd0_*.deb >/dev/null 2>&1 || echo "warning: .gl/ has no libglvnd0: without libglvnd wgpu found no Vulkan adapter on the device machines" >&2
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
