@@ -365,7 +365,7 @@ pub fn adamw_step<R: Runtime>(
         unsafe {
             adamw_kernel::launch_unchecked::<R>(
                 client,
-                CubeCount::Static(geometry.cubes(count), 1, 1),
+                geometry.cube_count(count),
                 CubeDim::new_1d(geometry.units),
                 vector_size,
                 param_in,

@@ -7,8 +7,9 @@
 //! (all loads in flight before any arithmetic or store, whatever the compiler assumes
 //! about aliasing), then computes in f32 and stores. A cube covers
 //! `units × vectors_per_unit` consecutive vectors, unit `u` taking vectors
-//! `u, u + units, ...` of the block (coalesced), and the cubes stride over the buffer
-//! when it has more blocks than the grid (CubeCL caps cubes per dimension). The per-element
+//! `u, u + units, ...` of the block (coalesced). By default every block gets its own cube
+//! (a two-dimensional grid where the device limits one dimension); a configured cap makes
+//! a persistent grid whose cubes stride over the buffer. The per-element
 //! math is a comptime choice (`Pass` and [`Activation`]), so each op compiles to its own
 //! kernel without copies of this code.
 
@@ -71,6 +72,9 @@ pub struct ElementwiseLaunch {
     pub vectors_per_unit: u32,
     /// Most cubes one launch uses (more blocks are grid-strided).
     pub max_cubes: usize,
+    /// Most cubes along the grid's first dimension (the device's limit); larger grids
+    /// take a second dimension, so each block still gets its own cube.
+    pub max_cubes_x: usize,
 }
 
 impl ElementwiseLaunch {
@@ -100,7 +104,12 @@ impl ElementwiseLaunch {
         let units = config.units.clamp(1, hw_units);
         let units = prev_power_of_two(units as u32);
         let vectors_per_unit = config.vectors_per_unit.clamp(1, 16) as u32;
-        let mut max_cubes = (props.hardware.max_cube_count.0 as usize).clamp(1, 65_535);
+        let (count_x, count_y, _) = props.hardware.max_cube_count;
+        let max_cubes_x = config
+            .max_cubes_x
+            .map_or(count_x as usize, |m| m.min(count_x as usize))
+            .max(1);
+        let mut max_cubes = max_cubes_x.saturating_mul((count_y as usize).max(1));
         // By default one block per cube (cubes retire as they finish, no loop); a cap in
         // cubes per multiprocessor makes a persistent grid that strides instead.
         if let Some(per_sm) = config.cubes_per_sm.filter(|c| *c > 0) {
@@ -116,6 +125,7 @@ impl ElementwiseLaunch {
             units,
             vectors_per_unit,
             max_cubes,
+            max_cubes_x,
         }
     }
 
@@ -125,8 +135,17 @@ impl ElementwiseLaunch {
     }
 
     /// Cubes for `vectors` vectors (at most `max_cubes`; the rest is grid-strided).
-    pub fn cubes(&self, vectors: usize) -> u32 {
-        vectors.div_ceil(self.block()).clamp(1, self.max_cubes) as u32
+    pub fn cubes(&self, vectors: usize) -> usize {
+        vectors.div_ceil(self.block()).clamp(1, self.max_cubes)
+    }
+
+    /// The grid for `vectors` vectors: [`Self::cubes`] cubes, in rows of at most
+    /// `max_cubes_x`. The kernel numbers cubes linearly (`CUBE_POS`, `CUBE_COUNT`), and
+    /// the rows are balanced so the grid exceeds `cubes` by fewer cubes than it has rows.
+    pub fn cube_count(&self, vectors: usize) -> CubeCount {
+        let cubes = self.cubes(vectors);
+        let rows = cubes.div_ceil(self.max_cubes_x);
+        CubeCount::Static(cubes.div_ceil(rows) as u32, rows as u32, 1)
     }
 }
 
@@ -334,7 +353,7 @@ pub(crate) fn launch<R: Runtime>(
         unsafe {
             elementwise_kernel::launch_unchecked::<R>(
                 client,
-                CubeCount::Static(geometry.cubes(count), 1, 1),
+                geometry.cube_count(count),
                 CubeDim::new_1d(geometry.units),
                 vector_size,
                 input(0),
@@ -354,4 +373,51 @@ pub(crate) fn launch<R: Runtime>(
         done += count;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry(max_cubes: usize, max_cubes_x: usize) -> ElementwiseLaunch {
+        ElementwiseLaunch {
+            vector_size: 4,
+            units: 64,
+            vectors_per_unit: 1,
+            max_cubes,
+            max_cubes_x,
+        }
+    }
+
+    fn dims(count: CubeCount) -> (usize, usize) {
+        match count {
+            CubeCount::Static(x, y, z) => {
+                assert_eq!(z, 1);
+                (x as usize, y as usize)
+            }
+            CubeCount::Dynamic(_) => panic!("the elementwise grid is static"),
+        }
+    }
+
+    /// Every block gets a cube, within the first dimension's limit, with fewer spare
+    /// cubes than rows; a cap keeps the grid at the cap (the cubes then stride).
+    #[test]
+    fn grid_covers_every_block_within_the_limits() {
+        for max_cubes_x in [1, 3, 7, 65_535, (1 << 31) - 1] {
+            for blocks in [
+                1, 2, 3, 64, 65, 65_535, 65_536, 131_071, 458_752, 16_777_216,
+            ] {
+                let g = geometry(usize::MAX, max_cubes_x);
+                let (x, y) = dims(g.cube_count(blocks * g.block() - 1));
+                assert!(x <= max_cubes_x, "{blocks} blocks: {x} cubes a row");
+                assert!(x * y >= blocks, "{blocks} blocks: grid {x}×{y}");
+                assert!(x * y - blocks < y, "{blocks} blocks: grid {x}×{y}");
+            }
+            for cap in [1, 2, 5, 1000] {
+                let g = geometry(cap, max_cubes_x);
+                let (x, y) = dims(g.cube_count(1 << 20));
+                assert!(x <= max_cubes_x && x * y >= cap && x * y - cap < y);
+            }
+        }
+    }
 }

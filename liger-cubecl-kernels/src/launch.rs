@@ -145,6 +145,10 @@ pub struct ElementwiseConfig {
     /// offset handles (tests use a small one to reach that path). `None`: the 32-bit
     /// index limit.
     pub vectors_per_launch: Option<usize>,
+    /// Cap on cubes along the grid's first dimension, below the device's limit (tests use
+    /// a small one to reach the two-dimensional grid that large buffers take on devices
+    /// with 65,535 cubes a dimension). `None`: the device's limit.
+    pub max_cubes_x: Option<usize>,
 }
 
 /// Geometry of the rotary-embedding kernel: 256 units per cube, each rotating
@@ -189,6 +193,7 @@ impl Default for LaunchConfig {
                 cubes_per_sm: None,
                 max_cubes: None,
                 vectors_per_launch: None,
+                max_cubes_x: None,
             },
             rope: RopeConfig {
                 heads_per_unit: 4,
@@ -201,6 +206,7 @@ impl Default for LaunchConfig {
                 cubes_per_sm: None,
                 max_cubes: None,
                 vectors_per_launch: None,
+                max_cubes_x: None,
             },
         }
     }

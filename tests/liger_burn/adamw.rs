@@ -265,8 +265,8 @@ const CASES: [Flags; 6] = [
 /// Shapes: odd lengths (scalar loads), multiples of 4 (vector loads), one element.
 const SHAPES: [[usize; 2]; 6] = [[1, 1], [1, 7], [3, 35], [4, 1025], [1, 4099], [33, 65]];
 
-/// A geometry that grid-strides (two cubes), walks three vectors per unit and covers the
-/// buffer in several launches.
+/// A geometry that grid-strides (two cubes, in a two-dimensional grid of one cube a
+/// row), walks three vectors per unit and covers the buffer in several launches.
 fn stress_geometry() -> LaunchConfig {
     LaunchConfig {
         optimizer: ElementwiseConfig {
@@ -274,6 +274,7 @@ fn stress_geometry() -> LaunchConfig {
             vectors_per_unit: 3,
             max_cubes: Some(2),
             vectors_per_launch: Some(8),
+            max_cubes_x: Some(1),
             ..LaunchConfig::default().optimizer
         },
         ..current_geometry()

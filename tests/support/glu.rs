@@ -10,11 +10,15 @@ use liger_burn::ops::FusedOps;
 use liger_burn::test_hooks::override_launch_config;
 use liger_verify::conformance::{Expected, Op, Rng, bounds, run_case};
 
-/// `op`'s conformance at a few shapes with the elementwise launches limited to one cube
-/// (which then grid-strides over every block of a launch) and split every 4096 vectors
-/// into launches over offset handles: the paths only multi-gigabyte tensors take with the
-/// default limits. The shapes have tails, several blocks per launch and a partial last
-/// launch. The limits hold on this test's thread only.
+/// `op`'s conformance at a few shapes under two sets of elementwise launch limits, the
+/// paths only large tensors take with the default limits:
+/// - one cube (which then grid-strides over every block of a launch), launches split
+///   every 4096 vectors over offset handles;
+/// - three cubes a grid row, so a launch's blocks take a two-dimensional grid, some with
+///   a spare cube.
+///
+/// The shapes have tails, several blocks per launch and a partial last launch. The limits
+/// hold on this test's thread only.
 pub fn check_op_with_elementwise_limits(op: Op) {
     struct Run(Op, Rng, Vec<String>);
     impl BackendVisitor for Run {
@@ -32,13 +36,17 @@ pub fn check_op_with_elementwise_limits(op: Op) {
             }
         }
     }
-    let mut geometry = crate::current_geometry();
-    geometry.elementwise.max_cubes = Some(1);
-    geometry.elementwise.vectors_per_launch = Some(4096);
-    let _geometry = override_launch_config(geometry);
+    let mut strided = crate::current_geometry();
+    strided.elementwise.max_cubes = Some(1);
+    strided.elementwise.vectors_per_launch = Some(4096);
+    let mut two_dimensional = crate::current_geometry();
+    two_dimensional.elementwise.max_cubes_x = Some(3);
     let mut run = Run(op, crate::fresh_rng(), Vec::new());
     let seed = run.1.seed();
-    for_each_backend(&mut run);
+    for geometry in [strided, two_dimensional] {
+        let _geometry = override_launch_config(geometry);
+        for_each_backend(&mut run);
+    }
     assert!(
         run.2.is_empty(),
         "{} under launch limits failed (seed {seed}):\n{}",
