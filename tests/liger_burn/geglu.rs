@@ -16,7 +16,7 @@ fn geglu_matches_reference_and_burn() {
 }
 
 #[test]
-fn geglu_grid_strided_and_split_launches() {
+fn geglu_under_launch_limits() {
     check_op_with_elementwise_limits(Op::GeGlu);
 }
 

@@ -8,7 +8,7 @@ liger_tests::activation_tests!(
     liger_verify::conformance::Op::Sigmoid,
     burn::tensor::activation::sigmoid,
     sigmoid_matches_reference_and_burn,
-    sigmoid_grid_strided_and_split_launches,
+    sigmoid_under_launch_limits,
     sigmoid_bad_inputs_are_rejected,
     sigmoid_dtype_validation,
     stock_sigmoid_on_liger_accepts_what_burn_accepts

@@ -16,7 +16,7 @@ fn swiglu_matches_reference_and_burn() {
 }
 
 #[test]
-fn swiglu_grid_strided_and_split_launches() {
+fn swiglu_under_launch_limits() {
     check_op_with_elementwise_limits(Op::SwiGlu);
 }
 
