@@ -7,9 +7,9 @@
 //! (all loads in flight before any arithmetic or store, whatever the compiler assumes
 //! about aliasing), then computes in f32 and stores. A cube covers
 //! `units × vectors_per_unit` consecutive vectors, unit `u` taking vectors
-//! `u, u + units, ...` of the block (coalesced). By default every block gets its own cube
-//! (a two-dimensional grid where the device limits one dimension); a configured cap makes
-//! a persistent grid whose cubes stride over the buffer. The per-element
+//! `u, u + units, ...` of the block (coalesced). Up to the configured cap every block gets
+//! its own cube (in a two-dimensional grid where the device limits one dimension); past it
+//! the cubes stride over the buffer. The per-element
 //! math is a comptime choice (`Pass` and [`Activation`]), so each op compiles to its own
 //! kernel without copies of this code.
 
@@ -110,8 +110,8 @@ impl ElementwiseLaunch {
             .map_or(count_x as usize, |m| m.min(count_x as usize))
             .max(1);
         let mut max_cubes = max_cubes_x.saturating_mul((count_y as usize).max(1));
-        // By default one block per cube (cubes retire as they finish, no loop); a cap in
-        // cubes per multiprocessor makes a persistent grid that strides instead.
+        // Without a cap one block per cube (cubes retire as they finish, no loop); a cap in
+        // cubes, or in cubes per multiprocessor, makes a grid that strides instead.
         if let Some(per_sm) = config.cubes_per_sm.filter(|c| *c > 0) {
             max_cubes = max_cubes
                 .min(crate::launch::multiprocessors(client) * per_sm)

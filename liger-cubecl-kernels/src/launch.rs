@@ -123,10 +123,13 @@ pub struct LaunchConfig {
 /// Geometry of the elementwise kernel (GELU, sigmoid, SwiGLU, GeGLU), forward and backward.
 ///
 /// H200, bf16 8192×14336 SwiGLU (benches/data, `scripts/device/`): 64 units × 1 vector
-/// with one block per cube was the fastest (forward 0.181 ms; 128 × 1 and 256 × 1 within
-/// 7%; every 4-vector setting slower). Four elements per load (8-byte loads of f16/bf16)
-/// keep 32 registers live per unit instead of 48 with eight, and took the SwiGLU forward
-/// kernel from 185 to 164 µs (4.30 TB/s, as fast as Burn's `x + y` over the same bytes).
+/// at most 65,535 cubes a launch was the fastest (forward 0.181 ms; 128 × 1 and 256 × 1
+/// within 7%; every 4-vector setting slower). Four elements per load (8-byte loads of
+/// f16/bf16) keep 32 registers live per unit instead of 48 with eight, and took the SwiGLU
+/// forward kernel from 185 to 164 µs (4.30 TB/s, as fast as Burn's `x + y` over the same
+/// bytes). The cap makes each cube walk about seven blocks of that buffer; one block a cube
+/// (458,752 cubes, `max_cubes: None`) took the forward from 0.240 to 0.280 ms on an H100
+/// (`benches/logs/swiglu_grid_h100_cc904c2.log`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ElementwiseConfig {
     /// Units per cube (rounded down to a power of two within the device limit).
@@ -138,8 +141,9 @@ pub struct ElementwiseConfig {
     /// Cap on cubes per multiprocessor (a persistent, grid-striding grid); `None`: one
     /// block per cube.
     pub cubes_per_sm: Option<usize>,
-    /// Cap on cubes per launch, whatever the device allows (tests use a small one to
-    /// reach the grid-striding path).
+    /// Cap on cubes per launch (more blocks are grid-strided; tests use a small one to
+    /// reach that path). `None`: one block per cube, in a two-dimensional grid where the
+    /// device limits a dimension.
     pub max_cubes: Option<usize>,
     /// Most vectors one launch addresses; larger buffers take several launches over
     /// offset handles (tests use a small one to reach that path). `None`: the 32-bit
@@ -191,7 +195,7 @@ impl Default for LaunchConfig {
                 vectors_per_unit: 1,
                 max_vector: 4,
                 cubes_per_sm: None,
-                max_cubes: None,
+                max_cubes: Some(65_535),
                 vectors_per_launch: None,
                 max_cubes_x: None,
             },
@@ -204,7 +208,7 @@ impl Default for LaunchConfig {
                 vectors_per_unit: 1,
                 max_vector: 4,
                 cubes_per_sm: None,
-                max_cubes: None,
+                max_cubes: Some(65_535),
                 vectors_per_launch: None,
                 max_cubes_x: None,
             },

@@ -40,6 +40,7 @@ pub fn check_op_with_elementwise_limits(op: Op) {
     strided.elementwise.max_cubes = Some(1);
     strided.elementwise.vectors_per_launch = Some(4096);
     let mut two_dimensional = crate::current_geometry();
+    two_dimensional.elementwise.max_cubes = None;
     two_dimensional.elementwise.max_cubes_x = Some(3);
     let mut run = Run(op, crate::fresh_rng(), Vec::new());
     let seed = run.1.seed();

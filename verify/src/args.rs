@@ -23,6 +23,72 @@ impl OnOff {
     }
 }
 
+/// `--elementwise-geometry`: fields of [`liger_cubecl_kernels::ElementwiseConfig`] to
+/// override, and the text they came from (for the CSV's config column).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElementwiseGeometry {
+    /// The flag's value, as given.
+    pub text: String,
+    units: Option<usize>,
+    vectors_per_unit: Option<usize>,
+    max_vector: Option<usize>,
+    max_cubes: Option<Option<usize>>,
+}
+
+impl ElementwiseGeometry {
+    /// Parses `units=N,vectors_per_unit=N,max_vector=N,max_cubes=N|none` (any subset).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut geometry = ElementwiseGeometry {
+            text: text.to_string(),
+            units: None,
+            vectors_per_unit: None,
+            max_vector: None,
+            max_cubes: None,
+        };
+        for field in text.split(',').filter(|f| !f.is_empty()) {
+            let (key, value) = field
+                .split_once('=')
+                .ok_or_else(|| format!("`{field}` is not KEY=VALUE"))?;
+            let number = || {
+                value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("{key}: `{value}` is not a positive integer"))
+            };
+            match key {
+                "units" => geometry.units = Some(number()?),
+                "vectors_per_unit" => geometry.vectors_per_unit = Some(number()?),
+                "max_vector" => geometry.max_vector = Some(number()?),
+                "max_cubes" if value == "none" => geometry.max_cubes = Some(None),
+                "max_cubes" => geometry.max_cubes = Some(Some(number()?)),
+                _ => {
+                    return Err(format!(
+                        "unknown field `{key}` (units, vectors_per_unit, max_vector, max_cubes)"
+                    ));
+                }
+            }
+        }
+        Ok(geometry)
+    }
+
+    /// `config` with the fields given.
+    pub fn apply(&self, config: &mut liger_cubecl_kernels::ElementwiseConfig) {
+        if let Some(units) = self.units {
+            config.units = units;
+        }
+        if let Some(vectors) = self.vectors_per_unit {
+            config.vectors_per_unit = vectors;
+        }
+        if let Some(vector) = self.max_vector {
+            config.max_vector = vector;
+        }
+        if let Some(cubes) = self.max_cubes {
+            config.max_cubes = cubes;
+        }
+    }
+}
+
 /// `--hand-off`: [`liger_burn::fusion::HandOff`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum HandOffArg {
@@ -222,6 +288,12 @@ pub struct BenchArgs {
     /// records a value given here.
     #[arg(long, value_name = "N")]
     pub cross_entropy_cubes_per_sm: Option<usize>,
+    /// Geometry of the elementwise kernels (SwiGLU, GeGLU, GELU, sigmoid:
+    /// `LaunchConfig::elementwise`), to sweep it: comma-separated `units=N`,
+    /// `vectors_per_unit=N`, `max_vector=N` and `max_cubes=N|none` (`none`: one block per
+    /// cube); fields left out keep the default. The CSV config records a value given here.
+    #[arg(long, value_name = "FIELDS", value_parser = ElementwiseGeometry::parse)]
+    pub elementwise_geometry: Option<ElementwiseGeometry>,
     /// cross_entropy / fused_linear_cross_entropy (liger): validate the targets before the
     /// kernel (`CrossEntropyOptions::check_targets`, on by default: one device-to-host read
     /// per call). `off` measures what that check costs; the CSV config says which ran.

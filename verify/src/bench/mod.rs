@@ -82,6 +82,11 @@ pub fn run(mut args: BenchArgs) -> Result<ExitCode> {
     ops::set_head_grad(args.head_grad.accumulation());
     ops::set_backward_units_per_sm(args.backward_units_per_sm);
     ops::set_cross_entropy_cubes_per_sm(args.cross_entropy_cubes_per_sm);
+    ops::set_elementwise_geometry(
+        args.elementwise_geometry
+            .as_ref()
+            .map(|g| g.text.replace(',', ";")),
+    );
     if args.iters == 0 || args.repeats == 0 {
         bail!("--iters and --repeats must be at least 1");
     }
@@ -208,6 +213,9 @@ impl OnDevice for Bench {
         }
         if let Some(cubes) = args.cross_entropy_cubes_per_sm {
             geometry.cross_entropy_cubes_per_sm = Some(cubes.max(1));
+        }
+        if let Some(elementwise) = &args.elementwise_geometry {
+            elementwise.apply(&mut geometry.elementwise);
         }
         let _geometry = override_launch_config(geometry);
         ctx.describe(Some(path));
@@ -619,6 +627,9 @@ fn group_rows(g: &Group, e: usize, notes: &Notes, rows: &mut Vec<Row>) -> usize 
                 }
                 if let Some(cubes) = ops::cross_entropy_cubes_per_sm() {
                     config.push_str(&format!(" cross_entropy_cubes_per_sm={cubes}"));
+                }
+                if let Some(elementwise) = ops::elementwise_geometry() {
+                    config.push_str(&format!(" elementwise={elementwise}"));
                 }
                 if matches!(
                     g.op,

@@ -547,6 +547,24 @@ pub fn cross_entropy_cubes_per_sm() -> Option<usize> {
     }
 }
 
+/// `--elementwise-geometry`, when given.
+static ELEMENTWISE_GEOMETRY: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Records what `--elementwise-geometry` asked for (for the CSV's config column).
+pub fn set_elementwise_geometry(geometry: Option<String>) {
+    *ELEMENTWISE_GEOMETRY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = geometry;
+}
+
+/// `--elementwise-geometry`, when given.
+pub fn elementwise_geometry() -> Option<String> {
+    ELEMENTWISE_GEOMETRY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
 /// The cross-entropy options the benchmark runs liger with.
 fn ce_options() -> CrossEntropyOptions {
     CrossEntropyOptions::default().with_check_targets(check_targets())
