@@ -81,7 +81,7 @@
 //! `ex2.approx.ftz.f32` ([`FlashPlan::exp2_flush_to_zero`]).
 
 use crate::counters::{self, Kernel};
-use crate::launch::{KernelError, check_float_dtype};
+use crate::launch::{KernelError, check_float_dtype, hardware_math_supported};
 use crate::patched_launch::{KernelArgs, PatchedTask, SourcePatch};
 use cubecl::cmma;
 use cubecl::ir::features::AtomicUsage;
@@ -1914,12 +1914,6 @@ pub fn flash_math(g: &FlashGeometry) -> enumset::EnumSet<FastMath> {
     }
 }
 
-/// Whether `exp` may use the approximate hardware exponential on this runtime (CUDA and
-/// HIP compile the fast-math modes to intrinsics only; other compilers attach assumptions).
-fn fast_exp_supported<R: Runtime>(client: &ComputeClient<R>) -> bool {
-    matches!(R::name(client), "cuda" | "hip")
-}
-
 /// Whether the device runs `cmma` 16×16×16 products of `dtype` into f32 on 32-wide planes.
 pub fn tensor_cores_supported<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType) -> bool {
     let props = client.properties();
@@ -2381,7 +2375,7 @@ pub fn flash_plan_within<R: Runtime>(
             head_dim,
             vector,
             fma_rows,
-            fast_exp: fast_exp_supported(client),
+            fast_exp: hardware_math_supported(client),
             tiling,
             atomic_dq: variant == FlashVariant::Mma && atomic_pairs_supported(client),
             exp2_flush_to_zero: variant == FlashVariant::Mma

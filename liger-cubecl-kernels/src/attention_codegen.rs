@@ -1,46 +1,16 @@
 //! The tensor-core variants of the flash kernels (`cmma` and register-level `mma.sync`)
 //! expanded (the `#[cube]` code run into CubeCL IR, on the default wgpu adapter's client)
-//! and compiled to CUDA C++ by CubeCL's own CUDA compiler, on any machine: a device without
-//! tensor cores (lavapipe in CI) cannot run them, but this catches expansion panics and
-//! checks the generated products. `LIGER_DUMP_CUDA=DIR` writes the sources there for
-//! review (a test-only switch, not a library knob).
+//! and compiled to CUDA C++ by CubeCL's own CUDA compiler ([`crate::cuda_source`]), on any
+//! machine: a device without tensor cores (lavapipe in CI) cannot run them, but this
+//! catches expansion panics and checks the generated products.
 
 use super::*;
+use crate::cuda_source::{cuda_source, dump};
 use crate::patched_launch::SourcePatch;
-use cubecl::Compiler as _;
 use cubecl::prelude::{AddressType, KernelLauncher, KernelSettings};
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
-use cubecl_cpp::cuda::CudaDialect;
-use cubecl_cpp::cuda::mma::CudaWmmaCompiler;
-use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 
 type R = WgpuRuntime;
-
-fn cuda_source(def: cubecl::prelude::KernelDefinition) -> String {
-    let mut compiler = CppCompiler::<CudaDialect<CudaWmmaCompiler>>::default();
-    let kernel = compiler
-        .compile(
-            def,
-            // As the CUDA runtime sets them.
-            &CompilationOptions {
-                supports_features: CppSupportedFeatures {
-                    fast_math: true,
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-            cubecl::prelude::ExecutionMode::Unchecked,
-            AddressType::U32.unsigned_type(),
-        )
-        .expect("the CUDA compiler accepts the kernel");
-    format!("{kernel}")
-}
-
-fn dump(name: &str, source: &str) {
-    if let Ok(dir) = std::env::var("LIGER_DUMP_CUDA") {
-        std::fs::write(format!("{dir}/{name}.cu"), source).unwrap();
-    }
-}
 
 /// As a launch sets them: the register-mma kernels declare 64-bit addresses, the others
 /// take the 32-bit default.

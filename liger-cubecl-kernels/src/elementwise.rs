@@ -13,7 +13,9 @@
 //! math is a comptime choice (`Pass` and [`Activation`]), so each op compiles to its own
 //! kernel without copies of this code.
 
-use crate::launch::{ElementwiseConfig, KernelError, array, check_float_dtype};
+use crate::launch::{
+    ElementwiseConfig, KernelError, array, check_float_dtype, hardware_math_supported,
+};
 use crate::pointwise::{self, Activation};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -170,6 +172,7 @@ fn elementwise_kernel<F: Float, N: Size>(
     #[comptime] act: Activation,
     #[comptime] units: u32,
     #[comptime] vectors_per_unit: u32,
+    #[comptime] hardware_math: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let len = len as usize;
@@ -191,6 +194,7 @@ fn elementwise_kernel<F: Float, N: Size>(
                 act,
                 units,
                 vectors_per_unit,
+                hardware_math,
                 false,
             );
         } else {
@@ -207,6 +211,7 @@ fn elementwise_kernel<F: Float, N: Size>(
                 act,
                 units,
                 vectors_per_unit,
+                hardware_math,
                 true,
             );
         }
@@ -230,6 +235,7 @@ fn elementwise_block<F: Float, N: Size>(
     #[comptime] act: Activation,
     #[comptime] units: u32,
     #[comptime] vectors_per_unit: u32,
+    #[comptime] hardware_math: bool,
     #[comptime] checked: bool,
 ) {
     let two = comptime!(pass.inputs() >= 2);
@@ -262,28 +268,47 @@ fn elementwise_block<F: Float, N: Size>(
             match pass {
                 Pass::Glu => {
                     let u = Vector::<f32, N>::cast_from(r1[k as usize]);
-                    out0[i] = Vector::<F, N>::cast_from(pointwise::glu_forward::<N>(a, u, act));
+                    out0[i] = Vector::<F, N>::cast_from(pointwise::glu_forward::<N>(
+                        a,
+                        u,
+                        act,
+                        hardware_math,
+                    ));
                 }
                 Pass::GluBackward | Pass::GluBackwardUnit => {
                     let gate = Vector::<f32, N>::cast_from(r1[k as usize]);
                     let up = Vector::<f32, N>::cast_from(r2[k as usize]);
                     let mut grad_gate = Vector::<f32, N>::new(0.0);
                     let mut grad_up = Vector::<f32, N>::new(0.0);
-                    pointwise::glu_backward::<N>(a, gate, up, &mut grad_gate, &mut grad_up, act);
+                    pointwise::glu_backward::<N>(
+                        a,
+                        gate,
+                        up,
+                        &mut grad_gate,
+                        &mut grad_up,
+                        act,
+                        hardware_math,
+                    );
                     out0[i] = Vector::<F, N>::cast_from(grad_gate);
                     out1[i] = Vector::<F, N>::cast_from(grad_up);
                     if unit {
-                        out2[i] =
-                            Vector::<F, N>::cast_from(pointwise::glu_forward::<N>(gate, up, act));
+                        out2[i] = Vector::<F, N>::cast_from(pointwise::glu_forward::<N>(
+                            gate,
+                            up,
+                            act,
+                            hardware_math,
+                        ));
                     }
                 }
                 Pass::Unary => {
-                    out0[i] = Vector::<F, N>::cast_from(pointwise::value::<N>(a, act));
+                    out0[i] =
+                        Vector::<F, N>::cast_from(pointwise::value::<N>(a, act, hardware_math));
                 }
                 Pass::UnaryBackward => {
                     let saved = Vector::<f32, N>::cast_from(r1[k as usize]);
-                    out0[i] =
-                        Vector::<F, N>::cast_from(a * pointwise::grad_from_saved::<N>(saved, act));
+                    out0[i] = Vector::<F, N>::cast_from(
+                        a * pointwise::grad_from_saved::<N>(saved, act, hardware_math),
+                    );
                 }
             }
         }
@@ -314,6 +339,7 @@ pub(crate) fn launch<R: Runtime>(
         return Ok(());
     }
     let geometry = ElementwiseLaunch::new(client, config, len, dtype.size());
+    let hardware_math = pointwise::hardware_math_for(hardware_math_supported(client), dtype);
     let vector_size = geometry.vector_size;
     let vectors = len / vector_size;
     let vector_bytes = (vector_size * dtype.size()) as u64;
@@ -367,6 +393,7 @@ pub(crate) fn launch<R: Runtime>(
                 act,
                 geometry.units,
                 geometry.vectors_per_unit,
+                hardware_math,
                 dtype,
             );
         }
@@ -418,6 +445,107 @@ mod tests {
                 let (x, y) = dims(g.cube_count(1 << 20));
                 assert!(x <= max_cubes_x && x * y >= cap && x * y - cap < y);
             }
+        }
+    }
+}
+
+/// What the CUDA runtime is given for the gated units: the hardware exponential and
+/// reciprocal for f16/bf16 results, the accurate ones for f32 (pointwise's
+/// `activation_exp`), in every pass.
+#[cfg(test)]
+mod codegen {
+    use super::*;
+    use crate::cuda_source::{cuda_source, dump};
+    use cubecl::ir::{ElemType, FloatKind};
+    use cubecl::prelude::{KernelLauncher, KernelSettings};
+    use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+
+    type R = WgpuRuntime;
+
+    /// The CUDA source of the elementwise kernel for `pass` over `dtype` (vectors of four).
+    fn source(pass: Pass, dtype: StorageType, hardware_math: bool) -> String {
+        let client = R::client(&WgpuDevice::DefaultDevice);
+        let (n, units, vectors_per_unit) = (4usize, 64u32, 1u32);
+        let settings = KernelSettings::default().cube_dim(CubeDim::new_1d(units));
+        let h = client.empty(64);
+        let mut launcher = KernelLauncher::<R>::new(settings.clone());
+        launcher.with_scope(|scope| {
+            scope.device_properties(client.properties());
+            scope.register_size::<DynamicSize<elementwise_kernel::_N>>(n);
+            scope.register_type::<DynamicScalar<elementwise_kernel::_F>>(dtype);
+        });
+        let mut array = || {
+            // Safety: the kernel is expanded and compiled, never launched.
+            let arg = unsafe { ArrayArg::<R>::from_raw_parts(h.clone(), 4) };
+            <Array<Vector<elementwise_kernel::F, elementwise_kernel::N>> as LaunchArg>::register(
+                arg,
+                &mut launcher,
+            )
+        };
+        let buffers = [array(), array(), array(), array(), array(), array()];
+        let [in0, in1, in2, out0, out1, out2] = buffers;
+        let len = <u32 as LaunchArg>::register(1u32, &mut launcher);
+        let kernel = elementwise_kernel::ElementwiseKernel::<R>::new(
+            settings,
+            client.clone(),
+            in0,
+            in1,
+            in2,
+            out0,
+            out1,
+            out2,
+            len,
+            n,
+            pass,
+            Activation::Silu,
+            units,
+            vectors_per_unit,
+            hardware_math,
+            dtype,
+        );
+        let source = cuda_source(kernel.define());
+        dump(
+            &format!("elementwise_{pass:?}_{dtype}_{hardware_math}"),
+            &source,
+        );
+        source
+    }
+
+    fn float(kind: FloatKind) -> StorageType {
+        ElemType::Float(kind).into()
+    }
+
+    #[test]
+    fn half_results_take_the_hardware_exponential_on_cuda() {
+        let (f32_, f16_, bf16_) = (
+            float(FloatKind::F32),
+            float(FloatKind::F16),
+            float(FloatKind::BF16),
+        );
+        assert!(pointwise::hardware_math_for(true, bf16_));
+        assert!(pointwise::hardware_math_for(true, f16_));
+        assert!(!pointwise::hardware_math_for(true, f32_));
+        assert!(!pointwise::hardware_math_for(false, bf16_));
+        for pass in [Pass::Glu, Pass::GluBackward, Pass::GluBackwardUnit] {
+            let fast = source(pass, bf16_, true);
+            assert!(fast.contains("__expf("), "{pass:?}: no __expf:\n{fast}");
+            assert!(!fast.contains("exp("), "{pass:?}: an accurate exp:\n{fast}");
+            for dtype in [bf16_, f32_] {
+                let accurate = source(pass, dtype, false);
+                assert!(accurate.contains("exp("), "{pass:?}: no exp:\n{accurate}");
+                assert!(
+                    !accurate.contains("__expf("),
+                    "{pass:?}: a hardware exp:\n{accurate}"
+                );
+            }
+            // The accurate reciprocal is refined by a Newton step, `r + r·(1 − d·r)`; the
+            // hardware one is the intrinsic alone. Without that difference the hardware
+            // source would be the longer one (`__expf(` for `exp(`).
+            let accurate = source(pass, bf16_, false);
+            assert!(
+                fast.len() < accurate.len(),
+                "{pass:?}: the hardware path is no shorter"
+            );
         }
     }
 }

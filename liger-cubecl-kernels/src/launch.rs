@@ -17,6 +17,14 @@ pub enum ReductionPath {
     Shared,
 }
 
+/// Whether this runtime's compiler turns CubeCL's fast-math modes into the hardware
+/// intrinsics (`__expf`, `__fdividef`): CUDA and HIP. Other compilers attach the modes'
+/// assumptions (no NaN, no infinity) to the code instead, which could change what NaN and
+/// infinite inputs give.
+pub(crate) fn hardware_math_supported<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    matches!(R::name(client), "cuda" | "hip")
+}
+
 /// Problems a launch refuses before touching the device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KernelError {

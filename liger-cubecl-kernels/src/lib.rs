@@ -14,6 +14,8 @@ pub mod activation;
 pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;
+#[cfg(test)]
+mod cuda_source;
 pub mod distill_rows;
 pub mod elementwise;
 pub mod embedding;
