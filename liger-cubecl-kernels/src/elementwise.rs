@@ -339,7 +339,10 @@ pub(crate) fn launch<R: Runtime>(
         return Ok(());
     }
     let geometry = ElementwiseLaunch::new(client, config, len, dtype.size());
-    let hardware_math = pointwise::hardware_math_for(hardware_math_supported(client), dtype);
+    let hardware_math = pointwise::hardware_math_for(
+        config.hardware_math && hardware_math_supported(client),
+        dtype,
+    );
     let vector_size = geometry.vector_size;
     let vectors = len / vector_size;
     let vector_bytes = (vector_size * dtype.size()) as u64;

@@ -161,6 +161,11 @@ pub struct ElementwiseConfig {
     /// a small one to reach the two-dimensional grid that large buffers take on devices
     /// with 65,535 cubes a dimension). `None`: the device's limit.
     pub max_cubes_x: Option<usize>,
+    /// f16/bf16 activations on CUDA and HIP take the hardware exponential and reciprocal
+    /// (`pointwise::activation_exp`, within the error the conformance bounds allow any
+    /// device's `exp`); `false` keeps the accurate ones there too. f32 and the other
+    /// runtimes always take the accurate ones.
+    pub hardware_math: bool,
 }
 
 /// Geometry of the rotary-embedding kernel: 256 units per cube, each rotating
@@ -206,6 +211,7 @@ impl Default for LaunchConfig {
                 max_cubes: Some(65_535),
                 vectors_per_launch: None,
                 max_cubes_x: None,
+                hardware_math: true,
             },
             rope: RopeConfig {
                 heads_per_unit: 4,
@@ -219,6 +225,7 @@ impl Default for LaunchConfig {
                 max_cubes: Some(65_535),
                 vectors_per_launch: None,
                 max_cubes_x: None,
+                hardware_math: true,
             },
         }
     }

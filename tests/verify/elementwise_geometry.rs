@@ -24,6 +24,18 @@ fn given_fields_are_set_and_the_others_kept() {
         (default.units, 2, 8)
     );
     assert_eq!(config.max_cubes, Some(1000));
+
+    let mut config = default;
+    ElementwiseGeometry::parse("cubes_per_sm=32,hardware_math=off")
+        .unwrap()
+        .apply(&mut config);
+    assert_eq!(config.cubes_per_sm, Some(32));
+    assert_ne!(config.hardware_math, default.hardware_math);
+    assert_eq!(config.max_cubes, default.max_cubes);
+    ElementwiseGeometry::parse("cubes_per_sm=none,hardware_math=on")
+        .unwrap()
+        .apply(&mut config);
+    assert_eq!((config.cubes_per_sm, config.hardware_math), (None, true));
 }
 
 #[test]
@@ -34,6 +46,8 @@ fn malformed_fields_are_refused_naming_them() {
         ("max_cubes=all", "max_cubes"),
         ("cubes=4", "cubes"),
         ("units", "units"),
+        ("cubes_per_sm=x", "cubes_per_sm"),
+        ("hardware_math=yes", "hardware_math"),
     ] {
         let error = ElementwiseGeometry::parse(text).unwrap_err();
         assert!(error.contains(names), "{text}: {error}");

@@ -33,10 +33,13 @@ pub struct ElementwiseGeometry {
     vectors_per_unit: Option<usize>,
     max_vector: Option<usize>,
     max_cubes: Option<Option<usize>>,
+    cubes_per_sm: Option<Option<usize>>,
+    hardware_math: Option<bool>,
 }
 
 impl ElementwiseGeometry {
-    /// Parses `units=N,vectors_per_unit=N,max_vector=N,max_cubes=N|none` (any subset).
+    /// Parses `units=N,vectors_per_unit=N,max_vector=N,max_cubes=N|none,
+    /// cubes_per_sm=N|none,hardware_math=on|off` (any subset).
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut geometry = ElementwiseGeometry {
             text: text.to_string(),
@@ -44,6 +47,8 @@ impl ElementwiseGeometry {
             vectors_per_unit: None,
             max_vector: None,
             max_cubes: None,
+            cubes_per_sm: None,
+            hardware_math: None,
         };
         for field in text.split(',').filter(|f| !f.is_empty()) {
             let (key, value) = field
@@ -62,9 +67,19 @@ impl ElementwiseGeometry {
                 "max_vector" => geometry.max_vector = Some(number()?),
                 "max_cubes" if value == "none" => geometry.max_cubes = Some(None),
                 "max_cubes" => geometry.max_cubes = Some(Some(number()?)),
+                "cubes_per_sm" if value == "none" => geometry.cubes_per_sm = Some(None),
+                "cubes_per_sm" => geometry.cubes_per_sm = Some(Some(number()?)),
+                "hardware_math" => {
+                    geometry.hardware_math = Some(match value {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(format!("hardware_math: `{value}` is not on or off")),
+                    })
+                }
                 _ => {
                     return Err(format!(
-                        "unknown field `{key}` (units, vectors_per_unit, max_vector, max_cubes)"
+                        "unknown field `{key}` (units, vectors_per_unit, max_vector, max_cubes, \
+                         cubes_per_sm, hardware_math)"
                     ));
                 }
             }
@@ -85,6 +100,12 @@ impl ElementwiseGeometry {
         }
         if let Some(cubes) = self.max_cubes {
             config.max_cubes = cubes;
+        }
+        if let Some(cubes) = self.cubes_per_sm {
+            config.cubes_per_sm = cubes;
+        }
+        if let Some(hardware_math) = self.hardware_math {
+            config.hardware_math = hardware_math;
         }
     }
 }
@@ -290,8 +311,11 @@ pub struct BenchArgs {
     pub cross_entropy_cubes_per_sm: Option<usize>,
     /// Geometry of the elementwise kernels (SwiGLU, GeGLU, GELU, sigmoid:
     /// `LaunchConfig::elementwise`), to sweep it: comma-separated `units=N`,
-    /// `vectors_per_unit=N`, `max_vector=N` and `max_cubes=N|none` (`none`: one block per
-    /// cube); fields left out keep the default. The CSV config records a value given here.
+    /// `vectors_per_unit=N`, `max_vector=N`, `max_cubes=N|none` (`none`: one block per
+    /// cube), `cubes_per_sm=N|none` (a persistent grid of N cubes per multiprocessor) and
+    /// `hardware_math=on|off` (f16/bf16 activations on CUDA/HIP with the hardware `exp`
+    /// and reciprocal, the default, or the accurate ones); fields left out keep the
+    /// default. The CSV config records a value given here.
     #[arg(long, value_name = "FIELDS", value_parser = ElementwiseGeometry::parse)]
     pub elementwise_geometry: Option<ElementwiseGeometry>,
     /// cross_entropy / fused_linear_cross_entropy (liger): validate the targets before the
