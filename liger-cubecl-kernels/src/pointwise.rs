@@ -69,7 +69,8 @@ fn hardware_exp<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
 /// The activations' `exp`: the hardware exponential when `hardware_math`, else the
 /// accurate one.
 ///
-/// `hardware_math` is for f16/bf16 results on CUDA and HIP ([`hardware_math_for`]). Where
+/// `hardware_math` is for f16/bf16 results on CUDA and HIP ([`hardware_math_for`]), when
+/// `ElementwiseConfig::hardware_math` asks for it (off by default). Where
 /// `exp(-|x|)` is a normal f32 (`|x| < 87.3`) the hardware one is within 104 ulp, a
 /// relative 2⁻¹⁶·³: a 40th of f16's unit roundoff and a 300th of bf16's, so the stored
 /// result differs from the accurate path's only where the f32 value lies that close to a

@@ -26,16 +26,18 @@ fn given_fields_are_set_and_the_others_kept() {
     assert_eq!(config.max_cubes, Some(1000));
 
     let mut config = default;
-    ElementwiseGeometry::parse("cubes_per_sm=32,hardware_math=off")
+    ElementwiseGeometry::parse("cubes_per_sm=32,hardware_math=on")
         .unwrap()
         .apply(&mut config);
-    assert_eq!(config.cubes_per_sm, Some(32));
-    assert_ne!(config.hardware_math, default.hardware_math);
+    assert_eq!(
+        (config.cubes_per_sm, config.hardware_math),
+        (Some(32), true)
+    );
     assert_eq!(config.max_cubes, default.max_cubes);
-    ElementwiseGeometry::parse("cubes_per_sm=none,hardware_math=on")
+    ElementwiseGeometry::parse("cubes_per_sm=none,hardware_math=off")
         .unwrap()
         .apply(&mut config);
-    assert_eq!((config.cubes_per_sm, config.hardware_math), (None, true));
+    assert_eq!((config.cubes_per_sm, config.hardware_math), (None, false));
 }
 
 #[test]

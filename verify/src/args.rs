@@ -314,7 +314,7 @@ pub struct BenchArgs {
     /// `vectors_per_unit=N`, `max_vector=N`, `max_cubes=N|none` (`none`: one block per
     /// cube), `cubes_per_sm=N|none` (a persistent grid of N cubes per multiprocessor) and
     /// `hardware_math=on|off` (f16/bf16 activations on CUDA/HIP with the hardware `exp`
-    /// and reciprocal, the default, or the accurate ones); fields left out keep the
+    /// and reciprocal, or the accurate ones, the default); fields left out keep the
     /// default. The CSV config records a value given here.
     #[arg(long, value_name = "FIELDS", value_parser = ElementwiseGeometry::parse)]
     pub elementwise_geometry: Option<ElementwiseGeometry>,
