@@ -452,9 +452,10 @@ mod tests {
     }
 }
 
-/// What the CUDA runtime is given for the gated units: the hardware exponential and
-/// reciprocal for f16/bf16 results, the accurate ones for f32 (pointwise's
-/// `activation_exp`), in every pass.
+/// What the CUDA runtime is given for the gated units, in every pass: the hardware
+/// exponential and reciprocal where `hardware_math` is on (f16/bf16 results with
+/// `ElementwiseConfig::hardware_math`), the accurate ones otherwise (pointwise's
+/// `activation_exp`).
 #[cfg(test)]
 mod codegen {
     use super::*;
