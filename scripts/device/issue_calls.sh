@@ -13,8 +13,8 @@
 # The device tool returns only a few files of $OUT, so everything is also packed into
 # $OUT/<call>.tgz (unpack it here; the stdout of the call names what ran when). Exits 3
 # on a card that is not an H200 (ISSUE_GPU, a name pattern, overrides). SWIGLU_GEOMETRIES
-# overrides the geometries swept (`liger bench --elementwise-geometry` values; `default`
-# is none).
+# overrides the geometries swept at 200 a sample (`liger bench --elementwise-geometry`
+# values).
 set -u
 call=${1:?usage: scripts/device/issue_calls.sh kernels|steps}
 export OUT=${OUT:-/tmp/liger-out}
@@ -30,23 +30,28 @@ R=$OUT/$call
 mkdir -p "$R"
 pack() { tar -czf "$OUT/$call.tgz" -C "$R" . 2>/dev/null; }
 
-# SwiGLU 8192x14336 bf16 at 200 a sample under each geometry, between two passes of
-# Liger-Kernel's kernel on the same protocol.
+# SwiGLU 8192x14336 bf16: the default geometry and Liger-Kernel's kernel at 50, 200 and 1000
+# a sample (a cost paid once a sample, such as the first launch and the closing
+# synchronization, shrinks with the sample; a cost paid every iteration does not), then
+# each geometry at 200 a sample, then the first part again in reverse order.
 swiglu_sweep() {
   lk() {
     python3 scripts/device/anchor_kernels.py --ops swiglu --providers liger-kernel --no-gemms \
-      --matmul-size 0 --copy-gib 0 --iters 200 --csv "$R/swiglu_sweep.csv" 2>&1 |
-      grep -E "swiglu.*(forward|full) +ms" | awk '{print "liger-kernel", $4, $6}'
+      --matmul-size 0 --copy-gib 0 --iters "$1" --csv "$R/swiglu_sweep.csv" 2>&1 |
+      grep -E "swiglu.*(forward|full) +ms" | awk -v n="$1" '{print "liger-kernel at " n ": forward", $4, " full", $6}'
   }
-  lk
-  for g in ${SWIGLU_GEOMETRIES:-default hardware_math=on cubes_per_sm=32 cubes_per_sm=64 units=256 vectors_per_unit=2,cubes_per_sm=24 default}; do
-    local arg=""
+  ours() {
+    local g=$1 n=$2 arg=""
     [ "$g" = default ] || arg="--elementwise-geometry $g"
-    timeout 60 $BIN bench --device cuda --dtype bf16 --op swiglu --iters 200 --hold-gib 64 $arg \
-      --csv "$R/swiglu_sweep.csv" >"$R/swiglu_$g.log" 2>&1
-    echo "$g: $(grep -E "^  (forward|full)" "$R/swiglu_$g.log" | awk '{printf "%s %s  ", $1, $2}')"
+    timeout 90 $BIN bench --device cuda --dtype bf16 --op swiglu --iters "$n" --hold-gib 64 $arg \
+      --csv "$R/swiglu_sweep.csv" >"$R/swiglu_${g}_$n.log" 2>&1
+    echo "$g at $n: $(grep -E "^  (forward|full)" "$R/swiglu_${g}_$n.log" | awk '{printf "%s %s  ", $1, $2}')"
+  }
+  for n in 50 200 1000; do lk $n; ours default $n; done
+  for g in ${SWIGLU_GEOMETRIES:-hardware_math=on cubes_per_sm=32 cubes_per_sm=64 units=128 units=256 vectors_per_unit=2,cubes_per_sm=24}; do
+    ours "$g" 200
   done
-  lk
+  for n in 1000 200 50; do ours default $n; lk $n; done
 }
 
 case $call in
@@ -80,7 +85,7 @@ case $call in
       --shape 4096x2048x128256,128256x4096x2048,4096x1536x151936,151936x4096x1536 \
       --csv "$R/matmul.csv" >"$R/matmul_vocab.log" 2>&1; echo "exit $?"
     pack
-    if [ "$(elapsed)" -lt 440 ]; then
+    if [ "$(elapsed)" -lt 480 ]; then
       sec "ncu: the SwiGLU forward kernels, liger-burn's then Liger-Kernel's"
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
       M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
