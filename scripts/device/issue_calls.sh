@@ -33,24 +33,28 @@ pack() { tar -czf "$OUT/$call.tgz" -C "$R" . 2>/dev/null; }
 # SwiGLU 8192x14336 bf16: the default geometry and Liger-Kernel's kernel at 50, 200 and 1000
 # a sample (a cost paid once a sample, such as the first launch and the closing
 # synchronization, shrinks with the sample; a cost paid every iteration does not), then
-# each geometry at 200 a sample, then the first part again in reverse order.
+# each geometry at 200 a sample, then both holding their outputs alike (liger-burn's bench
+# holds up to 64 GiB of outputs, 4 here; the anchor none unless asked, 64 here), then the
+# first part again in reverse order.
 swiglu_sweep() {
-  lk() {
+  lk() { # iterations, held GiB
     python3 scripts/device/anchor_kernels.py --ops swiglu --providers liger-kernel --no-gemms \
-      --matmul-size 0 --copy-gib 0 --iters "$1" --csv "$R/swiglu_sweep.csv" 2>&1 |
-      grep -E "swiglu.*(forward|full) +ms" | awk -v n="$1" '{print "liger-kernel at " n ": forward", $4, " full", $6}'
+      --matmul-size 0 --copy-gib 0 --iters "$1" --hold-gib "${2:-0}" --csv "$R/swiglu_sweep.csv" 2>&1 |
+      grep -E "swiglu.*(forward|full) +ms" |
+      awk -v n="$1" -v h="${2:-0}" '{print "liger-kernel at " n ", holding " h " GiB: forward", $4, " full", $6}'
   }
-  ours() {
-    local g=$1 n=$2 arg=""
+  ours() { # geometry, iterations, held GiB
+    local g=$1 n=$2 h=${3:-64} arg=""
     [ "$g" = default ] || arg="--elementwise-geometry $g"
-    timeout 90 $BIN bench --device cuda --dtype bf16 --op swiglu --iters "$n" --hold-gib 64 $arg \
-      --csv "$R/swiglu_sweep.csv" >"$R/swiglu_${g}_$n.log" 2>&1
-    echo "$g at $n: $(grep -E "^  (forward|full)" "$R/swiglu_${g}_$n.log" | awk '{printf "%s %s  ", $1, $2}')"
+    timeout 90 $BIN bench --device cuda --dtype bf16 --op swiglu --iters "$n" --hold-gib "$h" $arg \
+      --csv "$R/swiglu_sweep.csv" >"$R/swiglu_${g}_${n}_$h.log" 2>&1
+    echo "$g at $n, holding $h GiB: $(grep -E "^  (forward|full)" "$R/swiglu_${g}_${n}_$h.log" | awk '{printf "%s %s  ", $1, $2}')"
   }
   for n in 50 200 1000; do lk $n; ours default $n; done
   for g in ${SWIGLU_GEOMETRIES:-hardware_math=on cubes_per_sm=32 cubes_per_sm=64 units=128 units=256 vectors_per_unit=2,cubes_per_sm=24}; do
     ours "$g" 200
   done
+  lk 50 64; ours default 50 4; lk 200 64; ours default 200 4
   for n in 1000 200 50; do ours default $n; lk $n; done
 }
 
