@@ -3,18 +3,18 @@
 # repository root on the device machine (binary and wheels as batch.sh and anchor.sh take
 # them). One call each, run back to back on one warm machine:
 #
-#   scripts/device/issue_calls.sh kernels   # ~350 s: the elementwise ops' full checks,
-#                                           # single kernels beside Liger-Kernel, SwiGLU's
-#                                           # geometries, FLCE, GEMMs, ncu of SwiGLU
+#   scripts/device/issue_calls.sh kernels   # ~300 s: the elementwise ops' full checks,
+#                                           # single kernels beside Liger-Kernel, SwiGLU at
+#                                           # 1000 a sample, FLCE, GEMMs (ISSUE_NCU=on: then
+#                                           # ncu of both SwiGLU forward kernels)
 #   scripts/device/issue_calls.sh steps     # ~250 s: whole steps at 1K-32K under the
 #                                           # release pool around PyTorch + Liger-Kernel,
 #                                           # then both checkpointed at 16K
 #
 # The device tool returns only a few files of $OUT, so everything is also packed into
 # $OUT/<call>.tgz (unpack it here; the stdout of the call names what ran when). Exits 3
-# on a card that is not an H200 (ISSUE_GPU, a name pattern, overrides). SWIGLU_GEOMETRIES
-# overrides the geometries swept at 200 a sample (`liger bench --elementwise-geometry`
-# values).
+# on a card that is not an H200 (ISSUE_GPU, a name pattern, overrides). ISSUE_CHECKS=off
+# leaves out the kernels call's full checks.
 set -u
 call=${1:?usage: scripts/device/issue_calls.sh kernels|steps}
 export OUT=${OUT:-/tmp/liger-out}
@@ -30,44 +30,41 @@ R=$OUT/$call
 mkdir -p "$R"
 pack() { tar -czf "$OUT/$call.tgz" -C "$R" . 2>/dev/null; }
 
-# SwiGLU 8192x14336 bf16: the default geometry and Liger-Kernel's kernel at 50, 200 and 1000
-# a sample (a cost paid once a sample, such as the first launch and the closing
-# synchronization, shrinks with the sample; a cost paid every iteration does not), then
-# each geometry at 200 a sample, then both holding their outputs alike (liger-burn's bench
-# holds up to 64 GiB of outputs, 4 here; the anchor none unless asked, 64 here), then the
-# first part again in reverse order.
+# SwiGLU 8192x14336 bf16 at 1000 a sample, where the cost paid once a sample (the first
+# launch, the closing synchronization: about 250 us on an H100 on both sides) is a
+# quarter of a microsecond an iteration: Liger-Kernel's kernel, the default geometry, each
+# of SWIGLU_GEOMETRIES (`liger bench --elementwise-geometry` values, default units=256),
+# Liger-Kernel's again.
 swiglu_sweep() {
-  lk() { # iterations, held GiB
+  lk() { # iterations
     python3 scripts/device/anchor_kernels.py --ops swiglu --providers liger-kernel --no-gemms \
-      --matmul-size 0 --copy-gib 0 --iters "$1" --hold-gib "${2:-0}" --csv "$R/swiglu_sweep.csv" 2>&1 |
-      grep -E "swiglu.*(forward|full) +ms" |
-      awk -v n="$1" -v h="${2:-0}" '{print "liger-kernel at " n ", holding " h " GiB: forward", $4, " full", $6}'
+      --matmul-size 0 --copy-gib 0 --iters "$1" --csv "$R/swiglu_sweep.csv" 2>&1 |
+      grep -E "swiglu.*(forward|full) +ms" | awk -v n="$1" '{print "liger-kernel at " n ":", $0}'
   }
-  ours() { # geometry, iterations, held GiB
-    local g=$1 n=$2 h=${3:-64} arg=""
+  ours() { # geometry, iterations
+    local g=$1 n=$2 arg=""
     [ "$g" = default ] || arg="--elementwise-geometry $g"
-    timeout 90 $BIN bench --device cuda --dtype bf16 --op swiglu --iters "$n" --hold-gib "$h" $arg \
-      --csv "$R/swiglu_sweep.csv" >"$R/swiglu_${g}_${n}_$h.log" 2>&1
-    echo "$g at $n, holding $h GiB: $(grep -E "^  (forward|full)" "$R/swiglu_${g}_${n}_$h.log" | awk '{printf "%s %s  ", $1, $2}')"
+    timeout 90 $BIN bench --device cuda --dtype bf16 --op swiglu --iters "$n" --hold-gib 64 $arg \
+      --csv "$R/swiglu_sweep.csv" >"$R/swiglu_${g//[=,]/_}_$n.log" 2>&1
+    echo "$g at $n: $(grep -E "^  (forward|full)" "$R/swiglu_${g//[=,]/_}_$n.log" | awk '{printf "%s %s  ", $1, $2}')"
   }
-  for n in 50 200 1000; do lk $n; ours default $n; done
-  for g in ${SWIGLU_GEOMETRIES:-hardware_math=on cubes_per_sm=32 cubes_per_sm=64 units=128 units=256 vectors_per_unit=2,cubes_per_sm=24}; do
-    ours "$g" 200
-  done
-  lk 50 64; ours default 50 4; lk 200 64; ours default 200 4
-  for n in 1000 200 50; do ours default $n; lk $n; done
+  lk 1000
+  for g in default ${SWIGLU_GEOMETRIES:-units=256}; do ours "$g" 1000; done
+  lk 1000
 }
 
 case $call in
   kernels)
-    sec "full checks of the elementwise ops (f32, bf16)"
-    OUT=$R DTYPES="f32 bf16" OPS="swiglu geglu gelu sigmoid" CHECK_JOBS=8 CHECK_TIMEOUT=150 \
-      bash scripts/device/batch.sh check-full
+    if [ "${ISSUE_CHECKS:-on}" = on ]; then
+      sec "full checks of the elementwise ops (f32, bf16)"
+      OUT=$R DTYPES="f32 bf16" OPS="swiglu geglu gelu sigmoid" CHECK_JOBS=8 CHECK_TIMEOUT=150 \
+        bash scripts/device/batch.sh check-full
+    fi
     sec "single kernels beside Liger-Kernel, 50 a sample"
     OUT=$R bash scripts/device/batch.sh kernels-vs-lk >/dev/null 2>&1; echo "exit $?"
     grep -E "^== |^  (forward|full)|(forward|full) +ms" "$R/kernels_vs_lk.log"
     pack
-    sec "swiglu over geometries, 200 a sample"
+    sec "swiglu at 1000 a sample, Liger-Kernel around it"
     swiglu_sweep
     pack
     sec "fused linear cross entropy: weight-dtype gradient under the release pool, f32 under the default"
@@ -89,7 +86,7 @@ case $call in
       --shape 4096x2048x128256,128256x4096x2048,4096x1536x151936,151936x4096x1536 \
       --csv "$R/matmul.csv" >"$R/matmul_vocab.log" 2>&1; echo "exit $?"
     pack
-    if [ "$(elapsed)" -lt 480 ]; then
+    if [ "${ISSUE_NCU:-off}" = on ] && [ "$(elapsed)" -lt 480 ]; then
       sec "ncu: the SwiGLU forward kernels, liger-burn's then Liger-Kernel's"
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
       M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
