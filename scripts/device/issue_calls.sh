@@ -10,13 +10,14 @@
 #   scripts/device/issue_calls.sh steps     # ~250 s: whole steps at 1K-32K under the
 #                                           # release pool around PyTorch + Liger-Kernel,
 #                                           # then both checkpointed at 16K
+#   scripts/device/issue_calls.sh swiglu    # ~120 s: the kernels call's SwiGLU part alone
 #
 # The device tool returns only a few files of $OUT, so everything is also packed into
 # $OUT/<call>.tgz (unpack it here; the stdout of the call names what ran when). Exits 3
 # on a card that is not an H200 (ISSUE_GPU, a name pattern, overrides). ISSUE_CHECKS=off
 # leaves out the kernels call's full checks.
 set -u
-call=${1:?usage: scripts/device/issue_calls.sh kernels|steps}
+call=${1:?usage: scripts/device/issue_calls.sh kernels|steps|swiglu}
 export OUT=${OUT:-/tmp/liger-out}
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$name" in ${ISSUE_GPU:-*H200*}) ;; *) echo "not the card asked for: $name"; exit 3 ;; esac
@@ -123,6 +124,11 @@ case $call in
       grep -E "torch\+liger-kernel +ok"
     pack
     ;;
-  *) echo "unknown call $call (kernels, steps)"; exit 2 ;;
+  swiglu)
+    sec "swiglu at 1000 a sample, Liger-Kernel around it"
+    swiglu_sweep
+    pack
+    ;;
+  *) echo "unknown call $call (kernels, steps, swiglu)"; exit 2 ;;
 esac
 sec "done"
