@@ -101,19 +101,21 @@ case $call in
     fi
     ;;
   steps)
-    for round in 1 2; do
+    # liger-burn, PyTorch + Liger-Kernel, both checkpointed at 16K, then liger-burn again
+    # (its spread between runs): what a cut-short call returns is the comparison first.
+    steps_round() {
       for m in llama qwen; do
-        sec "liger-burn $m, round $round"
-        OUT=$R/round$round E2E_MEMORY_POOL=release E2E_SEQ=1024,4096,16384,32768 E2E_MODES=on E2E_TIMEOUT=80 \
+        sec "liger-burn $m, round $1"
+        OUT=$R/round$1 E2E_MEMORY_POOL=release E2E_SEQ=1024,4096,16384,32768 E2E_MODES=on E2E_TIMEOUT=80 \
           E2E_BUDGET=200 E2E_WALL=220 bash scripts/device/batch.sh e2e-$m 2>&1 | grep -E "^(llama|qwen)[^:]* +[0-9]+ +1 +on"
       done
-      if [ $round = 1 ]; then
-        sec "PyTorch + Liger-Kernel"
-        OUT=$R/anchor ANCHOR_SEQ=1024,4096,16384,32768 ANCHOR_TIMEOUT=80 ANCHOR_BUDGET=260 \
-          ANCHOR_E2E_ARGS="--providers torch+liger-kernel" bash scripts/device/anchor.sh e2e 2>&1 | grep -E "torch\+liger-kernel +ok"
-      fi
       pack
-    done
+    }
+    steps_round 1
+    sec "PyTorch + Liger-Kernel"
+    OUT=$R/anchor ANCHOR_SEQ=1024,4096,16384,32768 ANCHOR_TIMEOUT=80 ANCHOR_BUDGET=260 \
+      ANCHOR_E2E_ARGS="--providers torch+liger-kernel" bash scripts/device/anchor.sh e2e 2>&1 | grep -E "torch\+liger-kernel +ok"
+    pack
     sec "gradient checkpointing at 16K"
     for m in llama qwen; do
       OUT=$R/checkpointing E2E_MEMORY_POOL=release E2E_SEQ=16384 E2E_MODES=on E2E_TIMEOUT=80 E2E_CHECKPOINTING=on \
@@ -123,6 +125,7 @@ case $call in
       ANCHOR_E2E_ARGS="--providers torch+liger-kernel --gradient-checkpointing" bash scripts/device/anchor.sh e2e 2>&1 |
       grep -E "torch\+liger-kernel +ok"
     pack
+    steps_round 2
     ;;
   swiglu)
     sec "swiglu at 1000 a sample, Liger-Kernel around it"
