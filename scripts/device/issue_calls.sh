@@ -10,7 +10,7 @@
 #   scripts/device/issue_calls.sh steps     # ~250 s: whole steps at 1K-32K under the
 #                                           # release pool around PyTorch + Liger-Kernel,
 #                                           # then both checkpointed at 16K
-#   scripts/device/issue_calls.sh swiglu    # ~120 s: the kernels call's SwiGLU part alone
+#   scripts/device/issue_calls.sh swiglu    # ~150 s: the kernels call's SwiGLU part alone
 #
 # The device tool returns only a few files of $OUT, so everything is also packed into
 # $OUT/<call>.tgz (unpack it here; the stdout of the call names what ran when). Exits 3
@@ -34,8 +34,9 @@ pack() { tar -czf "$OUT/$call.tgz" -C "$R" . 2>/dev/null; }
 # SwiGLU 8192x14336 bf16 at 1000 a sample, where the cost paid once a sample (the first
 # launch, the closing synchronization: about 250 us on an H100 on both sides) is a
 # quarter of a microsecond an iteration: Liger-Kernel's kernel, the default geometry, each
-# of SWIGLU_GEOMETRIES (`liger bench --elementwise-geometry` values, default units=256),
-# Liger-Kernel's again.
+# of SWIGLU_GEOMETRIES (`liger bench --elementwise-geometry` values; by default 256 units,
+# and the shapes of Liger-Kernel's program: 16 elements a unit in 16-byte or 8-byte loads,
+# 64 registers, 1024 units a multiprocessor), Liger-Kernel's again.
 swiglu_sweep() {
   lk() { # iterations
     python3 scripts/device/anchor_kernels.py --ops swiglu --providers liger-kernel --no-gemms \
@@ -50,7 +51,10 @@ swiglu_sweep() {
     echo "$g at $n: $(grep -E "^  (forward|full)" "$R/swiglu_${g//[=,]/_}_$n.log" | awk '{printf "%s %s  ", $1, $2}')"
   }
   lk 1000
-  for g in default ${SWIGLU_GEOMETRIES:-units=256}; do ours "$g" 1000; done
+  for g in default ${SWIGLU_GEOMETRIES:-units=256 units=1024,max_vector=8,vectors_per_unit=2 \
+    units=512,max_vector=8,vectors_per_unit=2 units=1024,vectors_per_unit=4}; do
+    ours "$g" 1000
+  done
   lk 1000
 }
 
