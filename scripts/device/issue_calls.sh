@@ -3,7 +3,7 @@
 # repository root on the device machine (binary and wheels as batch.sh and anchor.sh take
 # them). One call each, run back to back on one warm machine:
 #
-#   scripts/device/issue_calls.sh kernels   # ~300 s: the elementwise ops' full checks,
+#   scripts/device/issue_calls.sh kernels   # ~400 s: the elementwise ops' full checks,
 #                                           # single kernels beside Liger-Kernel, SwiGLU at
 #                                           # 1000 a sample, FLCE, GEMMs (ISSUE_NCU=on: then
 #                                           # ncu of both SwiGLU forward kernels)
