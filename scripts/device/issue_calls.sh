@@ -35,8 +35,9 @@ pack() { tar -czf "$OUT/$call.tgz" -C "$R" . 2>/dev/null; }
 # launch, the closing synchronization: about 250 us on an H100 on both sides) is a
 # quarter of a microsecond an iteration: Liger-Kernel's kernel, the default geometry, each
 # of SWIGLU_GEOMETRIES (`liger bench --elementwise-geometry` values; by default 256 units,
-# and the shapes of Liger-Kernel's program: 16 elements a unit in 16-byte or 8-byte loads,
-# 64 registers, 1024 units a multiprocessor), Liger-Kernel's again.
+# and three with more loads in flight, as Liger-Kernel's row programs have: 16 elements a
+# unit in 16-byte or 8-byte loads, 64 registers, 1024 units a multiprocessor),
+# Liger-Kernel's again.
 swiglu_sweep() {
   lk() { # iterations
     python3 scripts/device/anchor_kernels.py --ops swiglu --providers liger-kernel --no-gemms \
