@@ -96,7 +96,8 @@ for step in $steps; do
       # CHECK_JOBS > 1 runs that many (dtype, op) processes at once (the f64 references
       # are CPU work; the device machine has 16 cores), each logged apart, then joined.
       # CHECK_REDUCTION (auto, plane, shared, both) picks the kernels' reduction path;
-      # CHECK_BIN the binary (default $BIN).
+      # CHECK_GEOMETRY an elementwise geometry (`--elementwise-geometry`); CHECK_BIN the
+      # binary (default $BIN).
       # Parts go to a folder of their own: two check-full steps may run at once.
       parts=$(mktemp -d "$OUT/parts.XXXXXX")
       for dtype in ${DTYPES:-f32 bf16}; do
@@ -104,12 +105,12 @@ for step in $steps; do
           echo "$dtype $op"
         done
       done | CHECK_OUT="$parts" CHECK_BIN="${CHECK_BIN:-$BIN}" CHECK_TIMEOUT="${CHECK_TIMEOUT:-200}" \
-        CHECK_REDUCTION="${CHECK_REDUCTION:-auto}" \
+        CHECK_REDUCTION="${CHECK_REDUCTION:-auto}" CHECK_GEOMETRY="${CHECK_GEOMETRY:-}" \
         xargs -P "${CHECK_JOBS:-1}" -L 1 sh -c '
         log="$CHECK_OUT/check_full_$0_$1.log"
         echo "== $1" >"$log"
         timeout "$CHECK_TIMEOUT" "$CHECK_BIN" check --device cuda --dtype "$0" --op "$1" \
-          --reduction "$CHECK_REDUCTION" >>"$log" 2>&1
+          --reduction "$CHECK_REDUCTION" ${CHECK_GEOMETRY:+--elementwise-geometry "$CHECK_GEOMETRY"} >>"$log" 2>&1
         echo "== $1 exit $?" >>"$log"
         echo "$0 $1: $(tail -n 3 "$log" | head -2 | tr "\n" " ")"
       ' || status=1

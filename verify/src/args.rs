@@ -245,6 +245,11 @@ pub struct CheckArgs {
     /// Seed of the random inputs; overrides LIGER_SEED. From the clock when neither is set.
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
+    /// The elementwise kernels' launch geometry to check under, as `liger bench
+    /// --elementwise-geometry` takes it (`units=N,vectors_per_unit=N,max_vector=N,...`):
+    /// a geometry is checked here before it becomes a default. The library's when absent.
+    #[arg(long, value_name = "FIELDS", value_parser = ElementwiseGeometry::parse)]
+    pub elementwise_geometry: Option<ElementwiseGeometry>,
 }
 
 #[derive(Args, Debug)]

@@ -78,6 +78,9 @@ impl OnDevice for Check {
             ops.iter().map(|o| o.name()).collect::<Vec<_>>().join(", ")
         );
         println!("seed:      {seed}");
+        if let Some(elementwise) = &args.elementwise_geometry {
+            println!("elementwise geometry: {}", elementwise.text);
+        }
 
         let per_path: usize = ops
             .iter()
@@ -93,7 +96,11 @@ impl OnDevice for Check {
 
         let mut runs = Vec::new();
         for &path in &paths {
-            let _geometry = override_launch_config(LaunchConfig::default().with_reduction(path));
+            let mut geometry = LaunchConfig::default().with_reduction(path);
+            if let Some(elementwise) = &args.elementwise_geometry {
+                elementwise.apply(&mut geometry.elementwise);
+            }
+            let _geometry = override_launch_config(geometry);
             if let Some(cube) = &ctx.cube {
                 pb.suspend(|| println!("reduction: {}", cube.reduction_in_use(path)));
             }
