@@ -11,6 +11,8 @@
 #                                           # release pool around PyTorch + Liger-Kernel,
 #                                           # then both checkpointed at 16K
 #   scripts/device/issue_calls.sh swiglu    # ~150 s: the kernels call's SwiGLU part alone
+#                                           # (SWIGLU_CHECK=on: then the gated units' full
+#                                           # checks under the fastest geometry, ~100 s)
 #
 # The device tool returns only a few files of $OUT, so everything is also packed into
 # $OUT/<call>.tgz (unpack it here; the stdout of the call names what ran when). Exits 3
@@ -49,7 +51,10 @@ swiglu_sweep() {
     [ "$g" = default ] || arg="--elementwise-geometry $g"
     timeout 90 $BIN bench --device cuda --dtype bf16 --op swiglu --iters "$n" --hold-gib 64 $arg \
       --csv "$R/swiglu_sweep.csv" >"$R/swiglu_${g//[=,]/_}_$n.log" 2>&1
-    echo "$g at $n: $(grep -E "^  (forward|full)" "$R/swiglu_${g//[=,]/_}_$n.log" | awk '{printf "%s %s  ", $1, $2}')"
+    local times
+    times=$(grep -E "^  (forward|full)" "$R/swiglu_${g//[=,]/_}_$n.log" | awk '{printf "%s %s  ", $1, $2}')
+    echo "$g at $n: $times"
+    echo "$g $times" >>"$R/swiglu_forward.txt"
   }
   lk 1000
   for g in default ${SWIGLU_GEOMETRIES:-units=256 units=1024,max_vector=8,vectors_per_unit=2 \
@@ -57,6 +62,17 @@ swiglu_sweep() {
     ours "$g" 1000
   done
   lk 1000
+  # SWIGLU_CHECK=on: the full checks of the gated units (f32, bf16) under the geometry
+  # whose forward was fastest, when that is not the default (checked by the kernels call).
+  if [ "${SWIGLU_CHECK:-off}" = on ]; then
+    local best
+    best=$(awk '$2 == "forward" {print $3, $1}' "$R/swiglu_forward.txt" | sort -g | head -1 | cut -d' ' -f2)
+    if [ -n "$best" ] && [ "$best" != default ]; then
+      sec "full checks of the gated units under $best"
+      OUT=$R DTYPES="f32 bf16" OPS="swiglu geglu" CHECK_JOBS=4 CHECK_TIMEOUT=150 CHECK_GEOMETRY=$best \
+        bash scripts/device/batch.sh check-full
+    fi
+  fi
 }
 
 case $call in
