@@ -1,4 +1,4 @@
-//! `liger bench --elementwise-geometry`: what the flag sets, and what it refuses.
+//! `--elementwise-geometry` (`liger bench` and `liger check`): what the flag sets, and what it refuses.
 
 use liger_cubecl_kernels::LaunchConfig;
 use liger_verify::args::ElementwiseGeometry;
