@@ -10,7 +10,7 @@
 #   scripts/device/issue_calls.sh steps     # ~250 s: whole steps at 1K-32K under the
 #                                           # release pool around PyTorch + Liger-Kernel,
 #                                           # then both checkpointed at 16K
-#   scripts/device/issue_calls.sh swiglu    # ~150 s: the kernels call's SwiGLU part alone
+#   scripts/device/issue_calls.sh swiglu    # ~120 s: the kernels call's SwiGLU part alone
 #                                           # (SWIGLU_CHECK=on: then the gated units' full
 #                                           # checks under the fastest geometry, ~100 s)
 #
@@ -36,10 +36,9 @@ pack() { tar -czf "$OUT/$call.tgz" -C "$R" . 2>/dev/null; }
 # SwiGLU 8192x14336 bf16 at 1000 a sample, where the cost paid once a sample (the first
 # launch, the closing synchronization: about 250 us on an H100 on both sides) is a
 # quarter of a microsecond an iteration: Liger-Kernel's kernel, the default geometry, each
-# of SWIGLU_GEOMETRIES (`liger bench --elementwise-geometry` values; by default 256 units,
-# and three with more loads in flight, as Liger-Kernel's row programs have: 16 elements a
-# unit in 16-byte or 8-byte loads, 64 registers, 1024 units a multiprocessor),
-# Liger-Kernel's again.
+# of SWIGLU_GEOMETRIES (`liger bench --elementwise-geometry` values; by default 256 and
+# 128 units a cube, the ones an H100 timed ahead of the default; the geometries with more
+# loads in flight were 8-22% slower there: benches/kernels.md), Liger-Kernel's again.
 swiglu_sweep() {
   lk() { # iterations
     python3 scripts/device/anchor_kernels.py --ops swiglu --providers liger-kernel --no-gemms \
@@ -57,8 +56,7 @@ swiglu_sweep() {
     echo "$g $times" >>"$R/swiglu_forward.txt"
   }
   lk 1000
-  for g in default ${SWIGLU_GEOMETRIES:-units=256 units=1024,max_vector=8,vectors_per_unit=2 \
-    units=512,max_vector=8,vectors_per_unit=2 units=1024,vectors_per_unit=4}; do
+  for g in default ${SWIGLU_GEOMETRIES:-units=256 units=128}; do
     ours "$g" 1000
   done
   lk 1000
