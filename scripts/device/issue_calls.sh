@@ -38,7 +38,7 @@ pack() { tar -czf "$OUT/$call.tgz" -C "$R" . 2>/dev/null; }
 # quarter of a microsecond an iteration: Liger-Kernel's kernel, the default geometry, each
 # of SWIGLU_GEOMETRIES (`liger bench --elementwise-geometry` values; by default 256 and
 # 128 units a cube, the ones an H100 timed ahead of the default; the geometries with more
-# loads in flight were 8-22% slower there: benches/kernels.md), Liger-Kernel's again.
+# loads in flight were 7-22% slower there: benches/kernels.md), Liger-Kernel's again.
 swiglu_sweep() {
   lk() { # iterations
     python3 scripts/device/anchor_kernels.py --ops swiglu --providers liger-kernel --no-gemms \
