@@ -220,4 +220,22 @@ mod tests {
         let cli = Cli::try_parse_from(["liger", "-v", "check"]).expect("parses");
         assert_eq!(cli.verbose, 1);
     }
+
+    #[test]
+    fn check_takes_an_elementwise_geometry_and_refuses_a_malformed_one() {
+        let cli = Cli::try_parse_from(["liger", "check", "--elementwise-geometry", "units=256"])
+            .expect("parses");
+        let Command::Check(args) = cli.command else {
+            panic!("not the check command");
+        };
+        let mut config = liger_cubecl_kernels::LaunchConfig::default().elementwise;
+        args.elementwise_geometry
+            .expect("the geometry is kept")
+            .apply(&mut config);
+        assert_eq!(config.units, 256);
+        let error = Cli::try_parse_from(["liger", "check", "--elementwise-geometry", "units=0"])
+            .err()
+            .expect("units=0 is refused");
+        assert!(error.to_string().contains("units"), "{error}");
+    }
 }
