@@ -10,9 +10,9 @@
 #   scripts/device/issue_calls.sh steps     # ~250 s: whole steps at 1K-32K under the
 #                                           # release pool around PyTorch + Liger-Kernel,
 #                                           # then both checkpointed at 16K
-#   scripts/device/issue_calls.sh swiglu    # ~120 s: the kernels call's SwiGLU part alone
+#   scripts/device/issue_calls.sh swiglu    # ~170 s: the kernels call's SwiGLU part alone
 #                                           # (SWIGLU_CHECK=on: then the gated units' full
-#                                           # checks under the fastest geometry, ~100 s)
+#                                           # checks under the fastest geometry, ~20 s)
 #
 # The device tool returns only a few files of $OUT, so everything is also packed into
 # $OUT/<call>.tgz (unpack it here; the stdout of the call names what ran when). Exits 3
