@@ -1938,6 +1938,100 @@ fn the_attention_comparison_rejects_wrong_results() {
     }
 }
 
+/// GPUs run f32 with flush-to-zero: a probability, product or running sum below 2⁻¹²⁶
+/// becomes 0, and a flushed probability reaches `dS = p·(dP − D)` times `dP − D`. A key
+/// that the queries seeing it score about 88 below their other keys has probabilities at
+/// 2⁻¹²⁶ and a gradient row around it. Attention computed in f64 with f32's flushes must
+/// pass the f32 bounds, and fail them once its result is doubled.
+#[test]
+fn the_attention_bounds_cover_flush_to_zero() {
+    use liger_tests::attention::{Problem, compare_rows, reference, row_tolerance};
+    let mut rng = liger_tests::fresh_rng();
+    let seed = rng.seed();
+    let p = Problem::causal(1, 1, 1, 6, 64);
+    let (s, d) = (p.seq, p.head_dim);
+    let mut draw = |n: usize, lo: f64, hi: f64| -> Vec<f64> {
+        rng.vec(n, lo, hi, 0.0).into_iter().map(f64::from).collect()
+    };
+    let scale = (d as f64).powf(-0.5);
+    let smallest_normal = f64::from(f32::MIN_POSITIVE);
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    let mut q = draw(p.q_len(), -2.0, 2.0);
+    let mut k = draw(p.kv_len(), -2.0, 2.0);
+    // Values and upstream gradients of a few units make |dP − D| tens.
+    let v = draw(p.kv_len(), -4.0, 4.0);
+    let g = draw(p.q_len(), -4.0, 4.0);
+    // Queries 4 and 5 alike; key 4 scored `lse − ln(0.75·2⁻¹²⁶)` below query 4's keys 0..4.
+    let (tiny_key, q4) = (4, q[4 * d..5 * d].to_vec());
+    q[5 * d..6 * d].copy_from_slice(&q4);
+    let lse4 = (0..tiny_key)
+        .map(|j| scale * dot(&q4, &k[j * d..(j + 1) * d]))
+        .map(f64::exp)
+        .sum::<f64>()
+        .ln();
+    let target = lse4 + (0.75 * smallest_normal).ln();
+    let q4_norm2 = dot(&q4, &q4);
+    for e in 0..d {
+        k[tiny_key * d + e] = target / scale * q4[e] / q4_norm2;
+    }
+    let ftz = |x: f64| if x.abs() < smallest_normal { 0.0 } else { x };
+    let (mut out, mut gq, mut gk, mut gv) = (
+        vec![0.0; q.len()],
+        vec![0.0; q.len()],
+        vec![0.0; k.len()],
+        vec![0.0; v.len()],
+    );
+    let row = |t: &[f64], r: usize| t[r * d..(r + 1) * d].to_vec();
+    for i in 0..s {
+        let scores: Vec<f64> = (0..=i)
+            .map(|j| scale * dot(&row(&q, i), &row(&k, j)))
+            .collect();
+        let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + scores.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+        let prob: Vec<f64> = scores.iter().map(|x| ftz((x - lse).exp())).collect();
+        for (j, pj) in prob.iter().enumerate() {
+            for e in 0..d {
+                out[i * d + e] = ftz(out[i * d + e] + ftz(pj * v[j * d + e]));
+                gv[j * d + e] = ftz(gv[j * d + e] + ftz(pj * g[i * d + e]));
+            }
+        }
+        let big_d = dot(&row(&g, i), &row(&out, i));
+        for (j, pj) in prob.iter().enumerate() {
+            let ds = ftz(scale * ftz(pj * (dot(&row(&g, i), &row(&v, j)) - big_d)));
+            for e in 0..d {
+                gq[i * d + e] = ftz(gq[i * d + e] + ftz(ds * k[j * d + e]));
+                gk[j * d + e] = ftz(gk[j * d + e] + ftz(ds * q[i * d + e]));
+            }
+        }
+    }
+    let r = reference(&p, &q, &k, &v, &g);
+    assert!(
+        row(&gk, tiny_key).iter().all(|&x| x == 0.0)
+            && row(&r.grad_k, tiny_key).iter().any(|&x| x != 0.0),
+        "key {tiny_key}'s gradient is not the flushed one (seed {seed})"
+    );
+    let tol = row_tolerance(burn::tensor::DType::F32, &p);
+    for (which, (name, ours, want)) in [
+        ("output", &out, &r.out),
+        ("grad_q", &gq, &r.grad_q),
+        ("grad_k", &gk, &r.grad_k),
+        ("grad_v", &gv, &r.grad_v),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let f32_ = burn::tensor::DType::F32;
+        let bounds = r.row_bounds(which, d, tol, f32_, f32_);
+        compare_rows(name, ours, want, &bounds)
+            .unwrap_or_else(|e| panic!("{e} under flush-to-zero (seed {seed})"));
+        let doubled: Vec<f64> = want.iter().map(|x| 2.0 * x).collect();
+        assert!(
+            compare_rows(name, &doubled, want, &bounds).is_err(),
+            "{name} doubled accepted (seed {seed})"
+        );
+    }
+}
+
 /// Stock Burn's `burn::tensor::module::attention` on `Liger<Autodiff<B>>` runs
 /// `fused_attention` (the blockwise path's fused softmax on lavapipe, the flash kernels on
 /// CUDA in half precision) and trains through its node: output and gradients against the

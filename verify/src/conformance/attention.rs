@@ -147,13 +147,21 @@ pub struct Reference {
     /// and `dS` below the smallest normal are rounded to an absolute step (f16: 2⁻²⁵; f32
     /// flushed to zero: 2⁻¹²⁶), `[out, grad_q, grad_k, grad_v]`.
     pub absolute_magnitude: [Vec<f64>; 4],
+    /// What f32's flush-to-zero can take from each term, in units of its smallest normal
+    /// (2⁻¹²⁶; every dtype accumulates in f32): the probability flushed, times the factor
+    /// the term multiplies it by (`|v_j|` for the output, `|g|` for `grad_v`,
+    /// `scale·(|dP_j| + |D|)·|k_j|` for `grad_q` through `dS = p·(dP − D)`, …), and one
+    /// each for the term's product and the running sum flushed (a result below 2⁻¹²⁶
+    /// comes out 0). `[out, grad_q, grad_k, grad_v]`.
+    pub flush_magnitude: [Vec<f64>; 4],
 }
 
 impl Reference {
     /// The error bound of each `row_len`-wide row of tensor `which` (0 out, 1 grad_q,
     /// 2 grad_k, 3 grad_v) in `dtype`, the scores rounded to `scores`:
     /// `tol·‖magnitude_r‖ + 8·u_scores·‖exp_magnitude_r‖ + 2·step·‖absolute_magnitude_r‖`
-    /// `+ step_stored·√row_len`, `step` the dtype's absolute rounding step below its
+    /// `+ 2⁻¹²⁶·‖flush_magnitude_r‖ + step_stored·√row_len`, `step` the dtype's absolute
+    /// rounding step below its
     /// smallest normal (intermediates), `step_stored` the same for the stored result
     /// (f16 only: 2⁻²⁵; a key few queries see in a causal mask can have a gradient that
     /// small). The flash
@@ -168,10 +176,11 @@ impl Reference {
         scores: DType,
     ) -> Vec<f64> {
         let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
-        let (m, e, a) = (
+        let (m, e, a, f) = (
             &self.magnitude[which],
             &self.exp_magnitude[which],
             &self.absolute_magnitude[which],
+            &self.flush_magnitude[which],
         );
         let u32_ = unit_roundoff(scores);
         let (step, stored) = absolute_steps(dtype);
@@ -181,7 +190,8 @@ impl Reference {
                 let span = r * row_len..(r + 1) * row_len;
                 tol * norm(&m[span.clone()])
                     + 8.0 * u32_ * norm(&e[span.clone()])
-                    + 2.0 * step * norm(&a[span])
+                    + 2.0 * step * norm(&a[span.clone()])
+                    + F32_SMALLEST_NORMAL * norm(&f[span])
                     + stored
             })
             .collect()
@@ -193,23 +203,33 @@ impl Reference {
     pub fn element_bounds(&self, which: usize, tol: f64, dtype: DType, scores: DType) -> Vec<f64> {
         let u32_ = unit_roundoff(scores);
         let (step, stored) = absolute_steps(dtype);
-        let (m, e, a) = (
+        let (m, e, a, f) = (
             &self.magnitude[which],
             &self.exp_magnitude[which],
             &self.absolute_magnitude[which],
+            &self.flush_magnitude[which],
         );
         (0..m.len())
-            .map(|i| tol * m[i] + 8.0 * u32_ * e[i] + 2.0 * step * a[i] + stored)
+            .map(|i| {
+                tol * m[i]
+                    + 8.0 * u32_ * e[i]
+                    + 2.0 * step * a[i]
+                    + F32_SMALLEST_NORMAL * f[i]
+                    + stored
+            })
             .collect()
     }
 }
+
+/// f32's smallest normal, 2⁻¹²⁶: what flush-to-zero takes at most from one value.
+const F32_SMALLEST_NORMAL: f64 = f32::MIN_POSITIVE as f64;
 
 /// The absolute rounding steps of `dtype`: of the intermediates below the smallest normal
 /// (f32 products may flush results below 2⁻¹²⁶ to zero, as GPU drivers run f32 with
 /// flush-to-zero; f16 stores numbers below 2⁻¹⁴ in steps of 2⁻²⁴), and of each stored
 /// result (below f16's smallest normal the final rounding is absolute, half a subnormal
-/// step, 2⁻²⁵, however small the result; bf16 and f32 keep their subnormals far below any
-/// result here).
+/// step, 2⁻²⁵, however small the result; bf16 and f32 store subnormals, and what the f32
+/// accumulator flushes before the store is [`Reference::flush_magnitude`]'s).
 fn absolute_steps(dtype: DType) -> (f64, f64) {
     match dtype {
         DType::F16 => (2f64.powi(-25), 2f64.powi(-25)),
@@ -243,6 +263,12 @@ pub fn reference(p: &Problem, q: &[f64], k: &[f64], v: &[f64], g: &[f64]) -> Ref
             vec![0.0; v.len()],
         ],
         absolute_magnitude: [
+            vec![0.0; q.len()],
+            vec![0.0; q.len()],
+            vec![0.0; k.len()],
+            vec![0.0; v.len()],
+        ],
+        flush_magnitude: [
             vec![0.0; q.len()],
             vec![0.0; q.len()],
             vec![0.0; k.len()],
@@ -297,6 +323,9 @@ pub fn reference(p: &Problem, q: &[f64], k: &[f64], v: &[f64], g: &[f64]) -> Ref
                     let [m_out, m_q, m_k, m_v] = &mut r.magnitude;
                     let [e_out, e_q, e_k, e_v] = &mut r.exp_magnitude;
                     let [a_out, a_q, a_k, a_v] = &mut r.absolute_magnitude;
+                    let [f_out, f_q, f_k, f_v] = &mut r.flush_magnitude;
+                    // A flushed probability reaches dS times (dP − D).
+                    let ds_per_prob = scale * (dp[n].abs() + dot.abs().max(dot_mag));
                     for e in 0..d {
                         r.out[qo + e] += prob[n] * v[ko + e];
                         r.grad_v[ko + e] += prob[n] * g[qo + e];
@@ -314,6 +343,10 @@ pub fn reference(p: &Problem, q: &[f64], k: &[f64], v: &[f64], g: &[f64]) -> Ref
                         a_v[ko + e] += g[qo + e].abs();
                         a_q[qo + e] += scale * k[ko + e].abs();
                         a_k[ko + e] += scale * q[qo + e].abs();
+                        f_out[qo + e] += v[ko + e].abs() + 2.0;
+                        f_v[ko + e] += g[qo + e].abs() + 2.0;
+                        f_q[qo + e] += ds_per_prob * k[ko + e].abs() + 2.0;
+                        f_k[ko + e] += ds_per_prob * q[qo + e].abs() + 2.0;
                     }
                 }
             }
