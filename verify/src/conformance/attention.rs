@@ -147,12 +147,13 @@ pub struct Reference {
     /// and `dS` below the smallest normal are rounded to an absolute step (f16: 2⁻²⁵; f32
     /// flushed to zero: 2⁻¹²⁶), `[out, grad_q, grad_k, grad_v]`.
     pub absolute_magnitude: [Vec<f64>; 4],
-    /// What f32's flush-to-zero can take from each term, in units of its smallest normal
-    /// (2⁻¹²⁶; every dtype accumulates in f32): the probability flushed, times the factor
-    /// the term multiplies it by (`|v_j|` for the output, `|g|` for `grad_v`,
-    /// `scale·(|dP_j| + |D|)·|k_j|` for `grad_q` through `dS = p·(dP − D)`, …), and one
-    /// each for the term's product and the running sum flushed (a result below 2⁻¹²⁶
-    /// comes out 0). `[out, grad_q, grad_k, grad_v]`.
+    /// What f32's flush-to-zero can take from each term beyond [`Self::absolute_magnitude`]
+    /// (which counts a flushed probability in the output and `grad_v`, and a flushed `dS`),
+    /// in units of its smallest normal (2⁻¹²⁶; every dtype accumulates in f32): a flushed
+    /// probability reaching `grad_q` and `grad_k` through `dS = p·(dP − D)`, times
+    /// `scale·(|dP_j| + |D|)·|k_j|` (`|q_i|` for `grad_k`), and one each for the term's
+    /// product and the running sum flushed (a result below 2⁻¹²⁶ comes out 0).
+    /// `[out, grad_q, grad_k, grad_v]`.
     pub flush_magnitude: [Vec<f64>; 4],
 }
 
@@ -161,12 +162,10 @@ impl Reference {
     /// 2 grad_k, 3 grad_v) in `dtype`, the scores rounded to `scores`:
     /// `tol·‖magnitude_r‖ + 8·u_scores·‖exp_magnitude_r‖ + 2·step·‖absolute_magnitude_r‖`
     /// `+ 2⁻¹²⁶·‖flush_magnitude_r‖ + step_stored·√row_len`, `step` the dtype's absolute
-    /// rounding step below its
-    /// smallest normal (intermediates), `step_stored` the same for the stored result
-    /// (f16 only: 2⁻²⁵; a key few queries see in a causal mask can have a gradient that
-    /// small). The flash
-    /// kernels keep scores in f32; the blockwise path rounds them to the input dtype, as
-    /// eager attention does.
+    /// rounding step below its smallest normal (intermediates), `step_stored` the same for
+    /// the stored result (f16 only: 2⁻²⁵; a key few queries see in a causal mask can have
+    /// a gradient that small). The flash kernels keep scores in f32; the blockwise path
+    /// rounds them to the input dtype, as eager attention does.
     pub fn row_bounds(
         &self,
         which: usize,
@@ -343,8 +342,8 @@ pub fn reference(p: &Problem, q: &[f64], k: &[f64], v: &[f64], g: &[f64]) -> Ref
                         a_v[ko + e] += g[qo + e].abs();
                         a_q[qo + e] += scale * k[ko + e].abs();
                         a_k[ko + e] += scale * q[qo + e].abs();
-                        f_out[qo + e] += v[ko + e].abs() + 2.0;
-                        f_v[ko + e] += g[qo + e].abs() + 2.0;
+                        f_out[qo + e] += 2.0;
+                        f_v[ko + e] += 2.0;
                         f_q[qo + e] += ds_per_prob * k[ko + e].abs() + 2.0;
                         f_k[ko + e] += ds_per_prob * q[qo + e].abs() + 2.0;
                     }
